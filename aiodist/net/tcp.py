@@ -1,0 +1,369 @@
+"""The real network: framed connections over asyncio TCP.
+
+Receiving uses :class:`asyncio.BufferedProtocol` with :class:`~aiodist.wire.FrameDecoder`,
+so large payloads are written by the kernel straight into their destination
+(a caller's array when a payload sink supplies it). Sending writes the header
+and the payload buffer without copying them; small frames sent in the same
+loop iteration are coalesced into one write. Works on the default asyncio
+loop and on uvloop (see :mod:`aiodist.eventloop`).
+
+Flow control: ``send`` returns only once the transport's buffer is empty again,
+i.e. the payload has been handed to the kernel; the caller may then reuse its
+buffer. Receive-side, reading pauses while too many frames wait unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+from typing import Any
+
+from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
+from ..wire import DEFAULT_MAX_FRAME_SIZE, PREAMBLE, FrameDecoder, encode_frame
+from .base import Address, Connection, ConnectionHandler, Frame, Header, Listener, Network, PayloadSink
+
+log = logging.getLogger("aiodist.net")
+
+_COALESCE_LIMIT = 1 << 16  # frames up to this size are batched into one write
+_MAX_QUEUED_FRAMES = 4096  # pause reading beyond this many unread frames
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+
+
+class TCPConnection(Connection, asyncio.BufferedProtocol):
+    """One TCP connection; it is its own asyncio protocol."""
+
+    def __init__(self, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, peer: str = "?") -> None:
+        self._decoder = FrameDecoder(max_frame_size=max_frame_size)
+        self._transport: asyncio.Transport | None = None
+        self._peer = peer
+        self._frames: collections.deque[Frame] = collections.deque()
+        self._recv_waiter: asyncio.Future[None] | None = None
+        self._exc: ConnectionClosedError | None = None
+        self._closed_fut: asyncio.Future[None] | None = None
+        self._paused_writing = False
+        self._paused_reading = False
+        self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._wbuf = bytearray()
+        self._flush_scheduled = False
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._exc is not None else "open"
+        return f"<TCPConnection {self._peer} {state} queued={len(self._frames)}>"
+
+    # -- asyncio protocol callbacks ----------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport subclass
+        self._loop = asyncio.get_running_loop()
+        self._closed_fut = self._loop.create_future()
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        peername = transport.get_extra_info("peername")
+        if peername:
+            self._peer = f"{peername[0]}:{peername[1]}"
+        # Limits of 0: pause_writing whenever anything is left unsent, so that
+        # resume_writing tells us the buffer is empty (send() then returns).
+        transport.set_write_buffer_limits(high=0, low=0)
+        transport.write(PREAMBLE)
+
+    def start_handshake_timer(self, timeout: float | None) -> None:
+        if timeout is None or self._loop is None or self._decoder.handshake_done:
+            return
+        self._handshake_timer = self._loop.call_later(timeout, self._handshake_expired, timeout)
+
+    def _handshake_expired(self, timeout: float) -> None:
+        self._handshake_timer = None
+        if not self._decoder.handshake_done and self._exc is None:
+            log.info("closing connection from %s: no handshake within %gs", self._peer, timeout)
+            self._fail(ConnectionLost(f"{self._peer} sent no handshake within {timeout:g}s"))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            frames = self._decoder.buffer_updated(nbytes)
+        except ProtocolError as e:
+            log.info("closing connection from %s: %s", self._peer, e)
+            self._fail(ConnectionLost(f"protocol error from {self._peer}: {e}"))
+            return
+        except Exception as e:  # a payload sink that raised: a local bug, but never kill the loop
+            log.exception("payload sink failed on connection %s", self._peer)
+            self._fail(ConnectionLost(f"payload sink failed on connection to {self._peer}: {e!r}"))
+            return
+        if self._handshake_timer is not None and self._decoder.handshake_done:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        if not frames:
+            return
+        for header, payload in frames:
+            self._frames.append(Frame(header, payload))
+        if len(self._frames) > _MAX_QUEUED_FRAMES and not self._paused_reading and self._transport is not None:
+            self._paused_reading = True
+            self._transport.pause_reading()
+        self._wake_reader()
+
+    def eof_received(self) -> bool:
+        self._set_exc(ConnectionLost(f"{self._peer} closed the connection"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is None:
+            self._set_exc(ConnectionLost(f"{self._peer} closed the connection"))
+        else:
+            self._set_exc(ConnectionLost(f"connection to {self._peer} broke: {exc}"))
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        self._paused_writing = False
+        self._wake_drainers()
+        if self._closed_fut is not None and not self._closed_fut.done():
+            self._closed_fut.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._paused_writing = True
+
+    def resume_writing(self) -> None:
+        self._paused_writing = False
+        self._wake_drainers()
+
+    # -- Connection interface -------------------------------------------------
+
+    @property
+    def peer(self) -> str:
+        return self._peer
+
+    @property
+    def closed(self) -> bool:
+        return self._exc is not None
+
+    def set_payload_sink(self, sink: PayloadSink | None) -> None:
+        self._decoder.sink = sink
+
+    async def send(self, header: Header, payload: Any = None) -> None:
+        if self._exc is not None:
+            raise self._exc
+        head, body = encode_frame(header, payload)
+        transport = self._transport
+        assert transport is not None
+        if body is None or len(head) + body.nbytes <= _COALESCE_LIMIT:
+            self._wbuf += head
+            if body is not None:
+                self._wbuf += body
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                assert self._loop is not None
+                self._loop.call_soon(self._flush)
+            if len(self._wbuf) >= _COALESCE_LIMIT:
+                self._flush()
+        else:
+            self._flush()
+            transport.writelines((head, body))
+        if self._paused_writing:
+            await self._drain()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._wbuf and self._exc is None and self._transport is not None:
+            data, self._wbuf = self._wbuf, bytearray()
+            self._transport.write(data)
+
+    async def _drain(self) -> None:
+        assert self._loop is not None
+        fut = self._loop.create_future()
+        self._drain_waiters.append(fut)
+        try:
+            await fut
+        finally:
+            if fut in self._drain_waiters:
+                self._drain_waiters.remove(fut)
+        if self._exc is not None:
+            raise self._exc
+
+    def _wake_drainers(self) -> None:
+        while self._drain_waiters:
+            fut = self._drain_waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    async def recv(self) -> Frame:
+        while not self._frames:
+            if self._exc is not None:
+                raise self._exc
+            assert self._loop is not None
+            self._recv_waiter = self._loop.create_future()
+            try:
+                await self._recv_waiter
+            finally:
+                self._recv_waiter = None
+        frame = self._frames.popleft()
+        if self._paused_reading and len(self._frames) <= _MAX_QUEUED_FRAMES // 2 and self._exc is None:
+            self._paused_reading = False
+            assert self._transport is not None
+            self._transport.resume_reading()
+        return frame
+
+    def _wake_reader(self) -> None:
+        w = self._recv_waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _set_exc(self, exc: ConnectionClosedError) -> None:
+        if self._exc is None:
+            self._exc = exc
+        self._wake_reader()
+        self._wake_drainers()
+
+    def _fail(self, exc: ConnectionClosedError) -> None:
+        self._set_exc(exc)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def close(self) -> None:
+        if self._exc is None:
+            self._exc = ConnectionClosedLocally(f"connection to {self._peer} was closed by this side")
+            self._frames.clear()
+        self._wake_reader()
+        self._wake_drainers()
+        if self._transport is not None and not self._transport.is_closing():
+            self._flush_on_close()
+            self._transport.close()
+
+    def _flush_on_close(self) -> None:
+        if self._wbuf and self._transport is not None:
+            data, self._wbuf = self._wbuf, bytearray()
+            self._transport.write(data)
+
+    async def wait_closed(self) -> None:
+        if self._closed_fut is not None:
+            await asyncio.shield(self._closed_fut)
+
+
+class TCPListener(Listener):
+    def __init__(self, handler: ConnectionHandler) -> None:
+        self._handler = handler
+        self._server: asyncio.AbstractServer | None = None
+        self._address: Address = ("", 0)
+        self._conns: dict[int, TCPConnection] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._next_id = 0
+        self._closing = False
+
+    def __repr__(self) -> str:
+        state = "closing" if self._closing else "serving"
+        return f"<TCPListener {self._address[0]}:{self._address[1]} {state} conns={len(self._conns)}>"
+
+    @property
+    def address(self) -> Address:
+        return self._address
+
+    def _accepted(self, conn: TCPConnection) -> None:
+        if self._closing:
+            conn.close()
+            return
+        cid = self._next_id
+        self._next_id += 1
+        self._conns[cid] = conn
+        self._tasks[cid] = asyncio.get_running_loop().create_task(self._run_handler(cid, conn))
+
+    async def _run_handler(self, cid: int, conn: TCPConnection) -> None:
+        try:
+            await self._handler(conn)
+        except (asyncio.CancelledError, ConnectionClosedError):
+            pass
+        except Exception:
+            log.exception("connection handler for %s failed", conn.peer)
+        finally:
+            conn.close()
+            self._conns.pop(cid, None)
+            self._tasks.pop(cid, None)
+
+    def close(self) -> None:
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._conns.values()):
+            conn.close()
+        for task in list(self._tasks.values()):
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        tasks = list(self._tasks.values())
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+class TCPNetwork(Network):
+    """asyncio TCP. Stateless: one instance serves every rank of a process."""
+
+    def __init__(self, *, host: str | None = None) -> None:
+        self._host = host
+
+    def __repr__(self) -> str:
+        return "<TCPNetwork>"
+
+    def default_host(self) -> str:
+        return self._host or "127.0.0.1"
+
+    async def connect(
+        self, address: Address, *, timeout: float | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    ) -> Connection:
+        host, port = address
+        loop = asyncio.get_running_loop()
+        conn = TCPConnection(max_frame_size=max_frame_size, peer=f"{host}:{port}")
+        try:
+            async with asyncio.timeout(timeout):
+                await loop.create_connection(lambda: conn, host, port)
+        except TimeoutError:
+            raise TimeoutError(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
+        except OSError as e:
+            raise ConnectionLost(f"could not connect to {host}:{port}: {e.strerror or e}") from None
+        return conn
+
+    async def listen(
+        self,
+        address: Address,
+        handler: ConnectionHandler,
+        *,
+        max_frame_size: int | None = None,
+        handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT,
+    ) -> Listener:
+        host, port = address
+        listener = TCPListener(handler)
+        mfs = max_frame_size or DEFAULT_MAX_FRAME_SIZE
+
+        def factory() -> TCPConnection:
+            conn = _ServerConnection(listener, handshake_timeout, max_frame_size=mfs)
+            return conn
+
+        loop = asyncio.get_running_loop()
+        try:
+            server = await loop.create_server(factory, host or None, port, reuse_address=True)
+        except OSError as e:
+            raise ConnectionLost(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        listener._server = server
+        sockname = server.sockets[0].getsockname()
+        listener._address = (host or sockname[0], sockname[1])
+        return listener
+
+
+class _ServerConnection(TCPConnection):
+    def __init__(self, listener: TCPListener, handshake_timeout: float | None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._listener = listener
+        self._handshake_timeout = handshake_timeout
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.start_handshake_timer(self._handshake_timeout)
+        self._listener._accepted(self)
