@@ -1,4 +1,4 @@
-"""The ``aiodist`` command: ``aiodist run ...``, ``aiodist store serve ...``."""
+"""The ``aiodist`` command: ``aiodist run``, ``aiodist store serve``, ``aiodist trace``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .flight import add_cli as add_trace
     from .launcher import add_cli as add_run
     from .store.cli import add_cli as add_store
 
@@ -15,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_run(sub)
     add_store(sub)
+    add_trace(sub)
     return parser
 
 

@@ -1,29 +1,56 @@
-"""What each rank is waiting in right now.
+"""What each rank is waiting in right now, and the last operations it ran.
 
-Blocking operations (store calls, collectives, point-to-point) register a short
-description while they wait. The simulator reads this to report, on deadlock,
-the operation each rank is blocked in; the flight recorder and timeouts use it
-to say who waited for what. It lives in the rank scope, so every virtual rank
-has its own.
+Blocking operations (store calls, collectives, point-to-point) wrap their wait
+in :func:`waiting_in`. That gives two things, both kept in the rank scope so
+every virtual rank of the simulator has its own:
+
+* the in-flight table (:func:`snapshot`): the simulator reports it per rank on
+  deadlock, timeouts use it to say who waited for what;
+* the flight recorder (:func:`recent`): the last N operations with their start
+  and end times (loop clock) and how they ended, written out on a failure by
+  :mod:`aiodist.flight` and merged across ranks by ``aiodist trace DIR``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from .context import rank_scope
+from .context import getenv, rank_scope
+
+DEFAULT_RECORDER_SIZE = 256
 
 
-def _table() -> dict[int, dict[str, Any]]:
+class _Recorder:
+    __slots__ = ("inflight", "ids", "history")
+
+    def __init__(self, size: int) -> None:
+        self.inflight: dict[int, dict[str, Any]] = {}
+        self.ids = itertools.count()
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
+
+    def __repr__(self) -> str:
+        return f"<flight recorder inflight={len(self.inflight)} history={len(self.history)}>"
+
+
+def _recorder() -> _Recorder:
     scope = rank_scope()
-    table = scope.get("inflight")
-    if table is None:
-        table = scope["inflight"] = {}
-        scope["inflight_ids"] = itertools.count()
-    return table
+    rec = scope.get("flight_recorder")
+    if rec is None:
+        size = int(getenv("AIODIST_FLIGHT_RECORDER_SIZE", str(DEFAULT_RECORDER_SIZE)) or DEFAULT_RECORDER_SIZE)
+        rec = scope["flight_recorder"] = _Recorder(max(1, size))
+    return rec
+
+
+def _now() -> float:
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return 0.0
 
 
 @contextlib.contextmanager
@@ -31,17 +58,34 @@ def waiting_in(op: str, **details: Any) -> Iterator[dict[str, Any]]:
     """Register ``op`` (with details such as ``seq``, ``peer``, ``key``) while the block runs.
 
     The yielded dict may be updated in place (e.g. the peer currently awaited).
+    On exit the entry moves to the flight recorder with its end time and state
+    (``done``, ``failed: <error>`` or ``cancelled``).
     """
-    table = _table()
-    token = next(rank_scope()["inflight_ids"])
-    entry = {"op": op, **details}
-    table[token] = entry
+    rec = _recorder()
+    token = next(rec.ids)
+    entry: dict[str, Any] = {"op": op, **details, "start": _now(), "state": "running"}
+    rec.inflight[token] = entry
+    rec.history.append(entry)
     try:
         yield entry
+    except asyncio.CancelledError:
+        entry["state"] = "cancelled"
+        raise
+    except BaseException as e:
+        entry["state"] = f"failed: {type(e).__name__}: {e}"
+        raise
+    else:
+        entry["state"] = "done"
     finally:
-        table.pop(token, None)
+        entry["end"] = _now()
+        rec.inflight.pop(token, None)
 
 
 def snapshot() -> list[dict[str, Any]]:
     """The calling rank's in-flight operations, oldest first."""
-    return [dict(e) for _, e in sorted(_table().items())]
+    return [dict(e) for _, e in sorted(_recorder().inflight.items())]
+
+
+def recent() -> list[dict[str, Any]]:
+    """The calling rank's last operations (flight recorder), oldest first."""
+    return [dict(e) for e in _recorder().history]
