@@ -129,3 +129,159 @@ class GroupError(AiodistError):
 
 class RendezvousError(AiodistError):
     """Rendezvous failed: bad environment, world size disagreement, duplicate rank..."""
+
+
+# --------------------------------------------------------------------- launcher
+
+
+class LaunchError(AiodistError):
+    """The launcher or ``aiodist.spawn`` could not run the job as asked."""
+
+
+class RankFailedError(LaunchError):
+    """A launched rank exited with a non-zero code or was killed by a signal.
+
+    ``.rank`` (global rank), ``.pid``, ``.exitcode`` (``None`` if killed by a
+    signal), ``.signal`` (the signal number, else ``None``) and ``.remote_traceback``
+    (the rank's formatted exception when it reported one, else ``None``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int,
+        pid: int | None,
+        exitcode: int | None,
+        signal: int | None,
+        remote_traceback: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.pid = pid
+        self.exitcode = exitcode
+        self.signal = signal
+        self.remote_traceback = remote_traceback
+
+
+class LaunchTimeoutError(LaunchError, TimeoutError):
+    """The whole job did not finish within its time limit; its ranks were stopped.
+
+    ``.timeout`` is the limit in seconds.
+    """
+
+    def __init__(self, message: str, *, timeout: float) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+
+
+# --------------------------------------------------------------------- store (appended)
+
+
+class StoreRequestError(StoreError):
+    """The store refused one request; the connection stays usable.
+
+    ``.code`` is a stable reason (``"not_integer"``, ``"overflow"``,
+    ``"key_too_large"``, ``"value_too_large"``, ``"bad_request"``...),
+    ``.op`` the operation and ``.key`` the key concerned (``None`` if none).
+    """
+
+    def __init__(self, message: str, *, code: str, op: str | None = None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.op = op
+        self.key = key
+
+
+class StoreConnectionLost(ConnectionLost):
+    """The store server closed (or lost) the client's connection.
+
+    ``.host`` and ``.port`` name the server. Every pending and later call on
+    that client raises it.
+    """
+
+    def __init__(self, message: str, *, host: str, port: int) -> None:
+        super().__init__(message)
+        self.host = host
+        self.port = port
+
+
+# --------------------------------------------------------------------- collectives (appended)
+
+
+class UnsupportedReduceOpError(AiodistError, TypeError):
+    """A reduction operator does not apply to an array's dtype (e.g. BXOR on floats).
+
+    Raised before any communication. ``.op`` is the operator's name
+    (``"BXOR"``), ``.dtype`` the numpy dtype's name (``"float32"``).
+    """
+
+    def __init__(self, message: str, *, op: str, dtype: str) -> None:
+        super().__init__(message)
+        self.op = op
+        self.dtype = dtype
+
+
+class InvalidArrayError(AiodistError, ValueError):
+    """An array argument of a collective cannot be used as given.
+
+    Non-contiguous, read-only where the result is written, wrong size or
+    dtype for the collective, wrong list length. Raised before any
+    communication. ``.argument`` names the parameter (``"out_list[2]"``),
+    ``.reason`` is a stable code (``"not_contiguous"``, ``"read_only"``,
+    ``"size"``, ``"dtype"``, ``"length"``, ``"type"``, ``"splits"``).
+    """
+
+    def __init__(self, message: str, *, argument: str, reason: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+        self.reason = reason
+
+
+# --------------------------------------------------------------------- groups (appended)
+
+
+class PeerRefusedError(PeerFailureError):
+    """A peer refused this rank's connection (wrong job id, bad rank, world size...).
+
+    ``.reason`` is the peer's explanation, as it sent it.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, how: str | None = None, reason: str = "") -> None:
+        super().__init__(message, rank=rank, how=how)
+        self.reason = reason
+
+
+class RendezvousTimeoutError(RendezvousError, TimeoutError):
+    """Rendezvous did not complete in time.
+
+    ``.missing`` lists the ranks that had not joined, ``.timeout`` the seconds waited.
+    """
+
+    def __init__(self, message: str, *, missing: Sequence[int], timeout: float) -> None:
+        super().__init__(message)
+        self.missing = list(missing)
+        self.timeout = timeout
+
+
+class StoreConnectTimeoutError(StoreError, TimeoutError):
+    """The store server at ``.host``:``.port`` could not be reached within ``.timeout`` seconds."""
+
+    def __init__(self, message: str, *, host: str, port: int, timeout: float) -> None:
+        super().__init__(message)
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+
+
+class InvalidRankError(GroupError, ValueError):
+    """A root/source/destination rank is outside the group (``0 <= rank < size`` fails).
+
+    ``.rank`` is the rank given, ``.size`` the group's size, ``.argument`` the parameter.
+    """
+
+    def __init__(self, message: str, *, rank: int, size: int, argument: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.size = size
+        self.argument = argument

@@ -1,0 +1,32 @@
+"""The launcher: ``aiodist run`` (child processes with torchrun's environment) and ``aiodist.spawn``.
+
+Modules: :mod:`.env` (the variables a rank gets), :mod:`.program` (how a
+program file is started), :mod:`.prefix` (rank-prefixed output lines),
+:mod:`.status` (describing exits), :mod:`.supervisor` (running and stopping
+the ranks), :mod:`.spawn` (the same from Python), :mod:`.cli` (the ``run``
+subcommand), :mod:`.runner` (running a sync or async entry function).
+"""
+
+from __future__ import annotations
+
+from .cli import add_cli, build_command, main, run_command
+from .env import rank_env
+from .program import ProgramKind, classify_source
+from .spawn import spawn
+from .supervisor import LaunchConfig, LaunchResult, RankExit, free_port, launch
+
+__all__ = [
+    "LaunchConfig",
+    "LaunchResult",
+    "ProgramKind",
+    "RankExit",
+    "add_cli",
+    "build_command",
+    "classify_source",
+    "free_port",
+    "launch",
+    "main",
+    "rank_env",
+    "run_command",
+    "spawn",
+]

@@ -1,0 +1,229 @@
+"""``aiodist.spawn``: run a function as ``world_size`` ranks in fresh processes.
+
+The ``multiprocessing`` *spawn* start method is used (no fork of the caller's
+threads or event loop), so ``fn`` must be importable by the child: a function
+defined at the top level of a module (for a script, under an
+``if __name__ == "__main__":`` guard, as with any spawn-based multiprocessing).
+``fn`` is called as ``fn(*args)`` in each rank — the rank learns who it is from
+its environment (RANK, WORLD_SIZE, ... exactly as ``aiodist run`` sets them,
+present before the child imports anything), typically through
+``await aiodist.init_process_group()``. An ``async def fn`` runs on its own
+event loop (uvloop's when installed).
+
+Return values come back to the caller as a list indexed by rank, so they must
+be picklable (an unpicklable return value fails that rank). Unlike
+``aiodist run``, the ranks' output is not prefixed: they share the caller's
+stdout and stderr.
+
+This is blocking process management (no event loop): call it from
+synchronous code, or from a thread when an event loop runs. It is not protocol
+code and never runs inside the simulator, so its timeouts use the wall clock
+(``time.monotonic``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from ..errors import LaunchTimeoutError, RankFailedError
+from .env import merged_env, rank_env
+from .runner import call_entry
+from .status import failure_message
+from .supervisor import free_port
+
+__all__ = ["spawn"]
+
+_KILL_WAIT = 5.0
+
+
+def _rank_main(fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str], conn: Any) -> None:
+    """Entry point of a spawned rank: run ``fn`` and report its result or error on ``conn``."""
+    os.environ.update(env)
+    try:
+        result = call_entry(fn, *args)
+    except (SystemExit, KeyboardInterrupt):
+        conn.close()
+        raise
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        conn.close()
+        raise
+    try:
+        conn.send(("ok", result))
+    except Exception as exc:  # unpicklable result
+        with contextlib.suppress(Exception):
+            conn.send(("error", f"cannot send the return value back: {type(exc).__name__}: {exc}", traceback.format_exc()))
+        conn.close()
+        raise SystemExit(1) from None
+    conn.close()
+
+
+@contextlib.contextmanager
+def _environ(overlay: Mapping[str, str]) -> Iterator[None]:
+    """Temporarily set ``overlay`` in ``os.environ`` (the spawned child inherits it at exec)."""
+    saved = {k: os.environ.get(k) for k in overlay}
+    os.environ.update(overlay)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _stop(procs: Sequence[Any], grace_period: float) -> None:
+    """SIGTERM every live process, SIGKILL those alive after ``grace_period``, reap all (bounded)."""
+    for p in procs:
+        if p.exitcode is None:
+            with contextlib.suppress(Exception):
+                p.terminate()
+    deadline = time.monotonic() + grace_period
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.exitcode is None:
+            with contextlib.suppress(Exception):
+                p.kill()
+    deadline = time.monotonic() + _KILL_WAIT
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+
+
+def _failure(rank: int, proc: Any, remote: tuple[str, str] | None) -> RankFailedError:
+    code = proc.exitcode
+    message = failure_message(rank=rank, pid=proc.pid, returncode=code)
+    if remote is not None:
+        message = f"{message}: {remote[0]}\n\n--- traceback of rank {rank} ---\n{remote[1]}"
+    return RankFailedError(
+        message,
+        rank=rank,
+        pid=proc.pid,
+        exitcode=code if code >= 0 else None,
+        signal=-code if code < 0 else None,
+        remote_traceback=None if remote is None else remote[1],
+    )
+
+
+def spawn(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple[Any, ...] = (),
+    *,
+    master_addr: str = "127.0.0.1",
+    master_port: int | None = None,
+    run_id: str = "none",
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    grace_period: float = 5.0,
+) -> list[Any]:
+    """Run ``fn(*args)`` in ``world_size`` new processes with the ``aiodist run`` environment.
+
+    Returns the ranks' return values, indexed by rank. ``master_port=None``
+    picks a free port; ``env`` adds variables to every rank's environment.
+
+    The first rank to fail (an exception, a non-zero exit, a signal) makes
+    ``spawn`` stop the others (SIGTERM, then SIGKILL after ``grace_period``)
+    and raise :class:`~aiodist.errors.RankFailedError` naming it, with its
+    traceback. ``timeout`` (seconds) bounds the whole run:
+    :class:`~aiodist.errors.LaunchTimeoutError`. If the caller is interrupted
+    (KeyboardInterrupt), the ranks are stopped before it propagates; no rank
+    outlives the call.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if timeout is not None and timeout <= 0:
+        raise ValueError("timeout must be > 0")
+    qualname = getattr(fn, "__qualname__", "")
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(
+            f"aiodist.spawn needs a function defined at the top level of a module (the new processes "
+            f"import it by name); {qualname!r} is not"
+        )
+    ctx = multiprocessing.get_context("spawn")
+    port = master_port if master_port is not None else free_port(master_addr)
+    procs: list[Any] = []
+    conns: list[Any] = []
+    try:
+        for rank in range(world_size):
+            variables = rank_env(
+                local_rank=rank, nproc_per_node=world_size, master_addr=master_addr, master_port=port, run_id=run_id
+            )
+            overlay = merged_env(dict(env or {}), variables, nproc_per_node=world_size)
+            if "OMP_NUM_THREADS" in os.environ and "OMP_NUM_THREADS" not in (env or {}):
+                overlay.pop("OMP_NUM_THREADS", None)  # the caller's own setting wins, as with the launcher
+            recv_end, send_end = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_rank_main, args=(fn, tuple(args), overlay, send_end), name=f"aiodist-rank{rank}", daemon=False
+            )
+            with _environ(overlay):
+                proc.start()
+            send_end.close()
+            procs.append(proc)
+            conns.append(recv_end)
+        return _supervise(procs, conns, timeout=timeout, grace_period=grace_period)
+    except BaseException:
+        _stop(procs, grace_period)
+        raise
+    finally:
+        for conn in conns:
+            conn.close()
+        for proc in procs:
+            if proc.exitcode is not None:
+                proc.close()
+
+
+def _supervise(procs: list[Any], conns: list[Any], *, timeout: float | None, grace_period: float) -> list[Any]:
+    world_size = len(procs)
+    results: list[Any] = [None] * world_size
+    remote: list[tuple[str, str] | None] = [None] * world_size
+    reported = [False] * world_size  # the rank's pipe has given its message or EOF
+    exited = [False] * world_size
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def read(rank: int) -> None:
+        try:
+            kind, *payload = conns[rank].recv()
+        except (EOFError, OSError):
+            kind, payload = "eof", []
+        except Exception as exc:  # the result could not be unpickled here
+            kind, payload = "error", [f"cannot unpickle the return value: {type(exc).__name__}: {exc}", ""]
+        reported[rank] = True
+        if kind == "ok":
+            results[rank] = payload[0]
+        elif kind == "error":
+            remote[rank] = (payload[0], payload[1])
+
+    while not all(exited):
+        waiting = [conns[r] for r in range(world_size) if not reported[r]]
+        waiting += [procs[r].sentinel for r in range(world_size) if not exited[r]]
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            _stop(procs, grace_period)
+            raise LaunchTimeoutError(f"aiodist.spawn: the job exceeded its time limit of {timeout:g}s", timeout=timeout or 0.0)
+        multiprocessing.connection.wait(waiting, timeout=left)
+        for rank in range(world_size):  # by rank: a fixed order
+            if not reported[rank] and conns[rank].poll(0):
+                read(rank)
+        for rank in range(world_size):
+            if exited[rank] or procs[rank].exitcode is None:
+                continue
+            exited[rank] = True
+            if not reported[rank] and conns[rank].poll(0):
+                read(rank)
+            if procs[rank].exitcode != 0 or remote[rank] is not None:
+                error = _failure(rank, procs[rank], remote[rank])
+                _stop(procs, grace_period)
+                raise error
+            if not reported[rank]:
+                read(rank)  # exited 0: the pipe is closed, this returns at once
+    return results

@@ -1,0 +1,352 @@
+"""Collective performance in the nccl-tests format: aiodist, and torch.distributed (gloo) beside it.
+
+For each world size (real processes on 127.0.0.1, started with
+``aiodist.spawn``), each operation and each message size, every rank runs a
+few warm-up calls, then timed iterations; before each timed call the ranks
+meet at a barrier, and an iteration's time is that of the slowest rank. The
+table shows the median over the iterations, and
+
+* algbw = S / t, with S the message size as nccl-tests counts it (the whole
+  vector: the output of all_gather, the input of reduce_scatter, the array of
+  all_reduce / broadcast / reduce / all_to_all);
+* busbw = algbw x factor (all_reduce 2(p-1)/p; reduce_scatter, all_gather,
+  all_to_all (p-1)/p; broadcast, reduce 1), comparable to one link's speed.
+
+When torch imports (in this interpreter, or in the one given by
+``--torch-python``) the same plan runs with torch.distributed on the gloo
+backend, and the ``gloo/aio`` column gives t_gloo / t_aiodist (above 1: aiodist
+is faster).
+
+    python benchmarks/collectives_bench.py                     # 4 B .. 64 MiB, world sizes 2 and 4
+    python benchmarks/collectives_bench.py --quick --no-torch  # a smoke run
+    python benchmarks/collectives_bench.py --torch-python /tmp/vt/bin/python --json results.json
+
+Wall-clock time (``time.perf_counter``) is right here: this is a harness
+outside the runtime, timing real processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+OPS: tuple[str, ...] = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "barrier",
+)
+ITEM = 4  # float32
+
+
+def busbw_factor(op: str, world: int) -> float:
+    """The nccl-tests factor from algorithm bandwidth to bus bandwidth."""
+    if op == "all_reduce":
+        return 2 * (world - 1) / world
+    if op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
+        return (world - 1) / world
+    return 1.0
+
+
+def parse_size(text: str) -> int:
+    """``"64M"`` -> 67108864 (K, M, G are powers of 1024)."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    out, size = [], max(ITEM, min_bytes)
+    while size <= max_bytes:
+        out.append(size)
+        size *= factor
+    return out
+
+
+def iterations(nbytes: int, *, quick: bool) -> tuple[int, int]:
+    """(warm-up, timed) iterations for a message of ``nbytes``: fewer for large messages."""
+    if quick:
+        return (1, 5) if nbytes <= 1 << 16 else (1, 3)
+    if nbytes <= 1 << 16:
+        return 5, 50
+    if nbytes <= 1 << 20:
+        return 3, 20
+    if nbytes <= 1 << 22:
+        return 2, 10
+    return 1, 5
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    nbytes: int  # S as nccl-tests counts it
+    count: int  # float32 elements of the array each rank passes (see _arrays)
+    warmup: int
+    iters: int
+
+
+def make_plan(world: int, ops: Sequence[str], size_list: Sequence[int], *, quick: bool) -> list[Case]:
+    plan = []
+    for op in ops:
+        if op == "barrier":
+            plan.append(Case(op, 0, 0, *iterations(0, quick=quick)))
+            continue
+        for nbytes in size_list:
+            count = max(1, nbytes // ITEM)
+            if op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
+                count = max(world, count // world * world)  # the whole vector splits evenly
+            if plan and plan[-1].op == op and plan[-1].count == count:
+                continue  # a size that rounded to the previous one
+            plan.append(Case(op, count * ITEM, count, *iterations(count * ITEM, quick=quick)))
+    return plan
+
+
+def _arrays(case: Case, world: int, zeros: Callable[[int], Any]) -> tuple[Any, Any]:
+    """(input, output) for one case; ``count`` is the whole vector of gather/scatter ops."""
+    if case.op == "all_gather_into_tensor":
+        return zeros(case.count // world), zeros(case.count)
+    if case.op == "reduce_scatter_tensor":
+        return zeros(case.count), zeros(case.count // world)
+    if case.op == "all_to_all_single":
+        return zeros(case.count), zeros(case.count)
+    return zeros(max(case.count, 1)), None
+
+
+def _slowest_median(per_rank: Sequence[Sequence[float]]) -> float:
+    return statistics.median(max(times) for times in zip(*per_rank, strict=True))
+
+
+# ----------------------------------------------------------------- aiodist ranks
+
+
+async def aiodist_rank(plan_json: str) -> dict[str, float | None] | None:
+    import aiodist as dist
+
+    plan = [Case(**c) for c in json.loads(plan_json)]
+    await dist.init_process_group()
+    try:
+        world = dist.get_world_size()
+        ops: dict[str, Callable[[Any, Any], Any]] = {
+            "all_reduce": lambda x, out: dist.all_reduce(x),
+            "broadcast": lambda x, out: dist.broadcast(x, src=0),
+            "reduce": lambda x, out: dist.reduce(x, dst=0),
+            "all_gather_into_tensor": lambda x, out: dist.all_gather_into_tensor(out, x),
+            "reduce_scatter_tensor": lambda x, out: dist.reduce_scatter_tensor(out, x),
+            "all_to_all_single": lambda x, out: dist.all_to_all_single(out, x),
+            "barrier": lambda x, out: dist.barrier(),
+        }
+        mine: list[list[float]] = []
+        for case in plan:
+            x, out = _arrays(case, world, lambda n: np.zeros(n, dtype=np.float32))
+            call = ops[case.op]
+            for _ in range(case.warmup):
+                await call(x, out)
+            times = []
+            for _ in range(case.iters):
+                await dist.barrier()
+                start = time.perf_counter()
+                await call(x, out)
+                times.append(time.perf_counter() - start)
+            mine.append(times)
+        everyone = await dist.all_gather_object(mine)
+        if dist.get_rank() != 0:
+            return None
+        return {
+            f"{case.op}/{case.nbytes}": _slowest_median([r[i] for r in everyone]) for i, case in enumerate(plan)
+        }
+    finally:
+        await dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------- torch ranks
+
+
+def torch_rank(plan_json: str) -> dict[str, float | None] | None:
+    import torch
+    import torch.distributed as tdist
+
+    plan = [Case(**c) for c in json.loads(plan_json)]
+    tdist.init_process_group("gloo")
+    try:
+        world = tdist.get_world_size()
+        ops: dict[str, Callable[[Any, Any], Any]] = {
+            "all_reduce": lambda x, out: tdist.all_reduce(x),
+            "broadcast": lambda x, out: tdist.broadcast(x, src=0),
+            "reduce": lambda x, out: tdist.reduce(x, dst=0),
+            "all_gather_into_tensor": lambda x, out: tdist.all_gather_into_tensor(out, x),
+            "reduce_scatter_tensor": lambda x, out: tdist.reduce_scatter_tensor(out, x),
+            "all_to_all_single": lambda x, out: tdist.all_to_all_single(out, x),
+            "barrier": lambda x, out: tdist.barrier(),
+        }
+        mine: list[list[float] | None] = []
+        for case in plan:
+            x, out = _arrays(case, world, lambda n: torch.zeros(n, dtype=torch.float32))
+            call = ops[case.op]
+            try:
+                for _ in range(case.warmup):
+                    call(x, out)
+            except (RuntimeError, NotImplementedError, ValueError):  # unsupported by gloo: the same on every rank
+                mine.append(None)
+                continue
+            times = []
+            for _ in range(case.iters):
+                tdist.barrier()
+                start = time.perf_counter()
+                call(x, out)
+                times.append(time.perf_counter() - start)
+            mine.append(times)
+        everyone: list[Any] = [None] * world
+        tdist.all_gather_object(everyone, mine)
+        if tdist.get_rank() != 0:
+            return None
+        result: dict[str, float | None] = {}
+        for i, case in enumerate(plan):
+            rows = [r[i] for r in everyone]
+            result[f"{case.op}/{case.nbytes}"] = None if any(r is None for r in rows) else _slowest_median(rows)
+        return result
+    finally:
+        tdist.destroy_process_group()
+
+
+# ----------------------------------------------------------------- driver
+
+
+def run_backend(backend: str, world: int, plan: list[Case], *, timeout: float) -> dict[str, float | None]:
+    from aiodist import spawn
+
+    fn = aiodist_rank if backend == "aiodist" else torch_rank
+    plan_json = json.dumps([asdict(c) for c in plan])
+    results = spawn(fn, world, args=(plan_json,), timeout=timeout)
+    return results[0]
+
+
+def run_torch_elsewhere(python: str, world: int, plan: list[Case], *, timeout: float) -> dict[str, float | None]:
+    """Run the torch ranks from another interpreter (one where torch imports)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(
+        [python, __file__, "--_torch-worker", str(world)],
+        input=json.dumps([asdict(c) for c in plan]),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout + 30,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"torch run with {python} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def torch_importable() -> bool:
+    try:
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _fmt_size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def format_table(world: int, plan: list[Case], ours: dict[str, float | None], theirs: dict[str, float | None] | None) -> str:
+    head = f"{'op':<24}{'size':>10}{'aio us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"
+    if theirs is not None:
+        head += f"{'gloo us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}{'gloo/aio':>10}"
+    lines = [f"# world size {world}: float32, time = median over iterations of the slowest rank", head]
+
+    def cols(t: float | None, case: Case) -> str:
+        if t is None:
+            return f"{'n/a':>12}{'':>12}{'':>12}"
+        if case.op == "barrier":
+            return f"{t * 1e6:>12.1f}{'':>12}{'':>12}"
+        algbw = case.nbytes / t / 1e9
+        return f"{t * 1e6:>12.1f}{algbw:>12.3f}{algbw * busbw_factor(case.op, world):>12.3f}"
+
+    for case in plan:
+        key = f"{case.op}/{case.nbytes}"
+        t_ours = ours.get(key)
+        line = f"{case.op:<24}{_fmt_size(case.nbytes) if case.op != 'barrier' else '-':>10}{cols(t_ours, case)}"
+        if theirs is not None:
+            t_theirs = theirs.get(key)
+            ratio = f"{t_theirs / t_ours:>10.2f}" if t_theirs and t_ours else f"{'n/a':>10}"
+            line += cols(t_theirs, case) + ratio
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world-sizes", default="2,4", help="comma-separated (default: 2,4)")
+    parser.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of: " + ", ".join(OPS))
+    parser.add_argument("--min-bytes", type=parse_size, default=4)
+    parser.add_argument("--max-bytes", type=parse_size, default=None, help="default: 64M (1M with --quick)")
+    parser.add_argument("--factor", type=int, default=4, help="size step (default: x4)")
+    parser.add_argument("--quick", action="store_true", help="few iterations, at most 1 MiB unless --max-bytes says")
+    parser.add_argument("--no-torch", action="store_true", help="skip torch.distributed even if it imports")
+    parser.add_argument("--torch-python", default=None, help="an interpreter where torch imports (default: this one)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="per backend and world size, seconds")
+    parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument("--_torch-worker", dest="torch_worker", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.torch_worker is not None:  # child mode: plan on stdin, results as JSON on stdout
+        plan = [Case(**c) for c in json.loads(sys.stdin.read())]
+        print(json.dumps(run_backend("torch", args.torch_worker, plan, timeout=args.timeout)))
+        return 0
+
+    ops = [op.strip() for op in args.ops.split(",") if op.strip()]
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        parser.error(f"unknown op(s): {unknown}")
+    max_bytes = args.max_bytes if args.max_bytes is not None else (1 << 20 if args.quick else 64 << 20)
+    size_list = sizes(args.min_bytes, max_bytes, args.factor)
+    torch_python = None
+    if not args.no_torch:
+        if args.torch_python is not None:
+            torch_python = args.torch_python
+        elif torch_importable():
+            torch_python = sys.executable
+    report: dict[str, Any] = {"sizes": size_list, "ops": ops, "worlds": {}}
+    for world in [int(w) for w in args.world_sizes.split(",")]:
+        plan = make_plan(world, ops, size_list, quick=args.quick)
+        ours = run_backend("aiodist", world, plan, timeout=args.timeout)
+        theirs = None
+        if torch_python == sys.executable:
+            theirs = run_backend("torch", world, plan, timeout=args.timeout)
+        elif torch_python is not None:
+            theirs = run_torch_elsewhere(torch_python, world, plan, timeout=args.timeout)
+        print(format_table(world, plan, ours, theirs), flush=True)
+        print(flush=True)
+        report["worlds"][str(world)] = {"aiodist": ours, "gloo": theirs}
+    if torch_python is None:
+        print("(torch.distributed not measured: torch does not import here; see --torch-python)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

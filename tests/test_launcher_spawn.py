@@ -1,0 +1,121 @@
+"""``aiodist.spawn``: functions run as ranks in spawned processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+import aiodist
+from aiodist.errors import LaunchTimeoutError, RankFailedError
+from aiodist.launch.spawn import spawn
+
+# Module-level functions: the spawned children import this module to find them.
+
+
+def sync_worker(tag: str) -> tuple[str, str, str, str, str]:
+    env = os.environ
+    return (tag, env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_PORT"])
+
+
+async def async_worker(scale: int) -> int:
+    await asyncio.sleep(0.01)
+    return int(os.environ["RANK"]) * scale
+
+
+def failing_worker() -> None:
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank one is broken")
+    time.sleep(60)
+
+
+def killed_worker() -> None:
+    if os.environ["RANK"] == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+def exiting_worker() -> None:
+    if os.environ["RANK"] == "1":
+        raise SystemExit(4)
+    time.sleep(60)
+
+
+def unpicklable_result() -> object:
+    return lambda: None
+
+
+def sleeping_worker() -> None:
+    time.sleep(60)
+
+
+def env_at_import_worker() -> str:
+    return os.environ.get("AIODIST_SPAWN_TEST", "") + "/" + os.environ["RANK"]
+
+
+def test_spawn_sync_function_returns_results_by_rank() -> None:
+    results = spawn(sync_worker, 3, args=("t",), master_port=29533)
+    assert results == [("t", str(r), "3", str(r), "29533") for r in range(3)]
+
+
+def test_spawn_async_function() -> None:
+    assert spawn(async_worker, 2, args=(10,)) == [0, 10]
+
+
+def test_spawn_adds_caller_env() -> None:
+    assert spawn(env_at_import_worker, 2, env={"AIODIST_SPAWN_TEST": "x"}) == ["x/0", "x/1"]
+    assert "AIODIST_SPAWN_TEST" not in os.environ and "RANK" not in os.environ
+
+
+def test_spawn_failing_rank_raises_naming_it_and_stops_the_others() -> None:
+    start = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        spawn(failing_worker, 2)
+    assert time.monotonic() - start < 10
+    err = info.value
+    assert err.rank == 1 and err.exitcode == 1 and err.signal is None
+    assert "rank 1 (pid" in str(err) and "ValueError: rank one is broken" in str(err)
+    assert err.remote_traceback is not None and "failing_worker" in err.remote_traceback
+
+
+def test_spawn_rank_killed_by_signal_is_named() -> None:
+    with pytest.raises(RankFailedError) as info:
+        spawn(killed_worker, 2)
+    assert info.value.rank == 0 and info.value.signal == signal.SIGKILL and info.value.exitcode is None
+    assert "killed by signal SIGKILL" in str(info.value)
+
+
+def test_spawn_sys_exit_is_a_failure_with_its_code() -> None:
+    with pytest.raises(RankFailedError) as info:
+        spawn(exiting_worker, 2)
+    assert info.value.rank == 1 and info.value.exitcode == 4
+
+
+def test_spawn_unpicklable_result_fails_that_rank_clearly() -> None:
+    with pytest.raises(RankFailedError, match="cannot send the return value back"):
+        spawn(unpicklable_result, 1)
+
+
+def test_spawn_timeout() -> None:
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeoutError):
+        spawn(sleeping_worker, 2, timeout=1.0)
+    assert time.monotonic() - start < 8
+
+
+def test_spawn_rejects_functions_children_cannot_import() -> None:
+    def local() -> None:
+        pass
+
+    with pytest.raises(ValueError, match="top level"):
+        spawn(local, 2)
+    with pytest.raises(ValueError, match="top level"):
+        spawn(lambda: None, 2)
+
+
+@pytest.mark.skipif(not hasattr(aiodist, "spawn"), reason="aiodist.spawn is not exported yet")
+def test_public_aiodist_spawn() -> None:
+    assert aiodist.spawn(async_worker, 2, args=(3,)) == [0, 3]
