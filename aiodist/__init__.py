@@ -51,6 +51,8 @@ from .errors import (
     ConnectionLost,
     FrameTooLargeError,
     GroupError,
+    InvalidArrayError,
+    InvalidRankError,
     LaunchError,
     LaunchTimeoutError,
     PeerFailureError,
@@ -59,6 +61,7 @@ from .errors import (
     RendezvousError,
     StoreError,
     StoreTimeoutError,
+    UnsupportedReduceOpError,
 )
 from .eventloop import run
 from .group import ProcessGroup, Work
@@ -89,6 +92,8 @@ __all__ = [
     "DeviceMesh",
     "FrameTooLargeError",
     "GroupError",
+    "InvalidArrayError",
+    "InvalidRankError",
     "LaunchError",
     "LaunchTimeoutError",
     "MemoryStore",
@@ -104,6 +109,7 @@ __all__ = [
     "StoreServer",
     "StoreTimeoutError",
     "TCPStore",
+    "UnsupportedReduceOpError",
     "Work",
     "all_gather",
     "all_gather_into_tensor",

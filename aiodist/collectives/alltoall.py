@@ -1,0 +1,150 @@
+"""all_to_all and all_to_all_single (uneven splits along dim 0); the barrier.
+
+all_to_all: with small messages every send is posted, then every receive
+(linear, as gloo: about one latency in total); with large ones a pairwise
+exchange, step s sending to rank+s while receiving from rank-s, so each
+link carries one message at a time. Every pair exchanges a message even
+when it is empty, so a size disagreement is reported, never skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .buffers import EMPTY_OUT, as_flat, as_flat_list, byte_view, check_dtype
+from .schedules import dissemination, pairwise_alltoall
+from .transfer import SMALL_SEND_BYTES, recv_into, send, sendrecv
+from ..channel import Channel
+from ..errors import InvalidArrayError
+
+__all__ = ["all_to_all", "all_to_all_single", "barrier"]
+
+
+async def all_to_all(ch: Channel, seq: int, out_list: Sequence[Any], in_list: Sequence[Any]) -> list[Any]:
+    """Send ``in_list[i]`` to rank ``i``, receive rank ``i``'s into ``out_list[i]``; return ``out_list``.
+
+    Sizes may differ per peer but must agree pairwise (a disagreement raises
+    CollectiveMismatchError). Cancellation leaves ``out_list`` partly written.
+    """
+    p = ch.size
+    ins = as_flat_list(in_list, "in_list", count=p, dtype=_dtype_of(in_list), size=None, writable=False)
+    outs = as_flat_list(out_list, "out_list", count=p, dtype=ins[0].dtype, size=None, writable=True)
+    await _exchange(ch, seq, outs, ins)
+    return list(out_list)
+
+
+async def all_to_all_single(
+    ch: Channel,
+    seq: int,
+    out: Any,
+    arr: Any,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+) -> Any:
+    """all_to_all on one array split along dim 0; return ``out``.
+
+    Rows ``input_split_sizes[i]`` of ``arr`` (in order) go to rank ``i``;
+    rank ``i``'s rows land in ``out``'s ``output_split_sizes[i]`` rows. ``None``
+    splits dim 0 evenly (it must be divisible by the world size). ``out`` and
+    ``arr`` need the same dtype and row size. Cancellation leaves ``out``
+    partly written.
+    """
+    p = ch.size
+    flat = as_flat(arr, "arr", writable=False)
+    out_flat = as_flat(out, "out", writable=True)
+    check_dtype(out_flat, flat.dtype, "out")
+    arr_shape, out_shape = np.shape(arr), np.shape(out)
+    if not arr_shape or not out_shape:
+        raise InvalidArrayError("all_to_all_single needs arrays with at least one dimension", argument="arr", reason="size")
+    row_in = math.prod(arr_shape[1:])
+    row_out = math.prod(out_shape[1:])
+    if row_in != row_out:
+        raise InvalidArrayError(
+            f"out rows have {row_out} elements but arr rows have {row_in}", argument="out", reason="size"
+        )
+    in_splits = _splits(input_split_sizes, arr_shape[0], p, "input_split_sizes")
+    out_splits = _splits(output_split_sizes, out_shape[0], p, "output_split_sizes")
+    ins = _cut(flat, in_splits, row_in)
+    outs = _cut(out_flat, out_splits, row_out)
+    await _exchange(ch, seq, outs, ins)
+    return out
+
+
+async def barrier(ch: Channel, seq: int) -> None:
+    """Return once every rank of ``ch`` has entered the barrier (dissemination, ceil(lg p) rounds).
+
+    Cancellation may leave peers waiting for this rank's remaining rounds.
+    """
+    for k, (dst, src) in enumerate(dissemination(ch.size, ch.rank)):
+        key = (seq, k)
+        await ch.send(dst, key, b"")
+        await ch.recv_into(src, key, EMPTY_OUT)
+
+
+# ------------------------------------------------------------------ internals
+
+
+def _dtype_of(arrs: Sequence[Any]) -> np.dtype[Any]:
+    if isinstance(arrs, Sequence) and not isinstance(arrs, np.ndarray) and arrs:
+        first = arrs[0]
+        dt = getattr(first, "dtype", None)
+        if dt is not None:
+            return np.dtype(dt)
+        try:
+            return np.asarray(memoryview(first)).dtype
+        except TypeError:
+            pass
+    return np.dtype(np.uint8)  # the list check that follows reports the real problem
+
+
+def _splits(splits: Sequence[int] | None, rows: int, p: int, argument: str) -> list[int]:
+    if splits is None:
+        if rows % p:
+            raise InvalidArrayError(
+                f"dim 0 ({rows}) is not divisible by the world size {p}; pass {argument}",
+                argument=argument,
+                reason="splits",
+            )
+        return [rows // p] * p
+    out = [int(s) for s in splits]
+    if len(out) != p or any(s < 0 for s in out) or sum(out) != rows:
+        raise InvalidArrayError(
+            f"{argument}={list(splits)!r} must be {p} non-negative sizes summing to dim 0 ({rows})",
+            argument=argument,
+            reason="splits",
+        )
+    return out
+
+
+def _cut(flat: np.ndarray, splits: list[int], row: int) -> list[np.ndarray]:
+    blocks = []
+    at = 0
+    for s in splits:
+        blocks.append(flat[at * row : (at + s) * row])
+        at += s
+    return blocks
+
+
+async def _exchange(ch: Channel, seq: int, outs: list[np.ndarray], ins: list[np.ndarray]) -> None:
+    p, rank = ch.size, ch.rank
+    if outs[rank].size != ins[rank].size:
+        raise InvalidArrayError(
+            f"this rank sends itself {ins[rank].size} elements but expects {outs[rank].size}",
+            argument="out",
+            reason="size",
+        )
+    np.copyto(outs[rank], ins[rank])
+    pairs = pairwise_alltoall(p, rank)
+    key = (seq, 0)
+    if max((b.nbytes for b in ins), default=0) <= SMALL_SEND_BYTES:
+        for dst, _ in pairs:
+            await send(ch, dst, key, byte_view(ins[dst]))
+        for _, src in pairs:
+            await recv_into(ch, src, key, byte_view(outs[src]))
+        return
+    for dst, src in pairs:
+        await sendrecv(ch, dst, key, byte_view(ins[dst]), src, key, byte_view(outs[src]))

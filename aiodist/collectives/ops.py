@@ -1,0 +1,197 @@
+"""Reduction operators: which ones apply to which dtype, and applying them in place.
+
+Every operator is commutative and associative on exact types, so the ring,
+halving and tree algorithms may combine contributions in any fixed order.
+Floating-point results depend on that order; each collective reduces every
+element exactly once and copies the result, so all ranks get the same bits.
+
+Semantics (matching torch.distributed where it defines them):
+
+* ``SUM`` on bool is logical or, ``PRODUCT`` on bool is logical and,
+  ``MIN``/``MAX`` on bool are and/or.
+* ``MIN``/``MAX`` are not defined on complex numbers.
+* ``BAND``/``BOR``/``BXOR`` apply to integers and bool only.
+* ``AVG`` sums, then divides by the number of ranks once, at the end. Floats
+  and complex use true division in the array's own dtype. Integers use
+  division truncating toward zero (C semantics, what NCCL's ``ncclAvg`` does
+  for integer types): ``[-7, 7]`` averaged over 2 ranks of zeros gives
+  ``[-3, 3]``. (torch's gloo backend refuses integer AVG outright -- checked
+  with torch 2.13: "result type Float can't be cast to ... Int" -- so this
+  is an extension, not a divergence.) ``AVG`` on bool is refused.
+
+Integer overflow wraps around silently, as in torch; floating-point overflow
+gives inf without a warning.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import UnsupportedReduceOpError
+
+__all__ = [
+    "ReduceOp",
+    "Combiner",
+    "check_op_dtype",
+    "combiner",
+    "reduce_into",
+    "finish_avg",
+]
+
+
+class ReduceOp(enum.Enum):
+    """The reduction applied by all_reduce, reduce and reduce_scatter."""
+
+    SUM = "sum"
+    AVG = "avg"
+    PRODUCT = "product"
+    MIN = "min"
+    MAX = "max"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+
+    def __repr__(self) -> str:
+        return f"ReduceOp.{self.name}"
+
+
+Combiner = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+"""``combine(out, a, b)`` writes ``a op b`` into ``out`` (which may be ``a`` or ``b``)."""
+
+_NUMERIC_KINDS = frozenset("biufc")  # bool, signed, unsigned, float, complex
+
+# op -> (ufunc for numbers, ufunc for bool or None if refused, kinds allowed)
+_TABLE: dict[ReduceOp, tuple[np.ufunc, np.ufunc | None, frozenset[str]]] = {
+    ReduceOp.SUM: (np.add, np.logical_or, frozenset("biufc")),
+    ReduceOp.AVG: (np.add, None, frozenset("iufc")),
+    ReduceOp.PRODUCT: (np.multiply, np.logical_and, frozenset("biufc")),
+    ReduceOp.MIN: (np.minimum, np.minimum, frozenset("biuf")),
+    ReduceOp.MAX: (np.maximum, np.maximum, frozenset("biuf")),
+    ReduceOp.BAND: (np.bitwise_and, np.bitwise_and, frozenset("biu")),
+    ReduceOp.BOR: (np.bitwise_or, np.bitwise_or, frozenset("biu")),
+    ReduceOp.BXOR: (np.bitwise_xor, np.bitwise_xor, frozenset("biu")),
+}
+
+_KIND_NAMES = {"b": "bool", "i": "signed integer", "u": "unsigned integer", "f": "floating", "c": "complex"}
+
+
+def _coerce_op(op: Any) -> ReduceOp:
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        try:
+            return ReduceOp[op.upper()]
+        except KeyError:
+            pass
+    # torch.distributed.ReduceOp members and look-alikes expose a name.
+    name = getattr(op, "name", None)
+    if isinstance(name, str) and name.upper() in ReduceOp.__members__:
+        return ReduceOp[name.upper()]
+    raise UnsupportedReduceOpError(
+        f"{op!r} is not a reduction operator; use aiodist.ReduceOp (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)",
+        op=repr(op),
+        dtype="?",
+    )
+
+
+def check_op_dtype(op: Any, dtype: np.dtype[Any] | type | str) -> ReduceOp:
+    """Validate that ``op`` applies to ``dtype``; return it as a :class:`ReduceOp`.
+
+    Accepts a ReduceOp, its name as a string (``"sum"``) or an object with a
+    matching ``.name``. Raises :class:`~aiodist.errors.UnsupportedReduceOpError`
+    (a ``TypeError``) naming the operator and dtype otherwise. Pure: call it
+    before any communication.
+    """
+    rop = _coerce_op(op)
+    dt = np.dtype(dtype)
+    if dt.kind not in _NUMERIC_KINDS:
+        raise UnsupportedReduceOpError(
+            f"cannot reduce arrays of dtype {dt.name}: collectives take numeric, bool or complex arrays",
+            op=rop.name,
+            dtype=dt.name,
+        )
+    allowed = _TABLE[rop][2]
+    if dt.kind not in allowed:
+        what = ", ".join(_KIND_NAMES[k] for k in "biufc" if k in allowed)
+        raise UnsupportedReduceOpError(
+            f"ReduceOp.{rop.name} is not defined for dtype {dt.name} ({_KIND_NAMES[dt.kind]}); it applies to: {what}",
+            op=rop.name,
+            dtype=dt.name,
+        )
+    return rop
+
+
+@functools.lru_cache(maxsize=256)
+def combiner(op: ReduceOp, dtype: np.dtype[Any]) -> Combiner:
+    """The in-place binary kernel of ``op`` for ``dtype`` (validate with :func:`check_op_dtype` first).
+
+    ``combine(out, a, b)`` computes ``a op b`` elementwise into ``out`` with one
+    numpy ufunc call and no temporaries. For AVG it is the sum; divide once at
+    the end with :func:`finish_avg`.
+    """
+    number_ufunc, bool_ufunc, _ = _TABLE[op]
+    ufunc = bool_ufunc if np.dtype(dtype).kind == "b" else number_ufunc
+    assert ufunc is not None
+    floating = np.dtype(dtype).kind in "fc"
+
+    if floating:
+
+        def combine(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+            with np.errstate(all="ignore"):
+                ufunc(a, b, out=out)
+
+    else:
+
+        def combine(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+            ufunc(a, b, out=out)
+
+    return combine
+
+
+def reduce_into(dst: np.ndarray, src: np.ndarray, op: Any) -> None:
+    """``dst = dst op src`` elementwise, in place (validates ``op`` for ``dst.dtype``).
+
+    ``src`` must have ``dst``'s dtype and shape. For AVG this is the sum;
+    use :func:`finish_avg` once all contributions are in.
+    """
+    rop = check_op_dtype(op, dst.dtype)
+    if src.dtype != dst.dtype:
+        raise UnsupportedReduceOpError(
+            f"cannot reduce {src.dtype.name} into {dst.dtype.name}: dtypes must match",
+            op=rop.name,
+            dtype=dst.dtype.name,
+        )
+    combiner(rop, dst.dtype)(dst, dst, src)
+
+
+def finish_avg(arr: np.ndarray, world_size: int) -> None:
+    """Divide the summed ``arr`` by ``world_size`` in place (the second half of AVG).
+
+    Floats and complex: true division in their own dtype. Integers: division
+    truncating toward zero. ``world_size == 1`` leaves ``arr`` untouched.
+    """
+    if world_size == 1 or arr.size == 0:
+        return
+    kind = arr.dtype.kind
+    if kind in "fc":
+        with np.errstate(all="ignore"):
+            np.divide(arr, world_size, out=arr)
+    elif kind == "u":
+        np.floor_divide(arr, world_size, out=arr)
+    elif kind == "i":
+        # floor division, then step the negative non-exact quotients up by one.
+        # Done without negating (which overflows at the dtype's minimum).
+        remainder = np.remainder(arr, world_size)
+        np.floor_divide(arr, world_size, out=arr)
+        fix = remainder != 0
+        np.logical_and(fix, arr < 0, out=fix)
+        np.add(arr, 1, out=arr, where=fix)
+    else:
+        raise UnsupportedReduceOpError(
+            f"ReduceOp.AVG is not defined for dtype {arr.dtype.name}", op="AVG", dtype=arr.dtype.name
+        )

@@ -1,0 +1,131 @@
+"""Moving bytes over a Channel: one step's send and receive, run concurrently.
+
+A blocking "send, then receive" ring deadlocks once messages exceed the
+transport's buffers, so a step's send and receive overlap. Small sends are
+handed to the transport directly (a transport accepts a message below its
+flow-control watermark without waiting for the peer), which avoids creating a
+task per tiny message; larger ones run in a task beside the receive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+from ..channel import Channel
+
+__all__ = ["SMALL_SEND_BYTES", "MAX_MESSAGE_BYTES", "send", "recv_into", "sendrecv", "run_all"]
+
+SMALL_SEND_BYTES = 64 * 1024
+"""Sends up to this size are awaited before the receive is posted (no task)."""
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+"""Larger payloads travel as several messages (the wire refuses frames above 1 GiB)."""
+
+
+async def send(ch: Channel, peer: int, key: tuple[Any, ...], payload: memoryview) -> None:
+    """``ch.send``, cut into pieces of MAX_MESSAGE_BYTES for larger payloads.
+
+    The first piece goes under ``key`` itself and piece i under ``key + (i,)``,
+    so a receiver that expects another size still gets a size mismatch on the
+    first piece rather than waiting for a key that never comes.
+    """
+    n = payload.nbytes
+    if n <= MAX_MESSAGE_BYTES:
+        await ch.send(peer, key, payload)
+        return
+    for i, at in enumerate(range(0, n, MAX_MESSAGE_BYTES)):
+        await ch.send(peer, key if i == 0 else key + (i,), payload[at : at + MAX_MESSAGE_BYTES])
+
+
+async def recv_into(ch: Channel, peer: int, key: tuple[Any, ...], out: memoryview) -> None:
+    """``ch.recv_into`` for what :func:`send` sent (pieces of MAX_MESSAGE_BYTES)."""
+    n = out.nbytes
+    if n <= MAX_MESSAGE_BYTES:
+        await ch.recv_into(peer, key, out)
+        return
+    for i, at in enumerate(range(0, n, MAX_MESSAGE_BYTES)):
+        await ch.recv_into(peer, key if i == 0 else key + (i,), out[at : at + MAX_MESSAGE_BYTES])
+
+
+async def sendrecv(
+    ch: Channel,
+    dst: int,
+    send_key: tuple[Any, ...],
+    payload: memoryview,
+    src: int,
+    recv_key: tuple[Any, ...],
+    out: memoryview,
+) -> None:
+    """Send ``payload`` to ``dst`` while receiving ``src``'s message into ``out``.
+
+    Returns when both are done, so ``payload``'s buffer may then be reused.
+    If either fails, the other is cancelled and awaited, and the first error
+    propagates. Cancellation leaves ``out`` possibly partly written and the
+    send either fully handed to the transport or not at all.
+    """
+    if payload.nbytes <= SMALL_SEND_BYTES:
+        # whether a message travels in pieces depends on its own size only, on both sides
+        await send(ch, dst, send_key, payload)
+        await recv_into(ch, src, recv_key, out)
+        return
+    await run_all((send(ch, dst, send_key, payload), recv_into(ch, src, recv_key, out)))
+
+
+async def run_all(aws: Sequence[Awaitable[Any]]) -> None:
+    """Await all of ``aws`` concurrently; on the first error cancel and await the rest, then raise it.
+
+    The last awaitable runs in the calling task (one task fewer); the others
+    run in tasks owned here, never left running after return or cancellation.
+    """
+    if not aws:
+        return
+    if len(aws) == 1:
+        await aws[0]
+        return
+    tasks = [asyncio.ensure_future(a) for a in aws[:-1]]
+    me = asyncio.current_task()
+    failed: list[asyncio.Task[Any]] = []
+    main_running = [True]
+
+    def on_done(t: asyncio.Task[Any]) -> None:
+        # Interrupt our own await only while it runs; later failures surface
+        # when the task is awaited below.
+        if main_running[0] and not failed and not t.cancelled() and t.exception() is not None:
+            failed.append(t)
+            if me is not None:
+                me.cancel()
+
+    for t in tasks:
+        t.add_done_callback(on_done)
+    try:
+        try:
+            await aws[-1]
+        finally:
+            main_running[0] = False
+        for t in tasks:
+            await t
+    except asyncio.CancelledError:
+        await _cancel_and_wait(tasks)
+        if failed and me is not None and me.uncancel() == 0:
+            # We cancelled ourselves because a sibling failed: raise its error.
+            raise failed[0].exception() from None  # type: ignore[misc]
+        raise
+    except BaseException:
+        await _cancel_and_wait(tasks)
+        raise
+    finally:
+        for t in tasks:
+            t.remove_done_callback(on_done)
+
+
+async def _cancel_and_wait(tasks: list[asyncio.Task[Any]]) -> None:
+    pending = [t for t in tasks if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending)
+    for t in tasks:
+        if not t.cancelled():
+            t.exception()  # mark retrieved: the first error is the one reported

@@ -1,0 +1,153 @@
+"""Which algorithm each collective uses, by message size and world size.
+
+The choice depends only on (collective, p, nbytes), which every rank of a
+well-formed call agrees on, so all ranks pick the same algorithm. (If ranks
+pass arrays of different sizes they may pick different algorithms; the
+transport then reports a size mismatch or the collective times out.)
+
+Thresholds, in the spirit of MPICH's defaults but moved up because a Python
+message costs tens of microseconds of CPU overhead (the LogP ``o``), so
+saving messages pays for longer than in C:
+
+=================  =============================================================
+all_reduce         up to 4 KiB: recursive doubling (lg p messages of n bytes;
+                   at p = 2 a single exchange, no task created). Below 1 MiB:
+                   recursive doubling or Rabenseifner (recursive halving +
+                   doubling: 2 lg p messages, about 2n bytes), whichever has
+                   the lower alpha-beta-gamma cost under MODEL_ALPHA/BETA/GAMMA
+                   (a message through Python and TCP costs 100 us or more, so
+                   recursive doubling wins up to hundreds of KiB; measured at
+                   p = 2 on loopback it beat the two-message algorithms up to
+                   16 MiB, so with 2 ranks it is used below 32 MiB).
+                   From 1 MiB (32 MiB at p = 2): a pipelined ring: the array
+                   is cut into segments
+                   whose ring blocks are at most 1 MiB, and 2 segments
+                   ("lanes") are in flight so one is on the wire while another
+                   is reduced.
+broadcast          binomial tree below 512 KiB or for p <= 2; above, scatter
+                   down the binomial tree + ring allgather (van de Geijn).
+reduce             binomial tree below 512 KiB; above, ring reduce-scatter +
+                   gather of the blocks at the root.
+all_gather         below 256 KiB of output: recursive doubling (p a power of
+                   two) or Bruck (any p); above, ring.
+reduce_scatter     below 32 KiB of input: recursive-doubling all_reduce of a
+                   copy; above, ring (p-1 steps, blocks reduced once).
+all_to_all         messages <= 64 KiB: all sends posted then all receives
+                   (linear, as gloo); above, pairwise exchange step by step.
+gather / scatter   linear (root talks to every rank), as gloo.
+barrier            dissemination, ceil(lg p) rounds.
+=================  =============================================================
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ALLREDUCE_RD_MAX_BYTES",
+    "ALLREDUCE_RING_MIN_BYTES",
+    "ALLREDUCE_P2_RING_MIN_BYTES",
+    "RING_BLOCK_BYTES",
+    "RING_LANES",
+    "MODEL_ALPHA",
+    "MODEL_BETA",
+    "MODEL_GAMMA",
+    "BCAST_SCATTER_MIN_BYTES",
+    "REDUCE_RS_MIN_BYTES",
+    "ALLGATHER_RING_MIN_BYTES",
+    "REDUCE_SCATTER_RING_MIN_BYTES",
+    "choose_all_reduce",
+    "choose_broadcast",
+    "choose_reduce",
+    "choose_all_gather",
+    "choose_reduce_scatter",
+    "ALGORITHMS",
+]
+
+ALLREDUCE_RD_MAX_BYTES = 4 * 1024
+"""At or below this, all_reduce always uses recursive doubling (latency-bound)."""
+ALLREDUCE_RING_MIN_BYTES = 1024 * 1024
+"""From this size on, all_reduce uses the pipelined ring (p > 2)."""
+ALLREDUCE_P2_RING_MIN_BYTES = 32 * 1024 * 1024
+"""With 2 ranks, all_reduce is one exchange (recursive doubling) below this size.
+
+Measured over aiodist's TCP on loopback (2 ranks): the single exchange beat
+the ring at 1, 4 and 16 MiB (1.5-2.1 vs 2.6-2.8 ms, 5.5-8.2 vs 8.6-10.5 ms,
+22-27 vs 24-31 ms) and lost at 64 MiB (124-158 vs 92-97 ms)."""
+MODEL_ALPHA = 100e-6
+"""Seconds per message (CPU overhead + latency) assumed when choosing between algorithms."""
+MODEL_BETA = 1e-9
+"""Seconds per byte on the wire (1 GB/s) assumed when choosing."""
+MODEL_GAMMA = 0.5e-9
+"""Seconds per byte reduced (2 GB/s) assumed when choosing."""
+RING_BLOCK_BYTES = 1024 * 1024
+RING_LANES = 2
+BCAST_SCATTER_MIN_BYTES = 512 * 1024
+REDUCE_RS_MIN_BYTES = 512 * 1024
+ALLGATHER_RING_MIN_BYTES = 256 * 1024
+REDUCE_SCATTER_RING_MIN_BYTES = 32 * 1024
+
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("recursive_doubling", "rabenseifner", "ring"),
+    "broadcast": ("binomial", "scatter_allgather"),
+    "reduce": ("binomial", "reduce_scatter_gather"),
+    "all_gather": ("recursive_doubling", "bruck", "ring"),
+    "reduce_scatter": ("all_reduce", "ring"),
+}
+"""Algorithm names each collective accepts as ``algorithm=`` (to force one)."""
+
+
+def _check(collective: str, algorithm: str) -> str:
+    if algorithm not in ALGORITHMS[collective]:
+        raise ValueError(f"{collective} has no algorithm {algorithm!r}; choose from {ALGORITHMS[collective]}")
+    return algorithm
+
+
+def choose_all_reduce(p: int, nbytes: int, algorithm: str | None = None) -> str:
+    """The all_reduce algorithm for ``nbytes`` per rank among ``p`` ranks."""
+    if algorithm is not None:
+        return _check("all_reduce", algorithm)
+    if nbytes <= ALLREDUCE_RD_MAX_BYTES or (p == 2 and nbytes < ALLREDUCE_P2_RING_MIN_BYTES):
+        return "recursive_doubling"
+    if nbytes >= ALLREDUCE_RING_MIN_BYTES:
+        return "ring"
+    from .cost import alpha_beta_cost
+
+    rd = alpha_beta_cost("all_reduce.recursive_doubling", p, nbytes, MODEL_ALPHA, MODEL_BETA, MODEL_GAMMA)
+    rab = alpha_beta_cost("all_reduce.rabenseifner", p, nbytes, MODEL_ALPHA, MODEL_BETA, MODEL_GAMMA)
+    return "recursive_doubling" if rd <= rab else "rabenseifner"
+
+
+def choose_broadcast(p: int, nbytes: int, algorithm: str | None = None) -> str:
+    """The broadcast algorithm."""
+    if algorithm is not None:
+        return _check("broadcast", algorithm)
+    if p <= 2 or nbytes < BCAST_SCATTER_MIN_BYTES:
+        return "binomial"
+    return "scatter_allgather"
+
+
+def choose_reduce(p: int, nbytes: int, algorithm: str | None = None) -> str:
+    """The reduce algorithm."""
+    if algorithm is not None:
+        return _check("reduce", algorithm)
+    if nbytes < REDUCE_RS_MIN_BYTES:
+        return "binomial"
+    return "reduce_scatter_gather"
+
+
+def choose_all_gather(p: int, out_nbytes: int, algorithm: str | None = None) -> str:
+    """The all_gather algorithm for ``out_nbytes`` of output per rank."""
+    if algorithm is not None:
+        algo = _check("all_gather", algorithm)
+        if algo == "recursive_doubling" and p & (p - 1):
+            raise ValueError(f"recursive_doubling all_gather needs a power-of-two group, not {p} ranks")
+        return algo
+    if out_nbytes >= ALLGATHER_RING_MIN_BYTES:
+        return "ring"
+    return "recursive_doubling" if p & (p - 1) == 0 else "bruck"
+
+
+def choose_reduce_scatter(p: int, in_nbytes: int, algorithm: str | None = None) -> str:
+    """The reduce_scatter algorithm for ``in_nbytes`` of input per rank."""
+    if algorithm is not None:
+        return _check("reduce_scatter", algorithm)
+    return "ring" if in_nbytes >= REDUCE_SCATTER_RING_MIN_BYTES else "all_reduce"
