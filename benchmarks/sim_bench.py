@@ -1,0 +1,204 @@
+"""Simulator benchmarks: scale (wall time, deliveries per second) and fidelity (vs alpha-beta costs).
+
+    PYTHONPATH=. python benchmarks/sim_bench.py scale --sizes 64,256,1024
+    PYTHONPATH=. python benchmarks/sim_bench.py fidelity
+    PYTHONPATH=. python benchmarks/sim_bench.py kernel        # the simulator alone: seam ping-pong
+
+scale: rendezvous + 10 all_reduce of 1024 float32 per rank, the production
+aiodist code on ``world_size`` virtual ranks; reports wall seconds, simulated
+message deliveries and deliveries per wall second.
+
+fidelity: on an ideal alpha-beta network (constant latency alpha, bandwidth
+1/beta, no CPU overhead, no NIC contention) each collective is timed in
+virtual time, all ranks starting at the same instant after a warm-up call
+(which opens the connections), and compared with
+``aiodist.collectives.alpha_beta_cost`` for the algorithm aiodist picks at
+that size (gamma = 0: the simulator charges nothing for reducing).
+
+kernel: N/2 pairs ping-pong frames over the raw network seam, so the number
+is the simulator's own ceiling, without the collective stack on top.
+
+The wall clock is read here (benchmarks/), never inside sim/ or aiodist/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+import sim
+from aiodist import api
+from aiodist.context import current_network, getenv
+from aiodist.net.base import Connection
+
+# --------------------------------------------------------------------------- scale
+
+
+async def rendezvous_and_allreduce() -> float:
+    await api.init_process_group(timeout=600)
+    x = np.ones(1024, dtype=np.float32)
+    for _ in range(10):
+        await api.all_reduce(x)
+    await api.destroy_process_group()
+    return float(x[0])
+
+
+def bench_scale(sizes: list[int], schedule: str) -> list[dict[str, Any]]:
+    rows = []
+    for n in sizes:
+        t0 = time.perf_counter()
+        res = sim.run(rendezvous_and_allreduce, world_size=n, seed=1, trace=False, schedule=schedule,
+                      time_limit=36000)
+        wall = time.perf_counter() - t0
+        ok = res.ok and all(v == float(n) ** 10 for v in res.rank_results)
+        row = {"ranks": n, "ok": ok, "wall_s": round(wall, 3), "deliveries": res.messages,
+               "deliveries_per_s": round(res.messages / wall), "loop_steps": res.steps,
+               "virtual_s": round(res.virtual_time, 6)}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- kernel
+
+
+PINGS = 2000
+
+
+async def ping_pong() -> int:
+    net = current_network()
+    r = int(getenv("RANK") or 0)
+    if r % 2 == 0:
+        done = asyncio.Event()
+
+        async def handler(conn: Connection) -> None:
+            for _ in range(PINGS):
+                f = await conn.recv()
+                await conn.send(f.header)
+            done.set()
+
+        listener = await net.listen(("", 1000), handler)
+        await done.wait()
+        await listener.aclose()
+        return 0
+    await asyncio.sleep(0.001)
+    conn = await net.connect((f"rank{r - 1}", 1000))
+    for i in range(PINGS):
+        await conn.send({"i": i})
+        await conn.recv()
+    conn.close()
+    return 1
+
+
+def bench_kernel(world_size: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    res = sim.run(ping_pong, world_size=world_size, seed=1, trace=False, schedule="fifo")
+    wall = time.perf_counter() - t0
+    row = {"kernel_ranks": world_size, "ok": res.ok, "wall_s": round(wall, 3), "deliveries": res.messages,
+           "deliveries_per_s": round(res.messages / wall)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+# --------------------------------------------------------------------------- fidelity
+
+ALPHA = 1e-4
+BANDWIDTH = 1e9  # bytes/s: beta = 1 ns/byte
+
+
+def _arrays(collective: str, p: int, nbytes: int, rank: int) -> tuple[Any, ...]:
+    """Arguments for one call; ``nbytes`` follows cost.py's convention for each collective."""
+    if collective in ("all_reduce", "broadcast", "reduce"):
+        return (np.ones(max(1, nbytes // 4), dtype=np.float32),)
+    if collective == "all_gather":
+        per = max(1, nbytes // 4 // p)
+        return ([np.zeros(per, dtype=np.float32) for _ in range(p)], np.ones(per, dtype=np.float32))
+    if collective == "reduce_scatter":
+        per = max(1, nbytes // 4 // p)
+        return (np.zeros(per, dtype=np.float32), [np.ones(per, dtype=np.float32) for _ in range(p)])
+    if collective == "all_to_all":
+        per = max(1, nbytes // 4 // p)
+        return ([np.zeros(per, dtype=np.float32) for _ in range(p)], [np.ones(per, dtype=np.float32) for _ in range(p)])
+    return ()
+
+
+def _call(collective: str, args: tuple[Any, ...]) -> Any:
+    return getattr(api, collective)(*args)
+
+
+async def timed_collective(collective: str, nbytes: int) -> float:
+    pg = await api.init_process_group(timeout=600)
+    loop = asyncio.get_running_loop()
+    await _call(collective, _arrays(collective, pg.size, nbytes, pg.rank))  # warm-up: opens connections
+    start = math.ceil(loop.time()) + 1.0  # everybody starts at the same virtual instant
+    await asyncio.sleep(start - loop.time())
+    await _call(collective, _arrays(collective, pg.size, nbytes, pg.rank))
+    elapsed = loop.time() - start
+    await asyncio.sleep(math.ceil(loop.time()) + 1.0 - loop.time())
+    await api.destroy_process_group()
+    return elapsed
+
+
+FIDELITY_CASES = [
+    ("all_reduce", 1024), ("all_reduce", 64 * 1024), ("all_reduce", 4 * 1024 * 1024),
+    ("broadcast", 1024), ("broadcast", 4 * 1024 * 1024),
+    ("all_gather", 16 * 1024), ("all_gather", 4 * 1024 * 1024),
+    ("reduce_scatter", 16 * 1024), ("reduce_scatter", 4 * 1024 * 1024),
+    ("all_to_all", 64 * 1024), ("all_to_all", 4 * 1024 * 1024), ("barrier", 0),
+]
+
+
+def bench_fidelity(world_sizes: list[int]) -> list[dict[str, Any]]:
+    from aiodist.collectives import selected_cost
+
+    rows = []
+    net = sim.Network.ideal(alpha=ALPHA, bandwidth=BANDWIDTH)
+    for p in world_sizes:
+        for collective, nbytes in FIDELITY_CASES:
+            res = sim.run(timed_collective, args=(collective, nbytes), world_size=p, seed=0, network=net,
+                          trace=False, schedule="fifo")
+            if not res.ok:
+                row = {"collective": collective, "p": p, "nbytes": nbytes, "error": res.summary()[:300]}
+            else:
+                simulated = max(res.rank_results)
+                name, model = selected_cost(collective, p, nbytes, ALPHA, 1.0 / BANDWIDTH, 0.0)
+                err = (simulated - model) / model if model else 0.0
+                row = {"collective": collective, "algorithm": name, "p": p, "nbytes": nbytes,
+                       "simulated_s": round(simulated, 7), "model_s": round(model, 7),
+                       "rel_error": round(err, 4), "within_1pct": abs(err) <= 0.01}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("scale")
+    s.add_argument("--sizes", default="64,256,1024,4096")
+    s.add_argument("--schedule", default="random", choices=("fifo", "random", "pct"))
+    k = sub.add_parser("kernel")
+    k.add_argument("--ranks", type=int, default=64)
+    f = sub.add_parser("fidelity")
+    f.add_argument("--world-sizes", default="4,8,16")
+    ns = parser.parse_args(argv)
+    if ns.what == "scale":
+        bench_scale([int(x) for x in ns.sizes.split(",")], ns.schedule)
+    elif ns.what == "kernel":
+        bench_kernel(ns.ranks)
+    else:
+        rows = bench_fidelity([int(x) for x in ns.world_sizes.split(",")])
+        good = sum(1 for r in rows if r.get("within_1pct"))
+        print(f"{good} of {len(rows)} cases within 1% of the closed-form cost")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""sim: run an unchanged aiodist program as N virtual ranks on a virtual clock.
+
+>>> import sim
+>>> result = sim.run(main, world_size=8, seed=3, network=sim.Network(latency=1e-4), faults=[sim.Crash(2, at=1.0)])
+>>> result.ok, result.virtual_time, result.digest, result.rank_results, result.failures
+
+See :mod:`sim.loop` (the deterministic loop), :mod:`sim.network` (the
+simulated network), :mod:`sim.faults` and :mod:`sim.runner`.
+"""
+
+from .errors import SimDeadlockError, SimLivelockError, SimTimeLimitError, SimulationError, SimUnsupportedError
+from .faults import (
+    Chaos,
+    Clog,
+    Crash,
+    CrashStore,
+    MessageReceived,
+    MessageSent,
+    Partition,
+    ResetConnection,
+    Restart,
+    Straggler,
+)
+from .latency import Constant, Exponential, Uniform
+from .loop import SimLoop
+from .network import Network
+from .runner import Failure, Result, run
+from .trace import TraceEvent
+
+__all__ = [
+    "run", "Result", "Failure", "Network", "Constant", "Uniform", "Exponential", "SimLoop", "TraceEvent",
+    "Chaos", "Crash", "Restart", "Straggler", "CrashStore", "Partition", "Clog", "ResetConnection",
+    "MessageSent", "MessageReceived",
+    "SimulationError", "SimUnsupportedError", "SimDeadlockError", "SimTimeLimitError", "SimLivelockError",
+]

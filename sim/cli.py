@@ -1,0 +1,345 @@
+"""``python -m sim run -n 8 prog.py --seed 3``: run a program file in the simulator.
+
+``prog.py`` is a module with ``async def main()`` using the public aiodist
+API (the same file runs under ``aiodist run``). A failing run prints its seed
+and the exact command that replays it, and the process exits non-zero.
+
+Examples::
+
+    python -m sim run -n 8 prog.py --seed 3
+    python -m sim run -n 64 prog.py --seeds 0:1000           # sweep; failing seeds listed
+    python -m sim run -n 8 prog.py --seed 3 --check-determinism
+    python -m sim run -n 8 prog.py --seed 3 --trace out.json  # open in ui.perfetto.dev
+    python -m sim run -n 8 prog.py --crash 2@1.5 --partition 0,1/2,3@1:5 --straggler 3x4
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiodist.context import getenv
+
+from . import faults as F
+from .loop import LANE
+from .latency import Constant, Exponential, LatencyModel, Uniform
+from .network import Network
+from .runner import DEFAULT_MASTER_PORT, Result, run
+from .trace import events_from_json, events_to_json, first_divergence, write_chrome
+
+
+def load_main(path: str) -> Callable[..., Awaitable[Any]]:
+    """Import ``path`` as a module and return its ``main`` coroutine function."""
+    p = Path(path).resolve()
+    if not p.is_file():
+        raise SystemExit(f"sim: no such program file: {path}")
+    if str(p.parent) not in sys.path:
+        sys.path.insert(0, str(p.parent))
+    spec = importlib.util.spec_from_file_location(f"_sim_program_{p.stem}", p)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    main = getattr(module, "main", None)
+    if main is None:
+        raise SystemExit(f"sim: {path} has no main()")
+    return main  # type: ignore[no-any-return]
+
+
+def parse_latency(spec: str) -> LatencyModel:
+    """``0.0001`` | ``const:X`` | ``uniform:LO:HI`` | ``exp:MEAN[:MIN]`` (seconds)."""
+    kind, _, rest = spec.partition(":")
+    if not rest:
+        return Constant(float(spec))
+    args = [float(x) for x in rest.split(":")]
+    if kind == "const":
+        return Constant(args[0])
+    if kind == "uniform":
+        return Uniform(args[0], args[1])
+    if kind == "exp":
+        return Exponential(args[0], args[1] if len(args) > 1 else 0.0)
+    raise argparse.ArgumentTypeError(f"unknown latency model {spec!r}")
+
+
+def parse_seeds(spec: str) -> list[int]:
+    """``A:B`` (B excluded) or ``A,B,C``."""
+    if ":" in spec:
+        a, b = spec.split(":", 1)
+        return list(range(int(a), int(b)))
+    return [int(x) for x in spec.split(",") if x]
+
+
+_FAULT_FLAGS: list[tuple[str, Callable[[str], Any], str]] = [
+    ("--crash", F.parse_crash, "RANK@TIME | RANK@sent:N | RANK@recv:N: kill a rank"),
+    ("--vanish", lambda s: F.parse_crash(s, silent=True), "RANK@TIME | RANK@sent:N: the rank's machine vanishes"),
+    ("--restart", F.parse_restart, "RANK@TIME[+DELAY]: kill a rank and start it again"),
+    ("--partition", F.parse_partition, "A,B/C,D@START[:HEAL]: cut hosts A,B from C,D"),
+    ("--one-way-partition", lambda s: F.parse_partition(s, one_way=True), "A/B@START[:HEAL]: cut A->B only"),
+    ("--clog", F.parse_clog, "SRC-DST@START:END: hold messages on one link"),
+    ("--straggler", F.parse_straggler, "RANKxFACTOR[@TIME]: slow a rank down"),
+    ("--reset", F.parse_reset, "A-B@TIME: reset connections between two hosts"),
+    ("--crash-store", F.parse_crash_store, "TIME: kill the store service at MASTER_ADDR:MASTER_PORT"),
+    ("--chaos", F.parse_chaos, "crashes=N,partitions=N,clogs=N,resets=N,stragglers=N,window=A:B: random faults "
+                               "drawn from the seed"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sim", description="deterministic simulator for aiodist programs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run a program as N virtual ranks")
+    p.add_argument("program", help="a .py file with async def main()")
+    p.add_argument("-n", "--nproc", "--world-size", dest="world_size", type=int, default=8)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seeds", type=parse_seeds, help="sweep: A:B or A,B,C")
+    p.add_argument("--schedule", choices=("fifo", "random", "pct"), default="random",
+                   help="order of same-instant events across ranks (default random)")
+    p.add_argument("--pct-depth", type=int, default=3, help="bug depth d for --schedule pct (d-1 change points)")
+    p.add_argument("--latency", type=parse_latency, default=None,
+                   help="0.0001 | const:X | uniform:LO:HI | exp:MEAN[:MIN] (default uniform:5e-05:0.00015)")
+    p.add_argument("--bandwidth", type=float, default=None, help="bytes/s per host NIC (default 1.25e9)")
+    p.add_argument("--infinite-bandwidth", action="store_true")
+    p.add_argument("--overhead", type=float, default=0.0, help="CPU seconds per message per side")
+    p.add_argument("--no-contention", action="store_true")
+    p.add_argument("--time-limit", type=float, default=3600.0, help="virtual seconds")
+    p.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT)
+    p.add_argument("--check-determinism", action="store_true",
+                   help="run the seed again in a subprocess with another PYTHONHASHSEED and compare")
+    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace of the run")
+    p.add_argument("--dump-events", metavar="FILE", help=argparse.SUPPRESS)
+    p.add_argument("--fail-fast", action="store_true", help="stop a sweep at the first failing seed")
+    p.add_argument("-j", "--jobs", type=int, default=1, help="run a sweep's seeds in N worker processes")
+    p.add_argument("--keep-going", action="store_true",
+                   help="do not stop a run at the first rank exception (default: stop, like the launcher)")
+    p.add_argument("-q", "--quiet", action="store_true")
+    for flag, parse, help_text in _FAULT_FLAGS:
+        p.add_argument(flag, type=parse, action="append", default=[], help=help_text, dest=flag[2:].replace("-", "_"))
+    return parser
+
+
+def _network(ns: argparse.Namespace) -> Network:
+    kw: dict[str, Any] = {}
+    if ns.latency is not None:
+        kw["latency"] = ns.latency
+    if ns.infinite_bandwidth:
+        kw["bandwidth"] = None
+    elif ns.bandwidth is not None:
+        kw["bandwidth"] = ns.bandwidth
+    kw["overhead"] = ns.overhead
+    kw["contention"] = not ns.no_contention
+    return Network(**kw)
+
+
+def _faults(ns: argparse.Namespace) -> list[Any]:
+    out: list[Any] = []
+    for flag, _, _ in _FAULT_FLAGS:
+        out.extend(getattr(ns, flag[2:].replace("-", "_")))
+    return out
+
+
+def _latency_cli(m: LatencyModel) -> str:
+    if isinstance(m, Constant):
+        return f"const:{m.value!r}"
+    if isinstance(m, Uniform):
+        return f"uniform:{m.low!r}:{m.high!r}"
+    return f"exp:{m.mean_extra!r}:{m.minimum!r}"
+
+
+def replay_command(ns: argparse.Namespace, seed: int) -> str:
+    """The exact command line that replays ``seed`` with the same options."""
+    parts = ["python", "-m", "sim", "run", "-n", str(ns.world_size), ns.program,
+             "--seed", str(seed)]
+    if ns.schedule != "random":
+        parts += ["--schedule", ns.schedule]
+    if ns.pct_depth != 3:
+        parts += ["--pct-depth", str(ns.pct_depth)]
+    if ns.latency is not None:
+        parts += ["--latency", _latency_cli(ns.latency)]
+    if ns.infinite_bandwidth:
+        parts.append("--infinite-bandwidth")
+    elif ns.bandwidth is not None:
+        parts += ["--bandwidth", repr(ns.bandwidth)]
+    if ns.overhead:
+        parts += ["--overhead", repr(ns.overhead)]
+    if ns.no_contention:
+        parts.append("--no-contention")
+    if ns.time_limit != 3600.0:
+        parts += ["--time-limit", repr(ns.time_limit)]
+    if ns.keep_going:
+        parts.append("--keep-going")
+    if ns.master_port != DEFAULT_MASTER_PORT:
+        parts += ["--master-port", str(ns.master_port)]
+    for fault in _faults(ns):
+        parts += shlex.split(fault.to_cli())
+    cmd = " ".join(shlex.quote(p) for p in parts)
+    if ns.args:
+        cmd += " -- " + " ".join(shlex.quote(a) for a in ns.args)
+    return cmd
+
+
+class RankPrefixedOutput(io.TextIOBase):
+    """Prefixes every line a virtual rank prints with ``[rank R]`` (like ``aiodist run``)."""
+
+    def __init__(self, out: Any) -> None:
+        self._out = out
+        self._partial: dict[str, str] = {}
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        if LANE.get() < 0:  # the simulator itself
+            return self._out.write(s)  # type: ignore[no-any-return]
+        rank = getenv("RANK") or "?"
+        *lines, rest = (self._partial.pop(rank, "") + s).split("\n")
+        for line in lines:
+            self._out.write(f"[rank {rank}] {line}\n")
+        if rest:
+            self._partial[rank] = rest
+        return len(s)
+
+    def flush(self) -> None:
+        for rank, rest in sorted(self._partial.items()):
+            self._out.write(f"[rank {rank}] {rest}\n")
+        self._partial.clear()
+        self._out.flush()
+
+
+def _run_once(ns: argparse.Namespace, main: Callable[..., Awaitable[Any]], seed: int, *, keep: bool) -> Result:
+    env = {"AIODIST_FLIGHT_RECORDER_SIZE": "100000"} if ns.trace else None
+    saved = sys.argv
+    sys.argv = [ns.program, *ns.args]
+    out = RankPrefixedOutput(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(out):
+            return run(main, world_size=ns.world_size, seed=seed, network=_network(ns), faults=_faults(ns),
+                       time_limit=ns.time_limit, schedule=ns.schedule, pct_depth=ns.pct_depth, trace=keep,
+                       master_port=ns.master_port, env=env, stop_on_error=not ns.keep_going)
+    finally:
+        out.flush()
+        sys.argv = saved
+
+
+def _check_determinism(ns: argparse.Namespace, result: Result, seed: int) -> bool:
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = os.path.join(tmp, "events.json")
+        argv = [sys.executable, "-m", "sim", *shlex.split(replay_command(ns, seed))[3:]]
+        at = argv.index("--") if "--" in argv else len(argv)
+        argv[at:at] = ["--dump-events", dump, "--quiet"]
+        env = dict(os.environ)
+        current = env.get("PYTHONHASHSEED", "")
+        env["PYTHONHASHSEED"] = "4242" if current != "4242" else "2424"
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        if not os.path.exists(dump):
+            print(f"sim: determinism check could not run the replay:\n{proc.stdout}{proc.stderr}")
+            return False
+        with open(dump) as f:
+            other = json.load(f)
+    if other["digest"] == result.digest:
+        print(f"determinism check: ok (digest {result.digest} in both runs, "
+              f"PYTHONHASHSEED {current or 'unset'} vs {env['PYTHONHASHSEED']})")
+        return True
+    theirs = events_from_json(other["events"])
+    i = first_divergence(result.trace, theirs)
+    print(f"determinism check: FAILED: digests differ ({result.digest} vs {other['digest']})")
+    if i is not None:
+        mine = result.trace[i].line() if i < len(result.trace) else "<end of trace>"
+        them = theirs[i].line() if i < len(theirs) else "<end of trace>"
+        print(f"  first divergence at event {i}:\n    this run:  {mine}\n    the other: {them}")
+    return False
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    main = load_main(ns.program)
+    if ns.seeds is None:
+        keep = bool(ns.trace or ns.check_determinism or ns.dump_events)
+        result = _run_once(ns, main, ns.seed, keep=keep)
+        if ns.dump_events:
+            with open(ns.dump_events, "w") as f:
+                json.dump({"digest": result.digest, "events": events_to_json(result.trace)}, f)
+        if ns.trace:
+            write_chrome(result.trace, ns.trace, ops=result.ops)
+        if not ns.quiet:
+            print(result.summary())
+            for failure in result.failures:
+                if failure.traceback:
+                    print(failure.traceback.rstrip())
+        ok = result.ok
+        if ns.check_determinism and not _check_determinism(ns, result, ns.seed):
+            ok = False
+        if not ok:
+            print(f"FAILED seed {ns.seed}. Replay with:\n  {replay_command(ns, ns.seed)}")
+            return 1
+        return 0
+    failing: list[int] = []
+    outcomes = _sweep_parallel(ns) if ns.jobs > 1 else (_sweep_one(ns, seed, main) for seed in ns.seeds)
+    for seed, ok, line in outcomes:
+        if not ok:
+            failing.append(seed)
+            if not ns.quiet:
+                print(f"seed {seed}: FAILED: {line}", flush=True)
+            if ns.fail_fast:
+                break
+    total = len(ns.seeds)
+    if not failing:
+        print(f"all {total} seeds passed")
+        return 0
+    print(f"{len(failing)} of {total} seeds failed: {' '.join(str(s) for s in failing)}")
+    print(f"Replay the first with:\n  {replay_command(ns, failing[0])}")
+    return 1
+
+
+_loaded: dict[str, Callable[..., Awaitable[Any]]] = {}
+
+
+def _sweep_one(ns: argparse.Namespace, seed: int, main: Callable[..., Awaitable[Any]] | None = None
+               ) -> tuple[int, bool, str]:
+    """Run one seed of a sweep: (seed, ok, first failure line)."""
+    if main is None:
+        main = _loaded.get(ns.program) or _loaded.setdefault(ns.program, load_main(ns.program))
+    result = _run_once(ns, main, seed, keep=False)
+    if result.ok:
+        return seed, True, ""
+    first = result.failures[0]
+    return seed, False, f"[{first.kind}] {first.message.splitlines()[0] if first.message else ''}"
+
+
+def _sweep_parallel(ns: argparse.Namespace) -> Iterator[tuple[int, bool, str]]:
+    """Seeds spread over ``ns.jobs`` worker processes; results come back in seed order."""
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+    with concurrent.futures.ProcessPoolExecutor(max_workers=ns.jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(_sweep_one, ns, seed) for seed in ns.seeds]
+        try:
+            for fut in futures:
+                yield fut.result()
+        finally:
+            for fut in futures:
+                fut.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, prog_args = argv[:i], argv[i + 1:]
+    ns = build_parser().parse_args(argv)
+    ns.args = prog_args
+    if ns.command == "run":
+        return cmd_run(ns)
+    return 2  # pragma: no cover - argparse enforces the command

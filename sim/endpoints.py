@@ -1,0 +1,413 @@
+"""The simulated network seam: connections, listeners and each host's network view.
+
+:class:`SimConnection`, :class:`SimListener` and :class:`HostNetwork`
+implement :mod:`aiodist.net.base` over a :class:`~sim.network.Fabric`, which
+owns timing, faults and hosts. See :mod:`sim.network` for the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from aiodist.errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost
+from aiodist.net.base import Address, Connection, ConnectionHandler, Frame, Header, Listener, PayloadSink
+from aiodist.net.base import Network as _SeamNetwork
+from aiodist.wire import DEFAULT_MAX_FRAME_SIZE, as_byte_view
+
+from .headers import wire_header
+
+if TYPE_CHECKING:
+    from .network import Fabric, Host
+
+LOCAL_NAMES = frozenset({"", "0.0.0.0", "::", "127.0.0.1", "localhost", "::1"})
+"""Addresses that mean "this host" (listen on them, or connect to yourself)."""
+
+
+def _fail_future(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+def _wake_future(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _connected(fut: asyncio.Future[Any], conn: SimConnection) -> None:
+    if fut.done():
+        conn.close()
+    else:
+        fut.set_result(conn)
+
+
+# --------------------------------------------------------------------------- the seam
+
+
+class SimConnection(Connection):
+    """One endpoint of a simulated connection (see the module docstring)."""
+
+    def __init__(self, fabric: Fabric, host: Host, peer_host: Host, cid: int, max_frame_size: int) -> None:
+        self._fabric = fabric
+        self._host = host
+        self._peer_host = peer_host
+        self._id = cid
+        self._peer_ep: SimConnection | None = None
+        self._frames: deque[Frame] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._exc: ConnectionClosedError | None = None
+        self._sink: PayloadSink | None = None
+        self._held: deque[Any] | None = None
+        self._vanished = False
+        self._last = 0.0
+        self._fin_sent = False
+        self._fin_reason = "closed"
+        self._max_frame_size = max_frame_size
+        self._closed_fut: asyncio.Future[None] | None = None
+        # Flow control (see Network.max_unread_frames / socket_buffer): frames this side's
+        # protocol has not read yet because its queue is full, and the senders waiting for room.
+        self._paused = False
+        self._kernel: deque[tuple[Header, bytearray | None, int]] = deque()
+        self._kernel_bytes = 0
+        self._inflight = 0  # bytes this side sent that have not reached the peer yet
+        self._writers: deque[asyncio.Future[None]] = deque()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._exc is not None else "open"
+        return f"<SimConnection {self._host.name}->{self._peer_host.name} #{self._id} {state}>"
+
+    @property
+    def peer(self) -> str:
+        return f"sim:{self._peer_host.name}"
+
+    @property
+    def closed(self) -> bool:
+        return self._exc is not None
+
+    def set_payload_sink(self, sink: PayloadSink | None) -> None:
+        self._sink = sink
+
+    async def send(self, header: Header, payload: Any = None) -> None:
+        """Copy the frame onto the link; return when the sender's CPU is done with it.
+
+        With a per-message ``overhead`` o, the host's CPU handles its sends one
+        at a time: the frame departs (and ``send`` returns) o after the CPU is
+        free. Cancellation: the frame was handed over before the first await,
+        so it is sent even if that wait is cancelled.
+        """
+        if self._exc is not None:
+            raise self._exc
+        h = wire_header(header)
+        if payload is None:
+            data = None
+            n = 0
+        else:
+            mv = as_byte_view(payload)
+            n = mv.nbytes
+            data = bytearray(mv) if n else None
+        fabric = self._fabric
+        host = self._host
+        loop = fabric.loop
+        if loop._lane in loop._dead:  # the rest of a step of a process that just crashed
+            await loop.create_future()
+        peer = self._peer_ep
+        if peer is not None and self._inflight + peer._kernel_bytes > fabric.socket_buffer:
+            await self._wait_for_room(peer)  # the window is full: bytes in flight or unread in the peer's kernel
+        now = loop._now
+        depart = now
+        if fabric._overhead:  # the sender's CPU: one message at a time, o each (LogP)
+            start = now if now > host.cpu_free else host.cpu_free
+            depart = host.cpu_free = start + fabric._overhead * host.factor
+        fabric.transmit(self, h, data, n, depart)
+        host.sent += 1
+        if fabric.on_send is not None:
+            fabric.on_send(host)
+            if loop._lane in loop._dead:
+                await loop.create_future()
+        if depart > now:
+            waiter = loop.create_future()
+            loop.call_in_lane(depart, loop._lane, _wake_future, waiter)
+            await waiter
+
+    async def _wait_for_room(self, peer: SimConnection) -> None:
+        """Block like a TCP send whose kernel buffer is full, until the peer reads.
+
+        Cancellation: nothing was queued.
+        """
+        loop = self._fabric.loop
+        limit = self._fabric.socket_buffer
+        while self._inflight + peer._kernel_bytes > limit and self._exc is None and peer._exc is None:
+            fut = loop.create_future()
+            peer._writers.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in peer._writers:
+                    peer._writers.remove(fut)
+        if self._exc is not None:
+            raise self._exc
+
+    def _deliver(self, header: Header, data: bytearray | None, n: int, msg: int) -> None:
+        sender = self._peer_ep
+        if sender is not None:
+            sender._inflight -= n
+            if self._writers and sender._inflight + self._kernel_bytes <= self._fabric.socket_buffer:
+                self._wake_writers()
+        if self._exc is not None:
+            return
+        host = self._host
+        fabric = self._fabric
+        fabric.tracer.emit(fabric.loop._now, "recv", host.name, self._peer_host.name, n, msg)
+        host.received += 1
+        if self._paused:  # our protocol stopped reading: the bytes wait in the kernel
+            self._kernel.append((header, data, n))
+            self._kernel_bytes += n
+        else:
+            self._take(header, data, n)
+        if fabric.on_recv is not None:
+            fabric.on_recv(host)
+
+    def _take(self, header: Header, data: bytearray | None, n: int) -> None:
+        """The protocol reads one frame: into the sink's buffer or a fresh one, then the queue."""
+        if data is None:
+            payload = None
+        elif n > self._max_frame_size:
+            self._abort(f"frame of {n} bytes from {self._peer_host.name} exceeds the limit of "
+                        f"{self._max_frame_size} bytes")
+            return
+        else:
+            sink = self._sink
+            target = None
+            if sink is not None:
+                try:
+                    target = sink(header, n)
+                    if target is not None:
+                        if target.nbytes != n or target.readonly or not target.c_contiguous:
+                            raise ValueError(f"payload sink returned an unusable buffer for {n} bytes")
+                        if target.format != "B" or target.ndim != 1:
+                            target = target.cast("B")
+                        target[:] = data
+                except Exception as e:  # noqa: BLE001 - mirror TCP: a failing sink breaks the connection
+                    self._abort(f"payload sink failed on connection to {self.peer}: {e!r}")
+                    return
+            payload = target if target is not None else memoryview(data)
+        self._frames.append(Frame(header, payload))
+        if len(self._frames) >= self._fabric.max_unread_frames:
+            self._paused = True  # like aiodist.net.tcp: stop reading beyond this many unread frames
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _resume(self, limit: int) -> None:
+        """Read what waits in the kernel (up to ``limit`` queued frames) and wake blocked senders."""
+        self._paused = False
+        kernel = self._kernel
+        while kernel and not self._paused and self._exc is None and len(self._frames) < limit:
+            header, data, n = kernel.popleft()
+            self._kernel_bytes -= n
+            self._take(header, data, n)
+        if kernel:
+            self._paused = True
+        sender = self._peer_ep
+        if self._writers and (sender is None or sender._inflight + self._kernel_bytes <= self._fabric.socket_buffer):
+            self._wake_writers()
+
+    def _wake_writers(self) -> None:
+        while self._writers:
+            w = self._writers.popleft()
+            if not w.done():
+                w.set_result(None)
+
+    async def recv(self) -> Frame:
+        """Next frame; frames that arrived before the peer closed are returned first.
+
+        Cancellation leaves the connection intact and loses no frame.
+        """
+        while not self._frames:
+            if self._exc is not None:
+                raise self._exc
+            self._waiter = self._fabric.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        frame = self._frames.popleft()
+        if self._paused and len(self._frames) <= self._fabric.max_unread_frames // 2:
+            self._resume(self._fabric.max_unread_frames)
+        return frame
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+        self._wake_writers()
+        if self._closed_fut is not None and not self._closed_fut.done():
+            self._closed_fut.set_result(None)
+
+    def _fail(self, exc: ConnectionClosedError) -> None:
+        if self._exc is None:
+            self._exc = exc
+        self._fin_sent = True
+        self._host.endpoints.pop(self._id, None)
+        self._wake()
+
+    def _abort(self, reason: str) -> None:
+        """Break this connection from this side: both ends see ConnectionLost."""
+        self._fail(ConnectionLost(reason))
+        peer = self._peer_ep
+        if peer is not None and peer._exc is None:
+            peer._fail(ConnectionLost(f"connection reset by {self._host.name}: {reason}"))
+
+    def _remote_closed(self, reason: str) -> None:
+        if self._kernel and self._exc is None:  # the FIN comes after the data: all of it is readable
+            self._resume(1 << 62)
+        if self._exc is None:
+            self._exc = ConnectionLost(f"{self._peer_host.name} closed the connection ({reason})")
+            self._fabric.tracer.emit(self._fabric.loop._now, "fin", self._host.name, self._peer_host.name,
+                                     detail=reason)
+        self._fin_sent = True
+        self._host.endpoints.pop(self._id, None)
+        self._wake()
+
+    def _send_fin(self, reason: str) -> None:
+        if not self._fin_sent and self._peer_ep is not None:
+            self._fin_sent = True
+            self._fin_reason = reason
+            self._fabric.transmit(self, None, None, 0, self._fabric.loop._now)
+
+    def _die(self, reason: str) -> None:
+        """The owning process crashed: the kernel delivers what was sent, then a FIN."""
+        self._send_fin(reason)
+        if self._exc is None:
+            self._exc = ConnectionLost(reason)
+
+    def close(self) -> None:
+        if self._exc is None:
+            self._exc = ConnectionClosedLocally(f"connection to {self.peer} was closed by this side")
+            self._frames.clear()
+        self._send_fin("closed")
+        self._host.endpoints.pop(self._id, None)
+        self._wake()
+
+    async def wait_closed(self) -> None:
+        return None
+
+
+class SimListener(Listener):
+    """Accepts simulated connections on one host:port; owns the handler tasks."""
+
+    def __init__(self, fabric: Fabric, host: Host, address: Address, handler: ConnectionHandler,
+                 max_frame_size: int) -> None:
+        self._fabric = fabric
+        self._host = host
+        self._address = address
+        self._handler = handler
+        self._max_frame_size = max_frame_size
+        self._conns: dict[int, SimConnection] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._closing = False
+
+    def __repr__(self) -> str:
+        return f"<SimListener {self._address[0]}:{self._address[1]} conns={len(self._conns)}>"
+
+    @property
+    def address(self) -> Address:
+        return self._address
+
+    def _accept(self, conn: SimConnection) -> None:
+        self._conns[conn._id] = conn
+        self._tasks[conn._id] = self._fabric.loop.create_task(self._run_handler(conn))
+
+    async def _run_handler(self, conn: SimConnection) -> None:
+        try:
+            await self._handler(conn)
+        except (asyncio.CancelledError, ConnectionClosedError):
+            pass
+        except Exception as e:  # noqa: BLE001 - like TCP: log, close the connection, keep serving
+            self._fabric.handler_errors.append(f"{self._host.name}: connection handler failed: {e!r}")
+        finally:
+            conn.close()
+            self._conns.pop(conn._id, None)
+            self._tasks.pop(conn._id, None)
+
+    def _unbind(self) -> None:
+        port = self._address[1]
+        if self._host.listeners.get(port) is self:
+            del self._host.listeners[port]
+
+    def close(self) -> None:
+        self._closing = True
+        self._unbind()
+        for conn in list(self._conns.values()):
+            conn.close()
+        for task in list(self._tasks.values()):
+            task.cancel()
+
+    def _crash(self, reason: str) -> None:
+        self._closing = True
+        self._unbind()
+        for conn in list(self._conns.values()):
+            conn._die(reason)
+        for task in list(self._tasks.values()):
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        tasks = list(self._tasks.values())
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class HostNetwork(_SeamNetwork):
+    """One virtual host's view of the simulated network (aiodist's Network seam)."""
+
+    def __init__(self, host: Host) -> None:
+        self._host = host
+        self.fabric: Fabric | None = None
+
+    def __repr__(self) -> str:
+        return f"<sim.HostNetwork {self._host.name}>"
+
+    def default_host(self) -> str:
+        return self._host.name
+
+    async def connect(self, address: Address, *, timeout: float | None = None, **_: Any) -> Connection:
+        """Open a connection (a round trip). ConnectionLost if refused/unknown; TimeoutError on timeout.
+
+        Cancellation (or the timeout): nothing is left behind; a connection
+        the peer accepted meanwhile is closed (the peer sees ConnectionLost).
+        """
+        assert self.fabric is not None
+        loop = self.fabric.loop
+        if loop._lane in loop._dead:
+            await loop.create_future()
+        return await self.fabric.connect(self._host, address, timeout)
+
+    async def listen(
+        self,
+        address: Address,
+        handler: ConnectionHandler,
+        *,
+        max_frame_size: int | None = None,
+        handshake_timeout: float | None = None,
+    ) -> Listener:
+        """Bind ``address`` on this host (port 0 picks a free port); ConnectionLost if taken."""
+        fabric = self.fabric
+        assert fabric is not None
+        host, port = address
+        h = self._host
+        if str(host) not in LOCAL_NAMES and str(host) != h.name:
+            raise ConnectionLost(f"cannot listen on {host}:{port}: not an address of {h.name}")
+        port = int(port)
+        if port == 0:
+            while h.next_port in h.listeners:
+                h.next_port += 1
+            port = h.next_port
+            h.next_port += 1
+        if port in h.listeners:
+            raise ConnectionLost(f"cannot listen on {host}:{port}: address already in use")
+        listener = SimListener(fabric, h, (str(host) or h.name, port), handler,
+                               max_frame_size or DEFAULT_MAX_FRAME_SIZE)
+        h.listeners[port] = listener
+        fabric.tracer.emit(fabric.loop.time(), "listen", h.name, detail=str(port))
+        return listener

@@ -1,0 +1,152 @@
+"""The event trace of a run: its digest, its events, and Chrome/Perfetto export.
+
+Every event is hashed into a running digest (so two runs can be proven equal
+without keeping their events); when ``keep`` is true the events are also kept
+as :class:`TraceEvent` tuples. Event lines are built from reprs of ints,
+floats and strings only, so the digest does not depend on PYTHONHASHSEED.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+
+class TraceEvent(NamedTuple):
+    """One thing that happened at a virtual instant.
+
+    ``kind``: send, recv, listen, connect, accept, refused, fin, reset, start,
+    exit, crash, restart, fault, end. ``host`` is where it happened,
+    ``peer`` the other end (or ""), ``msg`` a message id linking a send to its
+    recv (-1 if none), ``detail`` a short free text (header repr for messages).
+    """
+
+    time: float
+    kind: str
+    host: str
+    peer: str = ""
+    nbytes: int = 0
+    msg: int = -1
+    detail: str = ""
+
+    def line(self) -> str:
+        return f"{self.time!r}|{self.kind}|{self.host}|{self.peer}|{self.nbytes}|{self.msg}|{self.detail}"
+
+
+class Tracer:
+    """Collects events; ``digest`` is a hash of all of them in order."""
+
+    _BATCH = 2048
+
+    def __init__(self, *, keep: bool = True) -> None:
+        self.keep = keep
+        self.events: list[TraceEvent] = []
+        self._hash = hashlib.blake2b(digest_size=16)
+        self._lines: list[str] = []
+        self.count = 0
+
+    def emit(self, time: float, kind: str, host: str, peer: str = "", nbytes: int = 0, msg: int = -1,
+             detail: str = "") -> None:
+        lines = self._lines
+        lines.append(f"{time!r}|{kind}|{host}|{peer}|{nbytes}|{msg}|{detail}")
+        if self.keep:
+            self.events.append(TraceEvent(time, kind, host, peer, nbytes, msg, detail))
+        if len(lines) >= self._BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._lines:
+            self.count += len(self._lines)
+            self._lines.append("")
+            self._hash.update("\n".join(self._lines).encode())
+            self._lines = []
+
+    @property
+    def digest(self) -> str:
+        """Hash of every event so far (each line ends with a newline, whatever the batching)."""
+        self._flush()
+        return self._hash.hexdigest()
+
+
+def first_divergence(a: Sequence[TraceEvent], b: Sequence[TraceEvent]) -> int | None:
+    """Index of the first event that differs (or where one trace ends), None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if tuple(x) != tuple(y):
+            return i
+    if len(a) != len(b):
+        return min(len(a), len(b))
+    return None
+
+
+def events_to_json(events: Iterable[TraceEvent]) -> list[list[Any]]:
+    return [list(e) for e in events]
+
+
+def events_from_json(rows: Iterable[Sequence[Any]]) -> list[TraceEvent]:
+    return [TraceEvent(*row) for row in rows]
+
+
+def _tid(host: str, tids: dict[str, int]) -> int:
+    tid = tids.get(host)
+    if tid is None:
+        if host.startswith("rank") and host[4:].isdigit():
+            tid = int(host[4:])
+        else:
+            tid = 100_000 + len(tids)
+        tids[host] = tid
+    return tid
+
+
+def to_chrome(events: Iterable[TraceEvent], ops: Mapping[int, Sequence[Mapping[str, Any]]] | None = None
+              ) -> dict[str, Any]:
+    """Chrome / Perfetto trace-event JSON: a track per host, op spans, message flows, faults.
+
+    ``ops`` (rank -> flight-recorder entries with ``op``, ``start``, ``end``)
+    become spans on the rank's track. Times are virtual seconds shown as
+    microseconds.
+    """
+    out: list[dict[str, Any]] = []
+    tids: dict[str, int] = {}
+    last = 0.0
+    events = list(events)
+    if events:
+        last = events[-1].time
+    for rank, entries in sorted((ops or {}).items()):
+        tid = _tid(f"rank{rank}", tids)
+        for e in entries:
+            start = float(e.get("start", 0.0))
+            end = float(e.get("end", last))
+            args = {k: repr(v) for k, v in e.items() if k not in ("op", "start", "end")}
+            out.append({"name": str(e.get("op", "?")), "cat": "op", "ph": "X", "ts": start * 1e6,
+                        "dur": max(end - start, 0.0) * 1e6, "pid": 0, "tid": tid, "args": args})
+    for ev in events:
+        ts = ev.time * 1e6
+        tid = _tid(ev.host, tids)
+        if ev.kind == "send":
+            out.append({"name": "send", "ph": "i", "s": "t", "ts": ts, "pid": 0, "tid": tid,
+                        "args": {"to": ev.peer, "bytes": ev.nbytes, "header": ev.detail}})
+            out.append({"name": "msg", "cat": "msg", "ph": "s", "id": ev.msg, "ts": ts, "pid": 0, "tid": tid})
+        elif ev.kind == "recv":
+            out.append({"name": "recv", "ph": "i", "s": "t", "ts": ts, "pid": 0, "tid": tid,
+                        "args": {"from": ev.peer, "bytes": ev.nbytes}})
+            out.append({"name": "msg", "cat": "msg", "ph": "f", "bp": "e", "id": ev.msg, "ts": ts, "pid": 0,
+                        "tid": tid})
+        elif ev.kind in ("crash", "restart", "fault", "reset"):
+            out.append({"name": f"{ev.kind}: {ev.detail}", "ph": "i", "s": "g", "ts": ts, "pid": 0, "tid": tid,
+                        "cname": "terrible"})
+        else:
+            out.append({"name": ev.kind, "ph": "i", "s": "t", "ts": ts, "pid": 0, "tid": tid,
+                        "args": {"peer": ev.peer, "detail": ev.detail}})
+    for host, tid in sorted(tids.items(), key=lambda kv: kv[1]):
+        out.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": host}})
+        out.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": tid, "args": {"sort_index": tid}})
+    out.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "sim (virtual time)"}})
+    return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+
+def write_chrome(events: Iterable[TraceEvent], path: str,
+                 ops: Mapping[int, Sequence[Mapping[str, Any]]] | None = None) -> None:
+    with open(path, "w") as f:
+        json.dump(to_chrome(events, ops), f)

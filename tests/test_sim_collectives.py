@@ -1,0 +1,174 @@
+"""The production process groups and collectives, run unchanged in the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+import sim
+from aiodist import api
+from aiodist.errors import AiodistError
+
+
+async def conformance() -> Any:
+    """Every rank checks exact results (integers, so no float-order tolerance is needed)."""
+    pg = await api.init_process_group(timeout=60)
+    r, p = pg.rank, pg.size
+    x = np.arange(10, dtype=np.int64) + r
+    await api.all_reduce(x)
+    assert (x == np.arange(10) * p + p * (p - 1) // 2).all(), x
+    y = np.full(3, r, dtype=np.int32)
+    await api.all_reduce(y, op=api.ReduceOp.MAX)
+    assert (y == p - 1).all()
+    b = np.full(5, r, dtype=np.float32)
+    await api.broadcast(b, src=p - 1)
+    assert (b == p - 1).all()
+    out = [np.zeros(2, dtype=np.int64) for _ in range(p)]
+    await api.all_gather(out, np.full(2, r * 10, dtype=np.int64))
+    assert [int(o[0]) for o in out] == [q * 10 for q in range(p)]
+    rs = np.zeros(2, dtype=np.int64)
+    await api.reduce_scatter(rs, [np.full(2, q, dtype=np.int64) for q in range(p)])
+    assert (rs == r * p).all()
+    a2a_out = [np.zeros(1, dtype=np.int64) for _ in range(p)]
+    await api.all_to_all(a2a_out, [np.full(1, r * 100 + q, dtype=np.int64) for q in range(p)])
+    assert [int(o[0]) for o in a2a_out] == [q * 100 + r for q in range(p)]
+    # Several collectives in flight at once still match by call order.
+    h1 = api.all_reduce(c1 := np.ones(4, dtype=np.int64))
+    h2 = api.all_reduce(c2 := np.full(4, 2, dtype=np.int64))
+    await h2
+    await h1
+    assert (c1 == p).all() and (c2 == 2 * p).all()
+    objs = await api.all_gather_object({"rank": r})
+    assert objs == [{"rank": q} for q in range(p)]
+    await api.barrier()
+    await api.destroy_process_group()
+    return r
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 7, 8, 13, 16, 32, 64])
+def test_collectives_conform_in_sim(world_size: int) -> None:
+    res = sim.run(conformance, world_size=world_size, seed=world_size, trace=False)
+    assert res.ok, res.summary() + "\n" + "\n".join(f.traceback for f in res.failures)
+    assert res.rank_results == list(range(world_size))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_collectives_conform_across_schedules_and_latencies(seed: int) -> None:
+    net = sim.Network(latency=sim.Exponential(2e-4, 1e-5), bandwidth=1e8)
+    res = sim.run(conformance, world_size=6, seed=seed, network=net, schedule=("random", "pct")[seed % 2],
+                  trace=False)
+    assert res.ok, res.summary()
+
+
+async def crash_tolerant() -> Any:
+    pg = await api.init_process_group(timeout=60)
+    x = np.ones(8, dtype=np.float32)
+    await api.all_reduce(x)
+    if pg.rank == 2:
+        await asyncio.sleep(1000)  # crashed meanwhile
+    await asyncio.sleep(2)
+    try:
+        await api.all_reduce(x, timeout=30)
+    except AiodistError as e:
+        return type(e).__name__, getattr(e, "rank", None)
+    return "no error", None
+
+
+def test_a_crashed_rank_is_named_by_the_survivors() -> None:
+    res = sim.run(crash_tolerant, world_size=4, faults=[sim.Crash(2, at=1.0)], seed=1)
+    assert res.ok, res.summary() + "\n" + "\n".join(f.traceback for f in res.failures)
+    assert res.crashed == [2]
+    survivors = [res.rank_results[r] for r in (0, 1, 3)]
+    assert all(name != "no error" for name, _ in survivors), survivors
+    assert any(name == "PeerFailureError" and rank == 2 for name, rank in survivors), survivors
+
+
+async def mismatched() -> Any:
+    pg = await api.init_process_group(timeout=60)
+    x = np.ones(4, dtype=np.float32)
+    if pg.rank == 1:
+        await api.broadcast(x, src=0, timeout=20)
+    else:
+        await api.all_reduce(x, timeout=20)
+
+
+def test_mismatched_collectives_are_reported_not_hung() -> None:
+    res = sim.run(mismatched, world_size=3, seed=0)
+    assert not res.ok
+    assert res.failures[0].kind == "exception"
+    assert "CollectiveMismatchError" in res.failures[0].message
+    assert "broadcast" in res.failures[0].message and "all_reduce" in res.failures[0].message
+    assert res.virtual_time < 1  # detected at once, not after the 20 s timeout
+
+
+async def compute_then_allreduce() -> Any:
+    pg = await api.init_process_group(timeout=60)
+    loop = asyncio.get_running_loop()
+    x = np.full(16, float(pg.rank), dtype=np.float64)
+    start = loop.time()
+    await asyncio.sleep(0.1)  # "compute"
+    await api.all_reduce(x)
+    took = loop.time() - start
+    await api.destroy_process_group()
+    return took, float(x[0])
+
+
+def test_a_straggler_slows_every_rank_of_a_collective() -> None:
+    fast = sim.run(compute_then_allreduce, world_size=4, seed=0, network=sim.Network.fixed(1e-4))
+    slow = sim.run(compute_then_allreduce, world_size=4, seed=0, network=sim.Network.fixed(1e-4),
+                   faults=[sim.Straggler(3, 10.0)])
+    assert fast.ok and slow.ok, slow.summary()
+    assert all(v == 6.0 for _, v in slow.rank_results)
+    assert max(t for t, _ in fast.rank_results) < 0.11
+    assert min(t for t, _ in slow.rank_results[:3]) > 1.0  # the others waited for rank 3's 1 s of compute
+    assert slow.rank_results[3][0] >= 1.0  # (rank 3 itself found their data already there)
+
+
+async def allreduce_loop() -> Any:
+    pg = await api.init_process_group(timeout=60)
+    loop = asyncio.get_running_loop()
+    done_at = []
+    for i in range(5):
+        x = np.full(8, i + pg.rank, dtype=np.int64)
+        await asyncio.sleep(0.3)
+        await api.all_reduce(x, timeout=60)
+        assert (x == 4 * i + 6).all()
+        done_at.append(round(loop.time(), 3))
+    await api.destroy_process_group()
+    return done_at
+
+
+def test_collectives_survive_a_healed_partition_and_finish_after_the_heal() -> None:
+    res = sim.run(allreduce_loop, world_size=4, seed=2, network=sim.Network.fixed(1e-4),
+                  faults=[sim.Partition((0, 1), (2, 3), at=0.5, heal_at=2.0)])
+    assert res.ok, res.summary()
+    times = res.rank_results[0]
+    assert times[0] < 0.5  # before the cut
+    assert 2.0 <= times[1] < 2.01  # held until the heal, then delivered in order
+    assert all(r == times for r in res.rank_results)
+
+
+def test_a_reset_link_fails_the_collective_naming_the_peer() -> None:
+    res = sim.run(allreduce_loop, world_size=4, seed=2, network=sim.Network.fixed(1e-4),
+                  faults=[sim.ResetConnection(0, 1, at=1.0)])
+    assert not res.ok
+    failure = res.failures[0]
+    assert failure.kind == "exception" and "PeerFailureError" in failure.message
+    assert ("rank 1 failed" in failure.message) if failure.rank == 0 else ("rank 0 failed" in failure.message)
+
+
+def test_collectives_do_not_need_the_store_after_rendezvous() -> None:
+    res = sim.run(allreduce_loop, world_size=4, seed=2, network=sim.Network.fixed(1e-4),
+                  faults=[sim.CrashStore(at=1.0)])
+    assert res.ok, res.summary()
+    assert any(e.kind == "crash" and "CrashStore" in e.detail for e in res.trace)
+
+
+def test_a_clogged_link_delays_the_collectives_until_it_clears() -> None:
+    res = sim.run(allreduce_loop, world_size=4, seed=2, network=sim.Network.fixed(1e-4),
+                  faults=[sim.Clog((2, 3), at=0.5, until=1.5)])
+    assert res.ok, res.summary()
+    assert res.rank_results[0][1] < 1.0 and res.rank_results[3][1] >= 1.5  # rank 3 waited for rank 2's data

@@ -1,0 +1,207 @@
+"""sim.run: determinism, per-rank environment, findings (exceptions, deadlocks, time limits, races)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import sim
+from aiodist.context import current_network, getenv, rank_scope
+from aiodist.inflight import waiting_in
+from aiodist.net.base import Connection
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+import sim_anysource  # noqa: E402
+import sim_race  # noqa: E402
+
+
+def test_same_seed_same_digest_other_seed_other_digest() -> None:
+    a = sim.run(sim_race.main, world_size=4, seed=1)
+    b = sim.run(sim_race.main, world_size=4, seed=1)
+    assert sim.run(sim_race.main, world_size=4, seed=1, trace=False).digest == a.digest  # keeping events or not
+    c = sim.run(sim_race.main, world_size=4, seed=2)
+    assert a.digest == b.digest and a.trace == b.trace and a.virtual_time == b.virtual_time
+    assert a.digest != c.digest
+    assert len(a.trace) > 50
+
+
+def test_digest_is_stable_across_processes_and_hash_seeds() -> None:
+    code = (
+        "import sys; sys.path.insert(0, 'examples'); import sim, sim_race; "
+        "print(sim.run(sim_race.main, world_size=4, seed=3).digest)"
+    )
+    digests = set()
+    for hashseed in ("1", "987"):
+        env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(ROOT))
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        digests.add(out.stdout.strip())
+    digests.add(sim.run(sim_race.main, world_size=4, seed=3).digest)
+    assert len(digests) == 1
+
+
+def test_seed_sweep_finds_the_planted_lost_update() -> None:
+    failing = [s for s in range(40) if not sim.run(sim_race.main, world_size=4, seed=s, trace=False).ok]
+    assert failing, "the sweep should find the get-then-set race"
+    assert len(failing) < 30, "the race should need a sweep, not fail every time"
+    replay = sim.run(sim_race.main, world_size=4, seed=failing[0])
+    assert not replay.ok
+    (failure,) = replay.failures
+    assert failure.kind == "exception" and "lost update" in failure.message
+    assert "AssertionError" in failure.traceback
+
+
+def test_seed_sweep_finds_the_any_source_receive_race_in_real_group_code() -> None:
+    results = {s: sim.run(sim_anysource.main, world_size=3, seed=s, trace=False) for s in range(40)}
+    failing = [s for s, r in results.items() if not r.ok]
+    assert failing and len(failing) < 20
+    assert "arrived in order [2, 1]" in results[failing[0]].failures[0].message
+    assert sim.run(sim_anysource.main, world_size=3, seed=failing[0], trace=False).digest == results[failing[0]].digest
+    assert all(results[s].rank_results[0] == [1, 2] for s in results if s not in failing)
+
+
+def test_each_rank_has_its_own_environment_scope_and_network() -> None:
+    async def main() -> Any:
+        scope = rank_scope()
+        scope["mine"] = getenv("RANK")
+        await asyncio.sleep(0.1 * (3 - int(getenv("RANK") or 0)))
+        return (getenv("RANK"), getenv("WORLD_SIZE"), getenv("LOCAL_RANK"), getenv("LOCAL_WORLD_SIZE"),
+                getenv("MASTER_ADDR"), getenv("MASTER_PORT"), getenv("TORCHELASTIC_RESTART_COUNT"),
+                getenv("EXTRA"), rank_scope()["mine"], current_network().default_host())
+
+    res = sim.run(main, world_size=3, env={"EXTRA": "x"})
+    assert res.ok
+    assert res.rank_results == [
+        (str(r), "3", str(r), "3", "rank0", "29500", "0", "x", str(r), f"rank{r}") for r in range(3)
+    ]
+
+
+def test_global_random_and_numpy_are_seeded_inside_and_restored_after() -> None:
+    async def main() -> Any:
+        return random.random(), float(np.random.random())
+
+    random.seed(123)
+    before = random.getstate()
+    a = sim.run(main, world_size=2, seed=5).rank_results
+    assert random.getstate() == before
+    b = sim.run(main, world_size=2, seed=5).rank_results
+    c = sim.run(main, world_size=2, seed=6).rank_results
+    assert a == b and a != c
+
+
+def test_deadlock_report_names_each_ranks_blocked_operation() -> None:
+    async def main() -> Any:
+        rank = int(getenv("RANK") or 0)
+        net = current_network()
+        if rank == 0:
+            async def handler(conn: Connection) -> None:
+                with waiting_in("recv", peer=int(str(conn.peer).removeprefix("sim:rank"))):
+                    await conn.recv()
+
+            await net.listen(("", 6000), handler)
+            with waiting_in("all_reduce", seq=7):
+                await asyncio.Event().wait()
+        await asyncio.sleep(0.01)
+        conn = await net.connect(("rank0", 6000))
+        with waiting_in("recv", peer=0, seq=7):
+            await conn.recv()  # everybody waits for somebody: a deadlock
+
+    res = sim.run(main, world_size=3)
+    assert not res.ok
+    (failure,) = res.failures
+    assert failure.kind == "deadlock"
+    assert set(failure.blocked) == {0, 1, 2}
+    assert [op["op"] for op in failure.blocked[0]] == ["all_reduce", "recv", "recv"]  # main + 2 handlers
+    start = pytest.approx(0.0102, abs=2e-4)  # after its 10 ms sleep and the connect round trip
+    assert failure.blocked[1] == [{"op": "recv", "peer": 0, "seq": 7, "start": start, "state": "running"}]
+    assert "test_sim_runner.py" in failure.where[1]
+    text = str(failure)
+    assert "rank 0 blocked in: all_reduce(seq=7" in text and "rank 2 blocked in: recv(peer=0, seq=7" in text
+
+
+def test_time_limit_reports_where_ranks_are() -> None:
+    async def main() -> None:
+        with waiting_in("spin"):
+            while True:
+                await asyncio.sleep(1)
+
+    res = sim.run(main, world_size=2, time_limit=50)
+    (failure,) = res.failures
+    assert failure.kind == "time_limit" and res.virtual_time == 50
+    assert [op["op"] for op in failure.blocked[1]] == ["spin"]
+
+
+def test_rank_exception_stops_the_run_and_keeps_the_traceback() -> None:
+    async def main() -> None:
+        if getenv("RANK") == "1":
+            await asyncio.sleep(2)
+            raise ValueError("boom on rank 1")
+        await asyncio.sleep(3600)
+
+    res = sim.run(main, world_size=3)
+    (failure,) = res.failures
+    assert (failure.kind, failure.rank, failure.message) == ("exception", 1, "ValueError: boom on rank 1")
+    assert "raise ValueError" in failure.traceback
+    assert res.virtual_time == 2.0  # stopped at the failure, like the launcher
+    assert set(failure.blocked) == {0, 2}
+
+
+def test_leftover_tasks_are_discarded_quietly(capfd: pytest.CaptureFixture[str]) -> None:
+    # A sim_race failure leaves store clients mid-call; discarding them must not print noise.
+    failing = next(s for s in range(60) if not sim.run(sim_race.main, world_size=4, seed=s, trace=False).ok)
+    res = sim.run(sim_race.main, world_size=4, seed=failing)
+    assert not res.ok
+    import gc
+
+    gc.collect()
+    out, err = capfd.readouterr()
+    assert "Exception ignored" not in err and "Event loop is closed" not in err
+
+
+def test_schedules_are_deterministic_per_seed() -> None:
+    for schedule in ("fifo", "random", "pct"):
+        a = sim.run(sim_race.main, world_size=4, seed=11, schedule=schedule)
+        b = sim.run(sim_race.main, world_size=4, seed=11, schedule=schedule)
+        assert a.digest == b.digest
+
+
+def test_chrome_trace_export_has_tracks_flows_and_op_spans(tmp_path: Path) -> None:
+    import json
+
+    from sim.trace import write_chrome
+
+    res = sim.run(sim_race.main, world_size=4, seed=1, faults=[sim.Straggler(3, 2.0)])
+    out = tmp_path / "t.json"
+    write_chrome(res.trace, str(out), ops=res.ops)
+    data = json.loads(out.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in data if e.get("name") == "thread_name"}
+    assert {"rank0", "rank1", "rank2", "rank3"} <= names
+    flows_out = {e["id"] for e in data if e.get("ph") == "s"}
+    flows_in = {e["id"] for e in data if e.get("ph") == "f"}
+    assert flows_out and flows_in <= flows_out
+    spans = [e for e in data if e.get("ph") == "X"]
+    assert any(e["name"] == "store.get" for e in spans)
+    assert any(e["name"].startswith("fault") for e in data)
+
+
+async def test_sim_run_works_from_inside_a_running_asyncio_loop() -> None:
+    outer = asyncio.get_running_loop()
+
+    async def main() -> float:
+        await asyncio.sleep(10)
+        return asyncio.get_running_loop().time()
+
+    res = sim.run(main, world_size=2)
+    assert res.ok and res.rank_results == [10.0, 10.0]
+    assert asyncio.get_running_loop() is outer
+    await asyncio.sleep(0)  # the outer loop is intact
