@@ -1,0 +1,195 @@
+"""A group's view of the transport: group ranks, and one Channel per operation.
+
+:class:`GroupComm` maps a group's ranks (``0..size-1``) to the job's global
+ranks. :class:`OpChannel` is the :class:`~aiodist.channel.Channel` one
+collective runs over: every frame it sends carries the group id, the
+operation's sequence number (prefixed to the algorithm's key, so concurrent
+operations never collide) and a short signature of the call (``"all_reduce
+SUM float32"``); a receive that gets a frame with another signature fails with
+:class:`CollectiveMismatchError` naming what each rank called. It also tracks
+the peers it still waits for, which a timeout reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..errors import CollectiveMismatchError, PeerFailureError
+from .router import Delivery, Header, Receive
+from .transport import Transport, delivery_of
+
+
+class GroupComm:
+    """The communication side of one process group on one rank."""
+
+    def __init__(self, transport: Transport, gid: Any, ranks: tuple[int, ...], *, name: str) -> None:
+        self.transport = transport
+        self.gid = gid
+        self.ranks = ranks
+        self.name = name
+        self._index = {g: i for i, g in enumerate(ranks)}
+        self.rank = self._index.get(transport.rank, -1)
+        self.size = len(ranks)
+
+    def __repr__(self) -> str:
+        return f"<GroupComm {self.name} rank={self.rank}/{self.size}>"
+
+    def group_rank(self, global_rank: int) -> int:
+        """The group rank of a global rank (-1 if not a member)."""
+        return self._index.get(global_rank, -1)
+
+    def localize(self, e: PeerFailureError, *, op: str | None, seq: int | None) -> PeerFailureError:
+        """Restate a transport's PeerFailureError (global ranks) in this group's numbering."""
+        g = e.global_rank if e.global_rank is not None else e.rank
+        local = self.group_rank(g) if g is not None else None
+        e.rank = local
+        e.global_rank = g
+        e.op = op if e.op is None else e.op
+        e.seq = seq if e.seq is None else e.seq
+        where = self.name if not op else f"{op} of {self.name}" if seq is None else f"{op} (seq {seq}) of {self.name}"
+        if g is None:
+            e.args = (f"{where}: {e.how or 'a peer failed'}",)
+            return e
+        who = f"rank {local} (global rank {g})" if local != g else f"rank {g}"
+        e.args = (f"{where}: {who} failed: {e.how or 'unknown'}",)
+        return e
+
+    async def await_receive(self, r: Receive, fut: asyncio.Future[Delivery | BaseException]) -> Delivery:
+        """Post ``r`` and wait for it. Cancellation withdraws the receive."""
+        self.transport.post(r)
+        try:
+            result = await fut
+        except asyncio.CancelledError:
+            self.transport.router.cancel(r)
+            raise
+        return delivery_of(result)
+
+
+def _setter(fut: asyncio.Future[Any]) -> Any:
+    def on_done(result: Any) -> None:
+        if not fut.done():
+            fut.set_result(result)
+
+    return on_done
+
+
+def new_receive(
+    comm: GroupComm, *, src: int | None, out: memoryview | None, key: Any = None, tag: int | None = None, check: Any = None
+) -> tuple[Receive, asyncio.Future[Delivery | BaseException]]:
+    """A receive (global ``src``) and the future it completes."""
+    fut: asyncio.Future[Delivery | BaseException] = asyncio.get_running_loop().create_future()
+    r = Receive(group=comm.gid, src=src, out=out, on_done=_setter(fut), key=key, tag=tag, check=check)
+    return r, fut
+
+
+class OpChannel:
+    """The Channel of one collective call (see the module doc)."""
+
+    def __init__(self, comm: GroupComm, *, op: str, seq: int, sig: str, entry: dict[str, Any] | None = None) -> None:
+        self.comm = comm
+        self.op = op
+        self.seq = seq
+        self.sig = sig
+        self.entry = entry
+        self._recv_waits: dict[int, int] = {}
+        self._send_waits: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return f"<OpChannel {self.op} seq={self.seq} {self.comm.name}>"
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def size(self) -> int:
+        return self.comm.size
+
+    def waiting_for(self) -> list[int]:
+        """Group ranks this operation is still receiving from (else: still sending to)."""
+        return sorted(self._recv_waits or self._send_waits)
+
+    def _track(self, table: dict[int, int], peer: int, delta: int) -> None:
+        n = table.get(peer, 0) + delta
+        if n:
+            table[peer] = n
+        else:
+            del table[peer]
+        if self.entry is not None and table is self._recv_waits:
+            self.entry["peers"] = list(table)
+
+    def _global(self, peer: int) -> int:
+        if not 0 <= peer < self.comm.size:
+            raise ValueError(f"peer {peer} out of range for a group of {self.comm.size} ranks")
+        return self.comm.ranks[peer]
+
+    def _check(self, header: Header, src: int, nbytes: int) -> BaseException | None:
+        theirs = header.get("o")
+        if theirs == self.sig:
+            return None
+        peer = self.comm.group_rank(src)
+        me = self.comm.rank
+        return CollectiveMismatchError(
+            f"collective mismatch in {self.comm.name} at seq {self.seq}: rank {me} called {self.sig!r} "
+            f"but rank {peer} called {theirs!r}",
+            calls={me: self.sig, peer: theirs},
+            seq=self.seq,
+        )
+
+    async def send(self, peer: int, key: tuple[Any, ...], payload: Any) -> None:
+        dst = self._global(peer)
+        header = {"t": "m", "g": self.comm.gid, "k": (self.seq, *key), "o": self.sig}
+        self._track(self._send_waits, peer, 1)
+        cancelled = False
+        try:
+            await self.comm.transport.send(dst, header, payload, group=self.comm.gid)
+        except asyncio.CancelledError:
+            cancelled = True  # cut short by a timeout: it was still waiting to get through
+            raise
+        except PeerFailureError as e:
+            raise self.comm.localize(e, op=self.op, seq=self.seq) from None
+        finally:
+            if not cancelled:
+                self._track(self._send_waits, peer, -1)
+
+    async def _recv(self, peer: int, key: tuple[Any, ...], out: memoryview | None) -> Delivery:
+        src = self._global(peer)
+        r, fut = new_receive(self.comm, src=src, out=out, key=(self.seq, *key), check=self._check)
+        r.sig = self.sig
+        self._track(self._recv_waits, peer, 1)
+        cancelled = False
+        try:
+            return await self.comm.await_receive(r, fut)
+        except asyncio.CancelledError:
+            cancelled = True  # a receive cut short by a timeout was still waiting: keep it counted
+            raise
+        except PeerFailureError as e:
+            raise self.comm.localize(e, op=self.op, seq=self.seq) from None
+        except CollectiveMismatchError as e:
+            raise self._mismatch(e, peer, src, out) from None
+        finally:
+            if not cancelled:
+                self._track(self._recv_waits, peer, -1)
+
+    def _mismatch(self, e: CollectiveMismatchError, peer: int, src: int, out: memoryview | None) -> CollectiveMismatchError:
+        """Restate a mismatch in group ranks and, if we found it, tell the peer (it may wait on us)."""
+        reported = getattr(e, "reported", False)
+        if e.seq is None:  # size mismatch (router) or a peer's report: calls are in global ranks
+            calls = {self.comm.group_rank(k): v for k, v in e.calls.items()}
+            if not reported:
+                calls[self.comm.rank] = f"{self.sig} with {out.nbytes if out is not None else '?'} bytes"
+            e = CollectiveMismatchError(f"{self.op} (seq {self.seq}) of {self.comm.name}: {e.args[0]}", calls=calls, seq=self.seq)
+        if not reported:
+            glob = {self.comm.ranks[k]: v for k, v in e.calls.items() if 0 <= k < self.comm.size}
+            self.comm.transport.report_mismatch(src, self.comm.gid, self.seq, str(e), glob)
+        return e
+
+    async def recv_into(self, peer: int, key: tuple[Any, ...], out: memoryview) -> None:
+        if out.format != "B" or out.ndim != 1:
+            out = out.cast("B")
+        await self._recv(peer, key, out)
+
+    async def recv_bytes(self, peer: int, key: tuple[Any, ...]) -> memoryview:
+        d = await self._recv(peer, key, None)
+        return d.payload if d.payload is not None else memoryview(b"")

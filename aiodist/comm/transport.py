@@ -1,0 +1,723 @@
+"""The peer transport: one connection per pair of ranks, shared by all groups.
+
+Each rank listens on one address (published in the store under the job's
+prefix) and connects *lazily*, the first time it sends to a peer, so a job
+only opens the connections its algorithms use. When two ranks dial each other
+at the same moment, the connection dialed by the lower rank is kept and the
+other is answered ``dup`` and closed: exactly one connection per pair.
+
+Every connection starts with a ``hello`` frame naming the job id, the rank and
+the world size. A connection of another job (a stale rank of an earlier run),
+an out-of-range rank or a different world size is refused with a ``refused``
+frame that says why, then closed.
+
+A reader task per connection routes frames through the :class:`Router`;
+payloads of receives posted in time are written straight into the caller's
+buffer. Sending never waits for reading: sends go straight to the connection.
+
+Failure: a connection that breaks makes the peer *failed*: every pending and
+later operation that involves it raises :class:`PeerFailureError` (``how`` says
+why), every group containing it is broken, and the news is passed on to the
+other connected peers so that ranks without a connection to it stop waiting
+too. A rank only told of a failure keeps its connection to the accused
+rank and tells it, so a rank that is alive but cut off from the others learns
+that it was declared failed (its groups break, blaming itself) instead of
+blaming whoever hung up on it. A peer that leaves through
+:meth:`Transport.close` says ``bye`` first; that only fails the receives that
+still expected something from it. A failed address lookup (the store is gone)
+fails the operation that needed the connection, blaming nobody (``rank=None``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..context import current_network, getenv
+from ..errors import (
+    CollectiveMismatchError,
+    ConnectionClosedError,
+    ConnectionClosedLocally,
+    GroupError,
+    PeerFailureError,
+    PeerRefusedError,
+)
+from ..net.base import Address, Connection, Frame, Header, Listener, Network
+from ..wire import as_byte_view
+from .router import Delivery, Match, Receive, Router
+
+log = logging.getLogger("aiodist.comm")
+
+HELLO_TIMEOUT = 30.0
+"""Seconds a new connection may take to say hello (and to answer one)."""
+
+BYE_TIMEOUT = 2.0
+
+HEARTBEAT_ENV = "AIODIST_HEARTBEAT_TIMEOUT"
+"""Seconds of silence after which a connected peer is declared failed (unset or 0: off).
+
+Off by default: a rank busy in a long computation that never awaits sends
+nothing, and would be declared failed. When on, each connection carries a
+small heartbeat frame every third of that time.
+"""
+
+
+class _Peer:
+    """What this rank knows about its connection to one other rank."""
+
+    __slots__ = ("rank", "conn", "ready", "dialing", "accepting", "failure", "refused", "matches", "last_heard")
+
+    def __init__(self, rank: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.rank = rank
+        self.conn: Connection | None = None
+        self.ready: asyncio.Future[Connection] = loop.create_future()
+        self.dialing = False
+        self.accepting = False
+        self.failure: str | None = None  # how it failed, once it did
+        self.refused: str | None = None  # the peer refused our connection: why
+        self.matches: collections.deque[Match] = collections.deque()
+        self.last_heard = loop.time()
+
+    def __repr__(self) -> str:
+        state = self.failure or ("ready" if self.ready.done() else "dialing" if self.dialing else "idle")
+        return f"<peer {self.rank} {state}>"
+
+
+def format_address(address: Address) -> bytes:
+    return f"{address[0]}|{address[1]}".encode()
+
+
+def parse_address(raw: bytes) -> Address:
+    host, _, port = raw.decode().rpartition("|")
+    return host, int(port)
+
+
+class Transport:
+    """One rank's connections to the other ranks of one job (see the module doc).
+
+    Create with :meth:`start`; end with :meth:`close`, which cancels and awaits
+    every task it owns (readers, dials, failure reports).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        job_id: str,
+        store: Any,
+        key_prefix: str,
+        timeout: float,
+        network: Network,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.job_id = job_id
+        self.store = store
+        self.key_prefix = key_prefix
+        self.timeout = timeout
+        self.router = Router()
+        self._net = network
+        self._loop = asyncio.get_running_loop()
+        self._listener: Listener | None = None
+        self._peers: dict[int, _Peer] = {}
+        self._tasks: dict[asyncio.Task[Any], None] = {}
+        self._groups: dict[Any, tuple[int, ...]] = {}
+        self._group_failures: dict[Any, PeerFailureError] = {}
+        self._broken: dict[Any, asyncio.Future[None]] = {}  # per group: resolved when it breaks
+        self._p2p_numbers: dict[tuple[Any, int, int], int] = {}
+        self._next_group = 1
+        self._condemned: str | None = None  # why the other ranks consider this rank failed, if they do
+        self._heartbeat = _heartbeat_timeout()
+        self._closed = False  # no new operations (closing, closed or aborted)
+        self._finished = False  # close() ran
+        self.address: Address | None = None
+
+    def __repr__(self) -> str:
+        return f"<Transport rank={self.rank}/{self.world_size} job={self.job_id!r} peers={len(self._peers)}>"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def start(
+        cls,
+        *,
+        rank: int,
+        world_size: int,
+        job_id: str,
+        store: Any,
+        key_prefix: str,
+        timeout: float,
+        host: str | None = None,
+    ) -> Transport:
+        """Listen (on ``host``, else ``AIODIST_HOST``, else the network's default) and publish the address."""
+        net = current_network()
+        t = cls(
+            rank=rank,
+            world_size=world_size,
+            job_id=job_id,
+            store=store,
+            key_prefix=key_prefix,
+            timeout=timeout,
+            network=net,
+        )
+        host = host or getenv("AIODIST_HOST") or net.default_host()
+        t._listener = await net.listen((host, 0), t._accept)
+        t.address = t._listener.address
+        try:
+            await store.set(t._address_key(rank), format_address(t.address))
+        except BaseException:
+            await t.close()
+            raise
+        return t
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def close(self) -> None:
+        """Say ``bye`` to connected peers, close every connection and await every task.
+
+        Pending receives fail with GroupError. Idempotent.
+        """
+        if self._finished:
+            return
+        self._finished = True
+        aborted, self._closed = self._closed, True
+        byes = [p.conn for p in self._peers.values() if p.conn is not None and p.failure is None and p.ready.done()]
+        if byes and not aborted:
+            await asyncio.gather(*(self._send_quietly(c, {"t": "bye"}, BYE_TIMEOUT) for c in byes))
+        for p in self._peers.values():
+            if p.failure is None:
+                p.failure = "this rank closed its connections"
+            if p.conn is not None:
+                p.conn.close()
+            if not p.ready.done():
+                p.ready.set_exception(GroupError("the process group was destroyed"))
+                p.ready.exception()
+        if self._listener is not None:
+            self._listener.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            async with asyncio.timeout(BYE_TIMEOUT):  # a transport that never reports its end must not hang us
+                if self._listener is not None:
+                    await self._listener.wait_closed()
+                for p in self._peers.values():
+                    if p.conn is not None:
+                        await p.conn.wait_closed()
+        except TimeoutError:
+            log.warning("rank %d: connections did not finish closing within %gs", self.rank, BYE_TIMEOUT)
+        destroyed: Callable[[Receive], BaseException] = lambda r: GroupError("the process group was destroyed")
+        for gid in list(self._groups):
+            self.router.forget_group(gid, destroyed)
+        for r in self.router.pending():
+            self.router.cancel(r)
+            r.on_done(destroyed(r))
+
+    def abort(self) -> None:
+        """Drop every connection at once, without ``bye``: what a crash of this rank looks like to its peers.
+
+        The transport is unusable afterwards; :meth:`close` still releases it.
+        """
+        self._closed = True
+        for p in self._peers.values():
+            if p.conn is not None:
+                p.conn.close()
+        if self._listener is not None:
+            self._listener.close()
+
+    def failed_peers(self) -> list[int]:
+        """Ranks this rank considers failed (not those that left cleanly); this rank too if it was declared failed."""
+        failed = [r for r, p in self._peers.items() if p.failure is not None and not self._left(p)]
+        if self._condemned is not None:
+            failed.append(self.rank)
+        return sorted(failed)
+
+    def connected_peers(self) -> list[int]:
+        """Ranks with a live connection to this one (diagnostics, tests)."""
+        return sorted(r for r, p in self._peers.items() if p.conn is not None and not p.conn.closed)
+
+    # ------------------------------------------------------------------ groups
+
+    def allocate_group_id(self) -> int:
+        """The next group id (every rank allocates them in the same order)."""
+        gid = self._next_group
+        self._next_group += 1
+        return gid
+
+    def register_group(self, gid: Any, ranks: tuple[int, ...]) -> None:
+        self._groups[gid] = tuple(ranks)
+        if self._condemned is not None:
+            self._break_group(gid, self.rank, self._condemned)
+        for r in ranks:
+            p = self._peers.get(r)
+            if p is not None and p.failure is not None and not self._left(p):
+                self._break_group(gid, r, p.failure)
+
+    def unregister_group(self, gid: Any) -> None:
+        self._groups.pop(gid, None)
+        self._group_failures.pop(gid, None)
+        broken = self._broken.pop(gid, None)
+        if broken is not None and not broken.done():
+            broken.set_result(None)
+        self.router.forget_group(gid, lambda r: GroupError(f"group {gid!r} was destroyed"))
+
+    def group_failure(self, gid: Any) -> PeerFailureError | None:
+        """The failure that broke group ``gid``, if one did."""
+        return self._group_failures.get(gid)
+
+    def next_p2p_number(self, gid: Any, dst: int, tag: int) -> int:
+        key = (gid, dst, tag)
+        n = self._p2p_numbers.get(key, 0)
+        self._p2p_numbers[key] = n + 1
+        return n
+
+    def peer_error(self, rank: int) -> PeerFailureError:
+        """A fresh PeerFailureError for ``rank`` (global numbering)."""
+        if rank == self.rank:
+            how = self._condemned or "unknown"
+            return PeerFailureError(f"this rank ({rank}) was declared failed by its peers: {how}", rank=rank, how=how)
+        p = self._peers.get(rank)
+        how = p.failure if p is not None and p.failure else "unknown"
+        if p is not None and p.refused is not None:
+            return PeerRefusedError(
+                f"rank {rank} refused the connection of rank {self.rank}: {p.refused}",
+                rank=rank,
+                how=how,
+                reason=p.refused,
+            )
+        return PeerFailureError(f"rank {rank} failed: {how}", rank=rank, how=how)
+
+    # ------------------------------------------------------------------ sending / receiving
+
+    async def send(self, dst: int, header: Header, payload: Any = None, *, group: Any = None) -> None:
+        """Send one frame to rank ``dst`` (connecting first if needed).
+
+        Raises PeerFailureError if ``dst`` failed, or if ``group`` breaks while
+        the connection is being made. Cancellation: the frame was queued whole
+        or not at all.
+        """
+        if self._closed:
+            raise GroupError("the process group was destroyed")
+        if dst == self.rank:
+            self._loopback(header, payload)
+            return
+        p = self._peer(dst)
+        if p.ready.done() and p.failure is None:
+            conn = p.ready.result()
+        else:
+            conn = await self._connection(p, group)
+        try:
+            await conn.send(header, payload)
+        except ConnectionClosedError:
+            if not self._closed:
+                self._peer_failed(p, "connection lost")
+            raise self.peer_error(dst) from None
+
+    def post(self, receive: Receive) -> None:
+        """Post a receive (keyed if ``receive.tag`` is None, else point-to-point)."""
+        if self._closed:
+            self.router.cancel(receive)
+            receive.on_done(GroupError("the process group was destroyed"))
+            return
+        if receive.tag is None:
+            self.router.post_keyed(receive)
+        else:
+            self.router.post_p2p(receive)
+
+    def _loopback(self, header: Header, payload: Any) -> None:
+        data = None if payload is None else memoryview(bytearray(as_byte_view(payload)))
+        nbytes = 0 if data is None else data.nbytes
+        m = self.router.route(self.rank, header, nbytes)
+        if data is not None and m.sink is not None:
+            m.sink[:] = data
+            data = m.sink
+        self.router.complete(m, data)
+
+    # ------------------------------------------------------------------ connections
+
+    def _peer(self, rank: int) -> _Peer:
+        p = self._peers.get(rank)
+        if p is None:
+            if not 0 <= rank < self.world_size:
+                raise GroupError(f"rank {rank} is not in the job (world size {self.world_size})")
+            p = self._peers[rank] = _Peer(rank, self._loop)
+        return p
+
+    def _address_key(self, rank: int) -> str:
+        return f"{self.key_prefix}addr/{rank}"
+
+    async def _connection(self, p: _Peer, group: Any = None) -> Connection:
+        """The connection to ``p``, dialing it if nobody is; fails early if ``group`` breaks meanwhile."""
+        if p.failure is not None:
+            raise self.peer_error(p.rank)
+        if p.ready.done():
+            return p.ready.result()
+        if not p.dialing and not p.accepting:
+            p.dialing = True
+            self._spawn(self._dial(p))
+        ready = asyncio.shield(p.ready)
+        try:
+            if group is not None and group in self._groups:
+                failure = self._group_failures.get(group)
+                if failure is not None:
+                    ready.cancel()
+                    raise self.peer_error(failure.global_rank if failure.global_rank is not None else p.rank)
+                broken = self._broken.get(group)
+                if broken is None:
+                    broken = self._broken[group] = self._loop.create_future()
+                await asyncio.wait((ready, broken), return_when=asyncio.FIRST_COMPLETED)
+                if not ready.done():
+                    ready.cancel()
+                    failure = self._group_failures.get(group)
+                    culprit = failure.global_rank if failure is not None and failure.global_rank is not None else p.rank
+                    raise self.peer_error(culprit)
+            return await ready
+        except PeerFailureError as e:
+            if p.failure is None:  # this attempt failed (address lookup, or we are the condemned one)
+                raise PeerFailureError(str(e), rank=e.rank, how=e.how) from None
+            raise self.peer_error(p.rank) from None
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = self._loop.create_task(coro)
+        self._tasks[task] = None
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("comm task failed", exc_info=task.exception())
+
+    def _hello(self) -> Header:
+        return {"t": "hello", "job": self.job_id, "rank": self.rank, "world": self.world_size}
+
+    async def _dial(self, p: _Peer) -> None:
+        try:
+            raw = await self.store.get(self._address_key(p.rank), timeout=self.timeout)
+            address = parse_address(bytes(raw))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the store failed us, not the peer: no verdict on it, a later dial may retry
+            p.dialing = False
+            if p.conn is None and not p.accepting and not self._closed and not p.ready.done():
+                # No culprit among the ranks (rank=None): the store failed.
+                how = f"looking up the address of rank {p.rank} in the store failed ({type(e).__name__}: {e})"
+                failed, p.ready = p.ready, self._loop.create_future()
+                failed.set_exception(PeerFailureError(how, rank=None, how=how))
+                failed.exception()
+            return
+        conn: Connection | None = None
+        try:
+            conn = await self._net.connect(address, timeout=min(self.timeout, HELLO_TIMEOUT))
+            await conn.send(self._hello())
+            async with asyncio.timeout(min(self.timeout, HELLO_TIMEOUT)):
+                reply = await conn.recv()
+        except asyncio.CancelledError:
+            if conn is not None:
+                conn.close()
+            raise
+        except Exception as e:  # connect or handshake failed: the peer is unreachable
+            p.dialing = False
+            if conn is not None:
+                conn.close()
+            if p.conn is None and not p.accepting and not self._closed:
+                self._peer_failed(p, f"unreachable ({type(e).__name__}: {e})")
+            return
+        p.dialing = False
+        kind = reply.header.get("t")
+        if kind == "welcome" and p.conn is None and p.failure is None and not self._closed:
+            self._install(p, conn)
+            self._spawn(self._read_loop(p, conn))
+        elif kind == "welcome" and p.failure is not None and not self._left(p) and not self._closed:
+            # Declared failed while we shook hands: say so before hanging up, or it would blame us.
+            notice = {"t": "fail", "rank": p.rank, "how": f"rank {self.rank} considers it failed ({p.failure})"}
+            await self._send_quietly(conn, notice, HELLO_TIMEOUT)
+            conn.close()
+        elif kind == "refused" and reply.header.get("condemned"):
+            conn.close()  # the peer is fine; it considers *us* failed
+            self._condemn(f"rank {p.rank} refused our connection: {reply.header['condemned']}")
+            if not p.ready.done():
+                failed, p.ready = p.ready, self._loop.create_future()
+                failed.set_exception(self.peer_error(self.rank))
+                failed.exception()
+        elif kind == "refused":
+            conn.close()
+            p.refused = str(reply.header.get("reason", "no reason given"))
+            self._peer_failed(p, f"refused our connection: {p.refused}", report=False)
+        else:  # "dup": the peer's own connection to us is the one kept
+            conn.close()
+
+    def _check_hello(self, h: Header) -> str | None:
+        if h.get("t") != "hello":
+            return f"expected a hello frame, got {h.get('t')!r}"
+        if h.get("job") != self.job_id:
+            return (
+                f"wrong job: the connection is for job {h.get('job')!r} but this is job {self.job_id!r} "
+                "(a rank of an earlier or another job?)"
+            )
+        rank, world = h.get("rank"), h.get("world")
+        if world != self.world_size:
+            return f"world size {world!r} differs from this job's {self.world_size}"
+        if not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            return f"rank {rank!r} is out of range for world size {self.world_size}"
+        if rank == self.rank:
+            return f"rank {rank} connected to itself (two processes with rank {rank}?)"
+        return None
+
+    async def _accept(self, conn: Connection) -> None:
+        """Listener handler: handshake, then read the connection until it ends."""
+        try:
+            async with asyncio.timeout(min(self.timeout, HELLO_TIMEOUT)):
+                hello = await conn.recv()
+        except (TimeoutError, ConnectionClosedError):
+            return
+        reason = self._check_hello(hello.header)
+        if reason is None and self._closed:
+            reason = "this rank has left the job"
+        refusal: Header = {"t": "refused"}
+        if reason is None:
+            p = self._peer(int(hello.header["rank"]))
+            if p.failure is not None:
+                reason = f"rank {p.rank} is already marked as failed here ({p.failure})"
+                if not self._left(p):
+                    refusal["condemned"] = f"rank {self.rank} considers it failed ({p.failure})"
+        if reason is not None:
+            log.info("refusing connection from %s: %s", conn.peer, reason)
+            refusal["reason"] = reason
+            await self._send_quietly(conn, refusal, HELLO_TIMEOUT)
+            return
+        if p.conn is not None or p.accepting or (p.dialing and self.rank < p.rank):
+            await self._send_quietly(conn, {"t": "dup"}, HELLO_TIMEOUT)
+            return
+        p.accepting = True
+        try:
+            await conn.send({"t": "welcome"})
+        except ConnectionClosedError:
+            self._redial_if_needed(p)
+            return
+        finally:
+            p.accepting = False
+        if p.failure is not None and not self._left(p) and not self._closed:
+            # It was declared failed while we shook hands: tell it before hanging up, or it would blame us.
+            notice = {"t": "fail", "rank": p.rank, "how": f"rank {self.rank} considers it failed ({p.failure})"}
+            await self._send_quietly(conn, notice, HELLO_TIMEOUT)
+            return
+        if p.failure is not None or p.conn is not None or self._closed:
+            return
+        self._install(p, conn)
+        await self._read_loop(p, conn)
+
+    async def _watch(self, p: _Peer, conn: Connection, timeout: float) -> None:
+        """Heartbeat: keep ``conn`` talking, and declare ``p`` failed after ``timeout`` s of silence."""
+        interval = timeout / 3
+        while p.conn is conn and p.failure is None and not self._closed:
+            await asyncio.sleep(interval)
+            if p.conn is not conn or p.failure is not None or self._closed:
+                return
+            silent = self._loop.time() - p.last_heard
+            if silent > timeout:
+                self._peer_failed(p, f"heard nothing for {silent:.1f}s (heartbeat timeout {timeout:g}s)")
+                return
+            await self._send_quietly(conn, {"t": "hb"}, interval)
+
+    def _redial_if_needed(self, p: _Peer) -> None:
+        """A connection attempt with ``p`` came to nothing: dial it ourselves if nobody else is."""
+        p.accepting = False
+        if p.failure is None and p.conn is None and not p.dialing and not p.ready.done() and not self._closed:
+            p.dialing = True
+            self._spawn(self._dial(p))
+
+    def _install(self, p: _Peer, conn: Connection) -> None:
+        p.conn = conn
+        conn.set_payload_sink(lambda header, nbytes: self._sink(p, header, nbytes))
+        if not p.ready.done():
+            p.ready.set_result(conn)
+        p.last_heard = self._loop.time()
+        if self._heartbeat:
+            self._spawn(self._watch(p, conn, self._heartbeat))
+        # A peer that connects after a failure must hear of it too (it may wait on us in vain).
+        for q in self._peers.values():
+            if q is not p and q.failure is not None and not self._left(q) and q.refused is None:
+                header = {"t": "fail", "rank": q.rank, "how": q.failure}
+                self._spawn(self._send_quietly(conn, header, BYE_TIMEOUT))
+
+    def _sink(self, p: _Peer, header: Header, nbytes: int) -> memoryview | None:
+        m = self.router.route(p.rank, header, nbytes)
+        p.matches.append(m)
+        return m.sink
+
+    async def _read_loop(self, p: _Peer, conn: Connection) -> None:
+        try:
+            while True:
+                frame = await conn.recv()
+                self._dispatch(p, frame)
+        except ConnectionClosedLocally:
+            if not self._closed:
+                self._peer_failed(p, "connection closed")
+        except ConnectionClosedError:
+            self._peer_failed(p, "connection lost")
+        finally:
+            if p.matches:
+                err = self.peer_error(p.rank) if p.failure else GroupError("the process group was destroyed")
+                while p.matches:
+                    self.router.abort(p.matches.popleft(), err)
+
+    def _dispatch(self, p: _Peer, frame: Frame) -> None:
+        h = frame.header
+        p.last_heard = self._loop.time()
+        if p.matches and p.matches[0].header is h:
+            m = p.matches.popleft()
+        else:
+            kind = h.get("t")
+            if kind == "bye":
+                self._peer_failed(p, "left the job (its process group was destroyed)", left=True)
+                return
+            if kind == "fail":
+                self._on_failure_report(p, h)
+                return
+            if kind == "x":
+                self._on_mismatch_report(p, h)
+                return
+            if kind == "hb":
+                return
+            m = self.router.route(p.rank, h, 0 if frame.payload is None else frame.payload.nbytes)
+        self.router.complete(m, frame.payload)
+
+    # ------------------------------------------------------------------ failures
+
+    @staticmethod
+    def _left(p: _Peer) -> bool:
+        return p.failure is not None and p.failure.startswith("left")
+
+    def _peer_failed(
+        self,
+        p: _Peer,
+        how: str,
+        *,
+        left: bool = False,
+        report: bool = True,
+        cause: str | None = None,
+        close: bool = True,
+    ) -> None:
+        """Mark ``p`` failed (``how``); ``cause`` is what to pass on to the others (default: ``how``).
+
+        ``close=False`` (a failure we only heard of) keeps the connection and
+        tells ``p`` it was declared failed, so that it blames itself rather
+        than us if it is in fact alive.
+        """
+        if p.failure is not None:
+            return
+        p.failure = how
+        if left:
+            log.debug("rank %d: peer rank %d %s", self.rank, p.rank, how)
+        elif not self._closed:
+            log.info("rank %d: peer rank %d failed: %s", self.rank, p.rank, how)
+        if not p.ready.done():
+            p.ready.set_exception(self.peer_error(p.rank))
+            p.ready.exception()  # retrieved: waiters get their own copy
+        if p.conn is not None and not left:
+            if close:
+                p.conn.close()
+            elif p.ready.done():
+                notice = {"t": "fail", "rank": p.rank, "how": cause or how}
+                self._spawn(self._send_quietly(p.conn, notice, BYE_TIMEOUT))
+        err = self.peer_error(p.rank)
+        while p.matches:
+            self.router.abort(p.matches.popleft(), err)
+        rank = p.rank
+        self.router.fail_source(rank, lambda r: self.peer_error(rank))
+        if left or self._closed:
+            return
+        for gid, ranks in self._groups.items():
+            if rank in ranks:
+                self._break_group(gid, rank, how)
+        if report and self._condemned is None:  # a rank the others declared failed is no witness
+            for q in self._peers.values():
+                if q is not p and q.failure is None and q.conn is not None and q.ready.done():
+                    header = {"t": "fail", "rank": rank, "how": cause or how}
+                    self._spawn(self._send_quietly(q.conn, header, BYE_TIMEOUT))
+
+    def _break_group(self, gid: Any, rank: int, how: str) -> None:
+        if gid in self._group_failures:
+            return
+        self._group_failures[gid] = self.peer_error(rank)
+        self.router.fail_group(gid, lambda r: self.peer_error(rank))
+        broken = self._broken.pop(gid, None)  # wakes sends of the group still waiting for a connection
+        if broken is not None and not broken.done():
+            broken.set_result(None)
+
+    def _on_failure_report(self, reporter: _Peer, h: Header) -> None:
+        rank = h.get("rank")
+        if not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            return
+        cause = str(h.get("how", "?"))
+        if rank == self.rank:
+            self._condemn(f"rank {reporter.rank} reports: {cause}")
+            return
+        p = self._peer(rank)
+        self._peer_failed(p, f"reported by rank {reporter.rank}: {cause}", cause=cause, close=False)
+
+    def _condemn(self, how: str) -> None:
+        """The other ranks consider this rank failed: break every group (blaming this rank)."""
+        if self._condemned is not None or self._closed:
+            return
+        self._condemned = how
+        log.info("rank %d: declared failed by its peers: %s", self.rank, how)
+        for gid in self._groups:
+            self._break_group(gid, self.rank, how)
+
+    def report_mismatch(self, dst: int, gid: Any, seq: int, message: str, calls: dict[int, Any]) -> None:
+        """Tell rank ``dst`` that its call at ``seq`` of group ``gid`` does not match ours (fire and forget)."""
+        p = self._peers.get(dst)
+        if p is None or p.failure is not None or p.conn is None or not p.ready.done() or self._closed:
+            return
+        header = {"t": "x", "g": gid, "s": seq, "m": message, "c": [[int(k), str(v)] for k, v in calls.items()]}
+        self._spawn(self._send_quietly(p.conn, header, BYE_TIMEOUT))
+
+    def _on_mismatch_report(self, reporter: _Peer, h: Header) -> None:
+        calls = {int(k): v for k, v in h.get("c", [])}
+        message = str(h.get("m", "collective mismatch"))
+        seq = h.get("s")
+
+        def factory(r: Receive) -> BaseException:
+            # Global ranks in ``calls``; the group layer restates them.
+            e = CollectiveMismatchError(f"reported by rank {reporter.rank}: {message}", calls=dict(calls), seq=None)
+            e.reported = True  # type: ignore[attr-defined]
+            return e
+
+        self.router.fail_seq(h.get("g"), seq, reporter.rank, factory)
+
+    @staticmethod
+    async def _send_quietly(conn: Connection, header: Header, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await conn.send(header)
+        except (ConnectionClosedError, TimeoutError):
+            pass
+
+
+def _heartbeat_timeout() -> float | None:
+    raw = getenv(HEARTBEAT_ENV)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        log.warning("ignoring %s=%r: not a number of seconds", HEARTBEAT_ENV, raw)
+        return None
+    return value if value > 0 else None
+
+
+def delivery_of(result: Delivery | BaseException) -> Delivery:
+    """Unwrap a receive's result (raising its exception)."""
+    if isinstance(result, BaseException):
+        raise result
+    return result

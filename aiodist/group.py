@@ -1,0 +1,651 @@
+"""Process groups: the collectives and point-to-point operations of a set of ranks.
+
+Every operation is *started* when it is called: it validates its arguments
+(raising at once, before any communication), takes the group's next sequence
+number, and runs as a task owned by the group. The call returns a
+:class:`Work` to await. So ``h1 = pg.all_reduce(a); h2 =
+pg.all_reduce(b); await h2; await h1`` matches across ranks, and many
+operations may be in flight.
+
+Ranks: a group's methods take and return *group* ranks (``0..size-1``); the
+module-level functions of :mod:`aiodist.api` take global ranks, as torch does.
+
+Every operation has a timeout (the group's default from
+``init_process_group(timeout=...)``, or ``timeout=`` per call) and raises
+:class:`CollectiveTimeoutError` naming the operation, its sequence number and
+the peers it still waited for. A dead peer raises :class:`PeerFailureError`;
+a peer that called a different collective at the same sequence number raises
+:class:`CollectiveMismatchError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from . import flight, p2p
+from .collectives.buffers import as_flat
+from .collectives.ops import ReduceOp, check_op_dtype
+from .comm import GroupComm, OpChannel, Transport
+from .errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    GroupError,
+    InvalidArrayError,
+    InvalidRankError,
+    PeerFailureError,
+)
+from .inflight import waiting_in
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+WORLD_GROUP_ID = 0
+
+
+class Work(Generic[T]):
+    """An operation in flight: awaitable, ``.wait()``, ``.done()``.
+
+    Cancelling a task that awaits a Work does *not* cancel the operation: it
+    keeps running in its group (bounded by its own timeout) so the other ranks
+    are not left waiting for a half-finished collective. Destroying the group
+    cancels it.
+    """
+
+    __slots__ = ("_task", "_map", "op", "seq")
+
+    def __init__(
+        self, task: asyncio.Future[Any], *, op: str, seq: int | None, map: Callable[[Any], T] | None = None
+    ) -> None:
+        self._task = task
+        self._map = map
+        self.op = op
+        self.seq = seq
+        task.add_done_callback(_mark_retrieved)
+
+    def then(self, fn: Callable[[T], U]) -> Work[U]:
+        """A Work of the same operation whose result is ``fn(result)``."""
+        inner = self._map
+        composed = fn if inner is None else (lambda r: fn(inner(r)))
+        return Work(self._task, op=self.op, seq=self.seq, map=composed)
+
+    def _result(self, value: Any) -> T:
+        return value if self._map is None else self._map(value)
+
+    def __repr__(self) -> str:
+        state = "done" if self._task.done() else "running"
+        return f"<Work {self.op} seq={self.seq} {state}>"
+
+    def __await__(self) -> Generator[Any, None, T]:
+        try:
+            value = yield from asyncio.shield(self._task).__await__()
+        except asyncio.CancelledError:
+            self._raise_if_operation_cancelled()
+            raise
+        return self._result(value)
+
+    async def wait(self, timeout: float | None = None) -> T:
+        """Wait for the result; ``timeout`` bounds only this wait (TimeoutError), not the operation."""
+        try:
+            async with asyncio.timeout(timeout):
+                value = await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            self._raise_if_operation_cancelled()
+            raise
+        return self._result(value)
+
+    def _raise_if_operation_cancelled(self) -> None:
+        # The operation itself was cancelled (its group was destroyed), not our
+        # awaiter: report that as an error rather than cancelling the awaiter.
+        if self._task.cancelled():
+            raise GroupError(f"{self.op} was cancelled: its process group was destroyed") from None
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    def result(self) -> T:
+        """The result of a finished operation (raises its error; InvalidStateError while running)."""
+        return self._result(self._task.result())
+
+    def exception(self) -> BaseException | None:
+        return self._task.exception()
+
+    def is_success(self) -> bool:
+        """True when it finished without an error."""
+        return self._task.done() and not self._task.cancelled() and self._task.exception() is None
+
+
+def _mark_retrieved(task: asyncio.Future[Any]) -> None:
+    # An operation nobody awaited must not log "exception was never retrieved":
+    # its error is still raised to whoever awaits the Work later.
+    if not task.cancelled():
+        task.exception()
+
+
+_DRIVERS: dict[str, Callable[..., Awaitable[Any]]] = {}
+
+
+def _driver(name: str) -> Callable[..., Awaitable[Any]]:
+    """The algorithm of collective ``name`` from :mod:`aiodist.collectives`."""
+    fn = _DRIVERS.get(name)
+    if fn is None:
+        from . import collectives
+
+        fn = getattr(collectives, name, None)
+        if fn is None:
+            raise GroupError(f"the collective {name!r} is not available in aiodist.collectives")
+        _DRIVERS[name] = fn
+    return fn
+
+
+def _dtype_name(flat: np.ndarray) -> str:
+    return flat.dtype.name
+
+
+class ProcessGroup:
+    """A set of ranks that run collectives together (see the module doc).
+
+    ``rank`` is this rank's number in the group (-1 on a rank that is not a
+    member: such a group refuses every operation with GroupError), ``size``
+    the number of ranks, ``ranks`` their global ranks, ``store`` the store the
+    job rendezvoused through, ``timeout`` the default timeout in seconds,
+    ``job_id`` the rendezvous' job id, ``local_rank``/``local_world_size``
+    from the environment (None if not set).
+
+    Cancellation: an operation runs as the group's task, so cancelling whoever
+    awaits its :class:`Work` leaves it running (its peers still get their
+    messages); :meth:`destroy` cancels the operations still running, which
+    leaves their output buffers partly written.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        gid: Any,
+        ranks: Sequence[int],
+        *,
+        store: Any,
+        timeout: float,
+        name: str,
+    ) -> None:
+        self._transport = transport
+        self._comm = GroupComm(transport, gid, tuple(ranks), name=name)
+        self.store = store
+        self.timeout = float(timeout)
+        self.name = name
+        self.group_id = gid
+        self._seq = 0
+        self._tasks: dict[asyncio.Future[Any], None] = {}
+        self._destroyed = False
+        self._dumped = False
+        self.job_id: str | None = None
+        self.local_rank: int | None = None
+        self.local_world_size: int | None = None
+        # Set by the rendezvous for the world group: what destroy() must close.
+        self._on_destroy: list[Callable[[], Awaitable[None]]] = []
+
+    def __repr__(self) -> str:
+        state = " destroyed" if self._destroyed else "" if self.is_member else " (not a member)"
+        return f"<ProcessGroup {self.name} rank={self.rank}/{self.size}{state}>"
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def rank(self) -> int:
+        return self._comm.rank
+
+    @property
+    def size(self) -> int:
+        return self._comm.size
+
+    @property
+    def ranks(self) -> list[int]:
+        """The global ranks of the members, in group-rank order."""
+        return list(self._comm.ranks)
+
+    @property
+    def is_member(self) -> bool:
+        return self._comm.rank >= 0
+
+    @property
+    def transport(self) -> Transport:
+        return self._transport
+
+    def group_rank(self, global_rank: int) -> int:
+        """The group rank of ``global_rank`` (-1 if not a member)."""
+        return self._comm.group_rank(global_rank)
+
+    def global_rank(self, group_rank: int) -> int:
+        """The global rank of ``group_rank``."""
+        self._check_peer(group_rank, "rank")
+        return self._comm.ranks[group_rank]
+
+    # ------------------------------------------------------------------ running operations
+
+    def _check_usable(self, op: str) -> None:
+        if self._destroyed:
+            raise GroupError(f"{op} on {self.name}: the process group was destroyed")
+        if not self.is_member:
+            raise GroupError(
+                f"{op} on {self.name}: global rank {self._transport.rank} is not a member of this group "
+                f"(ranks {self.ranks})"
+            )
+
+    def _check_peer(self, peer: Any, what: str) -> int:
+        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
+            raise TypeError(f"{what} must be an int rank, not {type(peer).__name__}")
+        if not 0 <= int(peer) < self.size:
+            raise InvalidRankError(
+                f"{what}={peer} is out of range for {self.name} of {self.size} ranks",
+                rank=int(peer),
+                size=self.size,
+                argument=what,
+            )
+        return int(peer)
+
+    def _timeout(self, timeout: float | None) -> float:
+        t = self.timeout if timeout is None else float(timeout)
+        if not t > 0:
+            raise ValueError(f"timeout must be > 0, got {timeout!r}")
+        return t
+
+    def _spawn(self, coro: Awaitable[T], *, op: str, seq: int | None) -> Work[T]:
+        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(self._guard(coro, op))
+        if hasattr(coro, "close"):  # cancelled before it started: no "never awaited" warning
+            task.add_done_callback(lambda t: coro.close() if t.cancelled() else None)  # type: ignore[union-attr]
+        self._tasks[task] = None
+        task.add_done_callback(self._forget)
+        return Work(task, op=op, seq=seq)
+
+    async def _guard(self, coro: Awaitable[T], op: str) -> T:
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            if self._destroyed:  # awaiters get an error, not a cancellation of their own task
+                raise GroupError(f"{op} on {self.name} was cancelled: the process group was destroyed") from None
+            raise
+        except (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError) as e:
+            if not self._dumped:  # the first failure of a group is the telling one
+                self._dumped = True
+                flight.dump(f"{type(e).__name__}: {e}", rank=self._transport.rank, world_size=self._transport.world_size)
+            raise
+
+    def _forget(self, task: asyncio.Future[Any]) -> None:
+        self._tasks.pop(task, None)
+
+    def _collective(
+        self, op: str, sig: str, body: Callable[[OpChannel, int], Awaitable[T]], timeout: float | None
+    ) -> Work[T]:
+        """Take the next sequence number now and start ``body(channel, seq)`` as a task."""
+        self._check_usable(op)
+        t = self._timeout(timeout)
+        seq = self._seq
+        self._seq += 1
+        return self._spawn(self._run(op, seq, sig, body, t), op=op, seq=seq)
+
+    async def _run(
+        self, op: str, seq: int, sig: str, body: Callable[[OpChannel, int], Awaitable[T]], timeout: float
+    ) -> T:
+        failure = self._transport.group_failure(self.group_id)
+        if failure is not None:
+            raise self._comm.localize(self._transport.peer_error(failure.global_rank or 0), op=op, seq=seq)
+        with waiting_in(op, seq=seq, group=self.name) as entry:
+            ch = OpChannel(self._comm, op=op, seq=seq, sig=sig, entry=entry)
+            cm = asyncio.timeout(timeout)
+            try:
+                async with cm:
+                    return await body(ch, seq)
+            except TimeoutError:
+                if not cm.expired():
+                    raise
+                waiting = ch.waiting_for()
+                who = ", ".join(f"rank {r} (global {self._comm.ranks[r]})" for r in waiting) or "nobody (stuck locally)"
+                raise CollectiveTimeoutError(
+                    f"{op} (seq {seq}) of {self.name} timed out after {timeout:g}s on rank {self.rank}; "
+                    f"still waiting for {who}",
+                    op=op,
+                    seq=seq,
+                    waiting_for=waiting,
+                    timeout=timeout,
+                ) from None
+
+    # ------------------------------------------------------------------ collectives
+
+    def all_reduce(self, x: Any, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
+        """Reduce ``x`` over the group in place; the Work returns ``x``."""
+        flat = as_flat(x, "x", writable=True)
+        rop = check_op_dtype(op, flat.dtype)
+        sig = f"all_reduce {rop.name} {_dtype_name(flat)}"
+
+        async def body(ch: OpChannel, seq: int) -> Any:
+            await _driver("all_reduce")(ch, seq, x, rop)
+            return x
+
+        return self._collective("all_reduce", sig, body, timeout)
+
+    def broadcast(self, x: Any, src: int = 0, *, timeout: float | None = None) -> Work[Any]:
+        """Copy ``x`` of rank ``src`` into ``x`` of every rank; the Work returns ``x``."""
+        root = self._check_peer(src, "src")
+        flat = as_flat(x, "x", writable=self.rank != root)
+        sig = f"broadcast src={root} {_dtype_name(flat)}"
+
+        async def body(ch: OpChannel, seq: int) -> Any:
+            await _driver("broadcast")(ch, seq, x, root)
+            return x
+
+        return self._collective("broadcast", sig, body, timeout)
+
+    def reduce(self, x: Any, dst: int = 0, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
+        """Reduce ``x`` into rank ``dst``'s ``x`` (others' ``x`` may be used as scratch); returns ``x``."""
+        root = self._check_peer(dst, "dst")
+        flat = as_flat(x, "x", writable=self.rank == root)
+        rop = check_op_dtype(op, flat.dtype)
+        sig = f"reduce dst={root} {rop.name} {_dtype_name(flat)}"
+
+        async def body(ch: OpChannel, seq: int) -> Any:
+            await _driver("reduce")(ch, seq, x, root, rop)
+            return x
+
+        return self._collective("reduce", sig, body, timeout)
+
+    def all_gather(self, out_list: Sequence[Any], x: Any, *, timeout: float | None = None) -> Work[Any]:
+        """Fill ``out_list[i]`` with rank i's ``x``; returns ``out_list``."""
+        flat = as_flat(x, "x", writable=False)
+        self._check_list(out_list, "out_list", flat, size=flat.size, writable=True)
+        sig = f"all_gather {_dtype_name(flat)}"
+
+        async def body(ch: OpChannel, seq: int) -> Any:
+            await _driver("all_gather")(ch, seq, out_list, x)
+            return out_list
+
+        return self._collective("all_gather", sig, body, timeout)
+
+    def all_gather_into_tensor(self, out: Any, x: Any, *, timeout: float | None = None) -> Work[Any]:
+        """Concatenate every rank's ``x`` into ``out`` (``size`` times larger); returns ``out``."""
+        flat = as_flat(x, "x", writable=False)
+        oflat = as_flat(out, "out", writable=True)
+        self._check_same_dtype(oflat, flat, "out")
+        if oflat.size != flat.size * self.size:
+            raise InvalidArrayError(
+                f"out has {oflat.size} elements, expected {self.size} x {flat.size}", argument="out", reason="size"
+            )
+        sig = f"all_gather_into_tensor {_dtype_name(flat)}"
+
+        async def body(ch: OpChannel, seq: int) -> Any:
+            await _driver("all_gather_into_tensor")(ch, seq, out, x)
+            return out
+
+        return self._collective("all_gather_into_tensor", sig, body, timeout)
+
+    def gather(
+        self, x: Any, gather_list: Sequence[Any] | None = None, dst: int = 0, *, timeout: float | None = None
+    ) -> Work[Any]:
+        """Collect every rank's ``x`` into ``gather_list`` on rank ``dst``; returns ``gather_list`` there, else None."""
+        flat = as_flat(x, "x", writable=False)
+        root = self._check_peer(dst, "dst")
+        if self.rank == root:
+            if gather_list is None:
+                raise ValueError(f"gather: rank {root} is dst and must pass gather_list")
+            self._check_list(gather_list, "gather_list", flat, size=flat.size, writable=True)
+        else:
+            gather_list = None
+        sig = f"gather dst={root} {_dtype_name(flat)}"
+
+        async def body(ch: OpChannel, seq: int) -> Any:
+            await _driver("gather")(ch, seq, x, gather_list, root)
+            return gather_list
+
+        return self._collective("gather", sig, body, timeout)
+
+    def scatter(
+        self, x: Any, scatter_list: Sequence[Any] | None = None, src: int = 0, *, timeout: float | None = None
+    ) -> Work[Any]:
+        """Rank ``src`` sends ``scatter_list[i]`` to rank i's ``x``; returns ``x``."""
+        flat = as_flat(x, "x", writable=True)
+        root = self._check_peer(src, "src")
+        if self.rank == root:
+            if scatter_list is None:
+                raise ValueError(f"scatter: rank {root} is src and must pass scatter_list")
+            self._check_list(scatter_list, "scatter_list", flat, size=flat.size, writable=False)
+        else:
+            scatter_list = None
+        sig = f"scatter src={root} {_dtype_name(flat)}"
+
+        async def body(ch: OpChannel, seq: int) -> Any:
+            await _driver("scatter")(ch, seq, x, scatter_list, root)
+            return x
+
+        return self._collective("scatter", sig, body, timeout)
+
+    def reduce_scatter(
+        self, out: Any, in_list: Sequence[Any], op: Any = ReduceOp.SUM, *, timeout: float | None = None
+    ) -> Work[Any]:
+        """``out`` = the reduction over ranks of their ``in_list[rank]``; returns ``out``."""
+        oflat = as_flat(out, "out", writable=True)
+        rop = check_op_dtype(op, oflat.dtype)
+        self._check_list(in_list, "in_list", oflat, size=oflat.size, writable=False)
+        sig = f"reduce_scatter {rop.name} {_dtype_name(oflat)}"
+
+        async def body(ch: OpChannel, seq: int) -> Any:
+            await _driver("reduce_scatter")(ch, seq, out, in_list, rop)
+            return out
+
+        return self._collective("reduce_scatter", sig, body, timeout)
+
+    def reduce_scatter_tensor(self, out: Any, x: Any, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
+        """``out`` = the reduction over ranks of their chunk ``rank`` of ``x``; returns ``out``."""
+        oflat = as_flat(out, "out", writable=True)
+        flat = as_flat(x, "x", writable=False)
+        rop = check_op_dtype(op, oflat.dtype)
+        self._check_same_dtype(flat, oflat, "x")
+        if flat.size != oflat.size * self.size:
+            raise InvalidArrayError(
+                f"x has {flat.size} elements, expected {self.size} x {oflat.size}", argument="x", reason="size"
+            )
+        sig = f"reduce_scatter_tensor {rop.name} {_dtype_name(oflat)}"
+
+        async def body(ch: OpChannel, seq: int) -> Any:
+            await _driver("reduce_scatter_tensor")(ch, seq, out, x, rop)
+            return out
+
+        return self._collective("reduce_scatter_tensor", sig, body, timeout)
+
+    def all_to_all(self, out_list: Sequence[Any], in_list: Sequence[Any], *, timeout: float | None = None) -> Work[Any]:
+        """Rank i's ``in_list[j]`` lands in rank j's ``out_list[i]``; returns ``out_list``."""
+        if not isinstance(in_list, Sequence) or not in_list:
+            raise InvalidArrayError("in_list must be a non-empty list of arrays", argument="in_list", reason="type")
+        first = as_flat(in_list[0], "in_list[0]", writable=False)
+        self._check_list(in_list, "in_list", first, size=None, writable=False)
+        self._check_list(out_list, "out_list", first, size=None, writable=True)
+        sig = f"all_to_all {_dtype_name(first)}"
+
+        async def body(ch: OpChannel, seq: int) -> Any:
+            await _driver("all_to_all")(ch, seq, out_list, in_list)
+            return out_list
+
+        return self._collective("all_to_all", sig, body, timeout)
+
+    def all_to_all_single(
+        self,
+        out: Any,
+        x: Any,
+        output_split_sizes: Sequence[int] | None = None,
+        input_split_sizes: Sequence[int] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Work[Any]:
+        """all_to_all on single arrays split along their first dimension; returns ``out``."""
+        oflat = as_flat(out, "out", writable=True)
+        flat = as_flat(x, "x", writable=False)
+        self._check_same_dtype(flat, oflat, "x")
+        for name, splits in (("output_split_sizes", output_split_sizes), ("input_split_sizes", input_split_sizes)):
+            if splits is not None and len(splits) != self.size:
+                raise InvalidArrayError(
+                    f"{name} has {len(splits)} entries, the group has {self.size} ranks", argument=name, reason="splits"
+                )
+        sig = f"all_to_all_single {_dtype_name(flat)}"
+
+        async def body(ch: OpChannel, seq: int) -> Any:
+            await _driver("all_to_all_single")(ch, seq, out, x, output_split_sizes, input_split_sizes)
+            return out
+
+        return self._collective("all_to_all_single", sig, body, timeout)
+
+    def barrier(self, *, timeout: float | None = None) -> Work[None]:
+        """Wait until every rank of the group reached its barrier."""
+
+        async def body(ch: OpChannel, seq: int) -> None:
+            await _driver("barrier")(ch, seq)
+
+        return self._collective("barrier", "barrier", body, timeout)
+
+    def monitored_barrier(self, timeout: float | None = None, wait_all_ranks: bool = False) -> Work[None]:
+        """A barrier through rank 0 that names the ranks that did not arrive in time.
+
+        Rank 0 waits for every other rank, then releases them. On timeout rank
+        0 raises CollectiveTimeoutError whose ``waiting_for`` lists the missing
+        ranks (all of them; ``wait_all_ranks`` is accepted for torch compatibility).
+        """
+
+        async def body(ch: OpChannel, seq: int) -> None:
+            await _monitored_barrier(ch, wait_all_ranks=wait_all_ranks)
+
+        return self._collective("monitored_barrier", "monitored_barrier", body, timeout)
+
+    # ------------------------------------------------------------------ object collectives
+
+    def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> Work[list[Any]]:
+        """Every rank's (picklable) ``obj``, as a list indexed by group rank."""
+
+        async def body(ch: OpChannel, seq: int) -> list[Any]:
+            return await _driver("all_gather_object")(ch, seq, obj)  # type: ignore[no-any-return]
+
+        return self._collective("all_gather_object", "all_gather_object", body, timeout)
+
+    def broadcast_object_list(self, object_list: list[Any], src: int = 0, *, timeout: float | None = None) -> Work[list[Any]]:
+        """Replace the entries of ``object_list`` with rank ``src``'s; returns ``object_list``."""
+        root = self._check_peer(src, "src")
+        if not isinstance(object_list, list):
+            raise TypeError(f"object_list must be a list, not {type(object_list).__name__}")
+
+        async def body(ch: OpChannel, seq: int) -> list[Any]:
+            await _driver("broadcast_object_list")(ch, seq, object_list, root)
+            return object_list
+
+        return self._collective("broadcast_object_list", f"broadcast_object_list src={root}", body, timeout)
+
+    def gather_object(self, obj: Any, dst: int = 0, *, timeout: float | None = None) -> Work[list[Any] | None]:
+        """Every rank's ``obj`` as a list on rank ``dst`` (None elsewhere)."""
+        root = self._check_peer(dst, "dst")
+
+        async def body(ch: OpChannel, seq: int) -> list[Any] | None:
+            return await _driver("gather_object")(ch, seq, obj, root)  # type: ignore[no-any-return]
+
+        return self._collective("gather_object", f"gather_object dst={root}", body, timeout)
+
+    def scatter_object_list(
+        self, out: list[Any], in_list: Sequence[Any] | None = None, src: int = 0, *, timeout: float | None = None
+    ) -> Work[list[Any]]:
+        """Rank ``src`` sends ``in_list[i]`` to rank i, which stores it as ``out[0]``; returns ``out``."""
+        root = self._check_peer(src, "src")
+        if not isinstance(out, list) or not out:
+            raise ValueError("out must be a list with at least one entry (the received object goes in out[0])")
+        if self.rank == root:
+            if in_list is None or len(in_list) != self.size:
+                raise ValueError(f"scatter_object_list: rank {root} must pass in_list of {self.size} objects")
+
+        async def body(ch: OpChannel, seq: int) -> list[Any]:
+            await _driver("scatter_object_list")(ch, seq, out, in_list if self.rank == root else None, root)
+            return out
+
+        return self._collective("scatter_object_list", f"scatter_object_list src={root}", body, timeout)
+
+    # ------------------------------------------------------------------ point to point
+
+    def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> Work[None]:
+        """Send ``x`` to group rank ``dst`` with ``tag`` (messages per (src, tag) arrive in order)."""
+        self._check_usable("send")
+        peer = self._check_peer(dst, "dst")
+        if peer == self.rank:
+            raise InvalidRankError(f"send: dst={dst} is this rank", rank=peer, size=self.size, argument="dst")
+        coro = p2p.send(self._comm, x, peer, tag, timeout=self._timeout(timeout))
+        return self._spawn(coro, op="send", seq=None)
+
+    def recv(self, x: Any, src: int | None = None, tag: int = 0, *, timeout: float | None = None) -> Work[int]:
+        """Receive into ``x`` from group rank ``src`` (None: any source); the Work returns the sender."""
+        self._check_usable("recv")
+        peer = None if src is None else self._check_peer(src, "src")
+        if peer is not None and peer == self.rank:
+            raise InvalidRankError(f"recv: src={src} is this rank", rank=peer, size=self.size, argument="src")
+        coro = p2p.recv(self._comm, x, peer, tag, timeout=self._timeout(timeout))
+        return self._spawn(coro, op="recv", seq=None)
+
+    isend = send
+    irecv = recv
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_same_dtype(self, a: np.ndarray, b: np.ndarray, argument: str) -> None:
+        if a.dtype != b.dtype:
+            raise InvalidArrayError(
+                f"{argument} has dtype {a.dtype.name}, expected {b.dtype.name}", argument=argument, reason="dtype"
+            )
+
+    def _check_list(self, arrs: Any, argument: str, like: np.ndarray, *, size: int | None, writable: bool) -> None:
+        if isinstance(arrs, np.ndarray) or not isinstance(arrs, Sequence):
+            raise InvalidArrayError(f"{argument} must be a list of arrays", argument=argument, reason="type")
+        if len(arrs) != self.size:
+            raise InvalidArrayError(
+                f"{argument} has {len(arrs)} entries, {self.name} has {self.size} ranks", argument=argument, reason="length"
+            )
+        for i, a in enumerate(arrs):
+            flat = as_flat(a, f"{argument}[{i}]", writable=writable)
+            self._check_same_dtype(flat, like, f"{argument}[{i}]")
+            if size is not None and flat.size != size:
+                raise InvalidArrayError(
+                    f"{argument}[{i}] has {flat.size} elements, expected {size}", argument=f"{argument}[{i}]", reason="size"
+                )
+
+    # ------------------------------------------------------------------ teardown
+
+    async def destroy(self) -> None:
+        """Cancel and await this group's operations, then release what it owns.
+
+        Operations still running fail with GroupError for their awaiters.
+        Idempotent.
+        """
+        if self._destroyed:
+            return
+        self._destroyed = True
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._transport.unregister_group(self.group_id)
+        for fn in reversed(self._on_destroy):
+            await fn()
+        self._on_destroy.clear()
+
+
+async def _monitored_barrier(ch: OpChannel, *, wait_all_ranks: bool) -> None:
+    # Rank 0 waits for all ranks at once, so its timeout names every missing
+    # rank whatever ``wait_all_ranks`` says (it is accepted for torch parity).
+    del wait_all_ranks
+    empty = memoryview(bytearray())
+    if ch.rank != 0:
+        await ch.send(0, ("in",), b"")
+        await ch.recv_into(0, ("out",), empty)
+        return
+
+    async def arrive(r: int) -> None:
+        await ch.recv_into(r, ("in",), memoryview(bytearray()))
+
+    async with asyncio.TaskGroup() as tg:
+        for r in range(1, ch.size):
+            tg.create_task(arrive(r))
+    for r in range(1, ch.size):
+        await ch.send(r, ("out",), b"")

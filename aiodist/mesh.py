@@ -1,0 +1,136 @@
+"""Device meshes: the world's ranks laid out as an n-dimensional array, a group per dimension.
+
+``init_device_mesh((2, 4), mesh_dim_names=("dp", "tp"))`` arranges ranks
+0..7 row-major as ``[[0, 1, 2, 3], [4, 5, 6, 7]]``; ``get_group("tp")`` is the
+group of this rank's row (the ranks that differ only in the "tp"
+coordinate), ``get_group("dp")`` the group of its column. Like torch, every
+rank creates every group of every dimension (``new_group`` is collective),
+in a fixed order, and keeps the ones it belongs to.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import api
+from .group import ProcessGroup
+
+
+class DeviceMesh:
+    """The ranks of the world as an array (``.mesh``), with one group per dimension for this rank."""
+
+    def __init__(self, mesh: np.ndarray, dim_names: tuple[str, ...] | None, groups: list[ProcessGroup], rank: int) -> None:
+        self.mesh = mesh
+        self.mesh_dim_names = dim_names
+        self._groups = groups
+        self._rank = rank
+        where = np.argwhere(mesh == rank)
+        self._coordinate: tuple[int, ...] | None = tuple(int(c) for c in where[0]) if len(where) else None
+
+    def __repr__(self) -> str:
+        names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
+        return f"DeviceMesh({self.mesh.tolist()}{names})"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.mesh.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self.mesh.ndim
+
+    def size(self, mesh_dim: int | str | None = None) -> int:
+        """Number of ranks in the mesh, or along one dimension."""
+        if mesh_dim is None:
+            return int(self.mesh.size)
+        return int(self.mesh.shape[self._dim(mesh_dim)])
+
+    def _dim(self, mesh_dim: int | str | None) -> int:
+        if mesh_dim is None:
+            if self.mesh.ndim != 1:
+                raise ValueError(f"this mesh has {self.mesh.ndim} dimensions: name the one you want")
+            return 0
+        if isinstance(mesh_dim, str):
+            if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
+                raise KeyError(f"no mesh dimension named {mesh_dim!r} (names: {self.mesh_dim_names})")
+            return self.mesh_dim_names.index(mesh_dim)
+        if not -self.mesh.ndim <= mesh_dim < self.mesh.ndim:
+            raise IndexError(f"mesh dimension {mesh_dim} out of range for {self.mesh.ndim} dimensions")
+        return mesh_dim % self.mesh.ndim
+
+    def get_group(self, mesh_dim: int | str | None = None) -> ProcessGroup:
+        """This rank's group along ``mesh_dim`` (name or index)."""
+        return self._groups[self._dim(mesh_dim)]
+
+    def get_all_groups(self) -> list[ProcessGroup]:
+        return list(self._groups)
+
+    def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
+        """This rank's coordinate along ``mesh_dim`` (= its rank in that dimension's group)."""
+        if self._coordinate is None:
+            raise ValueError(f"rank {self._rank} is not in this mesh")
+        return self._coordinate[self._dim(mesh_dim)]
+
+    def get_coordinate(self) -> tuple[int, ...] | None:
+        """This rank's coordinates in the mesh."""
+        return self._coordinate
+
+
+def mesh_groups(shape: Sequence[int], dim: int) -> list[list[int]]:
+    """The rank lists of dimension ``dim``'s groups, in the order every rank creates them."""
+    mesh = np.arange(math.prod(shape)).reshape(tuple(shape))
+    moved = np.moveaxis(mesh, dim, -1).reshape(-1, shape[dim])
+    return [row.tolist() for row in moved]
+
+
+async def init_device_mesh(
+    mesh_shape: Sequence[int] | int | str,
+    torch_shape: Sequence[int] | int | None = None,
+    *,
+    mesh_dim_names: Sequence[str] | None = None,
+) -> DeviceMesh:
+    """Lay the world out as ``mesh_shape`` and create the group of every dimension.
+
+    The product of the shape must equal the world size. Every rank must call
+    it (it creates groups collectively). torch's form
+    ``init_device_mesh("cpu", (2, 4), mesh_dim_names=...)`` works too (the
+    device type is ignored). Cancellation may leave some groups created on
+    this rank and not on others: destroy the world group then.
+    """
+    if isinstance(mesh_shape, str):
+        if torch_shape is None:
+            raise TypeError("init_device_mesh(device_type, mesh_shape): the mesh shape is missing")
+        mesh_shape = torch_shape
+    elif torch_shape is not None:
+        raise TypeError("init_device_mesh takes one mesh shape")
+    shape = (mesh_shape,) if isinstance(mesh_shape, int) else tuple(int(s) for s in mesh_shape)
+    if not shape or any(s < 1 for s in shape):
+        raise ValueError(f"mesh shape {shape} must have positive dimensions")
+    world = api._world()
+    if math.prod(shape) != world.size:
+        raise ValueError(f"mesh shape {shape} holds {math.prod(shape)} ranks but the world has {world.size}")
+    names: tuple[str, ...] | None = None
+    if mesh_dim_names is not None:
+        names = tuple(mesh_dim_names)
+        if len(names) != len(shape):
+            raise ValueError(f"mesh_dim_names {names} must name each of the {len(shape)} dimensions")
+        if len(set(names)) != len(names):
+            raise ValueError(f"mesh_dim_names {names} must be unique")
+    me = world.rank
+    mine: list[ProcessGroup] = []
+    for dim in range(len(shape)):
+        chosen: ProcessGroup | None = None
+        for ranks in mesh_groups(shape, dim):
+            g = await api.new_group(ranks)
+            if me in ranks:
+                chosen = g
+        assert chosen is not None
+        mine.append(chosen)
+    mesh = np.arange(world.size).reshape(shape)
+    return DeviceMesh(mesh, names, mine, me)
+
+
+__all__ = ["DeviceMesh", "init_device_mesh", "mesh_groups"]

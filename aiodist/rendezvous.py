@@ -1,0 +1,257 @@
+"""Rendezvous: how the ranks of a job find a store, agree on the job and on each other.
+
+Three ways in, as in torch:
+
+* ``env://`` reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``
+  (and ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) from the rank's environment;
+  rank 0 starts the store server on ``MASTER_ADDR:MASTER_PORT``, the others
+  connect to it, retrying until the timeout;
+* ``tcp://host:port`` does the same with the address from the URL and rank
+  and world size from the arguments (or the environment);
+* ``store=`` uses a store the caller made (rank and world size from the
+  arguments or the environment).
+
+Then the ranks join a *round* in the store. A round is numbered by the
+store's generation counter; each rank registers its rank there once (a second
+registration of the same rank in an unfinished round is a duplicate rank and
+fails at once), all ranks must state the same world size, and the first to
+arrive proposes the *job id* (compare-and-set, so all agree on one). Every
+connection between ranks carries the job id, so a stale process of an earlier
+round is refused. A rank that rendezvouses again on the same store after its
+round completed (re-initialization) moves the generation on, and the others
+follow. A round's keys live under its prefix (``aiodist/<round>/``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from .context import getenv
+from .errors import RendezvousError, RendezvousTimeoutError, StoreError
+
+GENERATION_KEY = "aiodist/rdzv/generation"
+BACKENDS = ("gloo", "nccl", "mpi", "cpu", "aiodist", "cpu:gloo")
+"""Names torch programs pass as ``backend``: taken to mean ``env://``."""
+
+
+@dataclass
+class Rendezvous:
+    """The outcome of a rendezvous.
+
+    ``owned`` lists what this rank created and must close when the job ends
+    (the store client it connected, the store server rank 0 started).
+    """
+
+    store: Any
+    rank: int
+    world_size: int
+    job_id: str
+    key_prefix: str
+    round: int
+    local_rank: int | None = None
+    local_world_size: int | None = None
+    server: Any = None
+    owned: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+
+def _int_setting(name: str, given: int | None, *, required: bool = True) -> int | None:
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int):
+            raise RendezvousError(f"{name.lower()} must be an int, got {given!r}")
+        return given
+    raw = getenv(name)
+    if raw is None or raw == "":
+        if required:
+            raise RendezvousError(
+                f"environment variable {name} is not set: pass it (or rank=/world_size=) or start the job "
+                "with `aiodist run` / torchrun"
+            )
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise RendezvousError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1:
+        raise RendezvousError(f"world size must be at least 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise RendezvousError(f"rank {rank} is out of range for world size {world_size}")
+
+
+async def _open_store(host: str, port: int, rank: int, timeout: float) -> tuple[Any, Any, list[Callable[[], Awaitable[None]]]]:
+    """Rank 0: start the server, then connect; others: connect (the client retries until ``timeout``)."""
+    from .store.client import TCPStore
+    from .store.server import StoreServer
+
+    owned: list[Callable[[], Awaitable[None]]] = []
+    server = None
+    if rank == 0:
+        try:
+            server = await StoreServer.start(host=host, port=port)
+        except (OSError, ConnectionError) as e:
+            raise RendezvousError(f"rank 0 could not start the store server on {host}:{port}: {e}") from None
+        owned.append(server.close)
+    try:
+        store = await TCPStore.connect(host, port, timeout=timeout)
+    except (TimeoutError, StoreError, ConnectionError) as e:
+        for close in reversed(owned):
+            await close()
+        raise RendezvousError(f"rank {rank} could not reach the store at {host}:{port}: {e}") from None
+    owned.insert(0, store.close)
+    return store, server, owned
+
+
+async def rendezvous(
+    init_method: str | None = "env://",
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    store: Any = None,
+    timeout: float = 300.0,
+    publish: Callable[[Rendezvous], Awaitable[None]] | None = None,
+) -> Rendezvous:
+    """Find the store and join a round (see the module doc).
+
+    ``publish(rendezvous)`` runs after this rank joined and before it
+    waits for the others (the transport publishes its address there), so once
+    the rendezvous completes every rank's address is in the store.
+
+    Raises RendezvousError (bad or missing settings, duplicate rank, world
+    size disagreement) or RendezvousTimeoutError naming the ranks that did not
+    join. Cancellation closes what this call opened.
+    """
+    if not timeout > 0:
+        raise RendezvousError(f"timeout must be > 0, got {timeout!r}")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    method = init_method or "env://"
+    if method in BACKENDS:
+        method = "env://"
+    owned: list[Callable[[], Awaitable[None]]] = []
+    server = None
+    if store is not None:
+        r = _int_setting("RANK", rank)
+        n = _int_setting("WORLD_SIZE", world_size)
+    elif method.startswith("env://"):
+        r = _int_setting("RANK", rank)
+        n = _int_setting("WORLD_SIZE", world_size)
+        host = getenv("MASTER_ADDR")
+        if not host:
+            raise RendezvousError("environment variable MASTER_ADDR is not set (env:// rendezvous)")
+        port = _int_setting("MASTER_PORT", None)
+    elif method.startswith("tcp://"):
+        url = urlparse(method)
+        if not url.hostname or url.port is None:
+            raise RendezvousError(f"init_method {method!r} must look like tcp://host:port")
+        host, port = url.hostname, url.port
+        r = _int_setting("RANK", rank)
+        n = _int_setting("WORLD_SIZE", world_size)
+    else:
+        raise RendezvousError(f"unsupported init_method {init_method!r}: use 'env://', 'tcp://host:port' or store=")
+    assert r is not None and n is not None
+    _check_rank(r, n)
+    local_rank = _int_setting("LOCAL_RANK", None, required=False)
+    local_world = _int_setting("LOCAL_WORLD_SIZE", None, required=False)
+    if store is None:
+        assert port is not None
+        store, server, owned = await _open_store(host, port, r, max(deadline - loop.time(), 0.001))
+    try:
+        try:
+            result = await _join(store, r, n, deadline, publish)
+        except (StoreError, ConnectionError) as e:
+            if isinstance(e, RendezvousError):
+                raise
+            raise RendezvousError(f"rank {r} lost the store during rendezvous: {type(e).__name__}: {e}") from e
+    except BaseException:
+        for close in reversed(owned):
+            try:
+                await close()
+            except Exception:
+                pass
+        raise
+    result.local_rank = local_rank
+    result.local_world_size = local_world
+    result.server = server
+    result.owned = owned
+    return result
+
+
+async def _join(
+    store: Any, rank: int, world_size: int, deadline: float, publish: Callable[[Rendezvous], Awaitable[None]] | None
+) -> Rendezvous:
+    loop = asyncio.get_running_loop()
+    for _ in range(16):  # each pass moves the generation on at most once
+        gen = await store.add(GENERATION_KEY, 0)
+        prefix = f"aiodist/{gen}/"
+        count = await store.add(f"{prefix}rank/{rank}", 1)
+        if count == 1:
+            break
+        if await store.check([f"{prefix}done"]):
+            # Round ``gen`` finished long ago: this is a new initialization.
+            await store.compare_set(GENERATION_KEY, str(gen), str(gen + 1))
+            continue
+        raise RendezvousError(
+            f"rank {rank} joined rendezvous round {gen} twice: two processes were given RANK={rank} "
+            "(or a process of an earlier run is still alive)"
+        )
+    else:
+        raise RendezvousError(f"rank {rank} could not join a rendezvous round (the store's generation keeps moving)")
+
+    agreed = await store.compare_set(f"{prefix}world_size", b"", str(world_size))
+    if int(agreed) != world_size:
+        raise RendezvousError(
+            f"world size disagreement in rendezvous round {gen}: rank {rank} has WORLD_SIZE={world_size}, "
+            f"another rank registered {int(agreed)}"
+        )
+    run_id = getenv("AIODIST_RUN_ID") or getenv("TORCHELASTIC_RUN_ID") or "job"
+    candidate = f"{run_id}/{gen}/{loop.time():.6f}/{rank}"
+    job_id = bytes(await store.compare_set(f"{prefix}job", b"", candidate)).decode()
+    result = Rendezvous(store=store, rank=rank, world_size=world_size, job_id=job_id, key_prefix=prefix, round=gen)
+    if publish is not None:
+        await publish(result)
+    await store.set(f"{prefix}joined/{rank}", b"1")
+    joined = await store.add(f"{prefix}joined", 1)
+    if joined == world_size:
+        await store.set(f"{prefix}done", b"1")
+    remaining = deadline - loop.time()
+    try:
+        if remaining <= 0:
+            raise TimeoutError
+        await store.wait([f"{prefix}done"], timeout=remaining)
+    except TimeoutError:
+        missing = await _missing(store, prefix, world_size)
+        raise RendezvousTimeoutError(
+            f"rendezvous round {gen} timed out on rank {rank}: ranks {missing} did not join "
+            f"({world_size - len(missing)} of {world_size} did)",
+            missing=missing,
+            timeout=remaining,
+        ) from None
+    return result
+
+
+async def _missing(store: Any, prefix: str, world_size: int) -> list[int]:
+    """Ranks that did not complete their join of the round under ``prefix``."""
+    present = await asyncio.gather(*(store.check([f"{prefix}joined/{r}"]) for r in range(world_size)))
+    return [r for r, ok in enumerate(present) if not ok]
+
+
+async def leave(store: Any, prefix: str, world_size: int, *, wait: float) -> None:
+    """Record that this rank left the round; wait up to ``wait`` s for all to leave (store owner only).
+
+    Used before rank 0 closes the store server it hosts, so that the others
+    can still use the store until they are done. Errors are swallowed.
+    """
+    try:
+        left = await store.add(f"{prefix}left", 1)
+        if left >= world_size:
+            await store.set(f"{prefix}all_left", b"1")
+        if wait > 0:
+            await store.wait([f"{prefix}all_left"], timeout=wait)
+    except (TimeoutError, StoreError, ConnectionError):
+        pass

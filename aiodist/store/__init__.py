@@ -1,0 +1,9 @@
+"""The key-value store: a server, a TCP client, an in-process store and prefixed views."""
+
+from .base import Store
+from .client import TCPStore
+from .memory import MemoryStore
+from .prefix import PrefixStore
+from .server import StoreServer
+
+__all__ = ["MemoryStore", "PrefixStore", "Store", "StoreServer", "TCPStore"]

@@ -1,0 +1,154 @@
+"""What every store offers (:class:`Store`), and argument checks shared by all of them.
+
+Keys are ``str``. Values are ``bytes`` or ``str`` (encoded as UTF-8);
+``bytearray`` and ``memoryview`` are accepted and copied. Anything else raises
+:class:`TypeError` before a request is made.
+"""
+
+from __future__ import annotations
+
+import abc
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+Value = bytes | str | bytearray | memoryview
+
+
+def as_value(value: Any) -> bytes:
+    """``value`` as bytes (str: UTF-8), or TypeError."""
+    if type(value) is bytes:
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"store values must be bytes or str, not {type(value).__name__}")
+
+
+def as_key(key: Any) -> str:
+    """``key`` if it is a str, else TypeError."""
+    if isinstance(key, str):
+        return key
+    raise TypeError(f"store keys must be str, not {type(key).__name__}")
+
+
+def as_keys(keys: Any) -> list[str]:
+    """A list of keys (one str is NOT taken as a sequence of characters)."""
+    if isinstance(keys, (str, bytes)):
+        raise TypeError("expected a sequence of keys; wrap a single key in a list")
+    try:
+        items = list(keys)
+    except TypeError:
+        raise TypeError(f"expected a sequence of str keys, not {type(keys).__name__}") from None
+    for key in items:
+        if not isinstance(key, str):
+            raise TypeError(f"store keys must be str, not {type(key).__name__}")
+    return items
+
+
+def as_amount(amount: Any) -> int:
+    """An add amount: an int (not a bool), else TypeError."""
+    if type(amount) is int:
+        return amount
+    if not isinstance(amount, bool):
+        try:
+            return operator.index(amount)  # numpy integers too
+        except TypeError:
+            pass
+    raise TypeError(f"store add amounts must be int, not {type(amount).__name__}")
+
+
+def as_timeout(timeout: Any, default: float) -> float:
+    """The timeout to use: ``default`` for None, else a non-negative number."""
+    if timeout is None:
+        return default
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__}")
+    if not timeout >= 0:
+        raise ValueError(f"timeout must be >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+class Store(abc.ABC):
+    """The store API (torch.distributed's Store, awaitable).
+
+    Blocking calls (``get``, ``wait``, ``multi_get``, ``queue_pop``) wait at
+    most ``timeout`` seconds (``None``: the store's default) and then raise
+    :class:`~aiodist.errors.StoreTimeoutError`; the store stays usable.
+    Cancelling a call withdraws it: a cancelled blocking call is removed from
+    the server and a value popped for a cancelled ``queue_pop`` is put back at
+    the head of its queue; a cancelled write may or may not have been applied.
+    """
+
+    timeout: float
+
+    @abc.abstractmethod
+    async def set(self, key: str, value: Value) -> None:
+        """Store ``value`` under ``key`` (overwriting)."""
+
+    @abc.abstractmethod
+    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+        """The value of ``key``, waiting until it is set."""
+
+    @abc.abstractmethod
+    async def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the integer at ``key`` (missing counts as 0); the new value."""
+
+    @abc.abstractmethod
+    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected`` (missing key: ``expected == b""``).
+
+        Returns the value ``key`` holds afterwards; for a missing key and a
+        non-empty ``expected`` it returns ``expected`` (torch semantics).
+        """
+
+    @abc.abstractmethod
+    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
+        """Wait until every key in ``keys`` exists."""
+
+    @abc.abstractmethod
+    async def check(self, keys: Sequence[str]) -> bool:
+        """Whether every key in ``keys`` exists now."""
+
+    @abc.abstractmethod
+    async def delete_key(self, key: str) -> bool:
+        """Delete ``key`` (and its queue); whether it existed."""
+
+    @abc.abstractmethod
+    async def num_keys(self) -> int:
+        """The number of keys in the store (queues not counted)."""
+
+    @abc.abstractmethod
+    async def append(self, key: str, value: Value) -> None:
+        """Append ``value`` to ``key`` (a missing key starts empty)."""
+
+    @abc.abstractmethod
+    async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
+        """The values of ``keys``, in order, waiting until all exist."""
+
+    @abc.abstractmethod
+    async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
+        """Set every ``keys[i]`` to ``values[i]``, atomically."""
+
+    @abc.abstractmethod
+    async def queue_push(self, key: str, value: Value) -> None:
+        """Push ``value`` on queue ``key``; wakes exactly one waiting ``queue_pop``."""
+
+    @abc.abstractmethod
+    async def queue_pop(self, key: str, *, timeout: float | None = None) -> bytes:
+        """Pop the oldest value of queue ``key``, waiting for one."""
+
+    @abc.abstractmethod
+    async def queue_len(self, key: str) -> int:
+        """The number of values in queue ``key``."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release the store (idempotent); later calls raise ConnectionClosedError."""
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,620 @@
+"""The store client: :class:`TCPStore`, many concurrent requests over one connection.
+
+Each call gets a request id and replies are matched to calls by id, so
+``asyncio.gather`` over thousands of calls pipelines them on one connection.
+Reading: a call that finds nobody reading reads the replies itself (for
+everyone) until its own arrives, which saves a task switch per call for a
+lone caller; if replies are still awaited then, a reader task owned by the
+client takes over until none are. A housekeeping task (also owned by the
+client) pings an idle connection so the server's idle limit never drops a
+long-lived client, sends cancellations, and fails any call the server does
+not answer within its timeout plus a grace period (a hung or partitioned
+server).
+
+If the server closes the connection or dies, every pending call and every
+later call raises :class:`~aiodist.errors.StoreConnectionLost` naming the
+server's address; nothing hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from ..context import current_network
+from ..errors import (
+    ConnectionClosedError,
+    ConnectionClosedLocally,
+    ConnectionLost,
+    StoreConnectionLost,
+    StoreConnectTimeoutError,
+    StoreError,
+    StoreRequestError,
+    StoreTimeoutError,
+)
+from ..inflight import waiting_in
+from ..net.base import Connection
+from . import protocol as P
+from .base import Store, Value, as_amount, as_key, as_keys, as_timeout, as_value
+from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, KEY_TOO_LARGE, VALUE_TOO_LARGE
+
+log = logging.getLogger("aiodist.store")
+
+_GRACE = 5.0
+"""Extra seconds a call waits for the server's own timeout reply before giving up locally."""
+
+_MAX_KEYS_BYTES = 512 * 1024
+"""Bound on the keys of one request: they travel in the frame header, which the wire limits to 1 MiB."""
+
+REQUEST_TOO_LARGE = "request_too_large"
+
+_BACKOFF_FIRST = 0.05
+_BACKOFF_MAX = 1.0
+
+# pending call: (future, deadline, op, key or keys, timeout)
+_Call = tuple["asyncio.Future[tuple[dict[str, Any], memoryview | None]]", float, str, "str | list[str]", float]
+
+
+def _keylist(keys: str | list[str]) -> list[str]:
+    return [keys] if isinstance(keys, str) else keys
+
+
+class TCPStore(Store):
+    """A client of a :class:`~aiodist.store.server.StoreServer`.
+
+    Create with :meth:`connect`. ``timeout`` is the default for blocking calls
+    and the bound on every call's wait for the server.
+    """
+
+    def __init__(self, conn: Connection, *, host: str, port: int, timeout: float, hello: dict[str, Any]) -> None:
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        idle = hello.get("idle")
+        self._ping_interval: float | None = float(idle) / 4 if isinstance(idle, (int, float)) and idle > 0 else None
+        mk = hello.get("max_key")
+        mv = hello.get("max_value")
+        self.max_key_bytes: int = mk if type(mk) is int and mk > 0 else DEFAULT_MAX_KEY_BYTES
+        self.max_value_bytes: int = mv if type(mv) is int and mv > 0 else DEFAULT_MAX_VALUE_BYTES
+        self._short_key = self.max_key_bytes // 4  # keys this short never exceed the limit
+        self._pending: dict[int, _Call] = {}
+        self._next_id = 0
+        self._sent = 0
+        self._control: deque[tuple[dict[str, Any], bytes | None]] = deque()
+        self._abandoned: dict[int, str | None] = {}  # cancelled blocking calls awaiting the server's ack
+        self._wake = asyncio.Event()
+        self._wake_at = math.inf
+        self._error: str | None = None  # why the connection is unusable
+        self._closed_locally = False
+        self._server_said: str | None = None
+        # Reading: a caller whose reply is the only one awaited reads its reply itself
+        # (no task switch); otherwise the reader task reads while anything is awaited.
+        self._reading = False  # someone (a caller or the reader task) is inside conn.recv()
+        self._reader: asyncio.Task[None] | None = None
+        self._direct: tuple[asyncio.Task[Any], asyncio.Future[Any]] | None = None  # the caller reading now
+        self._interrupted: asyncio.Task[Any] | None = None
+        self._pings_out = 0
+        self._housekeeper = self._loop.create_task(self._housekeeping(), name=f"aiodist.store.housekeeping[{host}:{port}]")
+
+    # ------------------------------------------------------------ connecting
+
+    @classmethod
+    async def connect(cls, host: str, port: int, *, timeout: float = 300.0) -> TCPStore:
+        """Connect to the server at ``host:port``, retrying with backoff while it is not up.
+
+        ``timeout`` bounds the whole connection attempt and is the default
+        timeout of later blocking calls. Raises
+        :class:`StoreConnectTimeoutError` (a TimeoutError) when the server
+        stays unreachable, :class:`~aiodist.errors.StoreError` when what
+        answers is not a compatible store server.
+        Cancellation leaves nothing behind (a half-open connection is closed).
+        """
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0, got {timeout!r}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        net = current_network()
+        backoff = _BACKOFF_FIRST
+        last: Exception | None = None
+        attempts = 0
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise StoreConnectTimeoutError(
+                    f"could not connect to the store server at {host}:{port} within {timeout:g}s "
+                    f"({attempts} attempts; last error: {last})",
+                    host=host,
+                    port=port,
+                    timeout=timeout,
+                )
+            attempts += 1
+            conn: Connection | None = None
+            try:
+                conn = await net.connect((host, port), timeout=remaining)
+                async with asyncio.timeout(remaining):
+                    await conn.send(P.hello())
+                    frame = await conn.recv()
+                reply = frame.header
+                if reply.get("op") == "error" or reply.get("proto") != P.PROTO:
+                    conn.close()
+                    raise StoreError(
+                        f"{host}:{port} refused the store handshake: {reply.get('msg', reply)!r}"
+                    )
+                return cls(conn, host=host, port=port, timeout=timeout, hello=reply)
+            except (ConnectionLost, TimeoutError) as e:
+                if conn is not None:
+                    conn.close()
+                last = e
+            except BaseException:
+                if conn is not None:
+                    conn.close()
+                raise
+            delay = min(backoff, deadline - loop.time())
+            if delay > 0:
+                await asyncio.sleep(delay)
+            backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._error is not None else "open"
+        return f"<TCPStore {self.host}:{self.port} {state} pending={len(self._pending)}>"
+
+    async def __aenter__(self) -> TCPStore:
+        return self
+
+    # ------------------------------------------------------------ the call path
+
+    def _dead(self) -> ConnectionClosedError:
+        assert self._error is not None
+        if self._closed_locally:
+            return ConnectionClosedLocally(self._error)
+        return StoreConnectionLost(self._error, host=self.host, port=self.port)
+
+    async def _call(
+        self, header: dict[str, Any], payload: bytes | None, op: str, keys: str | list[str], timeout: float
+    ) -> tuple[dict[str, Any], memoryview | None]:
+        """Send one request and wait for its reply frame.
+
+        Cancellation: the request is withdrawn (blocking ops are cancelled on
+        the server; a value already popped for a ``queue_pop`` is put back).
+        """
+        if self._error is not None:
+            raise self._dead()
+        rid = self._next_id
+        self._next_id = rid + 1
+        header["id"] = rid
+        loop = self._loop
+        fut = loop.create_future()
+        deadline = loop.time() + timeout + _GRACE
+        self._pending[rid] = (fut, deadline, op, keys, timeout)
+        if deadline < self._wake_at:
+            self._wake.set()
+        try:
+            await self._conn.send(header, payload)
+            self._sent += 1
+            if not self._reading:
+                await self._read_until(fut)
+            return await fut
+        except asyncio.CancelledError:
+            self._withdraw(rid, fut, op, keys)
+            raise
+        except ConnectionClosedError as e:
+            self._pending.pop(rid, None)
+            if self._error is None:
+                self._fail(f"the store server at {self.host}:{self.port} closed the connection: {e}")
+            raise self._dead() from None
+
+    def _withdraw(self, rid: int, fut: asyncio.Future[Any], op: str, keys: str | list[str]) -> None:
+        """The caller of request ``rid`` went away: tell the server, save a popped value."""
+        if self._pending.pop(rid, None) is not None:
+            if op in P.BLOCKING_OPS and self._error is None:
+                self._abandoned[rid] = _keylist(keys)[0] if op == "queue_pop" else None
+                self._control.append(({"op": "cancel", "c": rid}, None))
+                self._wake.set()
+            return
+        if op == "queue_pop" and fut.done() and not fut.cancelled() and fut.exception() is None:
+            h, payload = fut.result()
+            if "err" not in h and self._error is None:
+                self._unpop(_keylist(keys)[0], h, payload)
+
+    def _unpop(self, key: str, h: dict[str, Any], payload: memoryview | None) -> None:
+        value = P.unpack_values(h, payload)[0]
+        msg: dict[str, Any] = {"op": "unpop", "k": key}
+        body = P.pack_values(msg, (value,))
+        self._control.append((msg, body))
+        self._wake.set()
+
+    def _failed(self, h: dict[str, Any], op: str, keys: str | list[str], timeout: float) -> Exception:
+        if h.get("err") == P.TIMEOUT:
+            return StoreTimeoutError(_keylist(keys), timeout, op)
+        return P.reply_error(h, op)
+
+    def _check_key(self, key: Any, op: str) -> str:
+        key = as_key(key)
+        if len(key) * 4 > self.max_key_bytes and len(key.encode("utf-8", "surrogatepass")) > self.max_key_bytes:
+            raise StoreRequestError(
+                f"store refused {op}: key of {len(key.encode('utf-8', 'surrogatepass'))} bytes exceeds the limit of {self.max_key_bytes} bytes",
+                code=KEY_TOO_LARGE,
+                op=op,
+                key=key[:64],
+            )
+        return key
+
+    def _check_keys(self, keys: Any, op: str) -> list[str]:
+        """Keys for a multi-key call; refuses lists too large for one request header."""
+        ks = [self._check_key(k, op) for k in as_keys(keys)]
+        chars = sum(len(k) for k in ks) + 8 * len(ks)
+        if chars * 4 > _MAX_KEYS_BYTES:
+            size = sum(len(k.encode("utf-8", "surrogatepass")) + 8 for k in ks)
+            if size > _MAX_KEYS_BYTES:
+                raise StoreRequestError(
+                    f"store refused {op}: {len(ks)} keys of {size} bytes in total exceed the limit of "
+                    f"{_MAX_KEYS_BYTES} bytes per request; split the call",
+                    code=REQUEST_TOO_LARGE,
+                    op=op,
+                )
+        return ks
+
+    def _check_value(self, key: str, value: bytes, op: str) -> None:
+        if len(value) > self.max_value_bytes:
+            raise StoreRequestError(
+                f"store refused {op}: value of {len(value)} bytes for key {key[:64]!r} exceeds the limit of {self.max_value_bytes} bytes",
+                code=VALUE_TOO_LARGE,
+                op=op,
+                key=key[:64],
+            )
+
+    # ------------------------------------------------------------ background tasks
+
+    def _dispatch(self, h: dict[str, Any], payload: memoryview | None) -> None:
+        rid = h.get("id")
+        call = self._pending.pop(rid, None) if type(rid) is int else None
+        if call is not None:
+            fut = call[0]
+            if not fut.done():
+                fut.set_result((h, payload))
+            elif call[2] == "queue_pop" and "err" not in h and self._error is None:
+                # Its task was cancelled just now and will not take the value: put it back.
+                self._unpop(_keylist(call[3])[0], h, payload)
+        else:
+            self._unsolicited(h, payload)
+
+    def _must_read(self) -> bool:
+        return bool(self._pending or self._abandoned or self._pings_out) and self._error is None
+
+    async def _read_until(self, fut: asyncio.Future[Any]) -> None:
+        """Read frames in the calling task until ``fut`` (this caller's reply) is done.
+
+        Saves a task switch per call for a caller that waits alone; when it
+        stops while other replies are awaited, the reader task takes over.
+        While ``self._direct`` is set this task is suspended only inside
+        ``conn.recv()``, so the housekeeper can interrupt it safely when the
+        call expires (``fut`` then holds the StoreTimeoutError).
+        Cancellation: no frame is lost (the connection's recv guarantees it).
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        self._reading = True
+        self._direct = (task, fut)
+        conn = self._conn
+        try:
+            while not fut.done():
+                frame = await conn.recv()
+                self._dispatch(frame.header, frame.payload)
+        except ConnectionClosedError as e:
+            self._lost(e)
+        except asyncio.CancelledError:
+            if self._interrupted is task:
+                self._interrupted = None
+                if task.uncancel() == 0:
+                    return  # only the housekeeper's interrupt: fut carries the outcome
+            raise
+        finally:
+            self._direct = None
+            self._reading = False
+            if self._must_read():
+                self._start_reader()
+
+    def _start_reader(self) -> None:
+        self._reading = True  # now, so that no caller starts reading before the task runs
+        self._reader = self._loop.create_task(self._read_loop(), name=f"aiodist.store.reader[{self.host}:{self.port}]")
+
+    async def _read_loop(self) -> None:
+        """The reader task: dispatch replies while any are awaited, then end."""
+        conn = self._conn
+        try:
+            while self._must_read():
+                frame = await conn.recv()
+                self._dispatch(frame.header, frame.payload)
+        except ConnectionClosedError as e:
+            self._lost(e)
+        finally:
+            self._reading = False
+
+    def _lost(self, e: ConnectionClosedError) -> None:
+        if self._closed_locally or self._error is not None:
+            return
+        said = f" ({self._server_said})" if self._server_said else ""
+        self._fail(f"the store server at {self.host}:{self.port} closed the connection{said}: {e}")
+
+    def _unsolicited(self, h: dict[str, Any], payload: memoryview | None) -> None:
+        op = h.get("op")
+        if op == "pong":
+            self._pings_out = max(0, self._pings_out - 1)
+            return
+        if op == "cancelled":
+            c = h.get("c")
+            if type(c) is int:
+                self._abandoned.pop(c, None)
+            return
+        if op == "error":
+            self._server_said = f"server said: {h.get('msg', h.get('err'))}"
+            return
+        rid = h.get("id")
+        if type(rid) is int and rid in self._abandoned:
+            # The reply crossed our cancel: a popped value must go back to its queue.
+            key = self._abandoned.pop(rid)
+            if key is not None and "err" not in h and self._error is None:
+                self._unpop(key, h, payload)
+            return
+        # A late reply to a call that timed out locally or was cancelled: drop it.
+
+    def _fail(self, message: str) -> None:
+        """Make the client unusable: fail every pending call with ``message``."""
+        if self._error is None:
+            self._error = message
+        calls = list(self._pending.values())
+        self._pending.clear()
+        for call in calls:
+            fut = call[0]
+            if not fut.done():
+                fut.set_exception(self._dead())
+        self._wake.set()
+
+    async def _housekeeping(self) -> None:
+        """Ping when idle, send control messages, expire calls the server never answered."""
+        loop = self._loop
+        conn = self._conn
+        sent_at_tick = -1
+        next_ping = loop.time() + self._ping_interval if self._ping_interval is not None else math.inf
+        try:
+            while self._error is None:
+                while self._control:
+                    msg, body = self._control.popleft()
+                    await conn.send(msg, body)
+                    self._sent += 1
+                if self._abandoned and not self._reading and self._error is None:
+                    self._start_reader()  # reads the cancel acks and any reply that crossed them
+                now = loop.time()
+                if now >= next_ping:
+                    assert self._ping_interval is not None
+                    if self._sent == sent_at_tick:
+                        await conn.send({"op": "ping"})
+                        self._sent += 1
+                        self._pings_out += 1
+                        if not self._reading:
+                            self._start_reader()  # reads the pong (and notices a dead server)
+                    sent_at_tick = self._sent
+                    next_ping = now + self._ping_interval
+                wake_at = self._expire_overdue(now)
+                direct = self._direct
+                if direct is not None and direct[1].done() and self._interrupted is None:
+                    self._interrupted = direct[0]  # its call expired while it reads: wake it
+                    direct[0].cancel()
+                self._wake_at = min(wake_at, next_ping)
+                if self._control or self._error is not None:
+                    continue
+                self._wake.clear()
+                try:
+                    async with asyncio.timeout_at(None if math.isinf(self._wake_at) else self._wake_at):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+        except ConnectionClosedError:
+            return
+
+    def _expire_overdue(self, now: float) -> float:
+        """Fail calls past their deadline; return the earliest remaining deadline."""
+        earliest = math.inf
+        overdue: list[int] = []
+        for rid, call in self._pending.items():
+            deadline = call[1]
+            if deadline <= now:
+                overdue.append(rid)
+            elif deadline < earliest:
+                earliest = deadline
+        for rid in overdue:
+            self._expire(rid)
+        return earliest
+
+    def _expire(self, rid: int) -> None:
+        """Call ``rid`` got no answer in time: fail it, withdraw it from the server."""
+        call = self._pending.pop(rid, None)
+        if call is None:
+            return
+        fut, _, op, keys, timeout = call
+        if not fut.done():
+            fut.set_exception(StoreTimeoutError(_keylist(keys), timeout, op))
+        if op in P.BLOCKING_OPS and self._error is None:
+            self._abandoned[rid] = _keylist(keys)[0] if op == "queue_pop" else None
+            self._control.append(({"op": "cancel", "c": rid}, None))
+            self._wake.set()
+
+    # ------------------------------------------------------------ closing
+
+    async def close(self) -> None:
+        """Close the connection; pending calls raise ConnectionClosedLocally. Idempotent."""
+        if self._error is None:
+            self._closed_locally = True
+            self._fail(f"the store client for {self.host}:{self.port} was closed")
+        self._conn.close()
+        tasks = [t for t in (self._reader, self._housekeeper) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            async with asyncio.timeout(1.0):
+                await self._conn.wait_closed()
+        except TimeoutError:
+            pass
+
+    # ------------------------------------------------------------ the API
+
+    async def set(self, key: str, value: Value) -> None:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "set")
+        if type(value) is not bytes:
+            value = as_value(value)
+        if len(value) <= P.HEADER_VALUES_LIMIT:
+            r, _ = await self._call({"op": "set", "k": key, "v": [value]}, None, "set", key, self.timeout)
+        else:
+            self._check_value(key, value, "set")
+            h: dict[str, Any] = {"op": "set", "k": key}
+            body = P.pack_values(h, (value,))
+            r, _ = await self._call(h, body, "set", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "set", key, self.timeout)
+
+    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "get")
+        t = self.timeout if timeout is None else as_timeout(timeout, self.timeout)
+        with waiting_in("store.get", key=key):
+            r, payload = await self._call({"op": "get", "k": key, "t": t}, None, "get", key, t)
+        if "err" in r:
+            raise self._failed(r, "get", key, t)
+        v = r.get("v")
+        return v[0] if v is not None else P.unpack_values(r, payload)[0]
+
+    async def add(self, key: str, amount: int) -> int:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "add")
+        if type(amount) is not int:
+            amount = as_amount(amount)
+        r, _ = await self._call({"op": "add", "k": key, "n": amount}, None, "add", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "add", key, self.timeout)
+        return r["r"]  # type: ignore[no-any-return]
+
+    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "compare_set")
+        exp = as_value(expected)
+        des = as_value(desired)
+        self._check_value(key, exp, "compare_set")
+        self._check_value(key, des, "compare_set")
+        h: dict[str, Any] = {"op": "compare_set", "k": key}
+        body = P.pack_values(h, (exp, des))
+        r, payload = await self._call(h, body, "compare_set", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "compare_set", key, self.timeout)
+        v = r.get("v")
+        return v[0] if v is not None else P.unpack_values(r, payload)[0]
+
+    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
+        ks = self._check_keys(keys, "wait")
+        t = as_timeout(timeout, self.timeout)
+        with waiting_in("store.wait", keys=ks):
+            r, _ = await self._call({"op": "wait", "ks": ks, "t": t}, None, "wait", ks, t)
+        if "err" in r:
+            raise self._failed(r, "wait", ks, t)
+
+    async def check(self, keys: Sequence[str]) -> bool:
+        ks = self._check_keys(keys, "check")
+        r, _ = await self._call({"op": "check", "ks": ks}, None, "check", ks, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "check", ks, self.timeout)
+        return bool(r["r"])
+
+    async def delete_key(self, key: str) -> bool:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "delete_key")
+        r, _ = await self._call({"op": "delete_key", "k": key}, None, "delete_key", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "delete_key", key, self.timeout)
+        return bool(r["r"])
+
+    async def num_keys(self) -> int:
+        r, _ = await self._call({"op": "num_keys"}, None, "num_keys", [], self.timeout)
+        if "err" in r:
+            raise self._failed(r, "num_keys", [], self.timeout)
+        return r["r"]  # type: ignore[no-any-return]
+
+    async def append(self, key: str, value: Value) -> None:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "append")
+        value = as_value(value)
+        self._check_value(key, value, "append")
+        h: dict[str, Any] = {"op": "append", "k": key}
+        body = P.pack_values(h, (value,))
+        r, _ = await self._call(h, body, "append", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "append", key, self.timeout)
+
+    async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
+        ks = self._check_keys(keys, "multi_get")
+        t = as_timeout(timeout, self.timeout)
+        with waiting_in("store.multi_get", keys=ks):
+            r, payload = await self._call({"op": "multi_get", "ks": ks, "t": t}, None, "multi_get", ks, t)
+        if "err" in r:
+            raise self._failed(r, "multi_get", ks, t)
+        return P.unpack_values(r, payload)
+
+    async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
+        ks = self._check_keys(keys, "multi_set")
+        if isinstance(values, (str, bytes, bytearray, memoryview)):
+            raise TypeError("multi_set expects a sequence of values")
+        vs = [as_value(v) for v in values]
+        if len(vs) != len(ks):
+            raise ValueError(f"multi_set got {len(ks)} keys but {len(vs)} values")
+        total = 0
+        for k, v in zip(ks, vs):
+            self._check_value(k, v, "multi_set")
+            total += len(v)
+        if total > 2 * self.max_value_bytes:
+            raise StoreRequestError(
+                f"store refused multi_set: {total} bytes of values exceed the limit of "
+                f"{2 * self.max_value_bytes} bytes per request (2 x max value); split the call",
+                code=REQUEST_TOO_LARGE,
+                op="multi_set",
+            )
+        h: dict[str, Any] = {"op": "multi_set", "ks": ks}
+        body = P.pack_values(h, vs)
+        r, _ = await self._call(h, body, "multi_set", ks, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "multi_set", ks, self.timeout)
+
+    async def queue_push(self, key: str, value: Value) -> None:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "queue_push")
+        value = as_value(value)
+        self._check_value(key, value, "queue_push")
+        h: dict[str, Any] = {"op": "queue_push", "k": key}
+        body = P.pack_values(h, (value,))
+        r, _ = await self._call(h, body, "queue_push", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "queue_push", key, self.timeout)
+
+    async def queue_pop(self, key: str, *, timeout: float | None = None) -> bytes:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "queue_pop")
+        t = as_timeout(timeout, self.timeout)
+        with waiting_in("store.queue_pop", key=key):
+            r, payload = await self._call({"op": "queue_pop", "k": key, "t": t}, None, "queue_pop", key, t)
+        if "err" in r:
+            raise self._failed(r, "queue_pop", key, t)
+        v = r.get("v")
+        return v[0] if v is not None else P.unpack_values(r, payload)[0]
+
+    async def queue_len(self, key: str) -> int:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "queue_len")
+        r, _ = await self._call({"op": "queue_len", "k": key}, None, "queue_len", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "queue_len", key, self.timeout)
+        return r["r"]  # type: ignore[no-any-return]

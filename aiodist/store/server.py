@@ -1,0 +1,448 @@
+"""The store server: the state machine of :mod:`.state` behind the network seam.
+
+It listens through ``aiodist.context.current_network()`` (never raw asyncio
+sockets), so the simulator runs this very server on its virtual network.
+
+Per connection: a handshake within ``handshake_timeout``, then requests in any
+number, answered in completion order. A request that violates the protocol
+(unknown op, wrong types, missing fields) is answered with an error when its id
+can be read, then THAT connection is closed and one line is logged on the
+``aiodist.store`` logger; every other client keeps being served. A connection
+with no waiting request that sends nothing for ``idle_timeout`` seconds is
+closed (clients learn the limit in the handshake reply and ping). Timeouts of
+blocking requests run here, on the loop clock, so a value is either delivered
+or timed out, never both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ..context import current_network
+from ..errors import ConnectionClosedError
+from ..net.base import Connection, Listener
+from . import protocol as P
+from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Failure, Reply, StoreState
+
+log = logging.getLogger("aiodist.store")
+
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+DEFAULT_IDLE_TIMEOUT = 120.0
+
+_Handler = Callable[["_Session", dict[str, Any], "memoryview | None"], list[Reply]]
+
+
+class _Session:
+    """One client connection: its id, pending timers and the replies owed to it.
+
+    Replies produced by *other* connections' requests (a ``set`` waking this
+    client's ``get``) are posted here and written by this session's writer
+    task, so one slow client never stalls another.
+    """
+
+    __slots__ = ("cid", "conn", "timers", "outbox", "writer", "wake", "last", "idle_timer")
+
+    def __init__(self, cid: int, conn: Connection) -> None:
+        self.cid = cid
+        self.conn = conn
+        self.timers: dict[int, asyncio.TimerHandle] = {}
+        self.outbox: deque[Reply | dict[str, Any]] = deque()
+        self.writer: asyncio.Task[None] | None = None
+        self.wake: asyncio.Event | None = None
+        self.last = 0.0
+        self.idle_timer: asyncio.TimerHandle | None = None
+
+
+class StoreServer:
+    """A key-value store server. Create with :meth:`start`; stop with :meth:`close`."""
+
+    def __init__(
+        self,
+        *,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+    ) -> None:
+        self.state = StoreState(max_key_bytes=max_key_bytes, max_value_bytes=max_value_bytes)
+        self.handshake_timeout = handshake_timeout
+        self.idle_timeout = idle_timeout
+        self._listener: Listener | None = None
+        self._sessions: dict[int, _Session] = {}
+        self._next_cid = 0
+        self._closed = False
+        self.host = ""
+        self.port = 0
+        self._handlers: dict[str, _Handler] = {
+            "set": self._set,
+            "get": self._get,
+            "add": self._add,
+            "compare_set": self._compare_set,
+            "append": self._append,
+            "check": self._check,
+            "wait": self._wait,
+            "delete_key": self._delete_key,
+            "num_keys": self._num_keys,
+            "multi_get": self._multi_get,
+            "multi_set": self._multi_set,
+            "queue_push": self._queue_push,
+            "queue_pop": self._queue_pop,
+            "queue_len": self._queue_len,
+        }
+
+    @classmethod
+    async def start(
+        cls,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+    ) -> StoreServer:
+        """Listen on ``host:port`` (port 0: a free port, see ``.port``) and serve.
+
+        ``idle_timeout`` (``None``: never) closes connections that wait for
+        nothing and stay silent that long; ``handshake_timeout`` bounds the
+        wait for a new connection's handshake.
+        """
+        server = cls(
+            max_key_bytes=max_key_bytes,
+            max_value_bytes=max_value_bytes,
+            handshake_timeout=handshake_timeout,
+            idle_timeout=idle_timeout,
+        )
+        # Largest legitimate frame: a value at the limit plus its key and header.
+        max_frame = max_value_bytes * 2 + max_key_bytes + (1 << 20)
+        server._listener = await current_network().listen(
+            (host, port), server._serve, max_frame_size=max_frame, handshake_timeout=handshake_timeout
+        )
+        server.host, server.port = server._listener.address
+        return server
+
+    def __repr__(self) -> str:
+        return f"<StoreServer {self.host}:{self.port} clients={len(self._sessions)} keys={len(self.state)}>"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+    async def close(self) -> None:
+        """Stop listening and close every client connection (their pending calls fail).
+
+        Idempotent. Cancellation while closing may leave handler tasks
+        finishing in the background; the listener still owns them.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._listener is not None:
+            await self._listener.aclose()
+
+    async def __aenter__(self) -> StoreServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------ connections
+
+    async def _serve(self, conn: Connection) -> None:
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                frame = await conn.recv()
+        except TimeoutError:
+            log.info("closing store connection from %s: no handshake within %gs", conn.peer, self.handshake_timeout)
+            return
+        except ConnectionClosedError:
+            return
+        try:
+            P.check_hello(frame.header)
+        except P.BadMessage as e:
+            log.info("closing store connection from %s: %s", conn.peer, e)
+            await _send_quietly(conn, P.error_frame(e.code, str(e)))
+            return
+        await conn.send(
+            P.hello_reply(idle=self.idle_timeout, max_key=self.state.max_key_bytes, max_value=self.state.max_value_bytes)
+        )
+        cid = self._next_cid
+        self._next_cid += 1
+        session = _Session(cid, conn)
+        self._sessions[cid] = session
+        loop = asyncio.get_running_loop()
+        session.last = loop.time()
+        if self.idle_timeout is not None:
+            session.idle_timer = loop.call_at(session.last + self.idle_timeout, self._idle_check, session)
+        try:
+            await self._requests(session, loop)
+        except ConnectionClosedError:
+            pass
+        finally:
+            writer = self._end_session(session)
+            if writer is not None:
+                await asyncio.gather(writer, return_exceptions=True)
+
+    async def _requests(self, session: _Session, loop: asyncio.AbstractEventLoop) -> None:
+        conn = session.conn
+        handlers = self._handlers
+        cid = session.cid
+        while True:
+            frame = await conn.recv()
+            session.last = loop.time()
+            header = frame.header
+            op = header.get("op")
+            handler = handlers.get(op) if type(op) is str else None
+            try:
+                if handler is None:
+                    replies = self._special(session, header, frame.payload)
+                else:
+                    replies = handler(session, header, frame.payload)
+            except P.BadMessage as e:
+                log.info("closing store connection from %s: %s", conn.peer, e)
+                await _send_quietly(conn, P.error_frame(e.code, str(e), request=e.request))
+                return
+            for r in replies:
+                if r.client == cid:
+                    head, payload = self._encode(session, r)
+                    await conn.send(head, payload)
+                else:
+                    self._post(r)
+
+    def _special(self, session: _Session, header: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        op = header.get("op")
+        if op == "ping":
+            self._post_frame(session, {"op": "pong"})
+            return []
+        if op == "cancel":
+            rid = header.get("c")
+            if type(rid) is not int:
+                raise P.BadMessage("cancel needs an integer 'c'")
+            if self.state.cancel(session.cid, rid):
+                self._disarm(session, rid)
+            # Acknowledge through the outbox: it follows any reply already owed for ``rid``.
+            self._post_frame(session, {"op": "cancelled", "c": rid})
+            return []
+        if op == "unpop":
+            key = P.field_key(header)
+            values = P.unpack_values(header, payload)
+            if len(values) != 1:
+                raise P.BadMessage("unpop needs exactly one value")
+            self._dispatch(self.state.queue_unpop(key, values[0]))
+            return []
+        raise P.BadMessage(f"unknown op {op!r}", code=P.UNKNOWN_OP, request=_rid(header))
+
+    def _end_session(self, session: _Session) -> asyncio.Task[None] | None:
+        """Forget ``session``: drop its waiters and timers, close it; returns its writer to await."""
+        self._sessions.pop(session.cid, None)
+        self.state.drop_client(session.cid)
+        for handle in session.timers.values():
+            handle.cancel()
+        session.timers.clear()
+        if session.idle_timer is not None:
+            session.idle_timer.cancel()
+            session.idle_timer = None
+        writer = session.writer
+        if writer is not None:
+            writer.cancel()
+        session.conn.close()
+        return writer
+
+    def _idle_check(self, session: _Session) -> None:
+        session.idle_timer = None
+        if session.conn.closed or self.idle_timeout is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = session.last + self.idle_timeout
+        if self.state.waiter_count(session.cid) > 0:
+            deadline = loop.time() + self.idle_timeout
+        elif deadline <= loop.time():
+            log.info("closing idle store connection from %s (silent for %gs)", session.conn.peer, self.idle_timeout)
+            session.conn.close()
+            return
+        session.idle_timer = loop.call_at(deadline, self._idle_check, session)
+
+    # ------------------------------------------------------------ replies
+
+    def _encode(self, session: _Session, r: Reply) -> tuple[dict[str, Any], bytes | None]:
+        if session.timers:
+            timer = session.timers.pop(r.request, None)
+            if timer is not None:
+                timer.cancel()
+        if r.failure is not None:
+            f = r.failure
+            return P.error_frame(f.code, f.message, request=r.request, key=f.key), None
+        value = r.value
+        kind = type(value)
+        if kind is bytes:
+            if len(value) <= P.HEADER_VALUES_LIMIT:
+                return {"id": r.request, "v": [value]}, None
+            head: dict[str, Any] = {"id": r.request}
+            return head, P.pack_values(head, (value,))
+        if kind is list:
+            head = {"id": r.request}
+            return head, P.pack_values(head, value)
+        return {"id": r.request, "r": value}, None
+
+    def _dispatch(self, replies: list[Reply]) -> None:
+        for r in replies:
+            self._post(r)
+
+    def _post(self, r: Reply) -> None:
+        """Queue a reply for its session's writer task (dropped if the client is gone)."""
+        session = self._sessions.get(r.client)  # type: ignore[arg-type]
+        if session is not None:
+            self._post_frame(session, r)
+
+    def _post_frame(self, session: _Session, item: Reply | dict[str, Any]) -> None:
+        """Queue a reply or a raw header for ``session``'s writer task, starting it if needed."""
+        session.outbox.append(item)
+        if session.writer is None:
+            session.wake = asyncio.Event()
+            session.writer = asyncio.get_running_loop().create_task(self._write_loop(session))
+        else:
+            assert session.wake is not None
+            session.wake.set()
+
+    async def _write_loop(self, session: _Session) -> None:
+        assert session.wake is not None
+        conn = session.conn
+        try:
+            while True:
+                while session.outbox:
+                    r = session.outbox.popleft()
+                    if type(r) is dict:
+                        await conn.send(r)
+                        continue
+                    head, payload = self._encode(session, r)  # type: ignore[arg-type]
+                    await conn.send(head, payload)
+                session.wake.clear()
+                await session.wake.wait()
+        except ConnectionClosedError:
+            pass
+
+    # ------------------------------------------------------------ blocking helpers
+
+    def _arm(self, session: _Session, rid: int, replies: list[Reply], timeout: float | None, keys: list[str], op: str) -> list[Reply]:
+        """After a blocking op: if it now waits, arm its timeout on the loop clock."""
+        if replies or timeout is None:
+            return replies
+        loop = asyncio.get_running_loop()
+        old = session.timers.pop(rid, None)
+        if old is not None:
+            old.cancel()
+        session.timers[rid] = loop.call_later(timeout, self._expire, session, rid, keys, timeout, op)
+        return replies
+
+    def _disarm(self, session: _Session, rid: int) -> None:
+        handle = session.timers.pop(rid, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _expire(self, session: _Session, rid: int, keys: list[str], timeout: float, op: str) -> None:
+        session.timers.pop(rid, None)
+        if self.state.cancel(session.cid, rid):
+            msg = f"{op} timed out after {timeout:g}s waiting for key(s) {keys!r}"
+            session_reply = Reply(session.cid, rid, None, _timeout_failure(msg, keys))
+            self._post(session_reply)
+
+    # ------------------------------------------------------------ op handlers
+
+    def _set(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        rid, key, vs = h.get("id"), h.get("k"), h.get("v")
+        if type(rid) is int and type(key) is str and type(vs) is list and len(vs) == 1 and type(vs[0]) is bytes:
+            return self.state.set(s.cid, rid, key, vs[0])  # the common case, checked in one go
+        values = P.unpack_values(h, payload)
+        if len(values) != 1:
+            raise P.BadMessage("set needs exactly one value", request=_rid(h))
+        return self.state.set(s.cid, P.field_id(h), P.field_key(h), values[0])
+
+    def _get(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        rid = P.field_id(h)
+        key = P.field_key(h)
+        timeout = P.field_timeout(h)
+        replies = self.state.get(s.cid, rid, key)
+        return replies if replies else self._arm(s, rid, replies, timeout, [key], "get")
+
+    def _add(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        rid, key, n = h.get("id"), h.get("k"), h.get("n")
+        if type(rid) is int and type(key) is str and type(n) is int:
+            return self.state.add(s.cid, rid, key, n)
+        return self.state.add(s.cid, P.field_id(h), P.field_key(h), P.field_int(h))
+
+    def _compare_set(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        values = P.unpack_values(h, payload)
+        if len(values) != 2:
+            raise P.BadMessage("compare_set needs exactly two values (expected, desired)", request=_rid(h))
+        return self.state.compare_set(s.cid, P.field_id(h), P.field_key(h), values[0], values[1])
+
+    def _append(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        values = P.unpack_values(h, payload)
+        if len(values) != 1:
+            raise P.BadMessage("append needs exactly one value", request=_rid(h))
+        return self.state.append(s.cid, P.field_id(h), P.field_key(h), values[0])
+
+    def _check(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        return self.state.check(s.cid, P.field_id(h), P.field_keys(h))
+
+    def _wait(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        rid = P.field_id(h)
+        keys = P.field_keys(h)
+        timeout = P.field_timeout(h)
+        return self._arm(s, rid, self.state.wait(s.cid, rid, keys), timeout, keys, "wait")
+
+    def _delete_key(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        return self.state.delete_key(s.cid, P.field_id(h), P.field_key(h))
+
+    def _num_keys(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        return self.state.num_keys(s.cid, P.field_id(h))
+
+    def _multi_get(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        rid = P.field_id(h)
+        keys = P.field_keys(h)
+        timeout = P.field_timeout(h)
+        return self._arm(s, rid, self.state.multi_get(s.cid, rid, keys), timeout, keys, "multi_get")
+
+    def _multi_set(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        keys = P.field_keys(h)
+        values = P.unpack_values(h, payload)
+        if len(values) != len(keys):
+            raise P.BadMessage(f"multi_set got {len(keys)} keys but {len(values)} values", request=_rid(h))
+        return self.state.multi_set(s.cid, P.field_id(h), keys, values)
+
+    def _queue_push(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        values = P.unpack_values(h, payload)
+        if len(values) != 1:
+            raise P.BadMessage("queue_push needs exactly one value", request=_rid(h))
+        return self.state.queue_push(s.cid, P.field_id(h), P.field_key(h), values[0])
+
+    def _queue_pop(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        rid = P.field_id(h)
+        key = P.field_key(h)
+        timeout = P.field_timeout(h)
+        return self._arm(s, rid, self.state.queue_pop(s.cid, rid, key), timeout, [key], "queue_pop")
+
+    def _queue_len(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        return self.state.queue_len(s.cid, P.field_id(h), P.field_key(h))
+
+
+def _rid(header: dict[str, Any]) -> int | None:
+    rid = header.get("id")
+    return rid if type(rid) is int else None
+
+
+def _timeout_failure(message: str, keys: list[str]) -> Failure:
+    return Failure(P.TIMEOUT, message, keys[0] if len(keys) == 1 else None)
+
+
+async def _send_quietly(conn: Connection, header: dict[str, Any]) -> None:
+    """Best-effort goodbye frame before closing (the peer may already be gone)."""
+    try:
+        async with asyncio.timeout(1.0):
+            await conn.send(header)
+    except (ConnectionClosedError, TimeoutError):
+        pass

@@ -1,0 +1,468 @@
+"""The store's pure state machine: keys, counters, queues and waiters.
+
+No I/O, no asyncio, no clock, no randomness. A driver (the TCP
+:class:`~aiodist.store.server.StoreServer` or the in-process
+:class:`~aiodist.store.memory.MemoryStore`) feeds requests in and sends out the
+:class:`Reply` objects that come back.
+
+Every request is identified by ``(client, request)``: ``client`` is any
+hashable the driver chooses (a connection number), ``request`` the client's
+request id. Every operation returns a list of replies to send. A request that
+completes at once appears in that list; a blocking request that cannot
+complete yet (``get``, ``wait``, ``multi_get``, ``queue_pop``) becomes a
+*waiter* and its reply is returned later by whichever operation makes it
+satisfiable (``set``, ``add``, ``append``, ``compare_set``, ``multi_set``,
+``queue_push``). :meth:`StoreState.cancel` (timeout, cancellation) and
+:meth:`StoreState.drop_client` (disconnect) remove waiters without a reply.
+
+Semantics follow torch.distributed's TCPStore:
+
+* ``add`` works on an ASCII decimal integer value; a missing key counts as 0;
+  any other existing value is an error (``code="not_integer"``).
+* ``compare_set(key, expected, desired)``: a missing key with ``expected ==
+  b""`` stores ``desired``; an existing key equal to ``expected`` is replaced
+  by ``desired``. The reply is the value the key holds afterwards; for a
+  missing key with a non-empty ``expected`` it is ``expected`` (as in torch).
+* Queues live beside keys under the same names: ``check``/``wait`` count a
+  non-empty queue as an existing key, ``delete_key`` removes both,
+  ``num_keys`` counts plain keys only. ``queue_push`` hands the value to the
+  oldest waiting ``queue_pop`` (exactly one) or enqueues it.
+
+Ordering is deterministic: waiters are kept in insertion-ordered dicts and
+woken oldest first; nothing iterates a set.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Hashable, Sequence
+from typing import Any, Final, NamedTuple
+
+DEFAULT_MAX_KEY_BYTES: Final = 8 * 1024
+DEFAULT_MAX_VALUE_BYTES: Final = 64 * 1024 * 1024
+
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+
+_INTEGER = re.compile(rb"[+-]?[0-9]+")
+
+# Error codes carried in replies (and in StoreRequestError.code on the client).
+NOT_INTEGER: Final = "not_integer"
+OVERFLOW: Final = "overflow"
+KEY_TOO_LARGE: Final = "key_too_large"
+VALUE_TOO_LARGE: Final = "value_too_large"
+DUPLICATE_REQUEST: Final = "duplicate_request"
+BAD_REQUEST: Final = "bad_request"
+
+
+class Failure(NamedTuple):
+    """Why a request was refused: a stable ``code`` and a human ``message``."""
+
+    code: str
+    message: str
+    key: str | None = None
+
+
+class Reply(NamedTuple):
+    """The answer to request ``request`` of ``client``: a ``value`` or a ``failure``."""
+
+    client: Hashable
+    request: int
+    value: Any = None
+    failure: Failure | None = None
+
+
+_GET: Final = 0
+_WAIT: Final = 1
+_MULTI_GET: Final = 2
+_POP: Final = 3
+
+
+class _Waiter:
+    """One blocked request. It sits in exactly one wait list: ``self.on``."""
+
+    __slots__ = ("client", "request", "kind", "keys", "on")
+
+    def __init__(self, client: Hashable, request: int, kind: int, keys: Sequence[str]) -> None:
+        self.client = client
+        self.request = request
+        self.kind = kind
+        self.keys = keys
+        self.on = keys[0] if keys else ""
+
+
+class StoreState:
+    """Keys -> bytes, queues, and the waiters blocked on them.
+
+    ``max_key_bytes`` bounds a key's UTF-8 size, ``max_value_bytes`` a value's
+    size (including the result of ``append``). Violations are refused with a
+    :class:`Failure` reply; the state is left unchanged.
+    """
+
+    __slots__ = (
+        "max_key_bytes",
+        "max_value_bytes",
+        "_values",
+        "_queues",
+        "_key_waiters",
+        "_queue_waiters",
+        "_by_client",
+    )
+
+    def __init__(
+        self,
+        *,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    ) -> None:
+        if max_key_bytes < 1 or max_value_bytes < 1:
+            raise ValueError("store limits must be positive")
+        self.max_key_bytes = max_key_bytes
+        self.max_value_bytes = max_value_bytes
+        self._values: dict[str, bytes] = {}
+        self._queues: dict[str, deque[bytes]] = {}
+        # key -> {(client, request): waiter}, oldest first
+        self._key_waiters: dict[str, dict[tuple[Hashable, int], _Waiter]] = {}
+        self._queue_waiters: dict[str, dict[tuple[Hashable, int], _Waiter]] = {}
+        # client -> {request: waiter}
+        self._by_client: dict[Hashable, dict[int, _Waiter]] = {}
+
+    # ------------------------------------------------------------ inspection
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def peek(self, key: str) -> bytes | None:
+        """The value of ``key`` or ``None`` (for tests and debugging)."""
+        return self._values.get(key)
+
+    def waiter_count(self, client: Hashable | None = None) -> int:
+        """Number of blocked requests (of ``client``, or of everybody)."""
+        if client is not None:
+            return len(self._by_client.get(client, ()))
+        return sum(len(w) for w in self._by_client.values())
+
+    # ------------------------------------------------------------ validation
+
+    def _bad_key(self, key: str) -> Failure | None:
+        # A str of n code points takes at most 4n UTF-8 bytes: skip encoding short keys.
+        if len(key) * 4 <= self.max_key_bytes or len(key.encode("utf-8", "surrogatepass")) <= self.max_key_bytes:
+            return None
+        return Failure(KEY_TOO_LARGE, f"key of {len(key.encode('utf-8', 'surrogatepass'))} bytes exceeds the limit of {self.max_key_bytes} bytes", key[:64])
+
+    def _bad_keys(self, keys: Sequence[str]) -> Failure | None:
+        for key in keys:
+            bad = self._bad_key(key)
+            if bad is not None:
+                return bad
+        return None
+
+    def _bad_value(self, key: str, size: int) -> Failure | None:
+        if size <= self.max_value_bytes:
+            return None
+        return Failure(VALUE_TOO_LARGE, f"value of {size} bytes for key {key[:64]!r} exceeds the limit of {self.max_value_bytes} bytes", key[:64])
+
+    # ------------------------------------------------------------ waking
+
+    def _exists(self, key: str) -> bool:
+        if key in self._values:
+            return True
+        q = self._queues.get(key)
+        return bool(q)
+
+    def _first_missing(self, w: _Waiter) -> str | None:
+        values = self._values
+        if w.kind == _WAIT:
+            for key in w.keys:
+                if not self._exists(key):
+                    return key
+        else:
+            for key in w.keys:
+                if key not in values:
+                    return key
+        return None
+
+    def _result(self, w: _Waiter) -> Any:
+        if w.kind == _GET:
+            return self._values[w.keys[0]]
+        if w.kind == _MULTI_GET:
+            values = self._values
+            return [values[k] for k in w.keys]
+        return None
+
+    def _park(self, w: _Waiter, key: str, table: dict[str, dict[tuple[Hashable, int], _Waiter]]) -> None:
+        w.on = key
+        lst = table.get(key)
+        if lst is None:
+            lst = table[key] = {}
+        lst[(w.client, w.request)] = w
+
+    def _wake(self, key: str, out: list[Reply] | None) -> list[Reply]:
+        """Re-examine the key waiters parked on ``key`` (it was just written)."""
+        lst = self._key_waiters.pop(key, None)
+        if lst is None:
+            return out if out is not None else []
+        if out is None:
+            out = []
+        for w in list(lst.values()):
+            missing = self._first_missing(w)
+            if missing is None:
+                self._forget(w)
+                out.append(Reply(w.client, w.request, self._result(w)))
+            else:
+                self._park(w, missing, self._key_waiters)
+        return out
+
+    def _forget(self, w: _Waiter) -> None:
+        mine = self._by_client.get(w.client)
+        if mine is not None:
+            mine.pop(w.request, None)
+            if not mine:
+                del self._by_client[w.client]
+
+    def _register(self, client: Hashable, request: int, kind: int, keys: Sequence[str]) -> _Waiter | Failure:
+        mine = self._by_client.get(client)
+        if mine is None:
+            mine = self._by_client[client] = {}
+        elif request in mine:
+            return Failure(DUPLICATE_REQUEST, f"request id {request} is already waiting")
+        w = _Waiter(client, request, kind, keys)
+        mine[request] = w
+        return w
+
+    def _block(self, client: Hashable, request: int, kind: int, keys: Sequence[str], missing: str) -> list[Reply]:
+        w = self._register(client, request, kind, keys)
+        if isinstance(w, Failure):
+            return [Reply(client, request, None, w)]
+        self._park(w, missing, self._queue_waiters if kind == _POP else self._key_waiters)
+        return []
+
+    # ------------------------------------------------------------ operations
+
+    def set(self, client: Hashable, request: int, key: str, value: bytes) -> list[Reply]:
+        """Store ``value`` under ``key``; wakes waiters that it satisfies."""
+        bad = self._bad_key(key) or self._bad_value(key, len(value))
+        if bad is not None:
+            return [Reply(client, request, None, bad)]
+        self._values[key] = value
+        out = [Reply(client, request, None)]
+        if key in self._key_waiters:
+            self._wake(key, out)
+        return out
+
+    def get(self, client: Hashable, request: int, key: str) -> list[Reply]:
+        """The value of ``key``, or block until it is set."""
+        value = self._values.get(key)
+        if value is not None:
+            return [Reply(client, request, value)]
+        bad = self._bad_key(key)
+        if bad is not None:
+            return [Reply(client, request, None, bad)]
+        return self._block(client, request, _GET, (key,), key)
+
+    def add(self, client: Hashable, request: int, key: str, amount: int) -> list[Reply]:
+        """Add ``amount`` to the integer in ``key`` (missing: 0); replies with the new int."""
+        old = self._values.get(key)
+        if old is None:
+            bad = self._bad_key(key)
+            if bad is not None:
+                return [Reply(client, request, None, bad)]
+            current = 0
+        elif _INTEGER.fullmatch(old) is None:
+            shown = old[:32]
+            return [Reply(client, request, None, Failure(NOT_INTEGER, f"add on key {key[:64]!r}: its value {shown!r} is not an integer", key[:64]))]
+        else:
+            current = int(old)
+        new = current + amount
+        if not INT64_MIN <= new <= INT64_MAX:
+            return [Reply(client, request, None, Failure(OVERFLOW, f"add on key {key[:64]!r}: {current} + {amount} does not fit in 64 bits", key[:64]))]
+        self._values[key] = b"%d" % new
+        out = [Reply(client, request, new)]
+        if key in self._key_waiters:
+            self._wake(key, out)
+        return out
+
+    def compare_set(self, client: Hashable, request: int, key: str, expected: bytes, desired: bytes) -> list[Reply]:
+        """torch's compare_set; replies with the value ``key`` holds afterwards."""
+        bad = self._bad_key(key) or self._bad_value(key, max(len(desired), len(expected)))
+        if bad is not None:
+            return [Reply(client, request, None, bad)]
+        current = self._values.get(key)
+        if current is None:
+            if expected:
+                return [Reply(client, request, expected)]
+        elif current != expected:
+            return [Reply(client, request, current)]
+        self._values[key] = desired
+        out = [Reply(client, request, desired)]
+        if key in self._key_waiters:
+            self._wake(key, out)
+        return out
+
+    def append(self, client: Hashable, request: int, key: str, value: bytes) -> list[Reply]:
+        """Append ``value`` to ``key`` (a missing key starts empty)."""
+        old = self._values.get(key)
+        new = value if old is None else old + value
+        bad = self._bad_key(key) or self._bad_value(key, len(new))
+        if bad is not None:
+            return [Reply(client, request, None, bad)]
+        self._values[key] = new
+        out = [Reply(client, request, None)]
+        if key in self._key_waiters:
+            self._wake(key, out)
+        return out
+
+    def check(self, client: Hashable, request: int, keys: Sequence[str]) -> list[Reply]:
+        """Whether every key in ``keys`` exists (a non-empty queue counts)."""
+        return [Reply(client, request, all(self._exists(k) for k in keys))]
+
+    def wait(self, client: Hashable, request: int, keys: Sequence[str]) -> list[Reply]:
+        """Complete once every key in ``keys`` exists at the same time."""
+        bad = self._bad_keys(keys)
+        if bad is not None:
+            return [Reply(client, request, None, bad)]
+        keys = tuple(keys)
+        w = _Waiter(client, request, _WAIT, keys)
+        missing = self._first_missing(w)
+        if missing is None:
+            return [Reply(client, request, None)]
+        return self._block(client, request, _WAIT, keys, missing)
+
+    def multi_get(self, client: Hashable, request: int, keys: Sequence[str]) -> list[Reply]:
+        """The values of ``keys`` in order, once all of them exist (blocks like ``get``)."""
+        values = self._values
+        try:
+            return [Reply(client, request, [values[k] for k in keys])]
+        except KeyError:
+            pass
+        bad = self._bad_keys(keys)
+        if bad is not None:
+            return [Reply(client, request, None, bad)]
+        keys = tuple(keys)
+        missing = next(k for k in keys if k not in values)
+        return self._block(client, request, _MULTI_GET, keys, missing)
+
+    def multi_set(self, client: Hashable, request: int, keys: Sequence[str], values: Sequence[bytes]) -> list[Reply]:
+        """Set every ``keys[i]`` to ``values[i]`` atomically (all or nothing)."""
+        if len(keys) != len(values):
+            return [Reply(client, request, None, Failure(BAD_REQUEST, f"multi_set got {len(keys)} keys but {len(values)} values"))]
+        for key, value in zip(keys, values):
+            bad = self._bad_key(key) or self._bad_value(key, len(value))
+            if bad is not None:
+                return [Reply(client, request, None, bad)]
+        store = self._values
+        for key, value in zip(keys, values):
+            store[key] = value
+        out = [Reply(client, request, None)]
+        waiting = self._key_waiters
+        for key in keys:
+            if key in waiting:
+                self._wake(key, out)
+        return out
+
+    def delete_key(self, client: Hashable, request: int, key: str) -> list[Reply]:
+        """Remove ``key`` and its queue; replies whether anything existed."""
+        existed = self._values.pop(key, None) is not None
+        q = self._queues.pop(key, None)
+        return [Reply(client, request, existed or bool(q))]
+
+    def num_keys(self, client: Hashable, request: int) -> list[Reply]:
+        """The number of plain keys (queues are not counted)."""
+        return [Reply(client, request, len(self._values))]
+
+    def queue_push(self, client: Hashable, request: int, key: str, value: bytes) -> list[Reply]:
+        """Give ``value`` to the oldest waiting ``queue_pop`` on ``key``, or enqueue it."""
+        bad = self._bad_key(key) or self._bad_value(key, len(value))
+        if bad is not None:
+            return [Reply(client, request, None, bad)]
+        out = [Reply(client, request, None)]
+        waiting = self._queue_waiters.get(key)
+        if waiting:
+            _, w = next(iter(waiting.items()))
+            del waiting[(w.client, w.request)]
+            if not waiting:
+                del self._queue_waiters[key]
+            self._forget(w)
+            out.append(Reply(w.client, w.request, value))
+            return out
+        q = self._queues.get(key)
+        if q is None:
+            q = self._queues[key] = deque()
+        q.append(value)
+        if key in self._key_waiters:
+            self._wake(key, out)
+        return out
+
+    def queue_pop(self, client: Hashable, request: int, key: str) -> list[Reply]:
+        """The oldest value of queue ``key``, or block until one is pushed."""
+        q = self._queues.get(key)
+        if q:
+            value = q.popleft()
+            if not q:
+                del self._queues[key]
+            return [Reply(client, request, value)]
+        bad = self._bad_key(key)
+        if bad is not None:
+            return [Reply(client, request, None, bad)]
+        return self._block(client, request, _POP, (key,), key)
+
+    def queue_len(self, client: Hashable, request: int, key: str) -> list[Reply]:
+        """The number of values waiting in queue ``key``."""
+        q = self._queues.get(key)
+        return [Reply(client, request, len(q) if q else 0)]
+
+    def queue_unpop(self, key: str, value: bytes) -> list[Reply]:
+        """Put back ``value`` at the FRONT of queue ``key``.
+
+        For drivers whose ``queue_pop`` reply was produced but could not be
+        delivered (the waiting caller was cancelled at that instant): the
+        value goes to the next waiter, or back to the head of the queue.
+        """
+        waiting = self._queue_waiters.get(key)
+        if waiting:
+            _, w = next(iter(waiting.items()))
+            del waiting[(w.client, w.request)]
+            if not waiting:
+                del self._queue_waiters[key]
+            self._forget(w)
+            return [Reply(w.client, w.request, value)]
+        q = self._queues.get(key)
+        if q is None:
+            q = self._queues[key] = deque()
+        q.appendleft(value)
+        if key in self._key_waiters:
+            return self._wake(key, None)
+        return []
+
+    # ------------------------------------------------------------ cancellation
+
+    def cancel(self, client: Hashable, request: int) -> bool:
+        """Drop the waiter of ``(client, request)``; False if it is not waiting (any more)."""
+        mine = self._by_client.get(client)
+        if mine is None:
+            return False
+        w = mine.pop(request, None)
+        if w is None:
+            return False
+        if not mine:
+            del self._by_client[client]
+        self._unpark(w)
+        return True
+
+    def drop_client(self, client: Hashable) -> int:
+        """Drop every waiter of ``client`` (it disconnected); returns how many."""
+        mine = self._by_client.pop(client, None)
+        if not mine:
+            return 0
+        for w in mine.values():
+            self._unpark(w)
+        return len(mine)
+
+    def _unpark(self, w: _Waiter) -> None:
+        table = self._queue_waiters if w.kind == _POP else self._key_waiters
+        lst = table.get(w.on)
+        if lst is not None:
+            lst.pop((w.client, w.request), None)
+            if not lst:
+                del table[w.on]

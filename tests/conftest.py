@@ -1,0 +1,99 @@
+"""Shared test helpers: run N ranks as tasks of one process, each in its own rank context.
+
+``run_ranks(n, fn)`` runs ``fn(rank)`` for every rank concurrently; each task
+has its own environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+LOCAL_RANK, LOCAL_WORLD_SIZE) and its own rank scope, so each has its own
+default process group -- exactly what the simulator does with virtual ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiodist.context import new_rank_scope, set_rank_environ
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for env:// tests)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    env.update(extra or {})
+    return env
+
+
+def rank_context(env: Mapping[str, str]) -> contextvars.Context:
+    """A copy of the current context with its own environment and a fresh rank scope."""
+    ctx = contextvars.copy_context()
+
+    def setup() -> None:
+        set_rank_environ(env)
+        new_rank_scope()
+
+    ctx.run(setup)
+    return ctx
+
+
+async def run_ranks(
+    n: int,
+    fn: Callable[[int], Awaitable[Any]],
+    *,
+    timeout: float = 20.0,
+    port: int | None = None,
+    env: Mapping[str, str] | None = None,
+    return_exceptions: bool = False,
+) -> list[Any]:
+    """Run ``fn(rank)`` for ranks ``0..n-1`` concurrently, each in its own rank context.
+
+    Returns the results in rank order. The first error cancels the other
+    ranks and is raised (or, with ``return_exceptions``, every rank's result
+    or exception is returned). ``timeout`` bounds the whole run.
+    """
+    port = free_port() if port is None else port
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(fn(r), context=rank_context(rank_env(r, n, port, env))) for r in range(n)]
+    try:
+        async with asyncio.timeout(timeout):
+            if return_exceptions:
+                return list(await asyncio.gather(*tasks, return_exceptions=True))
+            return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run_world(
+    n: int,
+    body: Callable[[Any], Awaitable[Any]],
+    *,
+    timeout: float = 20.0,
+    op_timeout: float = 10.0,
+    return_exceptions: bool = False,
+) -> list[Any]:
+    """``run_ranks`` where each rank runs ``body(pg)`` between init_process_group (env://) and destroy."""
+    import aiodist.api as api
+
+    async def rank(r: int) -> Any:
+        pg = await api.init_process_group(timeout=op_timeout)
+        try:
+            return await body(pg)
+        finally:
+            await api.destroy_process_group()
+
+    return await run_ranks(n, rank, timeout=timeout, return_exceptions=return_exceptions)

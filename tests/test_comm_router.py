@@ -1,0 +1,299 @@
+"""The pure router: matching messages to receives, synchronously (no network, no loop)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aiodist.comm.router import Delivery, Receive, Router
+from aiodist.errors import CollectiveMismatchError, PeerFailureError
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.results: list[Delivery | BaseException] = []
+
+    def __call__(self, result: Delivery | BaseException) -> None:
+        self.results.append(result)
+
+
+def keyed(src: int, key: Any, out: memoryview | None, group: Any = 0, sig: str | None = None) -> tuple[Receive, Sink]:
+    s = Sink()
+    check = None
+    if sig is not None:
+
+        def check(h: dict[str, Any], src: int, n: int) -> BaseException | None:
+            return None if h.get("o") == sig else CollectiveMismatchError(f"{sig} vs {h.get('o')}")
+
+    return Receive(group=group, src=src, out=out, on_done=s, key=key, check=check, sig=sig), s
+
+
+def msg(key: Any, group: Any = 0, sig: str | None = None) -> dict[str, Any]:
+    h: dict[str, Any] = {"t": "m", "g": group, "k": list(key)}
+    if sig is not None:
+        h["o"] = sig
+    return h
+
+
+def arrive(router: Router, src: int, header: dict[str, Any], data: bytes) -> memoryview | None:
+    """Feed one frame as a connection would: route at header time, write into the sink, complete."""
+    m = router.route(src, header, len(data))
+    target = m.sink
+    if target is None:
+        target = memoryview(bytearray(data))
+    else:
+        target[:] = data
+    router.complete(m, target if data else None)
+    return m.sink
+
+
+def test_receive_posted_first_gets_the_payload_in_place() -> None:
+    router = Router()
+    buf = bytearray(4)
+    out = memoryview(buf)
+    r, s = keyed(1, (0, "a"), out)
+    router.post_keyed(r)
+    sink = arrive(router, 1, msg((0, "a")), b"abcd")
+    assert sink is out  # the connection is told to write straight into the caller's buffer
+    assert buf == b"abcd"
+    assert isinstance(s.results[0], Delivery) and s.results[0].src == 1
+
+
+def test_early_arrival_is_buffered_until_its_receive() -> None:
+    router = Router()
+    assert arrive(router, 2, msg((5, 1)), b"xy") is None
+    out = memoryview(bytearray(2))
+    r, s = keyed(2, (5, 1), out)
+    router.post_keyed(r)
+    assert bytes(out) == b"xy" and len(s.results) == 1
+
+
+def test_keys_groups_and_sources_are_separate() -> None:
+    router = Router()
+    outs = {k: memoryview(bytearray(1)) for k in ("a", "b", "c")}
+    ra, sa = keyed(1, (0,), outs["a"], group=0)
+    rb, sb = keyed(1, (0,), outs["b"], group=1)
+    rc, sc = keyed(2, (0,), outs["c"], group=0)
+    for r in (ra, rb, rc):
+        router.post_keyed(r)
+    arrive(router, 2, msg((0,), group=0), b"C")
+    arrive(router, 1, msg((0,), group=1), b"B")
+    arrive(router, 1, msg((0,), group=0), b"A")
+    assert [bytes(outs[k]) for k in "abc"] == [b"A", b"B", b"C"]
+
+
+@pytest.mark.parametrize("receive_first", [True, False])
+def test_size_mismatch_fails_without_writing(receive_first: bool) -> None:
+    router = Router()
+    buf = bytearray(b"....")
+    r, s = keyed(1, (0,), memoryview(buf))
+    if receive_first:
+        router.post_keyed(r)
+        assert arrive(router, 1, msg((0,)), b"123456") is None
+    else:
+        arrive(router, 1, msg((0,)), b"123456")
+        router.post_keyed(r)
+    assert isinstance(s.results[0], CollectiveMismatchError) and "6 bytes" in str(s.results[0])
+    assert buf == b"...."
+
+
+def test_another_call_at_the_same_seq_is_a_mismatch_either_order() -> None:
+    router = Router()
+    r, s = keyed(1, (3, "rd", 0), memoryview(bytearray(1)), sig="all_reduce")
+    router.post_keyed(r)
+    arrive(router, 1, msg((3, "bcast", 0), sig="broadcast"), b"z")  # other key, same seq
+    assert isinstance(s.results[0], CollectiveMismatchError)
+
+    router2 = Router()
+    arrive(router2, 1, msg((3, "bcast", 0), sig="broadcast"), b"z")
+    r2, s2 = keyed(1, (3, "rd", 0), memoryview(bytearray(1)), sig="all_reduce")
+    router2.post_keyed(r2)
+    assert isinstance(s2.results[0], CollectiveMismatchError)
+
+
+def test_cancelled_receive_drops_its_late_message() -> None:
+    router = Router()
+    r, s = keyed(1, (0,), memoryview(bytearray(1)))
+    router.post_keyed(r)
+    router.cancel(r)
+    arrive(router, 1, msg((0,)), b"x")
+    r2, s2 = keyed(1, (0,), memoryview(bytearray(1)))
+    router.post_keyed(r2)
+    assert s.results == [] and s2.results == []  # neither got the abandoned message
+    assert router.pending() == [r2]
+
+
+def test_failed_source_fails_waiters_but_delivers_what_arrived() -> None:
+    router = Router()
+    arrive(router, 1, msg((0,)), b"k")
+    waiting, sw = keyed(1, (1,), memoryview(bytearray(1)))
+    router.post_keyed(waiting)
+    router.fail_source(1, lambda r: PeerFailureError("gone", rank=1))
+    assert isinstance(sw.results[0], PeerFailureError)
+    buffered, sb = keyed(1, (0,), memoryview(bytearray(1)))
+    router.post_keyed(buffered)
+    assert isinstance(sb.results[0], Delivery)
+    later, sl = keyed(1, (2,), memoryview(bytearray(1)))
+    router.post_keyed(later)
+    assert isinstance(sl.results[0], PeerFailureError)
+
+
+def test_failed_group_fails_receives_from_every_source() -> None:
+    router = Router()
+    r, s = keyed(3, (0,), memoryview(bytearray(1)), group=7)
+    other, so = keyed(3, (0,), memoryview(bytearray(1)), group=8)
+    router.post_keyed(r)
+    router.post_keyed(other)
+    router.fail_group(7, lambda r: PeerFailureError("rank 2 died", rank=2))
+    assert isinstance(s.results[0], PeerFailureError) and so.results == []
+
+
+def p2p(src: int | None, tag: int, out: memoryview | None, group: Any = 0) -> tuple[Receive, Sink]:
+    s = Sink()
+    return Receive(group=group, src=src, out=out, on_done=s, tag=tag), s
+
+
+def pmsg(tag: int, n: int, group: Any = 0) -> dict[str, Any]:
+    return {"t": "p", "g": group, "tag": tag, "n": n}
+
+
+def test_p2p_reorders_by_sender_number_and_matches_in_posting_order() -> None:
+    router = Router()
+    outs = [memoryview(bytearray(1)) for _ in range(3)]
+    sinks = []
+    for o in outs:
+        r, s = p2p(1, 0, o)
+        router.post_p2p(r)
+        sinks.append(s)
+    # the sender's tasks ran out of order: numbers 2, 0, 1 arrive
+    arrive(router, 1, pmsg(0, 2), b"c")
+    arrive(router, 1, pmsg(0, 0), b"a")
+    arrive(router, 1, pmsg(0, 1), b"b")
+    assert [bytes(o) for o in outs] == [b"a", b"b", b"c"]
+
+
+def test_any_source_takes_the_first_arrival_and_names_its_sender() -> None:
+    router = Router()
+    arrive(router, 3, pmsg(5, 0), b"3")
+    arrive(router, 1, pmsg(5, 0), b"1")
+    arrive(router, 1, pmsg(6, 0), b"T")  # another tag is not taken
+    got = []
+    for _ in range(2):
+        r, s = p2p(None, 5, memoryview(bytearray(1)))
+        router.post_p2p(r)
+        d = s.results[0]
+        assert isinstance(d, Delivery)
+        got.append((d.src, bytes(d.payload or b"")))
+    assert got == [(3, b"3"), (1, b"1")]
+    r, s = p2p(None, 5, memoryview(bytearray(1)))
+    router.post_p2p(r)
+    assert s.results == []
+
+
+def test_specific_source_receive_skips_other_sources() -> None:
+    router = Router()
+    any_r, sa = p2p(None, 0, memoryview(bytearray(1)))
+    from2, s2 = p2p(2, 0, memoryview(bytearray(1)))
+    router.post_p2p(from2)
+    router.post_p2p(any_r)
+    arrive(router, 1, pmsg(0, 0), b"1")
+    assert s2.results == [] and isinstance(sa.results[0], Delivery) and sa.results[0].src == 1
+    arrive(router, 2, pmsg(0, 0), b"2")
+    assert isinstance(s2.results[0], Delivery) and s2.results[0].src == 2
+
+
+# ---------------------------------------------------------------------- properties
+
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_any_interleaving_of_posts_and_arrivals_delivers_each_message_once(data: st.DataObject) -> None:
+    """Keyed messages: whatever the order of receives and (header, payload) events, each receive gets its message."""
+    n = data.draw(st.integers(1, 12))
+    slots = [(data.draw(st.integers(0, 2)), data.draw(st.integers(0, 3)), i) for i in range(n)]  # (group, src, key)
+    events = [("post", i) for i in range(n)] + [("head", i) for i in range(n)] + [("done", i) for i in range(n)]
+    order = list(data.draw(st.permutations(events)))
+    for i in range(n):  # a frame's payload completes after its header arrived
+        h, d = order.index(("head", i)), order.index(("done", i))
+        if d < h:
+            order[h], order[d] = order[d], order[h]
+    router = Router()
+    outs = [bytearray(3) for _ in range(n)]
+    sinks = [Sink() for _ in range(n)]
+    matches: dict[int, Any] = {}
+    for kind, i in order:
+        g, src, key = slots[i]
+        if kind == "post":
+            r, _ = keyed(src, (g, key), memoryview(outs[i]), group=g, sig=f"op{g}")
+            r.on_done = sinks[i]
+            router.post_keyed(r)
+        elif kind == "head":
+            matches[i] = router.route(src, msg((g, key), group=g, sig=f"op{g}"), 3)
+        else:
+            m = matches.pop(i)
+            target = m.sink if m.sink is not None else memoryview(bytearray(3))
+            target[:] = bytes([i, i, i])
+            router.complete(m, target)
+    for i in range(n):
+        assert len(sinks[i].results) == 1 and isinstance(sinks[i].results[0], Delivery)
+        assert outs[i] == bytes([i, i, i])
+    assert router.pending() == []
+    assert not router._posted_sigs and not router._arrived_sigs  # the mismatch index does not leak
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_p2p_keeps_per_source_order_whatever_the_sending_order(data: st.DataObject) -> None:
+    sources = data.draw(st.integers(1, 3))
+    per_src = data.draw(st.integers(1, 5))
+    # each source's messages leave in a random order of their numbers (its tasks raced)
+    streams = {s: data.draw(st.permutations(range(per_src))) for s in range(sources)}
+    frames = [(s, k) for s in range(sources) for k in streams[s]]
+    # sources interleave arbitrarily, but each source's frames stay in its stream order
+    interleaved: list[tuple[int, int]] = []
+    cursors = {s: 0 for s in range(sources)}
+    while len(interleaved) < len(frames):
+        s = data.draw(st.sampled_from([s for s in range(sources) if cursors[s] < per_src]))
+        interleaved.append((s, streams[s][cursors[s]]))
+        cursors[s] += 1
+    router = Router()
+    specific = data.draw(st.booleans())
+    got: list[tuple[int, int]] = []
+    posted_before = data.draw(st.integers(0, len(frames)))
+    receives = []
+
+    def post() -> None:
+        src = len(receives) % sources if specific else None
+        sink = Sink()
+        router.post_p2p(Receive(group=0, src=src, out=memoryview(bytearray(1)), on_done=sink, tag=0))
+        receives.append(sink)
+
+    for _ in range(posted_before):
+        post()
+    for s, k in interleaved:
+        arrive(router, s, pmsg(0, k), bytes([k]))
+    while len(receives) < len(frames):
+        post()
+    for sink in receives:
+        d = sink.results[0]
+        assert isinstance(d, Delivery)
+        got.append((d.src, d.header["n"]))
+    for s in range(sources):
+        assert [k for src, k in got if src == s] == list(range(per_src))
+
+
+def test_a_vetoed_p2p_message_does_not_hold_up_the_ones_after_it() -> None:
+    router = Router()
+    small, s_small = p2p(1, 0, memoryview(bytearray(1)))
+    router.post_p2p(small)
+    arrive(router, 1, pmsg(0, 1), b"B")  # number 1 overtook number 0
+    arrive(router, 1, pmsg(0, 0), b"AA")  # number 0 does not fit the posted receive
+    assert isinstance(s_small.results[0], CollectiveMismatchError)
+    nxt, s_next = p2p(1, 0, memoryview(bytearray(1)))
+    router.post_p2p(nxt)
+    d = s_next.results[0]
+    assert isinstance(d, Delivery) and d.header["n"] == 1

@@ -1,0 +1,164 @@
+"""The peer transport over real TCP: lazy connections, one per pair, hello checks, failures."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiodist.comm import GroupComm, OpChannel, Transport
+from aiodist.errors import PeerFailureError, PeerRefusedError
+from aiodist.store import MemoryStore
+
+
+async def start(n: int, store: Any, *, job: str = "job", ranks: range | None = None, timeout: float = 5.0) -> list[Transport]:
+    return [
+        await Transport.start(rank=r, world_size=n, job_id=job, store=store, key_prefix="t/", timeout=timeout)
+        for r in (ranks if ranks is not None else range(n))
+    ]
+
+
+@pytest.fixture
+async def closing() -> AsyncIterator[list[Transport]]:
+    made: list[Transport] = []
+    yield made
+    for t in made:
+        await t.close()
+
+
+def channel(t: Transport, n: int, seq: int = 0, gid: int = 0) -> OpChannel:
+    t.register_group(gid, tuple(range(n)))
+    return OpChannel(GroupComm(t, gid, tuple(range(n)), name="test"), op="test", seq=seq, sig="test")
+
+
+async def test_connections_are_lazy_only_where_messages_flow(closing: list[Transport]) -> None:
+    n = 6
+    ts = await start(n, MemoryStore())
+    closing.extend(ts)
+    chans = [channel(t, n) for t in ts]
+
+    async def ring(r: int) -> int:
+        out = np.empty(1, np.int64)
+        await asyncio.gather(
+            chans[r].send((r + 1) % n, ("ring",), np.array([r], np.int64)),
+            chans[r].recv_into((r - 1) % n, ("ring",), memoryview(out).cast("B")),
+        )
+        return int(out[0])
+
+    assert await asyncio.gather(*(ring(r) for r in range(n))) == [(r - 1) % n for r in range(n)]
+    for r, t in enumerate(ts):
+        assert t.connected_peers() == sorted({(r - 1) % n, (r + 1) % n})  # not a full mesh
+
+
+async def test_simultaneous_dials_leave_exactly_one_connection_per_pair(closing: list[Transport]) -> None:
+    for attempt in range(5):
+        ts = await start(2, MemoryStore(), job=f"j{attempt}")
+        closing.extend(ts)
+        a, b = (channel(t, 2) for t in ts)
+        bufs = [np.empty(8, np.uint8) for _ in range(2)]
+        await asyncio.gather(
+            a.send(1, ("x",), np.full(8, 1, np.uint8)),
+            b.send(0, ("x",), np.full(8, 2, np.uint8)),
+            a.recv_into(1, ("x",), memoryview(bufs[0])),
+            b.recv_into(0, ("x",), memoryview(bufs[1])),
+        )
+        assert bufs[0].tolist() == [2] * 8 and bufs[1].tolist() == [1] * 8
+        conn_a, conn_b = ts[0]._peers[1].conn, ts[1]._peers[0].conn
+        assert conn_a is not None and conn_b is not None
+        # the same TCP connection seen from both ends: each end's peer is the other's local address
+        sock_a = conn_a._transport.get_extra_info("sockname")  # type: ignore[attr-defined]
+        sock_b = conn_b._transport.get_extra_info("sockname")  # type: ignore[attr-defined]
+        assert conn_a.peer == f"{sock_b[0]}:{sock_b[1]}" and conn_b.peer == f"{sock_a[0]}:{sock_a[1]}"
+
+
+async def test_a_connection_of_another_job_is_refused(closing: list[Transport]) -> None:
+    store = MemoryStore()
+    (current,) = await start(2, store, job="job-2", ranks=range(0, 1))
+    (stale,) = await start(2, store, job="job-1", ranks=range(1, 2))
+    closing.extend([current, stale])
+    ch = channel(stale, 2)
+    with pytest.raises(PeerRefusedError) as ei:
+        await ch.send(0, ("x",), b"hi")
+    assert ei.value.rank == 0 and "wrong job" in ei.value.reason and "job-1" in ei.value.reason
+    assert current.connected_peers() == []
+
+
+async def test_payload_of_a_posted_receive_lands_in_the_callers_buffer(closing: list[Transport]) -> None:
+    ts = await start(2, MemoryStore())
+    closing.extend(ts)
+    a, b = (channel(t, 2) for t in ts)
+    await a.send(1, ("warm",), b"")  # connect first
+    await b.recv_into(0, ("warm",), memoryview(bytearray()))
+    sinks: list[Any] = []
+    router = ts[1].router
+    original = router.route
+
+    def spy(src: int, header: dict[str, Any], nbytes: int) -> Any:
+        m = original(src, header, nbytes)
+        sinks.append(m.sink)
+        return m
+
+    router.route = spy  # type: ignore[method-assign]
+    out = np.zeros(100_000, np.float64)
+    view = memoryview(out).cast("B")
+    recv = asyncio.ensure_future(b.recv_into(0, ("big",), view))
+    await asyncio.sleep(0.01)  # the receive is posted before the message comes
+    await a.send(1, ("big",), np.arange(100_000, dtype=np.float64))
+    await recv
+    assert sinks and sinks[-1] is view  # zero copy: the connection wrote into our buffer
+    assert (out == np.arange(100_000)).all()
+
+
+async def test_early_messages_wait_for_their_receive(closing: list[Transport]) -> None:
+    ts = await start(2, MemoryStore())
+    closing.extend(ts)
+    a, b = (channel(t, 2) for t in ts)
+    for i in range(5):
+        await a.send(1, ("early", i), np.array([i], np.int32))
+    await asyncio.sleep(0.02)
+    got = []
+    for i in reversed(range(5)):
+        out = np.empty(1, np.int32)
+        await b.recv_into(0, ("early", i), memoryview(out).cast("B"))
+        got.append(int(out[0]))
+    assert got == [4, 3, 2, 1, 0]
+
+
+async def test_a_broken_connection_fails_pending_and_later_operations(closing: list[Transport]) -> None:
+    ts = await start(3, MemoryStore())
+    closing.extend(ts)
+    chans = [channel(t, 3) for t in ts]
+    # 0 <-> 1 and 0 <-> 2 connected; 1 has never talked to 2
+    for peer in (1, 2):
+        await chans[0].send(peer, ("hi",), b"")
+        await chans[peer].recv_into(0, ("hi",), memoryview(bytearray()))
+    pending_0 = asyncio.ensure_future(chans[0].recv_into(2, ("never",), memoryview(bytearray(1))))
+    pending_1 = asyncio.ensure_future(chans[1].recv_into(0, ("never",), memoryview(bytearray(1))))
+    await asyncio.sleep(0.01)
+    ts[2].abort()  # rank 2 crashes
+    async with asyncio.timeout(3):
+        with pytest.raises(PeerFailureError) as e0:
+            await pending_0
+        with pytest.raises(PeerFailureError) as e1:
+            await pending_1  # waits on rank 0, but the group contains the dead rank 2: told by rank 0
+    assert e0.value.rank == 2 and e0.value.how == "connection lost"
+    assert e1.value.rank == 2 and "reported by rank 0" in (e1.value.how or "")
+    with pytest.raises(PeerFailureError):
+        await chans[0].send(2, ("later",), b"x")
+    with pytest.raises(PeerFailureError):
+        await chans[1].recv_into(0, ("later",), memoryview(bytearray(1)))
+
+
+async def test_a_connection_with_another_world_size_or_rank_is_refused(closing: list[Transport]) -> None:
+    store = MemoryStore()
+    (listener,) = await start(2, store, ranks=range(0, 1))
+    closing.append(listener)
+    (odd,) = await start(3, store, ranks=range(2, 3))  # rank 2 of a 3-rank world
+    closing.append(odd)
+    ch = channel(odd, 3)
+    with pytest.raises(PeerRefusedError) as ei:
+        await ch.send(0, ("x",), b"hi")
+    assert "world size 3" in ei.value.reason

@@ -1,0 +1,198 @@
+"""Rendezvous: env://, tcp://, store=, and the errors of bad setups (real TCP)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import free_port, rank_context, rank_env, run_ranks
+
+import aiodist.api as dist
+from aiodist.errors import GroupError, RendezvousError, RendezvousTimeoutError
+from aiodist.store.client import TCPStore
+from aiodist.store.server import StoreServer
+
+
+async def test_env_rendezvous_sets_rank_world_and_a_usable_store() -> None:
+    async def rank(r: int) -> Any:
+        pg = await dist.init_process_group("env://", timeout=10)
+        try:
+            assert dist.get_rank() == r == pg.rank and dist.get_world_size() == 3 == pg.size
+            assert pg.local_rank == r and pg.local_world_size == 3
+            assert dist.is_initialized()
+            await pg.store.set(f"user/{r}", f"hello {r}")
+            other = await pg.store.get(f"user/{(r + 1) % 3}", timeout=5)
+            await pg.barrier()
+            return other, pg.job_id
+        finally:
+            await dist.destroy_process_group()
+        assert not dist.is_initialized()
+
+    res = await run_ranks(3, rank)
+    assert [o for o, _ in res] == [b"hello 1", b"hello 2", b"hello 0"]
+    assert len({j for _, j in res}) == 1  # one job id for all
+
+
+async def test_tcp_rendezvous_and_backend_name_alias() -> None:
+    port = free_port()
+
+    async def rank(r: int) -> Any:
+        if r == 0:
+            pg = await dist.init_process_group(f"tcp://127.0.0.1:{port}", rank=0, world_size=2, timeout=10)
+        else:
+            pg = await dist.init_process_group("gloo", timeout=10)  # torch-style backend name: env://
+        try:
+            return (await pg.all_reduce(np.array([r + 1]))).tolist()
+        finally:
+            await dist.destroy_process_group()
+
+    assert await run_ranks(2, rank, port=port) == [[3], [3]]
+
+
+async def test_given_store_and_reinitialization_on_the_same_store() -> None:
+    async with await StoreServer.start(host="127.0.0.1", port=0) as server:
+
+        async def rank(r: int) -> Any:
+            store = await TCPStore.connect("127.0.0.1", server.port, timeout=10)
+            try:
+                jobs = []
+                for round_ in range(2):
+                    pg = await dist.init_process_group(store=store, rank=r, world_size=3, timeout=10)
+                    with pytest.raises(GroupError, match="already initialized"):
+                        await dist.init_process_group(store=store, rank=r, world_size=3)
+                    x = await pg.all_reduce(np.array([round_ + 1]))
+                    jobs.append((pg.job_id, int(x[0])))
+                    await dist.destroy_process_group()
+                return jobs
+            finally:
+                await store.close()
+
+        res = await run_ranks(3, rank)
+    assert [v for _, v in res[0]] == [3, 6]
+    assert res[0][0][0] != res[0][1][0]  # a new job id per round
+    assert all(r == res[0] for r in res)
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"MASTER_ADDR": ""}, "MASTER_ADDR"),
+        ({"RANK": ""}, "RANK is not set"),
+        ({"WORLD_SIZE": "two"}, "not an integer"),
+        ({"RANK": "4"}, "out of range"),
+    ],
+)
+async def test_bad_environment_is_a_clear_error(env: dict[str, str], match: str) -> None:
+    ctx = rank_context(rank_env(0, 2, free_port(), env))
+    task = asyncio.get_running_loop().create_task(dist.init_process_group(timeout=2), context=ctx)
+    with pytest.raises(RendezvousError, match=match):
+        await task
+
+
+async def test_unsupported_init_method() -> None:
+    async def rank(r: int) -> None:
+        with pytest.raises(RendezvousError, match="unsupported"):
+            await dist.init_process_group("file:///tmp/x", rank=0, world_size=1)
+
+    await run_ranks(1, rank)
+
+
+async def _with_store(n: int, fn: Any, **kw: Any) -> list[Any]:
+    async with await StoreServer.start(host="127.0.0.1", port=0) as server:
+
+        async def rank(r: int) -> Any:
+            store = await TCPStore.connect("127.0.0.1", server.port, timeout=10)
+            try:
+                return await fn(r, store)
+            finally:
+                await store.close()
+
+        return await run_ranks(n, rank, **kw)
+
+
+async def _init_or_error(store: Any, rank: int, world_size: int, timeout: float = 3.0) -> Any:
+    try:
+        await dist.init_process_group(store=store, rank=rank, world_size=world_size, timeout=timeout)
+    except RendezvousError as e:
+        return e
+    try:
+        return "ok"
+    finally:
+        await dist.destroy_process_group()
+
+
+async def test_world_size_disagreement() -> None:
+    res = await _with_store(2, lambda r, s: _init_or_error(s, r, 2 if r == 0 else 3, timeout=1.0))
+    errors = [e for e in res if isinstance(e, RendezvousError)]
+    assert errors and any("disagreement" in str(e) for e in errors), res
+
+
+async def test_duplicate_rank_is_refused() -> None:
+    async def fn(r: int, store: Any) -> Any:
+        if r == 1:
+            await asyncio.sleep(0.1)
+        return await _init_or_error(store, 0, 2, timeout=1.0)  # both claim rank 0
+
+    res = await _with_store(2, fn)
+    assert isinstance(res[1], RendezvousError) and "twice" in str(res[1]), res
+
+
+async def test_rendezvous_timeout_names_the_missing_ranks() -> None:
+    async def fn(r: int, store: Any) -> Any:
+        return await _init_or_error(store, r, 3, timeout=0.5)  # rank 2 never comes
+
+    res = await _with_store(2, fn)
+    for e in res:
+        assert isinstance(e, RendezvousTimeoutError) and isinstance(e, TimeoutError)
+        assert e.missing == [2]
+        assert "[2]" in str(e)
+
+
+async def test_unreachable_master_times_out() -> None:
+    ctx = rank_context(rank_env(1, 2, free_port()))
+    task = asyncio.get_running_loop().create_task(dist.init_process_group(timeout=0.5), context=ctx)
+    with pytest.raises(RendezvousError, match="could not reach the store"):
+        await task
+
+
+async def test_in_process_memory_store() -> None:
+    from aiodist.store import MemoryStore
+
+    store = MemoryStore()
+
+    async def rank(r: int) -> Any:
+        pg = await dist.init_process_group(store=store, rank=r, world_size=4, timeout=10)
+        try:
+            assert pg.store is store
+            return int((await pg.all_reduce(np.array([r], np.int64)))[0])
+        finally:
+            await dist.destroy_process_group()
+
+    assert await run_ranks(4, rank) == [6] * 4
+
+
+async def test_survivors_and_a_restarted_rank_rendezvous_again_after_a_crash() -> None:
+    from aiodist.errors import PeerFailureError
+
+    async def fn(r: int, store: Any) -> Any:
+        pg = await dist.init_process_group(store=store, rank=r, world_size=3, timeout=10)
+        await pg.all_reduce(np.ones(2))
+        first_job = pg.job_id
+        if r == 2:
+            pg.transport.abort()  # crash...
+            await dist.destroy_process_group()  # ...and come back as a new process would
+        else:
+            with pytest.raises(PeerFailureError) as ei:
+                await pg.all_reduce(np.ones(2))
+            assert ei.value.rank == 2
+            await dist.destroy_process_group()  # abort the broken group
+        pg = await dist.init_process_group(store=store, rank=r, world_size=3, timeout=10)
+        try:
+            assert pg.job_id != first_job
+            return int((await pg.all_reduce(np.array([r + 1])))[0])
+        finally:
+            await dist.destroy_process_group()
+
+    assert await _with_store(3, fn) == [6, 6, 6]
