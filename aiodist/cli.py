@@ -1,4 +1,4 @@
-"""The ``aiodist`` command: ``aiodist run``, ``aiodist store serve``, ``aiodist trace``."""
+"""The ``aiodist`` command: ``aiodist run``, ``aiodist store serve``, ``aiodist trace``, ``aiodist sim``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_run(sub)
     add_store(sub)
     add_trace(sub)
+    sim_parser = sub.add_parser("sim", help="the simulator: same as python -m sim (e.g. aiodist sim run -n 8 prog.py)",
+                                add_help=False)
+    sim_parser.add_argument("argv", nargs=argparse.REMAINDER)
+    sim_parser.set_defaults(func=_sim)
     return parser
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from sim.cli import main as sim_main
+
+    return int(sim_main(args.argv) or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
