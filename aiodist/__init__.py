@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .api import (
+    abort,
     all_gather,
     all_gather_into_tensor,
     all_gather_object,
@@ -42,7 +43,9 @@ from .api import (
     send,
 )
 from .collectives.ops import ReduceOp
+from .elastic import ElasticRendezvous, ElasticRound
 from .errors import (
+    AbortedError,
     AiodistError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
@@ -88,6 +91,10 @@ def spawn(fn: Any, world_size: int, args: tuple[Any, ...] = (), **kwargs: Any) -
 
 
 __all__ = [
+    "AbortedError",
+    "ElasticRendezvous",
+    "ElasticRound",
+    "abort",
     "AiodistError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",

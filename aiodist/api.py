@@ -70,11 +70,19 @@ async def init_process_group(
     store: Any = None,
     timeout: float = 300.0,
     backend: str | None = None,
+    heartbeat_interval: float | None = None,
+    heartbeat_misses: int | None = None,
 ) -> ProcessGroup:
     """Rendezvous (see :mod:`aiodist.rendezvous`) and make the world group this rank's default.
 
     ``timeout`` bounds the rendezvous and is the default timeout of every
-    operation of the group. ``backend`` is accepted for torch compatibility
+    operation of the group. ``heartbeat_interval`` (seconds, 0: off) and
+    ``heartbeat_misses`` set the detection of hung peers (default 0.5 s x 6:
+    a peer silent for 3 s is declared failed; see
+    :data:`aiodist.comm.transport.HEARTBEAT_INTERVAL`; the environment
+    variables ``AIODIST_HEARTBEAT_INTERVAL``/``_MISSES``/``_TIMEOUT`` set them
+    too). A rank that blocks its event loop longer than that (a long
+    computation that never awaits) looks hung to its peers: raise them. ``backend`` is accepted for torch compatibility
     and ignored (so is a backend name such as ``"gloo"`` in place of
     ``init_method``). Raises GroupError if this rank already has a default group.
     """
@@ -84,6 +92,8 @@ async def init_process_group(
     transports: list[Transport] = []
 
     async def publish(info: Rendezvous) -> None:
+        while transports:  # a rendezvous that started over (its store went away): drop the old one
+            await transports.pop().close()
         transports.append(
             await Transport.start(
                 rank=info.rank,
@@ -94,6 +104,7 @@ async def init_process_group(
                 timeout=timeout,
             )
         )
+        transports[-1].configure_heartbeat(heartbeat_interval, heartbeat_misses)
 
     try:
         rdzv = await rendezvous(
@@ -103,7 +114,7 @@ async def init_process_group(
         for t in transports:
             await t.close()
         raise
-    transport = transports[0]
+    transport = transports[-1]
     ranks = tuple(range(rdzv.world_size))
     transport.register_group(WORLD_GROUP_ID, ranks)
     pg = ProcessGroup(transport, WORLD_GROUP_ID, ranks, store=rdzv.store, timeout=timeout, name="world")
@@ -112,7 +123,8 @@ async def init_process_group(
     pg.job_id = rdzv.job_id
 
     async def teardown() -> None:
-        broken = bool(transport.failed_peers())  # before close(): then every peer looks gone
+        # before close(): then every peer looks gone; an aborted transport waits for nobody either
+        broken = bool(transport.failed_peers()) or transport.closed
         await transport.close()
         if rdzv.server is not None:
             # Keep the store up for the others until they leave too, unless the job is broken
@@ -159,6 +171,41 @@ async def destroy_process_group(group: ProcessGroup | None = None) -> None:
         set_default_group(None)
         return
     await _group(group).destroy()
+    reg = _registry()
+    if group in reg:
+        reg.remove(group)
+
+
+async def abort(group: ProcessGroup | None = None) -> None:
+    """Fail every pending operation at once and tear the group down, without waiting for anyone.
+
+    With None (or the default group): every group of this rank is aborted;
+    its connections are dropped at once (the peers see this rank fail, as if
+    it had crashed, and their own operations raise PeerFailureError naming
+    it), the store server it hosts (rank 0 with ``env://``) is closed without
+    waiting for the others. Pending and later operations raise
+    :class:`~aiodist.errors.AbortedError`. The process lives on: a new
+    ``init_process_group`` (a new rendezvous round, e.g. of the survivors,
+    possibly with replacements, on a store that outlives the old job) builds
+    a new world. Aborting a subgroup only ends that group on this rank.
+    Idempotent; a no-op when this rank has no default group.
+    """
+    world = get_default_group()
+    if group is None or group is world:
+        if world is None:
+            return
+        groups = list(_registry())
+        for g in groups:
+            g._aborted = True
+        world.transport.abort()
+        for g in reversed(groups):
+            if g is not world:
+                await g.abort()
+        await world.abort()
+        _registry().clear()
+        set_default_group(None)
+        return
+    await _group(group).abort()
     reg = _registry()
     if group in reg:
         reg.remove(group)

@@ -285,3 +285,7 @@ class InvalidRankError(GroupError, ValueError):
         self.rank = rank
         self.size = size
         self.argument = argument
+
+
+class AbortedError(GroupError):
+    """The operation's process group was aborted (``aiodist.abort``) while it ran, or before it started."""

@@ -31,6 +31,7 @@ from .collectives.buffers import as_flat
 from .collectives.ops import ReduceOp, check_op_dtype
 from .comm import GroupComm, OpChannel, Transport
 from .errors import (
+    AbortedError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
     GroupError,
@@ -44,6 +45,26 @@ T = TypeVar("T")
 U = TypeVar("U")
 
 WORLD_GROUP_ID = 0
+
+MISMATCH_CHECK_AFTER = 0.3
+"""Seconds a collective may wait before its fingerprint is compared with the other ranks' (0: never).
+
+Every frame of a collective carries its fingerprint (operation, dtype,
+element count, root), and a receive that gets a frame of another call fails
+at once: most mismatches are caught that way, for free. Some are not (two
+calls whose frames never cross, e.g. ranks waiting on each other in opposite
+directions). So a collective still running after this long appends its
+fingerprint to a key of the store (``fp/<group>/<seq>``) and reads the
+others'; any disagreement (or a member that already found one) fails it with
+CollectiveMismatchError listing what each rank called (a rank whose part of
+the call completed without noticing, e.g. a broadcast root, learns it at its
+next collective: the first rank to find a mismatch records it in
+``fp/<group>/bad``, and the group is unusable from then on). Fast collectives
+never get there: one watchdog task per group looks at the running ones every
+half of this time; an operation only records its start (a dict entry).
+"""
+MISMATCH_RECHECK = 0.3
+HELPERS_GRACE = 1.0
 
 
 class Work(Generic[T]):
@@ -184,6 +205,13 @@ class ProcessGroup:
         self.job_id: str | None = None
         self.local_rank: int | None = None
         self.local_world_size: int | None = None
+        self.mismatch_check_after = MISMATCH_CHECK_AFTER
+        self._aborted = False
+        self._mismatch: CollectiveMismatchError | None = None  # the first mismatch: the group is unusable since
+        self._mismatch_told: set[int] = set()
+        self._helpers: dict[asyncio.Future[Any], None] = {}
+        self._running: dict[int, _FingerprintCheck] = {}  # collectives in flight, by seq (mismatch checks)
+        self._watchdog: asyncio.Task[None] | None = None
         # Set by the rendezvous for the world group: what destroy() must close.
         self._on_destroy: list[Callable[[], Awaitable[None]]] = []
 
@@ -226,6 +254,8 @@ class ProcessGroup:
     # ------------------------------------------------------------------ running operations
 
     def _check_usable(self, op: str) -> None:
+        if self._aborted:
+            raise AbortedError(f"{op} on {self.name}: the process group was aborted")
         if self._destroyed:
             raise GroupError(f"{op} on {self.name}: the process group was destroyed")
         if not self.is_member:
@@ -264,6 +294,8 @@ class ProcessGroup:
         try:
             return await coro
         except asyncio.CancelledError:
+            if self._aborted:
+                raise AbortedError(f"{op} on {self.name} failed: the process group was aborted") from None
             if self._destroyed:  # awaiters get an error, not a cancellation of their own task
                 raise GroupError(f"{op} on {self.name} was cancelled: the process group was destroyed") from None
             raise
@@ -292,12 +324,38 @@ class ProcessGroup:
         failure = self._transport.group_failure(self.group_id)
         if failure is not None:
             raise self._comm.localize(self._transport.peer_error(failure.global_rank or 0), op=op, seq=seq)
+        if self._mismatch is not None:
+            raise CollectiveMismatchError(
+                f"{op} (seq {seq}) of {self.name}: the group is unusable after a collective mismatch "
+                f"at seq {self._mismatch.seq}: {self._mismatch}",
+                calls=self._mismatch.calls,
+                seq=seq,
+            )
         with waiting_in(op, seq=seq, group=self.name) as entry:
             ch = OpChannel(self._comm, op=op, seq=seq, sig=sig, entry=entry)
             cm = asyncio.timeout(timeout)
+            check = None
+            if self.mismatch_check_after and self.size > 1:
+                check = self._running[seq] = _FingerprintCheck(self, op, seq, sig)
+                if self._watchdog is None:
+                    self._watchdog = asyncio.get_running_loop().create_task(self._fingerprint_watchdog())
             try:
                 async with cm:
-                    return await body(ch, seq)
+                    result = await body(ch, seq)
+                if self._transport.router._arrived_sigs:
+                    self._check_leftovers(op, seq, sig)
+                return result
+            except asyncio.CancelledError:
+                if check is not None and check.found is not None and not self._destroyed:
+                    task = asyncio.current_task()
+                    if task is not None:
+                        task.uncancel()  # the cancellation was the checker's, not a caller's
+                    self._note_mismatch(check.found, seq, reported=False)
+                    raise check.found from None
+                raise
+            except CollectiveMismatchError as e:
+                self._note_mismatch(e, seq, reported=getattr(e, "reported", False))
+                raise
             except TimeoutError:
                 if not cm.expired():
                     raise
@@ -311,6 +369,73 @@ class ProcessGroup:
                     waiting_for=waiting,
                     timeout=timeout,
                 ) from None
+            finally:
+                if check is not None:
+                    del self._running[seq]
+                    check.stop()
+
+    def _check_leftovers(self, op: str, seq: int, sig: str) -> None:
+        """Frames of this seq that no receive took, from a peer that called something else: a mismatch.
+
+        (A call whose part completes without hearing from the mismatched peers, e.g. a broadcast
+        whose roots differ, would otherwise leave them behind silently.)
+        """
+        arrived = self._transport.router._arrived_sigs
+        for g in self._comm.ranks:
+            entry = arrived.get((self.group_id, seq, g))
+            if entry is not None and entry[0] != sig:
+                peer = self._comm.group_rank(g)
+                raise CollectiveMismatchError(
+                    f"collective mismatch in {self.name} at seq {seq}: rank {self.rank} called {sig!r} "
+                    f"but rank {peer} called {entry[0]!r}",
+                    calls={self.rank: sig, peer: entry[0]},
+                    seq=seq,
+                )
+
+    def _note_mismatch(self, e: CollectiveMismatchError, seq: int, *, reported: bool) -> None:
+        """A collective of this group mismatched: the group is unusable; make sure every member learns it.
+
+        Tells every other member (not only the peers it exchanged frames with):
+        their operation at ``seq`` fails at once instead of waiting for one
+        that will never come, and leaves a mark in the store for members that
+        check their fingerprints later.
+        """
+        first = self._mismatch is None
+        if first:
+            self._mismatch = e
+        if seq in self._mismatch_told:
+            return
+        self._mismatch_told.add(seq)
+        calls = {self._comm.ranks[k]: v for k, v in e.calls.items() if isinstance(k, int) and 0 <= k < self.size}
+        if not reported:
+            header = {"t": "x", "g": self.group_id, "s": seq, "m": str(e), "c": [[int(k), str(v)] for k, v in calls.items()]}
+            for r in self._comm.ranks:
+                if r != self._transport.rank:
+                    self._spawn_quiet(_tell(self._transport, r, header))
+        if self.mismatch_check_after:
+            self._spawn_quiet(_mark_mismatch(self, seq, e.calls))
+
+    async def _fingerprint_watchdog(self) -> None:
+        """While collectives run: start the fingerprint check of those running for mismatch_check_after.
+
+        One task per group (instead of a timer per operation): the fast path only records the start.
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            while self._running and not self._destroyed:
+                after = self.mismatch_check_after or MISMATCH_CHECK_AFTER
+                await asyncio.sleep(after / 2)
+                now = loop.time()
+                for check in list(self._running.values()):
+                    if check.checker is None and now - check.start >= after:
+                        check.begin()
+        finally:
+            self._watchdog = None
+
+    def _spawn_quiet(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._helpers[task] = None
+        task.add_done_callback(lambda t: (self._helpers.pop(t, None), t.cancelled() or t.exception()))
 
     # ------------------------------------------------------------------ collectives
 
@@ -318,7 +443,7 @@ class ProcessGroup:
         """Reduce ``x`` over the group in place; the Work returns ``x``."""
         flat = as_flat(x, "x", writable=True)
         rop = check_op_dtype(op, flat.dtype)
-        sig = f"all_reduce {rop.name} {_dtype_name(flat)}"
+        sig = f"all_reduce {rop.name} {_dtype_name(flat)} n={flat.size}"
 
         async def body(ch: OpChannel, seq: int) -> Any:
             await _driver("all_reduce")(ch, seq, x, rop)
@@ -330,7 +455,7 @@ class ProcessGroup:
         """Copy ``x`` of rank ``src`` into ``x`` of every rank; the Work returns ``x``."""
         root = self._check_peer(src, "src")
         flat = as_flat(x, "x", writable=self.rank != root)
-        sig = f"broadcast src={root} {_dtype_name(flat)}"
+        sig = f"broadcast src={root} {_dtype_name(flat)} n={flat.size}"
 
         async def body(ch: OpChannel, seq: int) -> Any:
             await _driver("broadcast")(ch, seq, x, root)
@@ -343,7 +468,7 @@ class ProcessGroup:
         root = self._check_peer(dst, "dst")
         flat = as_flat(x, "x", writable=self.rank == root)
         rop = check_op_dtype(op, flat.dtype)
-        sig = f"reduce dst={root} {rop.name} {_dtype_name(flat)}"
+        sig = f"reduce dst={root} {rop.name} {_dtype_name(flat)} n={flat.size}"
 
         async def body(ch: OpChannel, seq: int) -> Any:
             await _driver("reduce")(ch, seq, x, root, rop)
@@ -355,7 +480,7 @@ class ProcessGroup:
         """Fill ``out_list[i]`` with rank i's ``x``; returns ``out_list``."""
         flat = as_flat(x, "x", writable=False)
         self._check_list(out_list, "out_list", flat, size=flat.size, writable=True)
-        sig = f"all_gather {_dtype_name(flat)}"
+        sig = f"all_gather {_dtype_name(flat)} n={flat.size}"
 
         async def body(ch: OpChannel, seq: int) -> Any:
             await _driver("all_gather")(ch, seq, out_list, x)
@@ -372,7 +497,7 @@ class ProcessGroup:
             raise InvalidArrayError(
                 f"out has {oflat.size} elements, expected {self.size} x {flat.size}", argument="out", reason="size"
             )
-        sig = f"all_gather_into_tensor {_dtype_name(flat)}"
+        sig = f"all_gather_into_tensor {_dtype_name(flat)} n={flat.size}"
 
         async def body(ch: OpChannel, seq: int) -> Any:
             await _driver("all_gather_into_tensor")(ch, seq, out, x)
@@ -392,7 +517,7 @@ class ProcessGroup:
             self._check_list(gather_list, "gather_list", flat, size=flat.size, writable=True)
         else:
             gather_list = None
-        sig = f"gather dst={root} {_dtype_name(flat)}"
+        sig = f"gather dst={root} {_dtype_name(flat)} n={flat.size}"
 
         async def body(ch: OpChannel, seq: int) -> Any:
             await _driver("gather")(ch, seq, x, gather_list, root)
@@ -412,7 +537,7 @@ class ProcessGroup:
             self._check_list(scatter_list, "scatter_list", flat, size=flat.size, writable=False)
         else:
             scatter_list = None
-        sig = f"scatter src={root} {_dtype_name(flat)}"
+        sig = f"scatter src={root} {_dtype_name(flat)} n={flat.size}"
 
         async def body(ch: OpChannel, seq: int) -> Any:
             await _driver("scatter")(ch, seq, x, scatter_list, root)
@@ -427,7 +552,7 @@ class ProcessGroup:
         oflat = as_flat(out, "out", writable=True)
         rop = check_op_dtype(op, oflat.dtype)
         self._check_list(in_list, "in_list", oflat, size=oflat.size, writable=False)
-        sig = f"reduce_scatter {rop.name} {_dtype_name(oflat)}"
+        sig = f"reduce_scatter {rop.name} {_dtype_name(oflat)} n={oflat.size}"
 
         async def body(ch: OpChannel, seq: int) -> Any:
             await _driver("reduce_scatter")(ch, seq, out, in_list, rop)
@@ -445,7 +570,7 @@ class ProcessGroup:
             raise InvalidArrayError(
                 f"x has {flat.size} elements, expected {self.size} x {oflat.size}", argument="x", reason="size"
             )
-        sig = f"reduce_scatter_tensor {rop.name} {_dtype_name(oflat)}"
+        sig = f"reduce_scatter_tensor {rop.name} {_dtype_name(oflat)} n={oflat.size}"
 
         async def body(ch: OpChannel, seq: int) -> Any:
             await _driver("reduce_scatter_tensor")(ch, seq, out, x, rop)
@@ -611,6 +736,15 @@ class ProcessGroup:
 
     # ------------------------------------------------------------------ teardown
 
+    async def abort(self) -> None:
+        """Fail every operation of this group at once (AbortedError) and destroy it, waiting for nobody.
+
+        Its connections are shared with the job's other groups: :func:`aiodist.abort` of the
+        world drops them all (peers see this rank fail); aborting a subgroup only ends it here.
+        """
+        self._aborted = True
+        await self.destroy()
+
     async def destroy(self) -> None:
         """Cancel and await this group's operations, then release what it owns.
 
@@ -620,7 +754,11 @@ class ProcessGroup:
         if self._destroyed:
             return
         self._destroyed = True
-        tasks = list(self._tasks)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self._helpers and not self._aborted:  # mismatch reports on their way: give them a moment
+            await asyncio.wait(list(self._helpers), timeout=HELPERS_GRACE)
+        tasks = list(self._tasks) + list(self._helpers)
         for t in tasks:
             t.cancel()
         if tasks:
@@ -649,3 +787,103 @@ async def _monitored_barrier(ch: OpChannel, *, wait_all_ranks: bool) -> None:
             tg.create_task(arrive(r))
     for r in range(1, ch.size):
         await ch.send(r, ("out",), b"")
+
+
+def _fingerprint_key(pg: ProcessGroup, seq: int) -> str:
+    return f"{pg.transport.key_prefix}fp/{pg.group_id}/{seq}"
+
+
+class _FingerprintCheck:
+    """Compare a stalled collective's fingerprint with the other members' through the store."""
+
+    __slots__ = ("pg", "op", "seq", "sig", "task", "start", "checker", "found")
+
+    def __init__(self, pg: ProcessGroup, op: str, seq: int, sig: str) -> None:
+        self.pg = pg
+        self.op = op
+        self.seq = seq
+        self.sig = sig
+        self.task = asyncio.current_task()
+        self.start = asyncio.get_running_loop().time()
+        self.found: CollectiveMismatchError | None = None
+        self.checker: asyncio.Task[None] | None = None
+
+    def begin(self) -> None:
+        self.checker = asyncio.get_running_loop().create_task(self._run())
+        self.checker.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def stop(self) -> None:
+        if self.checker is not None and not self.checker.done():
+            self.checker.cancel()
+
+    async def _run(self) -> None:
+        pg = self.pg
+        key = _fingerprint_key(pg, self.seq)
+        try:
+            await pg.store.append(key, f"{pg.rank}={self.sig}\n".encode())
+            bad = _bad_key(pg)
+            earlier = None
+            while True:
+                calls, marked = _parse_fingerprints(bytes(await pg.store.get(key, timeout=pg.timeout)))
+                calls[pg.rank] = self.sig
+                if marked or len(set(calls.values())) > 1:
+                    break
+                if await pg.store.check([bad]):
+                    head, _, rest = bytes(await pg.store.get(bad, timeout=pg.timeout)).partition(b"\n")
+                    earlier = int(head)
+                    if earlier < self.seq:  # we got through a call the others found mismatched
+                        calls = _parse_fingerprints(rest)[0]
+                        break
+                await asyncio.sleep(MISMATCH_RECHECK)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the store is gone: no verdict (a failure of the store host is reported elsewhere)
+            return
+        listing = "; ".join(f"rank {r} called {c!r}" for r, c in sorted(calls.items()))
+        why = "another member found a mismatch; " if marked and len(set(calls.values())) <= 1 else ""
+        if earlier is not None and earlier < self.seq:
+            why = (
+                f"the group is unusable: its members found a mismatch at seq {earlier} "
+                f"(this rank's part of that call completed without noticing) where "
+            )
+        self.found = CollectiveMismatchError(
+            f"collective mismatch in {pg.name} at seq {self.seq}: {why}{listing}",
+            calls=calls,
+            seq=self.seq,
+        )
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+def _parse_fingerprints(raw: bytes) -> tuple[dict[int, str], bool]:
+    calls: dict[int, str] = {}
+    marked = False
+    for line in raw.decode(errors="replace").splitlines():
+        rank, sep, call = line.partition("=")
+        if line == "!":
+            marked = True
+        elif sep and rank.isdigit():
+            calls[int(rank)] = call
+    return calls, marked
+
+
+def _bad_key(pg: ProcessGroup) -> str:
+    return f"{pg.transport.key_prefix}fp/{pg.group_id}/bad"
+
+
+async def _mark_mismatch(pg: ProcessGroup, seq: int, calls: dict[int, Any]) -> None:
+    try:
+        await pg.store.append(_fingerprint_key(pg, seq), b"!\n")
+        listing = "".join(f"{r}={c}\n" for r, c in sorted(calls.items()))
+        await pg.store.compare_set(_bad_key(pg), b"", f"{seq}\n{listing}".encode())
+    except Exception:
+        pass
+
+
+async def _tell(transport: Transport, dst: int, header: dict[str, Any]) -> None:
+    """Send a mismatch report to global rank ``dst`` (connecting if needed); errors are ignored."""
+    try:
+        async with asyncio.timeout(HELPERS_GRACE):
+            await transport.send(dst, header)
+    except Exception:
+        pass

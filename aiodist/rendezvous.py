@@ -34,6 +34,8 @@ from .context import getenv
 from .errors import RendezvousError, RendezvousTimeoutError, StoreError
 
 GENERATION_KEY = "aiodist/rdzv/generation"
+RECONNECT_PAUSE = 0.1
+"""Seconds a rank waits before reconnecting to a store server that went away during its rendezvous."""
 BACKENDS = ("gloo", "nccl", "mpi", "cpu", "aiodist", "cpu:gloo")
 """Names torch programs pass as ``backend``: taken to mean ``env://``."""
 
@@ -158,16 +160,38 @@ async def rendezvous(
     _check_rank(r, n)
     local_rank = _int_setting("LOCAL_RANK", None, required=False)
     local_world = _int_setting("LOCAL_WORLD_SIZE", None, required=False)
+    reconnect = store is None and r != 0
     if store is None:
         assert port is not None
         store, server, owned = await _open_store(host, port, r, max(deadline - loop.time(), 0.001))
     try:
-        try:
-            result = await _join(store, r, n, deadline, publish)
-        except (StoreError, ConnectionError) as e:
-            if isinstance(e, RendezvousError):
-                raise
-            raise RendezvousError(f"rank {r} lost the store during rendezvous: {type(e).__name__}: {e}") from e
+        while True:
+            try:
+                result = await _join(store, r, n, deadline, publish)
+                break
+            except (StoreError, ConnectionError) as e:
+                if isinstance(e, RendezvousError):
+                    raise
+                if reconnect and loop.time() < deadline and not isinstance(e, TimeoutError):
+                    # The server went away under us: likely the store of a previous round whose host
+                    # (rank 0) is re-creating it for this one (survivors rebuilding after a failure).
+                    # Connect again and start over, within the same deadline.
+                    for close in reversed(owned):
+                        try:
+                            await close()
+                        except Exception:
+                            pass
+                    owned = []
+                    await asyncio.sleep(min(RECONNECT_PAUSE, max(deadline - loop.time(), 0)))
+                    try:
+                        store, server, owned = await _open_store(host, port, r, max(deadline - loop.time(), 0.001))
+                    except RendezvousError:
+                        raise RendezvousError(
+                            f"rank {r} lost the store during rendezvous and could not reach it again: "
+                            f"{type(e).__name__}: {e}"
+                        ) from e
+                    continue
+                raise RendezvousError(f"rank {r} lost the store during rendezvous: {type(e).__name__}: {e}") from e
     except BaseException:
         for close in reversed(owned):
             try:

@@ -45,7 +45,13 @@ DEFAULT_MAX_HEADER_SIZE = 1 << 20
 
 _STAGING_SIZE = 1 << 16
 
-Sink = Callable[[dict[str, Any], int], "memoryview | None"]
+DEFER: Any = type("Defer", (), {"__repr__": lambda self: "DEFER", "__slots__": ()})()
+"""A sink may return this: "no buffer yet". The decoder then stops at the
+payload (see :meth:`FrameDecoder.awaiting_target`) until
+:meth:`FrameDecoder.provide_target` names its destination; the connection
+should stop reading meanwhile, so the payload later lands in place."""
+
+Sink = Callable[[dict[str, Any], int], Any]
 
 
 def as_byte_view(payload: Any) -> memoryview:
@@ -63,10 +69,15 @@ def as_byte_view(payload: Any) -> memoryview:
     return mv.cast("B") if mv.ndim <= 1 else mv.cast("B", (mv.nbytes,))
 
 
+_packer = msgpack.Packer(use_bin_type=True)  # reused: packb builds a Packer per call
+_pack = _packer.pack
+
+
 def encode_header(header: dict[str, Any]) -> bytes:
     try:
-        return msgpack.packb(header, use_bin_type=True)
+        return _pack(header)
     except (TypeError, ValueError, OverflowError) as e:
+        _packer.reset()  # drop whatever a failed pack left in its buffer
         raise TypeError(f"frame header is not serializable: {e}") from None
 
 
@@ -87,6 +98,7 @@ class _State(enum.Enum):
     PREFIX = "prefix"
     HEADER = "header"
     PAYLOAD = "payload"
+    DEFERRED = "deferred"  # a payload whose destination the sink has not named yet
     BROKEN = "broken"
 
 
@@ -125,6 +137,25 @@ class FrameDecoder:
 
     def __repr__(self) -> str:
         return f"<FrameDecoder state={self._state.value} staged={self._end - self._start}>"
+
+    @property
+    def awaiting_target(self) -> bool:
+        """True while a payload waits for :meth:`provide_target` (its sink returned :data:`DEFER`)."""
+        return self._state is _State.DEFERRED
+
+    def provide_target(self, target: memoryview | None) -> list[tuple[dict[str, Any], memoryview | None]]:
+        """Give the deferred payload its destination (``None``: a new buffer); return the frames completed.
+
+        Bytes received meanwhile were staged and are copied there; decoding
+        then goes on with whatever is staged behind the payload.
+        """
+        if self._state is not _State.DEFERRED:
+            raise RuntimeError("no payload is waiting for a destination")
+        frames: list[tuple[dict[str, Any], memoryview | None]] = []
+        self._begin_payload(target, frames)
+        if self._state is _State.PREFIX:
+            self._parse(frames)
+        return frames
 
     @property
     def handshake_done(self) -> bool:
@@ -225,8 +256,10 @@ class FrameDecoder:
                     continue
                 self._header = header
                 self._start_payload(frames)
-                if self._state is _State.PAYLOAD:  # waiting for the rest, written in place
+                if self._state is not _State.PREFIX:  # waiting for the rest (written in place) or for a target
                     return
+            elif state is _State.DEFERRED:
+                return
             elif state is _State.PREAMBLE:
                 if avail < PREAMBLE_SIZE:
                     return
@@ -242,8 +275,14 @@ class FrameDecoder:
                 raise ProtocolError("decoder already failed; close the connection")
 
     def _start_payload(self, frames: list[tuple[dict[str, Any], memoryview | None]]) -> None:
+        target = self.sink(self._header, self._plen) if self.sink is not None else None
+        if target is DEFER:
+            self._state = _State.DEFERRED
+            return
+        self._begin_payload(target, frames)
+
+    def _begin_payload(self, target: memoryview | None, frames: list[tuple[dict[str, Any], memoryview | None]]) -> None:
         plen = self._plen
-        target = self.sink(self._header, plen) if self.sink is not None else None
         if target is None:
             target = memoryview(bytearray(plen))
         elif target.nbytes != plen or target.readonly or not target.c_contiguous:

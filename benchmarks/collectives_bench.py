@@ -20,6 +20,7 @@ is faster).
     python benchmarks/collectives_bench.py                     # 4 B .. 64 MiB, world sizes 2 and 4
     python benchmarks/collectives_bench.py --quick --no-torch  # a smoke run
     python benchmarks/collectives_bench.py --torch-python /tmp/vt/bin/python --json results.json
+    python benchmarks/collectives_bench.py --rounds 3   # alternate the backends; median per case
 
 Wall-clock time (``time.perf_counter``) is right here: this is a harness
 outside the runtime, timing real processes.
@@ -264,6 +265,15 @@ def torch_importable() -> bool:
     return True
 
 
+def median_of_rounds(rounds: Sequence[dict[str, float | None]]) -> dict[str, float | None]:
+    """Per case, the median over the rounds that measured it (None if none did)."""
+    out: dict[str, float | None] = {}
+    for key in rounds[0]:
+        vals = [r[key] for r in rounds if r.get(key) is not None]
+        out[key] = statistics.median(vals) if vals else None  # type: ignore[type-var]
+    return out
+
+
 def _fmt_size(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale and n % scale == 0:
@@ -309,6 +319,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--torch-python", default=None, help="an interpreter where torch imports (default: this one)")
     parser.add_argument("--timeout", type=float, default=900.0, help="per backend and world size, seconds")
     parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="alternate the backends this many times per world size and report each case's median "
+        "over the rounds (load on a shared machine then hits both alike)",
+    )
     parser.add_argument("--_torch-worker", dest="torch_worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -332,12 +349,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {"sizes": size_list, "ops": ops, "worlds": {}}
     for world in [int(w) for w in args.world_sizes.split(",")]:
         plan = make_plan(world, ops, size_list, quick=args.quick)
-        ours = run_backend("aiodist", world, plan, timeout=args.timeout)
-        theirs = None
-        if torch_python == sys.executable:
-            theirs = run_backend("torch", world, plan, timeout=args.timeout)
-        elif torch_python is not None:
-            theirs = run_torch_elsewhere(torch_python, world, plan, timeout=args.timeout)
+        our_rounds: list[dict[str, float | None]] = []
+        their_rounds: list[dict[str, float | None]] = []
+        for _ in range(max(1, args.rounds)):
+            our_rounds.append(run_backend("aiodist", world, plan, timeout=args.timeout))
+            if torch_python == sys.executable:
+                their_rounds.append(run_backend("torch", world, plan, timeout=args.timeout))
+            elif torch_python is not None:
+                their_rounds.append(run_torch_elsewhere(torch_python, world, plan, timeout=args.timeout))
+        ours = median_of_rounds(our_rounds)
+        theirs = median_of_rounds(their_rounds) if their_rounds else None
         print(format_table(world, plan, ours, theirs), flush=True)
         print(flush=True)
         report["worlds"][str(world)] = {"aiodist": ours, "gloo": theirs}

@@ -1,12 +1,14 @@
 """Simulator benchmarks: scale (wall time, deliveries per second) and fidelity (vs alpha-beta costs).
 
     PYTHONPATH=. python benchmarks/sim_bench.py scale --sizes 64,256,1024
+    PYTHONPATH=. python benchmarks/sim_bench.py scale --sizes 256 --profile   # + time in sim/ vs aiodist/
     PYTHONPATH=. python benchmarks/sim_bench.py fidelity
     PYTHONPATH=. python benchmarks/sim_bench.py kernel        # the simulator alone: seam ping-pong
 
 scale: rendezvous + 10 all_reduce of 1024 float32 per rank, the production
-aiodist code on ``world_size`` virtual ranks; reports wall seconds, simulated
-message deliveries and deliveries per wall second.
+aiodist code on ``world_size`` virtual ranks; reports wall and CPU seconds,
+simulated message deliveries and deliveries per wall second (compare CPU
+seconds on a shared machine: wall time there depends on the neighbours).
 
 fidelity: on an ideal alpha-beta network (constant latency alpha, bandwidth
 1/beta, no CPU overhead, no NIC contention) each collective is timed in
@@ -50,17 +52,45 @@ async def rendezvous_and_allreduce() -> float:
     return float(x[0])
 
 
-def bench_scale(sizes: list[int], schedule: str) -> list[dict[str, Any]]:
+def time_split(profile: Any) -> dict[str, float]:
+    """Share of profiled time (self time per function) in sim/, aiodist/ and everything else.
+
+    "other" is mostly asyncio's C core (Task steps, futures, contexts) and
+    builtins, which both sides call. cProfile inflates small functions, so
+    read the shares as a guide; a sampling profiler (py-spy) confirms them.
+    """
+    import pstats
+
+    acc = {"sim": 0.0, "aiodist": 0.0, "other": 0.0}
+    for (filename, _, _), (_, _, tottime, _, _) in pstats.Stats(profile).stats.items():  # type: ignore[attr-defined]
+        key = "sim" if "/sim/" in filename else "aiodist" if "/aiodist/" in filename else "other"
+        acc[key] += tottime
+    total = sum(acc.values()) or 1.0
+    return {k: round(100 * v / total, 1) for k, v in acc.items()}
+
+
+def bench_scale(sizes: list[int], schedule: str, profile: bool = False) -> list[dict[str, Any]]:
     rows = []
     for n in sizes:
+        prof = None
+        if profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
         t0 = time.perf_counter()
+        c0 = time.process_time()
         res = sim.run(rendezvous_and_allreduce, world_size=n, seed=1, trace=False, schedule=schedule,
                       time_limit=36000)
         wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         ok = res.ok and all(v == float(n) ** 10 for v in res.rank_results)
-        row = {"ranks": n, "ok": ok, "wall_s": round(wall, 3), "deliveries": res.messages,
+        row = {"ranks": n, "ok": ok, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "deliveries": res.messages,
                "deliveries_per_s": round(res.messages / wall), "loop_steps": res.steps,
                "virtual_s": round(res.virtual_time, 6)}
+        if prof is not None:
+            prof.disable()
+            row["profile_split_pct"] = time_split(prof)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -184,13 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("scale")
     s.add_argument("--sizes", default="64,256,1024,4096")
     s.add_argument("--schedule", default="random", choices=("fifo", "random", "pct"))
+    s.add_argument("--profile", action="store_true", help="cProfile each run: share of time in sim/ vs aiodist/")
     k = sub.add_parser("kernel")
     k.add_argument("--ranks", type=int, default=64)
     f = sub.add_parser("fidelity")
     f.add_argument("--world-sizes", default="4,8,16")
     ns = parser.parse_args(argv)
     if ns.what == "scale":
-        bench_scale([int(x) for x in ns.sizes.split(",")], ns.schedule)
+        bench_scale([int(x) for x in ns.sizes.split(",")], ns.schedule, ns.profile)
     elif ns.what == "kernel":
         bench_kernel(ns.ranks)
     else:

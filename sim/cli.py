@@ -16,10 +16,12 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib.util
 import io
 import json
+import logging
 import os
 import shlex
 import subprocess
@@ -36,6 +38,8 @@ from .loop import LANE
 from .latency import Constant, Exponential, LatencyModel, Uniform
 from .network import Network
 from .runner import DEFAULT_MASTER_PORT, Result, run
+from .runner import _ranks_text as ranks_text
+from .runner import _shape
 from .trace import events_from_json, events_to_json, first_divergence, write_chrome
 
 
@@ -217,19 +221,88 @@ class RankPrefixedOutput(io.TextIOBase):
         self._out.flush()
 
 
+class RankLogCollector(logging.Handler):
+    """Collects the records of aiodist's loggers during a run, each with its rank and virtual time.
+
+    Without it, a crash in a big run floods stderr with one unprefixed line
+    per rank (e.g. every survivor's flight-recorder summary); :meth:`report`
+    prints them prefixed with ``[rank R t=...]`` and folds lines that differ
+    only in numbers into one line plus the list of ranks.
+    """
+
+    MAX_SHOWN = 10
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple[str, float | None, logging.LogRecord]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        rank = (getenv("RANK") or "?") if LANE.get() >= 0 else "sim"
+        try:
+            now: float | None = asyncio.get_running_loop().time()
+        except RuntimeError:
+            now = None
+        self.records.append((rank, now, record))
+
+    @contextlib.contextmanager
+    def capture(self, name: str = "aiodist") -> Iterator[RankLogCollector]:
+        logger = logging.getLogger(name)
+        propagate = logger.propagate
+        logger.addHandler(self)
+        logger.propagate = False
+        try:
+            yield self
+        finally:
+            logger.removeHandler(self)
+            logger.propagate = propagate
+
+    def lines(self) -> list[str]:
+        groups: dict[str, list[tuple[str, float | None, logging.LogRecord, str]]] = {}
+        for rank, now, record in self.records:
+            try:
+                msg = record.getMessage()
+            except Exception as e:  # noqa: BLE001 - a bad format string must not hide the run's result
+                msg = f"{record.msg!r} (unformattable: {e!r})"
+            text = f"{record.levelname} {record.name}: {msg}"
+            if record.exc_info and record.exc_info[1] is not None:
+                text += f" [{type(record.exc_info[1]).__name__}: {record.exc_info[1]}]"
+            groups.setdefault(_shape(text), []).append((rank, now, record, text))
+        out: list[str] = []
+        for members in list(groups.values())[: self.MAX_SHOWN]:
+            rank, now, _, text = members[0]
+            when = f" t={now:.6f}s" if now is not None else ""
+            out.append(f"[rank {rank}{when}] {text}")
+            others = [int(m[0]) for m in members[1:] if m[0].isdigit()]
+            if len(members) > 1:
+                who = f" from ranks {ranks_text(others)}" if others else ""
+                out.append(f"    ... and {len(members) - 1} more like it{who}")
+        hidden = sum(len(m) for m in list(groups.values())[self.MAX_SHOWN:])
+        if hidden:
+            out.append(f"    ... and {hidden} more log records of other kinds")
+        return out
+
+    def report(self, stream: Any) -> None:
+        if self.records:
+            stream.write("\n".join(self.lines()) + "\n")
+            stream.flush()
+
+
 def _run_once(ns: argparse.Namespace, main: Callable[..., Awaitable[Any]], seed: int, *, keep: bool) -> Result:
     env = {"AIODIST_FLIGHT_RECORDER_SIZE": "100000"} if ns.trace else None
     saved = sys.argv
     sys.argv = [ns.program, *ns.args]
     out = RankPrefixedOutput(sys.stdout)
+    logs = RankLogCollector()
     try:
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), logs.capture():
             return run(main, world_size=ns.world_size, seed=seed, network=_network(ns), faults=_faults(ns),
                        time_limit=ns.time_limit, schedule=ns.schedule, pct_depth=ns.pct_depth, trace=keep,
                        master_port=ns.master_port, env=env, stop_on_error=not ns.keep_going)
     finally:
         out.flush()
         sys.argv = saved
+        if not ns.quiet:
+            logs.report(sys.stderr)
 
 
 def _check_determinism(ns: argparse.Namespace, result: Result, seed: int) -> bool:
@@ -261,6 +334,21 @@ def _check_determinism(ns: argparse.Namespace, result: Result, seed: int) -> boo
     return False
 
 
+def print_tracebacks(result: Result) -> None:
+    """Each distinct traceback once; ranks that raised the same way (up to numbers) are listed after it."""
+    groups: dict[str, list[Any]] = {}
+    for failure in result.failures:
+        if failure.traceback:
+            groups.setdefault(_shape(failure.traceback), []).append(failure)
+    for members in groups.values():
+        first = members[0]
+        print(f"rank {first.rank}:" if first.rank is not None else "traceback:")
+        print(first.traceback.rstrip())
+        others = [f.rank for f in members[1:] if f.rank is not None]
+        if others:
+            print(f"(ranks {ranks_text(others)} raised the same way)")
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     main = load_main(ns.program)
     if ns.seeds is None:
@@ -273,9 +361,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
             write_chrome(result.trace, ns.trace, ops=result.ops)
         if not ns.quiet:
             print(result.summary())
-            for failure in result.failures:
-                if failure.traceback:
-                    print(failure.traceback.rstrip())
+            print_tracebacks(result)
         ok = result.ok
         if ns.check_determinism and not _check_determinism(ns, result, ns.seed):
             ok = False

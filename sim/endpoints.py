@@ -67,11 +67,13 @@ class SimConnection(Connection):
         self._closed_fut: asyncio.Future[None] | None = None
         # Flow control (see Network.max_unread_frames / socket_buffer): frames this side's
         # protocol has not read yet because its queue is full, and the senders waiting for room.
+        # Both stay an empty tuple until first needed: a deque costs ~600 bytes, and a 4096-rank run
+        # has ~100k endpoints that almost never use them.
         self._paused = False
-        self._kernel: deque[tuple[Header, bytearray | None, int]] = deque()
+        self._kernel: deque[tuple[Header, bytearray | None, int]] | tuple[()] = ()
         self._kernel_bytes = 0
         self._inflight = 0  # bytes this side sent that have not reached the peer yet
-        self._writers: deque[asyncio.Future[None]] = deque()
+        self._writers: deque[asyncio.Future[None]] | tuple[()] = ()
 
     def __repr__(self) -> str:
         state = "closed" if self._exc is not None else "open"
@@ -119,7 +121,11 @@ class SimConnection(Connection):
         if fabric._overhead:  # the sender's CPU: one message at a time, o each (LogP)
             start = now if now > host.cpu_free else host.cpu_free
             depart = host.cpu_free = start + fabric._overhead * host.factor
-        fabric.transmit(self, h, data, n, depart)
+        if self._held is None and not fabric.blocks and (peer is None or not peer._vanished):
+            self._inflight += n  # Fabric.transmit's fast path: nothing holds the link
+            fabric._schedule(self, h, data, n, depart)
+        else:
+            fabric.transmit(self, h, data, n, depart)
         host.sent += 1
         if fabric.on_send is not None:
             fabric.on_send(host)
@@ -139,6 +145,8 @@ class SimConnection(Connection):
         limit = self._fabric.socket_buffer
         while self._inflight + peer._kernel_bytes > limit and self._exc is None and peer._exc is None:
             fut = loop.create_future()
+            if not peer._writers:
+                peer._writers = deque()
             peer._writers.append(fut)
             try:
                 await fut
@@ -158,9 +166,18 @@ class SimConnection(Connection):
             return
         host = self._host
         fabric = self._fabric
-        fabric.tracer.emit(fabric.loop._now, "recv", host.name, self._peer_host.name, n, msg)
+        tracer = fabric.tracer
+        if tracer.keep:
+            tracer.emit(fabric.loop._now, "recv", host.name, self._peer_host.name, n, msg)
+        else:  # Tracer.emit inlined (the hot path of big runs)
+            buf = tracer._buf
+            buf.append((fabric.loop._now, "recv", host.name, self._peer_host.name, n, msg, ""))
+            if len(buf) >= 2048:
+                tracer._flush()
         host.received += 1
         if self._paused:  # our protocol stopped reading: the bytes wait in the kernel
+            if not self._kernel:
+                self._kernel = deque()
             self._kernel.append((header, data, n))
             self._kernel_bytes += n
         else:
@@ -227,7 +244,7 @@ class SimConnection(Connection):
         while not self._frames:
             if self._exc is not None:
                 raise self._exc
-            self._waiter = self._fabric.loop.create_future()
+            self._waiter = asyncio.Future(loop=self._fabric.loop)
             try:
                 await self._waiter
             finally:

@@ -57,7 +57,27 @@ def wire_header(header: Header) -> Header:
     """A fresh copy of ``header`` as the peer would decode it from msgpack."""
     if type(header) is not dict:
         raise TypeError("frame header must be a dict")
+    scalars = _SCALARS
     for v in header.values():
-        if type(v) not in _SCALARS:
-            return _wire_value(header)  # type: ignore[no-any-return]
-    return header.copy()
+        if type(v) not in scalars:
+            break
+    else:
+        return header.copy()
+    # The common aiodist shape: scalar keys, values scalars or flat tuples/lists of scalars.
+    out = {}
+    for k, v in header.items():
+        if type(k) not in scalars:
+            k = _wire_key(k)
+        t = type(v)
+        if t in scalars:
+            out[k] = v
+        elif t is tuple or t is list:
+            for x in v:
+                if type(x) not in scalars:
+                    out[k] = _wire_value(v)
+                    break
+            else:
+                out[k] = list(v)
+        else:
+            out[k] = _wire_value(v)
+    return out

@@ -2,10 +2,12 @@
 
 Design (robust across CPython 3.11+): :class:`SimLoop` subclasses
 :class:`asyncio.AbstractEventLoop` directly and owns all scheduling; it does
-not touch ``BaseEventLoop`` internals. Every callback is an ordinary
-:class:`asyncio.Handle` / :class:`asyncio.TimerHandle` (so ``Task``,
-``Future``, ``asyncio.sleep``, ``asyncio.timeout`` work unchanged), ordered by
-ONE (time, sequence) key:
+not touch ``BaseEventLoop`` internals. Every callback of program code is an
+ordinary :class:`asyncio.Handle` / :class:`asyncio.TimerHandle` (so ``Task``,
+``Future``, ``asyncio.sleep``, ``asyncio.timeout`` work unchanged); the
+simulator's own events (message deliveries, wake-ups: :meth:`SimLoop.post`)
+are lighter, non-cancellable ``_Event`` objects. All are ordered by ONE
+(time, sequence) key:
 
 * timers live in a heap of ``(when, seq, lane, handle)``; ``seq`` is a global
   counter, so callbacks due at the same virtual instant keep FIFO order
@@ -56,6 +58,7 @@ LANE: contextvars.ContextVar[int] = contextvars.ContextVar("sim_lane", default=-
 SCHEDULES = ("fifo", "random", "pct")
 
 _sleep_callback = futures._set_result_unless_cancelled  # what asyncio.sleep schedules
+_new_handle = object.__new__
 
 
 class _Handle(asyncio.Handle):
@@ -90,6 +93,28 @@ class _TimerHandle(asyncio.TimerHandle):
         self._source_traceback = None
         self._when = when
         self._scheduled = False
+
+
+class _Event:
+    """A simulator-internal callback (message delivery, wake-up): a handle without asyncio's extras.
+
+    The loop only reads ``_cancelled``, ``_context``, ``_callback`` and
+    ``_args`` and writes ``_scheduled``; these are never cancelled and never
+    handed to user code, so they skip TimerHandle's bookkeeping.
+    """
+
+    __slots__ = ("_context", "_callback", "_args", "_scheduled")
+    _cancelled = False
+
+    def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...],
+                 context: contextvars.Context) -> None:
+        self._context = context
+        self._callback = callback
+        self._args = args
+        self._scheduled = False
+
+    def __repr__(self) -> str:
+        return f"<sim event {getattr(self._callback, '__qualname__', self._callback)!r}>"
 
 
 class _Idle(Exception):
@@ -185,13 +210,27 @@ class SimLoop(asyncio.AbstractEventLoop):
             if self._discarding:
                 return asyncio.Handle(callback, args, self, context)
             raise RuntimeError("Event loop is closed")
-        handle = _Handle(callback, args, self, context)
-        lane = self._lane if context is None else context.get(LANE, self._lane)
+        if context is None:
+            lane = self._lane
+            context = contextvars.copy_context()
+        else:
+            lane = context.get(LANE, self._lane)
+        handle = _new_handle(_Handle)  # _Handle.__init__ inlined: the loop's most frequent allocation
+        handle._context = context
+        handle._loop = self
+        handle._callback = callback
+        handle._args = args
+        handle._cancelled = False
+        handle._repr = None
+        handle._source_traceback = None
         if self._fifo:
             self._ready.append((lane, handle))
             return handle
         dq = self._lanes.get(lane)
         if dq:
+            dq.append(handle)
+        elif dq is not None:
+            self._active.append(lane)
             dq.append(handle)
         else:
             self._push_lane(lane, handle)
@@ -221,15 +260,19 @@ class SimLoop(asyncio.AbstractEventLoop):
         return self.call_at(self._now + delay, callback, *args, context=context)
 
     def call_in_lane(self, when: float, lane: int, callback: Callable[..., Any], *args: Any,
-                     context: contextvars.Context | None = None) -> asyncio.TimerHandle:
-        """Simulator-internal: schedule ``callback`` at ``when`` in an explicit ``lane``."""
-        handle = _TimerHandle(when, callback, args, self, context)
+                     context: contextvars.Context | None = None) -> None:
+        """Simulator-internal: run ``callback(*args)`` at ``when`` in an explicit ``lane`` (not cancellable)."""
+        self.post(when, lane, callback, args, context if context is not None else contextvars.copy_context())
+
+    def post(self, when: float, lane: int, callback: Callable[..., Any], args: tuple[Any, ...],
+             context: contextvars.Context) -> None:
+        """:meth:`call_in_lane` for the hot path: ``args`` as a tuple, ``context`` given."""
+        event = _Event(callback, args, context)
         if when <= self._now:
-            self._push(lane, handle)
+            self._push(lane, event)  # type: ignore[arg-type]
         else:
-            handle._scheduled = True  # type: ignore[attr-defined]
-            heapq.heappush(self._heap, (when, next(self._seq), lane, handle))
-        return handle
+            event._scheduled = True
+            heapq.heappush(self._heap, (when, next(self._seq), lane, event))  # type: ignore[arg-type]
 
     def call_soon_threadsafe(
         self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
@@ -317,14 +360,32 @@ class SimLoop(asyncio.AbstractEventLoop):
             raise SimTimeLimitError(self.time_limit)
         if when > self._now:
             self._now = when
-        push = self._push
+        pop = heapq.heappop
+        if self._fifo:
+            ready = self._ready
+            while heap and heap[0][0] <= when:
+                _, _, lane, handle = pop(heap)
+                handle._scheduled = False  # type: ignore[attr-defined]
+                if handle._cancelled:  # type: ignore[attr-defined]
+                    self._ncancelled -= 1
+                else:
+                    ready.append((lane, handle))
+            return
+        lanes = self._lanes
         while heap and heap[0][0] <= when:
-            _, _, lane, handle = heapq.heappop(heap)
+            _, _, lane, handle = pop(heap)
             handle._scheduled = False  # type: ignore[attr-defined]
             if handle._cancelled:  # type: ignore[attr-defined]
                 self._ncancelled -= 1
+                continue
+            dq = lanes.get(lane)
+            if dq:
+                dq.append(handle)
+            elif dq is not None:
+                self._active.append(lane)
+                dq.append(handle)
             else:
-                push(lane, handle)
+                self._push_lane(lane, handle)
 
     def _callback_failed(self, handle: asyncio.Handle, exc: BaseException) -> None:
         self.call_exception_handler({

@@ -33,6 +33,7 @@ import asyncio
 import contextvars
 import random
 from collections import deque
+from heapq import heappush
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ from aiodist.wire import DEFAULT_MAX_FRAME_SIZE
 
 from .endpoints import LOCAL_NAMES, HostNetwork, SimConnection, SimListener, _connected, _fail_future
 from .latency import Constant, Exponential, LatencyModel, Uniform, as_model
+from .loop import _Event
 
 if TYPE_CHECKING:
     from .loop import SimLoop
@@ -150,6 +152,9 @@ class Fabric:
         self.tracer = tracer
         self.hosts: dict[str, Host] = {}
         self._latency = as_model(config.latency)
+        lm = self._latency
+        self._uniform = (lm.low, lm.high - lm.low) if isinstance(lm, Uniform) else None
+        self._random = rng.random
         self._links = {(host_name(a), host_name(b)): as_model(m) for (a, b), m in config.links.items()}
         self._bw = config.bandwidth
         self._overhead = config.overhead
@@ -272,7 +277,10 @@ class Fabric:
                   now: float) -> None:
         src = ep._host
         dst = ep._peer_host
-        lat = self.latency(src, dst)
+        if self._uniform is not None and not self._links:  # the default model, inlined (same draws)
+            lat = self._uniform[0] + self._uniform[1] * self._random()
+        else:
+            lat = self.latency(src, dst)
         tx = n / self._bw if (self._bw and n) else 0.0
         factor = src.factor
         if factor != 1.0:
@@ -302,8 +310,22 @@ class Fabric:
         else:
             self._next_msg += 1
             msg = self._next_msg
-            self.tracer.emit(now, "send", src.name, dst.name, n, msg, repr(header))
-            self.loop.call_in_lane(t, dst.lane, peer._deliver, header, data, n, msg, context=dst.ctx)
+            tracer = self.tracer
+            if tracer.keep:
+                tracer.message(now, "send", src.name, dst.name, n, msg, header)
+            else:  # Tracer.message inlined (the hot path of big runs)
+                buf = tracer._buf
+                buf.append((now, "send", src.name, dst.name, n, msg, header))
+                if len(buf) >= 2048:
+                    tracer._flush()
+            ctx = dst.ctx if dst.ctx is not None else contextvars.copy_context()
+            loop = self.loop
+            event = _Event(peer._deliver, (header, data, n, msg), ctx)
+            if t <= loop._now:
+                loop._push(dst.lane, event)  # type: ignore[arg-type]
+            else:  # SimLoop.post inlined
+                event._scheduled = True
+                heappush(loop._heap, (t, next(loop._seq), dst.lane, event))  # type: ignore[arg-type]
 
     def release(self) -> None:
         """Re-check held links and connects after a partition/clog ended."""

@@ -2,14 +2,16 @@
 
 Every event is hashed into a running digest (so two runs can be proven equal
 without keeping their events); when ``keep`` is true the events are also kept
-as :class:`TraceEvent` tuples. Event lines are built from reprs of ints,
-floats and strings only, so the digest does not depend on PYTHONHASHSEED.
+as :class:`TraceEvent` tuples. The digest hashes a canonical binary
+serialization of plain values (see :class:`Tracer`), so it does not depend on
+PYTHONHASHSEED, object identities or the process.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -36,38 +38,71 @@ class TraceEvent(NamedTuple):
 
 
 class Tracer:
-    """Collects events; ``digest`` is a hash of all of them in order."""
+    """Collects events; ``digest`` is a hash of all of them in order.
 
-    _BATCH = 2048
+    The digest hashes compact tuples, not formatted lines: events are buffered
+    as ``(time, kind, host, peer, nbytes, msg, detail)`` tuples and each batch
+    is serialized with :func:`marshal.dumps` at version 2 (no object
+    references, no interning flags: the bytes depend only on the values and
+    their exact types, never on PYTHONHASHSEED, ``id()`` or refcounts). A
+    list's encoding is a 5-byte prefix followed by its items' encodings, so
+    dropping the prefix makes the digest independent of where batches end.
+    For messages, ``detail`` is the header itself (a plain msgpack-like value
+    after :func:`sim.headers.wire_header`); its ``repr`` is only built when
+    events are kept.
+    """
+
+    _BATCH = 2048  # the network's inlined appends use the same number
 
     def __init__(self, *, keep: bool = True) -> None:
         self.keep = keep
         self.events: list[TraceEvent] = []
         self._hash = hashlib.blake2b(digest_size=16)
-        self._lines: list[str] = []
+        self._buf: list[tuple[Any, ...]] = []
         self.count = 0
 
     def emit(self, time: float, kind: str, host: str, peer: str = "", nbytes: int = 0, msg: int = -1,
              detail: str = "") -> None:
-        lines = self._lines
-        lines.append(f"{time!r}|{kind}|{host}|{peer}|{nbytes}|{msg}|{detail}")
+        buf = self._buf
+        buf.append((time, kind, host, peer, nbytes, msg, detail))
         if self.keep:
             self.events.append(TraceEvent(time, kind, host, peer, nbytes, msg, detail))
-        if len(lines) >= self._BATCH:
+        if len(buf) >= self._BATCH:
+            self._flush()
+
+    def message(self, time: float, kind: str, host: str, peer: str, nbytes: int, msg: int, header: Any) -> None:
+        """A send: like :meth:`emit` with ``detail=repr(header)``, without building the repr unless kept."""
+        buf = self._buf
+        buf.append((time, kind, host, peer, nbytes, msg, header))
+        if self.keep:
+            self.events.append(TraceEvent(time, kind, host, peer, nbytes, msg, repr(header)))
+        if len(buf) >= self._BATCH:
             self._flush()
 
     def _flush(self) -> None:
-        if self._lines:
-            self.count += len(self._lines)
-            self._lines.append("")
-            self._hash.update("\n".join(self._lines).encode())
-            self._lines = []
+        buf = self._buf
+        if buf:
+            self.count += len(buf)
+            try:
+                data = marshal.dumps(buf, 2)
+            except ValueError:  # a receiver stored something unusual in a header it got: hash its type name
+                data = marshal.dumps([_marshallable(e) for e in buf], 2)
+            self._hash.update(memoryview(data)[5:])
+            buf.clear()  # the same list: the network's hot paths append to it directly
 
     @property
     def digest(self) -> str:
-        """Hash of every event so far (each line ends with a newline, whatever the batching)."""
+        """Hash of every event so far (independent of how the events were batched)."""
         self._flush()
         return self._hash.hexdigest()
+
+
+def _marshallable(event: tuple[Any, ...]) -> tuple[Any, ...]:
+    try:
+        marshal.dumps(event, 2)
+    except ValueError:
+        return event[:6] + (f"<{type(event[6]).__name__}>",)
+    return event
 
 
 def first_divergence(a: Sequence[TraceEvent], b: Sequence[TraceEvent]) -> int | None:

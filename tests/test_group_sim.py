@@ -145,19 +145,20 @@ def test_a_crash_anywhere_is_blamed_on_the_crashed_rank() -> None:
 
 def test_heartbeats_turn_a_silent_partition_into_a_peer_failure() -> None:
     fault = sim.Partition((0,), (1,), at=0.003)
-    quiet = sim.run(loop_until_failure, world_size=4, seed=1, faults=[fault], stop_on_error=False)
-    assert quiet.ok and all(out[0] == "timeout" for out in quiet.rank_results)  # without: the 60 s timeout
-    res = sim.run(
-        loop_until_failure,
-        world_size=4,
-        seed=1,
-        faults=[fault],
-        stop_on_error=False,
-        env={"AIODIST_HEARTBEAT_TIMEOUT": "3"},
+    quiet = sim.run(
+        loop_until_failure, world_size=4, seed=1, faults=[fault], stop_on_error=False,
+        env={"AIODIST_HEARTBEAT_TIMEOUT": "0"},
     )
-    assert res.ok and res.virtual_time < 10, res.summary()
+    assert quiet.ok and all(out[0] == "timeout" for out in quiet.rank_results)  # turned off: the 60 s timeout
+    res = sim.run(loop_until_failure, world_size=4, seed=1, faults=[fault], stop_on_error=False)  # on by default
+    assert res.ok and res.virtual_time < 5, res.summary()
     for out in res.rank_results:
         assert out[0] in (0, 1) and "heard nothing" in out[1], out
+    fast = sim.run(
+        loop_until_failure, world_size=4, seed=1, faults=[fault], stop_on_error=False,
+        env={"AIODIST_HEARTBEAT_INTERVAL": "0.1", "AIODIST_HEARTBEAT_MISSES": "3"},
+    )
+    assert fast.ok and fast.virtual_time < 1, fast.summary()
     healthy = sim.run(loop_until_failure, world_size=4, seed=1, env={"AIODIST_HEARTBEAT_TIMEOUT": "3"})
     assert healthy.ok and healthy.rank_results == ["finished"] * 4
 

@@ -196,3 +196,28 @@ async def test_survivors_and_a_restarted_rank_rendezvous_again_after_a_crash() -
             await dist.destroy_process_group()
 
     assert await _with_store(3, fn) == [6, 6, 6]
+
+
+async def test_a_rank_whose_store_goes_away_mid_rendezvous_reconnects_to_the_new_one() -> None:
+    """Survivors rebuilding after a failure: a rank may join the old store just before its host
+    (rank 0) closes it and starts a new one on the same port; it must start over there, not fail."""
+    port = free_port()
+    old = await StoreServer.start(host="127.0.0.1", port=port)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+    async def rank(r: int) -> Any:
+        if r == 0:
+            await asyncio.sleep(0.5)  # rank 1 joined the old store's round meanwhile
+            await old.close()
+        pg = await dist.init_process_group("env://", timeout=10)
+        try:
+            x = np.full(3, float(r + 1))
+            await pg.all_reduce(x)
+            return float(x[0])
+        finally:
+            await dist.destroy_process_group()
+
+    try:
+        assert await run_ranks(2, rank, env=env) == [3.0, 3.0]
+    finally:
+        await old.close()

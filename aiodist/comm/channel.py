@@ -114,6 +114,8 @@ class OpChannel:
         n = table.get(peer, 0) + delta
         if n:
             table[peer] = n
+            if n != delta:  # the peer was counted already: the set of peers is unchanged
+                return
         else:
             del table[peer]
         if self.entry is not None and table is self._recv_waits:

@@ -35,8 +35,15 @@ ErrorFactory = Callable[["Receive"], BaseException]
 def freeze(key: Any) -> Any:
     """A hashable form of a message key (lists, as msgpack returns tuples, become tuples)."""
     t = type(key)
-    if t is tuple or t is list:
-        return tuple(k if type(k) in _FLAT else freeze(k) for k in key)
+    if t is list:
+        key = tuple(key)
+        t = tuple
+    if t is tuple:
+        try:
+            hash(key)  # the common case: flat (ints, strings), nothing to convert
+            return key
+        except TypeError:
+            return tuple(freeze(k) for k in key)
     if isinstance(key, (list, tuple)):
         return tuple(freeze(k) for k in key)
     return key

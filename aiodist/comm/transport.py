@@ -46,8 +46,8 @@ from ..errors import (
     PeerRefusedError,
 )
 from ..net.base import Address, Connection, Frame, Header, Listener, Network
-from ..wire import as_byte_view
-from .router import Delivery, Match, Receive, Router
+from ..wire import DEFER, as_byte_view
+from .router import Delivery, Match, Receive, Router, freeze
 
 log = logging.getLogger("aiodist.comm")
 
@@ -56,12 +56,42 @@ HELLO_TIMEOUT = 30.0
 
 BYE_TIMEOUT = 2.0
 
-HEARTBEAT_ENV = "AIODIST_HEARTBEAT_TIMEOUT"
-"""Seconds of silence after which a connected peer is declared failed (unset or 0: off).
+DEFER_MIN_BYTES = 256 * 1024
+"""A keyed payload at least this large that arrives before its receive is posted waits in the
+socket (reading from that peer pauses) until the receive is posted, so that it is written
+straight into the receiver's buffer instead of into a new one and then copied."""
+DEFER_TIMEOUT = 0.05
+"""Seconds a payload waits so; then it is read into a new buffer, so that a receive posted much
+later (or never) does not hold up the frames behind it."""
 
-Off by default: a rank busy in a long computation that never awaits sends
-nothing, and would be declared failed. When on, each connection carries a
-small heartbeat frame every third of that time.
+HEARTBEAT_ENV = "AIODIST_HEARTBEAT_TIMEOUT"
+"""Seconds of silence after which a connected peer is declared failed (0 or ``off``: no heartbeats).
+
+When set it overrides ``interval * misses`` (the interval becomes timeout / misses).
+"""
+HEARTBEAT_INTERVAL_ENV = "AIODIST_HEARTBEAT_INTERVAL"
+"""Seconds between heartbeat frames on each connection (default :data:`HEARTBEAT_INTERVAL`)."""
+HEARTBEAT_MISSES_ENV = "AIODIST_HEARTBEAT_MISSES"
+"""Heartbeat intervals of silence after which a peer is declared failed (default :data:`HEARTBEAT_MISSES`)."""
+HEARTBEAT_MIN_BANDWIDTH = 1e6
+"""Bytes/s: while a frame of n bytes arrives from a peer, its heartbeats wait behind it, so the
+peer is allowed n / HEARTBEAT_MIN_BANDWIDTH more seconds of silence (a slow link is not a hung peer)."""
+HEARTBEAT_GRACE_MIN_BYTES = 256 * 1024
+HEARTBEAT_INTERVAL = 0.5
+HEARTBEAT_MISSES = 6
+"""Defaults: a hung peer (stopped, partitioned, or its event loop blocked) is declared failed after
+3 s of silence, so within about 3.5 s.
+
+Heartbeats are on by default. Each live connection carries a tiny ``hb`` frame
+every interval (a few bytes per second: nothing next to collective traffic),
+and any frame, or the start of a payload, counts as a sign of life. A rank
+whose event loop is blocked (a long computation that never awaits) sends
+nothing and cannot be told from a hung one: raise the timeout for such
+programs (``init_process_group(heartbeat_interval=..., heartbeat_misses=...)``
+or the environment variables above), or turn heartbeats off with
+``AIODIST_HEARTBEAT_TIMEOUT=0``. A rank whose own loop was blocked does not
+blame its peers for the silence it did not hear: a watcher that wakes up late
+restarts its count.
 """
 
 
@@ -129,9 +159,12 @@ class Transport:
         self._group_failures: dict[Any, PeerFailureError] = {}
         self._broken: dict[Any, asyncio.Future[None]] = {}  # per group: resolved when it breaks
         self._p2p_numbers: dict[tuple[Any, int, int], int] = {}
+        # large payloads waiting in their socket for a receive: slot -> (peer, conn, match, fallback timer)
+        self._deferred: dict[tuple[Any, Any, int], tuple[_Peer, Connection, Match, asyncio.TimerHandle]] = {}
         self._next_group = 1
         self._condemned: str | None = None  # why the other ranks consider this rank failed, if they do
-        self._heartbeat = _heartbeat_timeout()
+        self._heartbeat = _heartbeat_timeout()  # (interval, misses) or None: off
+        self._hb_grace: dict[int, float] = {}  # peer -> extra seconds of silence allowed: a large frame is arriving
         self._closed = False  # no new operations (closing, closed or aborted)
         self._finished = False  # close() ran
         self.address: Address | None = None
@@ -200,6 +233,7 @@ class Transport:
                 p.ready.exception()
         if self._listener is not None:
             self._listener.close()
+        self._drop_deferred()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -329,6 +363,8 @@ class Transport:
             return
         if receive.tag is None:
             self.router.post_keyed(receive)
+            if self._deferred and not receive.done:
+                self._resume_deferred(receive)
         else:
             self.router.post_p2p(receive)
 
@@ -515,16 +551,46 @@ class Transport:
         self._install(p, conn)
         await self._read_loop(p, conn)
 
-    async def _watch(self, p: _Peer, conn: Connection, timeout: float) -> None:
-        """Heartbeat: keep ``conn`` talking, and declare ``p`` failed after ``timeout`` s of silence."""
-        interval = timeout / 3
+    def configure_heartbeat(self, interval: float | None = None, misses: int | None = None) -> None:
+        """Set the heartbeat ``interval`` (s; 0: off) and ``misses``; None keeps the current/env value.
+
+        Affects connections made afterwards (call it before the first operation).
+        """
+        if interval is None and misses is None:
+            return
+        cur_i, cur_m = self._heartbeat or (HEARTBEAT_INTERVAL, HEARTBEAT_MISSES)
+        i = cur_i if interval is None else float(interval)
+        m = cur_m if misses is None else int(misses)
+        if i < 0 or m < 1:
+            raise ValueError(f"heartbeat interval must be >= 0 and misses >= 1, got {interval!r}, {misses!r}")
+        self._heartbeat = (i, m) if i > 0 else None
+
+    @property
+    def heartbeat(self) -> tuple[float, int] | None:
+        """(interval, misses) of the heartbeats, or None when they are off."""
+        return self._heartbeat
+
+    async def _watch(self, p: _Peer, conn: Connection, config: tuple[float, int]) -> None:
+        """Heartbeat: keep ``conn`` talking, and declare ``p`` failed after ``misses`` silent intervals."""
+        interval, misses = config
+        timeout = interval * misses
         while p.conn is conn and p.failure is None and not self._closed:
+            due = self._loop.time() + interval
             await asyncio.sleep(interval)
             if p.conn is not conn or p.failure is not None or self._closed:
                 return
-            silent = self._loop.time() - p.last_heard
-            if silent > timeout:
-                self._peer_failed(p, f"heard nothing for {silent:.1f}s (heartbeat timeout {timeout:g}s)")
+            now = self._loop.time()
+            if now - due > interval:
+                # Our own loop was blocked (or the process stopped): what we did not hear is not
+                # the peer's fault; whatever it sent is still in the socket. Start counting again.
+                p.last_heard = max(p.last_heard, now)
+            silent = now - p.last_heard
+            if silent > timeout + self._hb_grace.get(p.rank, 0.0):
+                self._peer_failed(
+                    p,
+                    f"hung or unreachable: heard nothing for {silent:.1f}s "
+                    f"(heartbeat every {interval:g}s, {misses} missed)",
+                )
                 return
             await self._send_quietly(conn, {"t": "hb"}, interval)
 
@@ -537,7 +603,7 @@ class Transport:
 
     def _install(self, p: _Peer, conn: Connection) -> None:
         p.conn = conn
-        conn.set_payload_sink(lambda header, nbytes: self._sink(p, header, nbytes))
+        conn.set_payload_sink(lambda header, nbytes: self._sink(p, conn, header, nbytes))
         if not p.ready.done():
             p.ready.set_result(conn)
         p.last_heard = self._loop.time()
@@ -549,13 +615,52 @@ class Transport:
                 header = {"t": "fail", "rank": q.rank, "how": q.failure}
                 self._spawn(self._send_quietly(conn, header, BYE_TIMEOUT))
 
-    def _sink(self, p: _Peer, header: Header, nbytes: int) -> memoryview | None:
+    def _sink(self, p: _Peer, conn: Connection, header: Header, nbytes: int) -> Any:
+        p.last_heard = self._loop.time()  # a payload on its way is a sign of life (heartbeats)
+        if nbytes >= HEARTBEAT_GRACE_MIN_BYTES:  # and the peer's heartbeats queue behind it
+            self._hb_grace[p.rank] = nbytes / HEARTBEAT_MIN_BANDWIDTH
         m = self.router.route(p.rank, header, nbytes)
         p.matches.append(m)
+        if m.receive is None and nbytes >= DEFER_MIN_BYTES and not m.drop and header.get("t") == "m":
+            resume = getattr(conn, "resume_payload", None)
+            if resume is not None:
+                # Nobody waits for this large payload yet: rather than into a new buffer (and a copy
+                # later), let it wait in the socket until its receive is posted (see post()).
+                slot = (header.get("g"), freeze(header.get("k")), p.rank)
+                if slot not in self._deferred:
+                    timer = self._loop.call_later(DEFER_TIMEOUT, self._defer_expired, slot)
+                    self._deferred[slot] = (p, conn, m, timer)
+                    return DEFER
         return m.sink
+
+    def _resume_deferred(self, receive: Receive) -> None:
+        """``receive`` was just posted: if its payload is waiting in the socket, read it into place."""
+        entry = self._deferred.pop((receive.group, receive.key, receive.src), None)
+        if entry is None:
+            return
+        p, conn, m, timer = entry
+        timer.cancel()
+        if conn.closed or p.conn is not conn or m not in p.matches:
+            return
+        again = self.router.route(p.rank, m.header, m.nbytes)
+        m.receive, m.drop = again.receive, again.drop
+        conn.resume_payload(m.sink)  # type: ignore[attr-defined]
+
+    def _defer_expired(self, slot: tuple[Any, Any, int]) -> None:
+        """Its receive was not posted in time: take the payload into a new buffer, unblocking the frames behind it."""
+        entry = self._deferred.pop(slot, None)
+        if entry is not None:
+            entry[1].resume_payload(None)
+
+    def _drop_deferred(self, p: _Peer | None = None) -> None:
+        for slot in [s for s, e in self._deferred.items() if p is None or e[0] is p]:
+            self._deferred.pop(slot)[3].cancel()
 
     async def _read_loop(self, p: _Peer, conn: Connection) -> None:
         try:
+            fast = getattr(conn, "set_frame_handler", None)
+            if fast is not None:  # optional fast path: frames dispatched as they complete
+                fast(lambda frame: self._dispatch(p, frame))
             while True:
                 frame = await conn.recv()
                 self._dispatch(p, frame)
@@ -565,6 +670,7 @@ class Transport:
         except ConnectionClosedError:
             self._peer_failed(p, "connection lost")
         finally:
+            self._drop_deferred(p)
             if p.matches:
                 err = self.peer_error(p.rank) if p.failure else GroupError("the process group was destroyed")
                 while p.matches:
@@ -573,6 +679,8 @@ class Transport:
     def _dispatch(self, p: _Peer, frame: Frame) -> None:
         h = frame.header
         p.last_heard = self._loop.time()
+        if self._hb_grace:
+            self._hb_grace.pop(p.rank, None)
         if p.matches and p.matches[0].header is h:
             m = p.matches.popleft()
         else:
@@ -704,16 +812,34 @@ class Transport:
             pass
 
 
-def _heartbeat_timeout() -> float | None:
+def _heartbeat_timeout() -> tuple[float, int] | None:
+    """The heartbeat (interval, misses) from the environment (defaults: on); None when turned off."""
+    interval, misses = HEARTBEAT_INTERVAL, HEARTBEAT_MISSES
+    raw = getenv(HEARTBEAT_MISSES_ENV)
+    if raw:
+        try:
+            misses = max(1, int(raw))
+        except ValueError:
+            log.warning("ignoring %s=%r: not an integer", HEARTBEAT_MISSES_ENV, raw)
+    raw = getenv(HEARTBEAT_INTERVAL_ENV)
+    if raw:
+        try:
+            interval = float(raw)
+        except ValueError:
+            log.warning("ignoring %s=%r: not a number of seconds", HEARTBEAT_INTERVAL_ENV, raw)
     raw = getenv(HEARTBEAT_ENV)
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        log.warning("ignoring %s=%r: not a number of seconds", HEARTBEAT_ENV, raw)
-        return None
-    return value if value > 0 else None
+    if raw:
+        if raw.strip().lower() in ("off", "no", "false", "none"):
+            return None
+        try:
+            timeout = float(raw)
+        except ValueError:
+            log.warning("ignoring %s=%r: not a number of seconds", HEARTBEAT_ENV, raw)
+        else:
+            if timeout <= 0:
+                return None
+            interval = timeout / misses
+    return (interval, misses) if interval > 0 else None
 
 
 def delivery_of(result: Delivery | BaseException) -> Delivery:

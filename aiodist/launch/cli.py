@@ -24,11 +24,28 @@ that defines a top-level `main` (e.g. `async def main()`) is imported and its
 main() is run."""
 
 
+def _nnodes_arg(raw: str) -> int | tuple[int, int]:
+    """``N`` -> N; ``MIN:MAX`` -> (MIN, MAX) (elastic)."""
+    from .elastic import parse_nnodes
+
+    try:
+        lo, hi = parse_nnodes(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return (lo, hi) if ":" in str(raw) else lo
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``run`` to ``parser``."""
     parser.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=int, default=1,
                         metavar="N", help="ranks to start on this node (default: 1)")
-    parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default: 1)")
+    parser.add_argument("--nnodes", type=_nnodes_arg, default=1, metavar="N|MIN:MAX",
+                        help="number of nodes (default: 1); MIN:MAX: elastic, the nodes meet in rounds at "
+                             "--master-addr:--master-port (see aiodist.launch.elastic)")
+    parser.add_argument("--rdzv-last-call", dest="rdzv_last_call", type=float, default=1.0, metavar="SECONDS",
+                        help="elastic: seconds more nodes may join once MIN are there (default: 1)")
+    parser.add_argument("--rdzv-timeout", dest="rdzv_timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="elastic: seconds to wait for a complete round (default: 300)")
     parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
                         help="this node's rank among the nodes (default: 0)")
     parser.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
@@ -84,12 +101,17 @@ def build_command(program: str, args: Sequence[str], *, module: bool = False, py
 
 def run_command(args: argparse.Namespace) -> int:
     """Run the job that ``args`` (parsed by :func:`configure_parser`) describes; return the exit code."""
+    from .elastic import launch_elastic, parse_nnodes
+
     try:
+        min_nodes, max_nodes = parse_nnodes(args.nnodes) if isinstance(args.nnodes, str) else (
+            args.nnodes if isinstance(args.nnodes, tuple) else (args.nnodes, args.nnodes))
+        elastic = min_nodes != max_nodes
         config = LaunchConfig(
             command=build_command(args.program, args.program_args, module=args.module),
             nproc_per_node=args.nproc_per_node,
-            nnodes=args.nnodes,
-            node_rank=args.node_rank,
+            nnodes=1 if elastic else min_nodes,
+            node_rank=0 if elastic else args.node_rank,
             master_addr=args.master_addr,
             master_port=args.master_port,
             max_restarts=args.max_restarts,
@@ -102,7 +124,11 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"aiodist run: error: {exc}", file=sys.stderr)
         return 2
     try:
-        result = asyncio.run(launch(config))
+        if elastic:
+            result = asyncio.run(launch_elastic(config, min_nodes=min_nodes, max_nodes=max_nodes,
+                                                last_call=args.rdzv_last_call, rdzv_timeout=args.rdzv_timeout))
+        else:
+            result = asyncio.run(launch(config))
     except LaunchError as exc:
         print(f"aiodist run: error: {exc}", file=sys.stderr)
         return 1

@@ -76,6 +76,9 @@ class LaunchConfig:
     env: Mapping[str, str] | None = None
     """Base environment of the ranks; ``None``: the launcher's own."""
     cwd: str | None = None
+    restart_base: int = 0
+    """Restarts that happened before this launch (the elastic agent's earlier rounds): added to the
+    restart count the ranks see."""
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -303,8 +306,8 @@ class _Attempt:
                     node_rank=cfg.node_rank,
                     master_addr=cfg.master_addr,
                     master_port=self._master_port,
-                    restart_count=self.index,
-                    max_restarts=cfg.max_restarts,
+                    restart_count=self.index + cfg.restart_base,
+                    max_restarts=cfg.max_restarts + cfg.restart_base,
                     run_id=cfg.run_id,
                 ),
                 nproc_per_node=cfg.nproc_per_node,

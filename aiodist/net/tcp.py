@@ -18,6 +18,7 @@ import asyncio
 import collections
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
@@ -44,11 +45,14 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._closed_fut: asyncio.Future[None] | None = None
         self._paused_writing = False
         self._paused_reading = False
+        self._deferred = False  # a payload whose destination the sink has not named yet
+        self._reading = True
         self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._wbuf = bytearray()
         self._flush_scheduled = False
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_frame: Callable[[Frame], None] | None = None
 
     def __repr__(self) -> str:
         state = "closed" if self._exc is not None else "open"
@@ -102,13 +106,64 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         if self._handshake_timer is not None and self._decoder.handshake_done:
             self._handshake_timer.cancel()
             self._handshake_timer = None
-        if not frames:
+        if self._decoder.awaiting_target and not self._deferred:
+            self._deferred = True  # stop reading until resume_payload() names the payload's destination
+            self._update_reading()
+        if frames:
+            self._deliver(frames)
+
+    def _update_reading(self) -> None:
+        t = self._transport
+        if t is None or self._exc is not None:
+            return
+        want = not self._deferred and not self._paused_reading
+        if want != self._reading:
+            self._reading = want
+            if want:
+                t.resume_reading()
+            else:
+                t.pause_reading()
+
+    def resume_payload(self, target: memoryview | None) -> None:
+        """Name the destination of a payload the sink deferred (``None``: a new buffer) and read on.
+
+        The sink returned :data:`~aiodist.wire.DEFER` for it; reading stopped
+        meanwhile. A no-op if the connection closed.
+        """
+        if self._exc is not None or not self._decoder.awaiting_target:
+            return
+        try:
+            frames = self._decoder.provide_target(target)
+        except ProtocolError as e:
+            log.info("closing connection from %s: %s", self._peer, e)
+            self._fail(ConnectionLost(f"protocol error from {self._peer}: {e}"))
+            return
+        except Exception as e:  # a payload sink that raised: a local bug, but never kill the loop
+            log.exception("payload sink failed on connection %s", self._peer)
+            self._fail(ConnectionLost(f"payload sink failed on connection to {self._peer}: {e!r}"))
+            return
+        self._deferred = self._decoder.awaiting_target
+        self._update_reading()
+        if frames:
+            self._deliver(frames)
+
+    def _deliver(self, frames: list[tuple[Header, memoryview | None]]) -> None:
+        on_frame = self._on_frame
+        if on_frame is not None:
+            try:
+                for header, payload in frames:
+                    if self._exc is not None:
+                        return
+                    on_frame(Frame(header, payload))
+            except Exception as e:  # a local bug in the handler: never kill the loop
+                log.exception("frame handler failed on connection %s", self._peer)
+                self._fail(ConnectionLost(f"frame handler failed on connection to {self._peer}: {e!r}"))
             return
         for header, payload in frames:
             self._frames.append(Frame(header, payload))
-        if len(self._frames) > _MAX_QUEUED_FRAMES and not self._paused_reading and self._transport is not None:
+        if len(self._frames) > _MAX_QUEUED_FRAMES and not self._paused_reading:
             self._paused_reading = True
-            self._transport.pause_reading()
+            self._update_reading()
         self._wake_reader()
 
     def eof_received(self) -> bool:
@@ -148,6 +203,20 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
     def set_payload_sink(self, sink: PayloadSink | None) -> None:
         self._decoder.sink = sink
 
+    def set_frame_handler(self, handler: Callable[[Frame], None] | None) -> None:
+        """Deliver frames by calling ``handler(frame)`` as they complete, instead of through :meth:`recv`.
+
+        An optional fast path (no task wake-up and future per frame): frames
+        already queued are handed over first, in order. :meth:`recv` then
+        only reports the end of the connection (it raises once it closes).
+        """
+        self._on_frame = handler
+        while handler is not None and self._frames and self._exc is None and self._on_frame is handler:
+            handler(self._frames.popleft())
+        if self._paused_reading:
+            self._paused_reading = False
+            self._update_reading()
+
     async def send(self, header: Header, payload: Any = None) -> None:
         if self._exc is not None:
             raise self._exc
@@ -155,15 +224,24 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         transport = self._transport
         assert transport is not None
         if body is None or len(head) + body.nbytes <= _COALESCE_LIMIT:
-            self._wbuf += head
-            if body is not None:
-                self._wbuf += body
-            if not self._flush_scheduled:
+            if not self._flush_scheduled and not self._paused_writing:
+                # The first frame of this loop iteration goes out at once (no
+                # extra iteration of latency); frames sent later in the same
+                # iteration are batched and written by one _flush.
+                transport.write(head if body is None else head + body)
                 self._flush_scheduled = True
                 assert self._loop is not None
                 self._loop.call_soon(self._flush)
-            if len(self._wbuf) >= _COALESCE_LIMIT:
-                self._flush()
+            else:
+                self._wbuf += head
+                if body is not None:
+                    self._wbuf += body
+                if not self._flush_scheduled:
+                    self._flush_scheduled = True
+                    assert self._loop is not None
+                    self._loop.call_soon(self._flush)
+                if len(self._wbuf) >= _COALESCE_LIMIT:
+                    self._flush()
         else:
             self._flush()
             transport.writelines((head, body))
@@ -205,10 +283,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             finally:
                 self._recv_waiter = None
         frame = self._frames.popleft()
-        if self._paused_reading and len(self._frames) <= _MAX_QUEUED_FRAMES // 2 and self._exc is None:
+        if self._paused_reading and len(self._frames) <= _MAX_QUEUED_FRAMES // 2:
             self._paused_reading = False
-            assert self._transport is not None
-            self._transport.resume_reading()
+            self._update_reading()
         return frame
 
     def _wake_reader(self) -> None:

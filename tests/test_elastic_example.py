@@ -1,0 +1,99 @@
+"""examples/elastic_train.py: survives a rank killed mid-run and ends with the reference model."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import io
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import sim
+from aiodist.launch.cli import build_command
+from aiodist.launch.supervisor import LaunchConfig, launch
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "elastic_train.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("elastic_train_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def _launch(args: list[str], n: int, env_extra: dict[str, str], max_restarts: int) -> tuple[object, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env.update(env_extra)
+    config = LaunchConfig(command=build_command(str(EXAMPLE), args), nproc_per_node=n, env=env, timeout=90,
+                          max_restarts=max_restarts)
+    out, err, logs = io.BytesIO(), io.BytesIO(), []
+    async with asyncio.timeout(120):
+        result = await launch(config, stdout=out, stderr=err, log=logs.append, handle_signals=False)
+    return result, out.getvalue().decode() + "\n".join(logs) + err.getvalue().decode()[-3000:]
+
+
+async def test_sigkill_mid_run_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
+    result, text = await _launch(["--ckpt-dir", str(tmp_path), "--every", "10"], 4, {"ELASTIC_KILL": "2@37"}, 1)
+    assert result.ok, text
+    assert result.attempts == 2, text
+    assert "killing myself (SIGKILL) at step 37" in text
+    assert "resumed at step 30, restart 1" in text, text
+    assert "[rank0]: OK: weights equal the single-process reference" in text
+
+
+async def test_without_restarts_the_kill_fails_the_job_naming_the_rank(tmp_path: Path) -> None:
+    result, text = await _launch(["--ckpt-dir", str(tmp_path)], 4, {"ELASTIC_KILL": "1@12"}, 0)
+    assert not result.ok
+    assert "rank 1" in text
+
+
+@pytest.mark.parametrize(("victim", "seed"), [(2, 0), (3, 1), (1, 2)])
+def test_shrink_in_place_in_the_simulator(tmp_path: Path, victim: int, seed: int) -> None:
+    mod = _load()
+
+    async def main() -> dict[str, float]:
+        return await mod.main(["--ckpt-dir", str(tmp_path / "ckpt"), "--every", "5", "--shrink"])
+
+    res = sim.run(main, world_size=4, seed=seed, faults=[sim.Crash(victim, on=sim.MessageSent(victim, 150))], stop_on_error=False)
+    survivors = [r for r in range(4) if r != victim]
+    assert not res.failures, res.summary()
+    assert res.crashed == [victim]
+    for r in survivors:
+        out = res.rank_results[r]
+        assert out["recoveries"] == 1.0, res.rank_results
+        assert out["accuracy"] > 0.75
+
+
+async def test_shrink_in_place_with_real_processes(tmp_path: Path) -> None:
+    """No launcher (it would stop the survivors): 4 processes, rank 2 SIGKILLs itself, 3 finish."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(4):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   PYTHONPATH=str(ROOT), ELASTIC_KILL="2@37")
+        procs.append(await asyncio.create_subprocess_exec(
+            sys.executable, str(EXAMPLE), "--ckpt-dir", str(tmp_path), "--shrink", env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT))
+    try:
+        async with asyncio.timeout(60):
+            outs = [(await p.communicate())[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+    assert procs[2].returncode != 0
+    for r in (0, 1, 3):
+        assert procs[r].returncode == 0, outs[r]
+        assert "rank 2 failed" in outs[r], outs[r]
+    assert "OK: weights equal the single-process reference" in outs[0], outs[0]

@@ -1,0 +1,115 @@
+"""Collective mismatch detection: every member raises CollectiveMismatchError, fast, naming the calls."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import run_ranks
+
+import aiodist.api as dist
+import sim
+from aiodist.errors import CollectiveMismatchError
+
+SCENARIOS = {
+    # rank 3 calls another collective whose frames may never reach the others
+    "op": lambda pg, x: pg.broadcast(x, src=0) if pg.rank == 3 else pg.all_reduce(x),
+    # rank 2 passes another element count (would pick another algorithm size)
+    "size": lambda pg, x: pg.all_reduce(np.ones(8 if pg.rank == 2 else 4, np.float32)),
+    # rank 1 names another root
+    "root": lambda pg, x: pg.broadcast(x, src=1 if pg.rank == 1 else 0),
+    # dtype
+    "dtype": lambda pg, x: pg.all_reduce(np.ones(4, np.float64 if pg.rank == 0 else np.float32)),
+}
+
+
+async def mismatch_main(kind: str) -> Any:
+    pg = await dist.init_process_group(timeout=20)
+    loop = asyncio.get_running_loop()
+    x = np.ones(4, np.float32)
+    try:
+        for _ in range(3):
+            await pg.all_reduce(x)
+        start = loop.time()
+        try:
+            await SCENARIOS[kind](pg, x)
+            # A broadcast root's part may complete before anyone notices (it only sends):
+            # then the next collective says the group is unusable.
+            await pg.all_reduce(x)
+        except CollectiveMismatchError as e:
+            took = loop.time() - start
+            # the group is unusable afterwards, and says why at once
+            with pytest.raises(CollectiveMismatchError):
+                await pg.all_reduce(x)
+            await asyncio.sleep(1.0)  # a program would report the error: the others must not see us leave
+            return took, str(e), e.seq, dict(e.calls)
+        return "completed"
+    finally:
+        await dist.destroy_process_group()
+
+
+def _check(kind: str, results: list[Any]) -> None:
+    words = {"op": ("all_reduce", "broadcast"), "size": ("n=4", "n=8"), "root": ("src=0", "src=1"),
+             "dtype": ("float32", "float64")}[kind]
+    for r, out in enumerate(results):
+        assert out != "completed", (r, results)
+        took, msg, seq, calls = out
+        assert took < 1.0, (r, took, msg)
+        assert seq in (3, 4), (r, msg)
+        assert calls, (r, msg)
+        assert any(w in msg or any(w in str(c) for c in calls.values()) for w in words), (r, msg)
+    # at least one rank lists both sides
+    assert any(all(any(w in str(c) for c in calls.values()) for w in words) for _, _, _, calls in results), results
+
+
+@pytest.mark.parametrize("kind", sorted(SCENARIOS))
+async def test_every_rank_raises_a_mismatch_within_a_second_tcp(kind: str) -> None:
+    results = await run_ranks(4, lambda r: mismatch_main(kind), timeout=30)
+    _check(kind, results)
+
+
+@pytest.mark.parametrize("kind", sorted(SCENARIOS))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_rank_raises_a_mismatch_within_a_second_sim(kind: str, seed: int) -> None:
+    res = sim.run(lambda: mismatch_main(kind), world_size=4, seed=seed)
+    assert res.ok, res.summary()
+    _check(kind, res.rank_results)
+    again = sim.run(lambda: mismatch_main(kind), world_size=4, seed=seed)
+    assert again.digest == res.digest  # deterministic
+
+
+async def fast_ops_main() -> Any:
+    pg = await dist.init_process_group(timeout=20)
+    try:
+        for _ in range(50):
+            await pg.all_reduce(np.ones(4, np.float32))
+        await pg.barrier()
+        return await pg.store.check([f"{pg.transport.key_prefix}fp/0/{s}" for s in range(51)])
+    finally:
+        await dist.destroy_process_group()
+
+
+def test_fast_collectives_never_touch_the_store_for_fingerprints() -> None:
+    res = sim.run(fast_ops_main, world_size=4, seed=0)
+    assert res.ok, res.summary()
+    assert res.rank_results == [False] * 4
+
+
+async def slow_but_matching_main() -> Any:
+    pg = await dist.init_process_group(timeout=20)
+    try:
+        x = np.ones(4, np.float32)
+        if pg.rank == 2:
+            await asyncio.sleep(2.0)  # the others wait long enough to compare fingerprints: all agree
+        await pg.all_reduce(x)
+        return float(x[0])
+    finally:
+        await dist.destroy_process_group()
+
+
+def test_a_slow_rank_with_the_same_call_is_not_a_mismatch() -> None:
+    res = sim.run(slow_but_matching_main, world_size=4, seed=0)
+    assert res.ok, res.summary()
+    assert res.rank_results == [4.0] * 4

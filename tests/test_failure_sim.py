@@ -1,0 +1,131 @@
+"""The failure scenarios in the simulator: deterministic, on virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiodist.api as dist
+import sim
+from aiodist.errors import AiodistError, PeerFailureError
+
+
+async def loop_main(iters: int = 10_000) -> Any:
+    loop = asyncio.get_running_loop()
+    await dist.init_process_group(timeout=60)
+    x = np.ones(16)
+    try:
+        for _ in range(iters):
+            await dist.all_reduce(x)
+            x[:] = 1
+    except PeerFailureError as e:
+        return e.global_rank, e.how, loop.time()
+    return "finished", None, loop.time()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_vanished_rank_is_named_by_every_survivor_through_heartbeats(seed: int) -> None:
+    """Crash(silent=True): the host vanishes, nothing closes (what SIGSTOP or a pulled cable looks like)."""
+    res = sim.run(loop_main, world_size=4, seed=seed, faults=[sim.Crash(3, at=0.05, silent=True)], stop_on_error=False)
+    assert res.ok, res.summary()
+    for r in range(3):
+        culprit, how, when = res.rank_results[r]
+        assert culprit == 3, res.rank_results
+        assert when - 0.05 < 5.0, res.rank_results  # default heartbeats: 3 s of silence
+    again = sim.run(loop_main, world_size=4, seed=seed, faults=[sim.Crash(3, at=0.05, silent=True)],
+                    stop_on_error=False)
+    assert again.digest == res.digest
+
+
+def test_heartbeats_can_be_tuned_from_init_process_group() -> None:
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+        await dist.init_process_group(timeout=60, heartbeat_interval=0.1, heartbeat_misses=4)
+        x = np.ones(4)
+        try:
+            while True:
+                await dist.all_reduce(x)
+        except PeerFailureError as e:
+            return e.global_rank, loop.time()
+
+    res = sim.run(main, world_size=4, seed=0, faults=[sim.Crash(1, at=0.05, silent=True)], stop_on_error=False)
+    assert res.ok, res.summary()
+    for r in (0, 2, 3):
+        assert res.rank_results[r][0] == 1
+        assert res.rank_results[r][1] < 0.05 + 1.0
+
+
+async def busy_main() -> Any:
+    """Ranks that compute (await sleeps) for far longer than the heartbeat timeout are not declared failed."""
+    await dist.init_process_group(timeout=600)
+    x = np.ones(4)
+    for i in range(3):
+        await asyncio.sleep(10.0 * (dist.get_rank() + 1))
+        await dist.all_reduce(x)
+        x[:] = 1
+    await dist.destroy_process_group()
+    return "ok"
+
+
+def test_no_false_positive_for_long_waits_and_stragglers() -> None:
+    res = sim.run(busy_main, world_size=4, seed=0, faults=[sim.Straggler(2, 5.0)])
+    assert res.ok, res.summary()
+    assert res.rank_results == ["ok"] * 4
+
+
+async def store_loss_main() -> Any:
+    await dist.init_process_group(timeout=30)
+    x = np.ones(16)
+    for _ in range(50):  # connections are made: the world group does not need the store any more
+        await dist.all_reduce(x)
+        x[:] = 1
+    await asyncio.sleep(1.0)  # the store host dies meanwhile
+    for _ in range(50):
+        x[:] = 1
+        await dist.all_reduce(x)
+    result = float(x[0])
+    try:
+        await dist.new_group([0, 1])  # needs the store: fails clearly, at once
+        outcome = "created"
+    except AiodistError as e:
+        outcome = type(e).__name__
+    return result, outcome
+
+
+def test_losing_the_store_host_does_not_break_a_working_group() -> None:
+    """Decision: the store is needed to set things up (rendezvous, addresses, new groups), not to run
+    collectives over connections already made; losing it fails the operations that need it (clear error),
+    not the group."""
+    res = sim.run(store_loss_main, world_size=4, seed=0, faults=[sim.CrashStore(at=0.5)], stop_on_error=False)
+    assert res.ok, res.summary()
+    for r, (value, outcome) in enumerate(res.rank_results):
+        assert value == 4.0
+        # members need the store to agree on the group: a clear store error; non-members do not
+        assert outcome == ("StoreConnectionLost" if r in (0, 1) else "created"), res.rank_results
+    assert res.virtual_time < 35, res.summary()
+
+
+async def big_allreduce_main() -> Any:
+    await dist.init_process_group(timeout=600)
+    x = np.ones(1 << 22, np.float32)  # 16 MiB
+    loop = asyncio.get_running_loop()
+    t = loop.time()
+    await dist.all_reduce(x)
+    took = loop.time() - t
+    await dist.destroy_process_group()
+    return took, float(x[0])
+
+
+def test_a_slow_link_is_not_a_hung_peer() -> None:
+    """A 16 MiB all_reduce over 5 MB/s links takes ~5 s, longer than the 3 s heartbeat timeout: frames keep
+    arriving (and heartbeats between them), so nobody is declared failed. (The simulator delivers a frame
+    whole when its last byte arrives: a single frame that takes longer than the timeout would look like
+    silence there; over TCP its header arrives first and buys it time, see HEARTBEAT_MIN_BANDWIDTH.)"""
+    res = sim.run(big_allreduce_main, world_size=4, seed=0, network=sim.Network.ideal(alpha=1e-4, bandwidth=5e6),
+                  trace=False)
+    assert res.ok, res.summary()
+    for took, value in res.rank_results:
+        assert value == 4.0 and took > 3.0

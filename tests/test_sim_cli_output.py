@@ -1,0 +1,84 @@
+"""What ``python -m sim run`` prints for a failing big run: rank-prefixed, folded, readable."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+from sim.runner import Failure, _ranks_text
+
+PROGRAM = '''
+import asyncio, logging
+from aiodist.context import getenv
+
+async def main():
+    rank = int(getenv("RANK"))
+    await asyncio.sleep(0.001 * rank)
+    logging.getLogger("aiodist.flight").warning("rank %d: PeerFailureError: rank 3 failed; in flight: nothing", rank)
+    if rank == 0:
+        logging.getLogger("aiodist.comm").error("something else")
+    if rank != 3:
+        raise ValueError(f"rank {rank} saw rank 3 fail")
+'''
+
+
+@pytest.fixture()
+def program(tmp_path: Path) -> str:
+    path = tmp_path / "prog.py"
+    path.write_text(PROGRAM)
+    return str(path)
+
+
+def test_rank_log_records_are_prefixed_and_folded(program: str, capsys: pytest.CaptureFixture[str]) -> None:
+    aiodist_logger = logging.getLogger("aiodist")
+    propagate = aiodist_logger.propagate
+    code = main(["run", "-n", "24", program, "--keep-going", "--seed", "1"])
+    captured = capsys.readouterr()
+    assert code == 1
+    err = captured.err.splitlines()
+    # One line per kind of record (not one per rank), with the rank and the virtual time.
+    assert err[0] == ("[rank 0 t=0.000000s] WARNING aiodist.flight: rank 0: PeerFailureError: rank 3 failed; "
+                      "in flight: nothing")
+    assert err[1] == "    ... and 23 more like it from ranks 1-23"
+    assert err[2] == "[rank 0 t=0.000000s] ERROR aiodist.comm: something else"
+    assert len(err) == 3
+    assert aiodist_logger.propagate == propagate and not any(
+        type(h).__name__ == "RankLogCollector" for h in aiodist_logger.handlers)  # restored after the run
+
+
+def test_many_failures_and_tracebacks_are_folded(program: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", "-n", "24", program, "--keep-going", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "[exception] rank 0 at t=0.000000s: ValueError: rank 0 saw rank 3 fail" in out
+    assert "    ... and 22 more like it (ranks 1, 2, 4-23)" in out
+    assert out.count("Traceback (most recent call last)") == 1
+    assert "(ranks 1, 2, 4-23 raised the same way)" in out
+    assert "FAILED seed 1. Replay with:" in out
+
+
+def test_quiet_sweeps_print_no_log_records(program: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "-n", "4", program, "--seeds", "0:2", "-q"]) == 1
+    assert capsys.readouterr().err == ""
+
+
+def test_blocked_ranks_share_a_line_per_place_in_big_runs() -> None:
+    small = Failure("deadlock", None, "deadlock", blocked={r: [{"op": "recv", "peer": 0}] for r in range(1, 4)})
+    assert str(small).splitlines()[1:] == [f"    rank {r} blocked in: recv(peer=0)" for r in range(1, 4)]
+    blocked = {r: [{"op": "recv", "peer": 0}] for r in range(1, 40)}
+    blocked[7] = [{"op": "barrier", "seq": 2}]
+    big = Failure("deadlock", None, "deadlock", blocked=blocked)
+    assert str(big).splitlines()[1:] == [
+        "    38 ranks (1-6, 8-39) blocked in: recv(peer=0)",
+        "    rank 7 blocked in: barrier(seq=2)",
+    ]
+
+
+def test_ranks_text() -> None:
+    assert _ranks_text([]) == ""
+    assert _ranks_text([5]) == "5"
+    assert _ranks_text([7, 0, 2, 3, 4, 4]) == "0, 2-4, 7"
+    assert _ranks_text([1, 2, 9, 10, 11]) == "1, 2, 9-11"
