@@ -176,3 +176,42 @@ def test_truncated_frame_then_close_is_connection_lost():
             assert "closed" in str(e)
 
     run_on("asyncio", main)
+
+
+def _own_non_loopback_address() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for addr in out.split():
+        if "." in addr and not addr.startswith("127."):
+            return addr
+    return None
+
+
+def test_default_host_is_loopback_for_a_local_job(monkeypatch):
+    from aiodist.net.tcp import local_address_toward
+
+    for master in (None, "127.0.0.1", "localhost", "127.0.0.7"):
+        if master is None:
+            monkeypatch.delenv("MASTER_ADDR", raising=False)
+        else:
+            monkeypatch.setenv("MASTER_ADDR", master)
+        local_address_toward.cache_clear()
+        assert TCPNetwork().default_host() == "127.0.0.1"
+    assert TCPNetwork(host="10.1.2.3").default_host() == "10.1.2.3"  # explicit host wins (no lookup)
+
+
+def test_default_host_for_a_remote_master_is_the_local_route_address(monkeypatch):
+    from aiodist.net.tcp import local_address_toward
+
+    own = _own_non_loopback_address()
+    if own is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    # MASTER_ADDR naming this machine's own interface address: the route is local,
+    # nothing leaves the machine, and the answer must be that address, not loopback.
+    monkeypatch.setenv("MASTER_ADDR", own)
+    local_address_toward.cache_clear()
+    assert TCPNetwork().default_host() == own

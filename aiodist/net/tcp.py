@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import ipaddress
 import logging
 import socket
 from collections.abc import Callable
 from typing import Any
 
+from ..context import getenv
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
 from ..wire import DEFAULT_MAX_FRAME_SIZE, PREAMBLE, FrameDecoder, encode_frame
 from .base import Address, Connection, ConnectionHandler, Frame, Header, Listener, Network, PayloadSink
@@ -380,6 +383,27 @@ class TCPListener(Listener):
             await self._server.wait_closed()
 
 
+@functools.lru_cache(maxsize=16)
+def local_address_toward(peer: str | None) -> str:
+    """This machine's address on the route to ``peer`` (loopback for a local or missing peer).
+
+    Uses a UDP socket's ``connect``, which picks a route without sending anything.
+    """
+    if not peer or peer == "localhost":
+        return "127.0.0.1"
+    try:
+        infos = socket.getaddrinfo(peer, None, socket.AF_INET, socket.SOCK_DGRAM)
+        addr = infos[0][4][0]
+        if ipaddress.ip_address(addr).is_loopback:
+            return "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))
+            return str(s.getsockname()[0])
+    except (OSError, ValueError, IndexError):
+        log.warning("cannot find a local address towards MASTER_ADDR=%s; listening on 127.0.0.1", peer)
+        return "127.0.0.1"
+
+
 class TCPNetwork(Network):
     """asyncio TCP. Stateless: one instance serves every rank of a process."""
 
@@ -390,7 +414,16 @@ class TCPNetwork(Network):
         return "<TCPNetwork>"
 
     def default_host(self) -> str:
-        return self._host or "127.0.0.1"
+        """The address this host's listeners are published under.
+
+        ``127.0.0.1`` for a single-machine job; when the rank's MASTER_ADDR is
+        another machine, the local address of the route towards it (so that
+        ranks on other nodes can connect back). ``AIODIST_HOST`` overrides both
+        (read by the callers).
+        """
+        if self._host:
+            return self._host
+        return local_address_toward(getenv("MASTER_ADDR"))
 
     async def connect(
         self, address: Address, *, timeout: float | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
