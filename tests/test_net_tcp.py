@@ -215,3 +215,38 @@ def test_default_host_for_a_remote_master_is_the_local_route_address(monkeypatch
     monkeypatch.setenv("MASTER_ADDR", own)
     local_address_toward.cache_clear()
     assert TCPNetwork().default_host() == own
+
+
+def test_send_nowait_reports_a_full_buffer_and_drained_waits_for_it():
+    async def main():
+        net = TCPNetwork()
+        release = asyncio.Event()
+        got = []
+
+        async def slow_reader(conn):
+            await release.wait()
+            while True:
+                f = await conn.recv()
+                got.append(0 if f.payload is None else len(f.payload))
+
+        async with await net.listen(("127.0.0.1", 0), slow_reader) as lis:
+            conn = await net.connect(lis.address)
+            assert conn.send_nowait({"small": 1}) is True
+            chunk = np.zeros(1 << 20, dtype=np.uint8)
+            results = []
+            for _ in range(64):  # 64 MiB: far more than the socket buffers hold
+                results.append(conn.send_nowait({"big": 1}, chunk))
+                if not results[-1]:
+                    break
+            assert results[-1] is False, "a peer that does not read must fill the buffer"
+            release.set()
+            await asyncio.wait_for(conn.drained(), 10)
+            await conn.send({"last": 1})
+            for _ in range(500):
+                if len(got) == len(results) + 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert got == [0] + [1 << 20] * len(results) + [0]  # nothing lost, in order
+            await conn.aclose()
+
+    run_on("uvloop", main)

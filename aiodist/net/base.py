@@ -53,6 +53,19 @@ class Connection(abc.ABC):
 
     ``send`` may be called from several tasks at once: frames never interleave.
     ``recv`` is meant for one reader task at a time.
+
+    Optional fast paths, found with ``getattr`` (callers fall back to
+    ``send``/``recv`` when an implementation lacks them):
+
+    * ``set_frame_handler(cb)``: complete frames are handed to ``cb(frame)``
+      synchronously instead of through ``recv`` (queued ones first, in order);
+      ``recv`` then only reports the end of the connection.
+    * ``send_nowait(header, payload) -> bool``: queue a frame without waiting;
+      ``False`` means the buffer is full and the caller should wait
+      (``await drained()``) before sending more.
+    * ``resume_payload(target)``: the payload sink may answer
+      :data:`aiodist.wire.DEFER` ("no buffer yet"); reading from the
+      connection pauses until ``resume_payload`` names the destination.
     """
 
     @property

@@ -221,6 +221,16 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             self._update_reading()
 
     async def send(self, header: Header, payload: Any = None) -> None:
+        if not self.send_nowait(header, payload):
+            await self._drain()
+
+    def send_nowait(self, header: Header, payload: Any = None) -> bool:
+        """Queue one frame without waiting; False: the buffer is full, wait before sending more.
+
+        Unlike :meth:`send`, a large payload may still be referenced by the
+        transport when this returns False: keep it unchanged until a later
+        ``send`` (or :meth:`drained`) returns.
+        """
         if self._exc is not None:
             raise self._exc
         head, body = encode_frame(header, payload)
@@ -248,14 +258,20 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         else:
             self._flush()
             transport.writelines((head, body))
-        if self._paused_writing:
-            await self._drain()
+        return not self._paused_writing
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._wbuf and self._exc is None and self._transport is not None:
             data, self._wbuf = self._wbuf, bytearray()
             self._transport.write(data)
+
+    async def drained(self) -> None:
+        """Wait until everything queued was handed to the kernel (raises if the connection broke)."""
+        if self._paused_writing:
+            await self._drain()
+        elif self._exc is not None:
+            raise self._exc
 
     async def _drain(self) -> None:
         assert self._loop is not None
