@@ -17,10 +17,38 @@ that a receive posted in time gets the payload written straight into its
 buffer; :meth:`Router.complete` finishes the frame once its payload is in.
 Messages nobody waits for yet are buffered. Every receive ends exactly once,
 through its ``on_done`` callback, with a :class:`Delivery` or an exception.
+
+Bad input. What one peer may make this rank buffer is bounded: at most
+:attr:`Router.max_early_frames` frames and :attr:`Router.max_early_bytes`
+payload bytes waiting for a receive (keyed, point-to-point and out-of-order
+ones together), per peer. A frame that is impossible sets
+:attr:`Match.violation` (and is dropped, never buffered), so that the transport
+can close that peer's connection with the reason:
+
+* a malformed header (no group, a keyed message without an integer sequence
+  number first in its key, a point-to-point message without an integer number);
+* a group id this rank will never know: not a non-negative int, more than
+  :attr:`Router.group_window` ids beyond the newest group this rank allocated,
+  a group this rank is not a member of (:meth:`Router.foreign_group`), or a
+  known group the sender is not a member of;
+* an impossible sequence number: a keyed message whose slot already holds a
+  buffered message (a slot carries one message: a duplicate), one more than :attr:`Router.seq_window` numbers
+  beyond the newest sequence number this rank posted a receive for in that
+  group, a point-to-point message whose number was already delivered (a
+  duplicate) or is more than the window ahead of the next one expected;
+* more than the per-peer budget of buffered frames or bytes.
+
+Frames for a group destroyed here (:meth:`Router.forget_group`) are dropped
+without blame: a peer may still be sending the rest of an operation that timed
+out or was cancelled here. So are frames for a sequence number retired here
+(:meth:`Router.retire`: every operation below it completed), counted per peer
+in :attr:`Router.late_from`: a duplicate cannot be told from the leftover of a
+mismatched call. Neither is ever buffered.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +125,9 @@ class Match:
     receive: Receive | None = None
     drop: bool = False
     in_order: bool = True  # point-to-point: its number was the one expected next
+    violation: str | None = None  # the frame is impossible (bad input): why; it is dropped
+    charged: bool = False  # counted in its sender's budget from routing until it completes
+    late: bool = False  # for an operation retired here: dropped (see Router.retire)
 
     @property
     def sink(self) -> memoryview | None:
@@ -131,10 +162,41 @@ class _P2PQueue:
     arrived: list[_Arrived] = field(default_factory=list)
 
 
+MAX_EARLY_FRAMES = 65536
+"""Default per-peer bound on frames buffered before their receive is posted."""
+MAX_EARLY_BYTES = 1 << 30
+"""Default per-peer bound on payload bytes buffered before their receive is posted (1 GiB)."""
+SEQ_WINDOW = 1 << 16
+"""Default: how many sequence numbers a keyed message may be ahead of the newest one this rank
+posted a receive for in its group (and a point-to-point number ahead of the next one expected)."""
+GROUP_WINDOW = 1024
+"""Default: how many group ids a message's group may be ahead of the newest one allocated here."""
+
+
 class Router:
     """The routing table of one rank (all its groups)."""
 
     def __init__(self) -> None:
+        self.max_early_frames = MAX_EARLY_FRAMES
+        self.max_early_bytes = MAX_EARLY_BYTES
+        self.seq_window = SEQ_WINDOW
+        self.group_window = GROUP_WINDOW
+        self.check_groups = False  # the transport turns this on: group ids are then vetted (see the module doc)
+        # Group ids: members lists of the groups known here (None: no check), foreign (not a
+        # member), destroyed, the newest allocated; the newest seq posted and the retired floor.
+        self.known_groups: dict[Any, tuple[int, ...] | None] = {}
+        self.newest_group: int = 0
+        self._foreign: dict[Any, None] = {}
+        self._span: dict[Any, tuple[int, int]] = {}  # known contiguous groups: (first, last) member
+        self._destroyed: dict[Any, None] = {}
+        self._top_seq: dict[Any, int] = {}
+        self._floor: dict[Any, int] = {}
+        # per peer: [frames, bytes] buffered for it, and per (peer, group)
+        self._early: dict[int, list[int]] = {}
+        self._early_g: dict[tuple[int, Any], list[int]] = {}
+        self._incoming: dict[tuple[Any, Any, int], None] = {}  # keyed slots routed to be buffered, payload on its way
+        self.dropped_destroyed = 0  # frames dropped because their group was destroyed here
+        self.late_from: dict[int, int] = {}  # per peer: frames dropped for operations retired here
         self._posted: dict[tuple[Any, Any, int], Receive] = {}
         self._arrived: dict[tuple[Any, Any, int], _Arrived] = {}
         self._abandoned: dict[tuple[Any, Any, int], None] = {}
@@ -143,7 +205,8 @@ class Router:
         self._held: dict[tuple[Any, int, int], dict[int, _Arrived]] = {}
         self._failed_src: dict[int, ErrorFactory] = {}
         self._failed_group: dict[Any, ErrorFactory] = {}
-        self._failed_seq: dict[tuple[Any, Any, int], ErrorFactory] = {}
+        self._failed_seq: dict[tuple[Any, Any, int | None], ErrorFactory] = {}
+        self._failed_from: dict[Any, tuple[int, ErrorFactory]] = {}
         # (group, seq, src) -> [signature, count] of posted keyed receives / buffered messages,
         # so that "another call at the same seq" is found without scanning.
         self._posted_sigs: dict[tuple[Any, Any, int], list[Any]] = {}
@@ -159,6 +222,8 @@ class Router:
         assert receive.src is not None
         receive.key = freeze(receive.key)
         slot = (receive.group, receive.key, receive.src)
+        if receive.key and type(receive.key[0]) is int and receive.key[0] > self._top_seq.get(receive.group, -1):
+            self._top_seq[receive.group] = receive.key[0]
         if slot in self._posted:
             self._finish(receive, RuntimeError(f"two receives posted for the same message {slot!r}"))
             return
@@ -185,6 +250,7 @@ class Router:
         for i, a in enumerate(q.arrived):
             if receive.src is None or a.src == receive.src:
                 del q.arrived[i]
+                self._charge(a.src, receive.group, a.nbytes, -1)
                 self._deliver(receive, a.src, a.header, a.payload, a.nbytes)
                 return
         err = self._failure_for(receive)
@@ -217,31 +283,215 @@ class Router:
         m = Match(src, header, nbytes)
         kind = header.get("t")
         if kind == "m":
-            slot = (header.get("g"), freeze(header.get("k")), src)
+            g = header.get("g")
+            k = header.get("k")
+            # fast path (a known contiguous group, a sane seq within the window); else the full vetting
+            span = self._span.get(g)
+            if (
+                span is None
+                or not span[0] <= src <= span[1]
+                or type(k) not in (tuple, list)
+                or not k
+                or type(k[0]) is not int
+                or not 0 <= k[0] <= self._top_seq.get(g, 0) + self.seq_window
+            ):
+                bad = self._vet_group(g, src) if self.check_groups else None
+                if bad is None:
+                    bad = self._vet_keyed(g, k)
+                if bad is not None:
+                    return self._violate(m, bad)
+                if g in self._destroyed:
+                    self.dropped_destroyed += 1
+                    m.drop = True
+                    return m
+            if self._floor and k[0] < self._floor.get(g, 0):
+                self.late_from[src] = self.late_from.get(src, 0) + 1
+                m.drop = m.late = True
+                return m
+            slot = (g, freeze(header.get("k")), src)
             r = self._pop_posted(slot)
             if r is not None:
                 m.receive = self._accept(r, src, header, nbytes, m)
             elif slot in self._abandoned:
                 del self._abandoned[slot]
                 m.drop = True
+            elif slot in self._arrived or slot in self._incoming:
+                return self._violate(m, f"a second message for {_describe(slot)} (a slot carries one message)")
             else:
                 self._fail_conflicting(src, header, nbytes)
+                if not m.drop:
+                    self._check_budget(m)
+                    if m.charged:
+                        self._incoming[slot] = None
         elif kind == "p":
-            ck = (header.get("g"), src, int(header.get("tag", 0)))
+            g = header.get("g")
+            bad = self._vet_group(g, src) if self.check_groups else None
+            if bad is not None:
+                return self._violate(m, bad)
+            tag, n = header.get("tag", 0), header.get("n", None)
+            if not _is_int(tag) or (n is not None and not _is_int(n)):
+                return self._violate(m, f"a point-to-point message of group {g!r} with tag {tag!r}, number {n!r}")
+            if g in self._destroyed:
+                self.dropped_destroyed += 1
+                m.drop = True
+                return m
+            ck = (g, src, int(tag))
             expected = self._next_n.get(ck, 0)
-            if header.get("n", expected) == expected:
+            if n is None:
+                n = expected
+            if n < expected or n in self._held.get(ck, ()):
+                return self._violate(m, f"a duplicate point-to-point message (group {g!r}, tag {tag}, number {n})")
+            if n > expected + self.seq_window:
+                return self._violate(
+                    m, f"point-to-point number {n} (group {g!r}, tag {tag}) is more than {self.seq_window} "
+                    f"ahead of the next one expected ({expected})")
+            if n == expected:
                 self._next_n[ck] = expected + 1
-                r = self._take_p2p(header.get("g"), int(header.get("tag", 0)), src)
+                r = self._take_p2p(g, int(tag), src)
                 if r is not None:
                     m.receive = self._accept(r, src, header, nbytes, m)
+                else:
+                    self._check_budget(m)
             else:
                 m.in_order = False
+                self._check_budget(m)
         else:
             m.drop = True
         return m
 
+    # ------------------------------------------------------------------ bad input
+
+    def _violate(self, m: Match, why: str) -> Match:
+        m.violation = why
+        m.drop = True
+        m.receive = None
+        return m
+
+    def _vet_group(self, g: Any, src: int) -> str | None:
+        if g in self.known_groups:
+            members = self.known_groups[g]
+            if members is not None and not _is_member(members, src):
+                return f"a message for group {g!r}, of which rank {src} is not a member (members {list(members)})"
+            return None
+        if g in self._destroyed:
+            return None
+        if g in self._foreign:
+            return f"a message for group {g!r}, of which this rank is not a member"
+        if not _is_int(g) or g < 0:
+            return f"a message for group id {g!r}, which no group has"
+        if g > self.newest_group + self.group_window:
+            return (f"a message for group {g}, more than {self.group_window} group ids beyond the newest "
+                    f"one created here ({self.newest_group})")
+        return None
+
+    def _vet_keyed(self, g: Any, k: Any, *, retired_ok: bool = False) -> str | None:
+        if not isinstance(k, (list, tuple)) or not k or not _is_int(k[0]) or k[0] < 0:
+            return f"a collective message of group {g!r} without a sequence number (key {k!r})"
+        seq = k[0]
+        floor = self._floor.get(g)
+        top = self._top_seq.get(g, max(floor or 0, 0))
+        if seq > top + self.seq_window:
+            return (f"a message for seq {seq} of group {g!r}, more than {self.seq_window} beyond the newest "
+                    f"this rank has reached ({top})")
+        return None
+
+    def _check_budget(self, m: Match) -> None:
+        """``m`` will probably be buffered: count it now (its payload is on its way), or refuse it."""
+        frames, nbytes = self._early.get(m.src, (0, 0))
+        if frames + 1 <= self.max_early_frames and nbytes + m.nbytes <= self.max_early_bytes:
+            m.charged = True
+            self._charge(m.src, m.header.get("g"), m.nbytes, 1)
+        else:
+            groups = sorted(((g, c[0], c[1]) for (s, g), c in self._early_g.items() if s == m.src and c[0]), key=repr)
+            where = ", ".join(f"group {g!r}: {f} frames, {b} bytes" for g, f, b in groups) or "none yet"
+            self._violate(
+                m, f"too many messages nobody waits for: {frames} frames and {nbytes} bytes buffered "
+                f"(limits {self.max_early_frames} frames, {self.max_early_bytes} bytes per peer; {where})")
+
+    def release(self, m: Match) -> None:
+        """Forget that ``m`` was to be buffered (it is about to be routed again)."""
+        if m.charged:
+            self._uncharge(m)
+
+    def _uncharge(self, m: Match) -> None:
+        m.charged = False
+        self._charge(m.src, m.header.get("g"), m.nbytes, -1)
+        if self._incoming and m.header.get("t") == "m":
+            self._incoming.pop((m.header.get("g"), freeze(m.header.get("k")), m.src), None)
+
+    def _charge(self, src: int, group: Any, nbytes: int, sign: int) -> None:
+        for key, table in ((src, self._early), ((src, group), self._early_g)):
+            c = table.get(key)  # type: ignore[call-overload]
+            if c is None:
+                c = table[key] = [0, 0]  # type: ignore[index]
+            c[0] += sign
+            c[1] += sign * nbytes
+            if c[0] <= 0:
+                del table[key]  # type: ignore[arg-type]
+
+    def buffered(self, src: int) -> tuple[int, int]:
+        """(frames, bytes) buffered from ``src`` that no receive took yet."""
+        c = self._early.get(src)
+        return (c[0], c[1]) if c else (0, 0)
+
+    def vet(self, src: int, group: Any, seq: Any) -> str | None:
+        """Why a message from ``src`` for ``seq`` of ``group`` is impossible (None: it is possible)."""
+        bad = self._vet_group(group, src) if self.check_groups else None
+        return bad if bad is not None else self._vet_keyed(group, (seq,), retired_ok=True)
+
+    def destroyed(self, group: Any) -> bool:
+        """Was ``group`` destroyed here (:meth:`forget_group`)?"""
+        return group in self._destroyed
+
+    def foreign_group(self, group: Any) -> None:
+        """This rank is not a member of ``group``: a message for it is bad input."""
+        self._foreign[group] = None
+
+    def retire(self, group: Any, floor: int) -> None:
+        """Every operation of ``group`` below sequence number ``floor`` completed here.
+
+        A later message for one of them is dropped (never buffered) and counted in
+        :attr:`late_from`: it is a duplicate, or the leftover of a peer that called
+        another collective at that seq (a mismatch, reported by other means); the two
+        cannot be told apart here, so nobody is blamed for it.
+        """
+        if floor > self._floor.get(group, 0):
+            self._floor[group] = floor
+
+    def discard_source(self, src: int) -> None:
+        """Drop every message buffered from ``src`` (it sent bad input: nothing of it is trusted)."""
+        for slot in [s for s in self._arrived if s[2] == src]:
+            self._pop_arrived(slot)
+        for q in self._p2p.values():
+            kept = [a for a in q.arrived if a.src != src]
+            for a in q.arrived:
+                if a.src == src:
+                    self._charge(a.src, a.header.get("g"), a.nbytes, -1)
+            q.arrived = kept
+        for ck in [ck for ck in self._held if ck[1] == src]:
+            for a in self._held.pop(ck).values():
+                self._charge(a.src, a.header.get("g"), a.nbytes, -1)
+
+    def conflicting_arrival(self, group: Any, seq: Any, sig: str, sources: Any = None) -> tuple[int, str] | None:
+        """A buffered message of ``group`` at ``seq`` from a rank that called something else than ``sig``.
+
+        Returns (its global rank, its signature), or None. ``sources``: the ranks to look at
+        (default: all). The public form of what ``_arrived_sigs`` holds.
+        """
+        if not self._arrived_sigs:
+            return None
+        if sources is None:
+            sources = sorted({s for (g, q, s) in self._arrived_sigs if g == group and q == seq})
+        for src in sources:
+            entry = self._arrived_sigs.get((group, seq, src))
+            if entry is not None and entry[0] != sig:
+                return src, entry[0]
+        return None
+
     def complete(self, m: Match, payload: memoryview | None) -> None:
         """The frame ``m`` was routed for has fully arrived with ``payload``."""
+        if m.charged:  # counted again below if it is buffered after all
+            self._uncharge(m)
         kind = m.header.get("t")
         if kind == "m":
             if not m.drop:
@@ -251,7 +501,9 @@ class Router:
             return
         ck = (m.header.get("g"), m.src, int(m.header.get("tag", 0)))
         if not m.in_order:
-            self._held.setdefault(ck, {})[int(m.header["n"])] = _Arrived(m.src, m.header, payload, m.nbytes)
+            if not m.drop:
+                self._held.setdefault(ck, {})[int(m.header["n"])] = _Arrived(m.src, m.header, payload, m.nbytes)
+                self._charge(m.src, ck[0], m.nbytes, 1)
             return
         if not m.drop:
             self._complete_p2p(m, payload)
@@ -265,6 +517,7 @@ class Router:
             a = held.pop(nxt, None)
             if a is None:
                 break
+            self._charge(a.src, ck[0], a.nbytes, -1)
             self._next_n[ck] = nxt + 1
             self._complete_p2p(Match(a.src, a.header, a.nbytes), a.payload)
         if held is not None and not held:
@@ -272,6 +525,8 @@ class Router:
 
     def abort(self, m: Match, exc: BaseException) -> None:
         """The frame ``m`` will never complete (its connection broke mid-payload)."""
+        if m.charged:
+            self._uncharge(m)
         if m.receive is not None:
             self._finish(m.receive, exc)
 
@@ -288,16 +543,54 @@ class Router:
                 q.posted.remove(r)
                 self._finish(r, factory(r))
 
-    def fail_seq(self, group: Any, seq: Any, src: int, factory: ErrorFactory) -> None:
-        """Fail the keyed receives of operation ``seq`` of ``group`` from ``src``, now and later.
+    def fail_seq(self, group: Any, seq: Any, src: int | None, factory: ErrorFactory) -> None:
+        """Fail the keyed receives of operation ``seq`` of ``group`` from ``src`` (None: from every source), now and later.
 
-        Used when ``src`` reported that it called another collective at that sequence number.
+        Used when a rank reported that the call at that sequence number does not match:
+        the whole operation is void, so receives from every source fail at once.
         """
         self._failed_seq[(group, seq, src)] = factory
-        bad = [s for s, r in self._posted.items() if r.group == group and r.src == src and r.key and r.key[0] == seq]
+        bad = [
+            s
+            for s, r in self._posted.items()
+            if r.group == group and (src is None or r.src == src) and r.key and r.key[0] == seq
+        ]
         for slot in bad:
             r = self._pop_posted(slot)
             self._finish(r, factory(r))
+
+    def fail_from(self, group: Any, seq: int, factory: ErrorFactory) -> None:
+        """Fail the keyed receives of every operation of ``group`` at ``seq`` or later, from every source, now and later.
+
+        Used when a rank reported a mismatch at ``seq``: the group is unusable from there on, so an
+        operation this rank started after ``seq`` (its own part of ``seq`` may have completed
+        without noticing, e.g. a broadcast root) fails at once instead of waiting for ranks that gave up.
+        """
+        cur = self._failed_from.get(group)
+        if cur is not None and cur[0] <= seq:
+            return
+        self._failed_from[group] = (seq, factory)
+        bad = [
+            s
+            for s, r in self._posted.items()
+            if r.group == group and r.key and type(r.key[0]) is int and r.key[0] >= seq
+        ]
+        for slot in bad:
+            r = self._pop_posted(slot)
+            self._finish(r, factory(r))
+
+    def know_group(self, group: Any, members: tuple[int, ...] | None) -> None:
+        """``group`` exists here with these members (global ranks; None: do not check senders)."""
+        self.known_groups[group] = None if members is None else tuple(members)
+        m = self.known_groups[group]
+        if m and m[-1] - m[0] == len(m) - 1 and m[0] <= m[-1]:
+            self._span[group] = (m[0], m[-1])  # (a sorted distinct tuple: the ranks between its ends)
+        else:
+            self._span.pop(group, None)
+        self._destroyed.pop(group, None)
+        self._foreign.pop(group, None)
+        if _is_int(group) and group > self.newest_group:
+            self.newest_group = group
 
     def fail_group(self, group: Any, factory: ErrorFactory) -> None:
         """Fail every receive of ``group`` now and later (the group is broken)."""
@@ -320,12 +613,20 @@ class Router:
             del self._abandoned[slot]
         for k in [k for k in self._failed_seq if k[0] == group]:
             del self._failed_seq[k]
+        self._failed_from.pop(group, None)
         for k in [k for k in self._p2p if k[0] == group]:
-            del self._p2p[k]
+            for a in self._p2p.pop(k).arrived:
+                self._charge(a.src, group, a.nbytes, -1)
         for k in [k for k in self._held if k[0] == group]:
-            del self._held[k]
+            for a in self._held.pop(k).values():
+                self._charge(a.src, group, a.nbytes, -1)
         for k in [k for k in self._next_n if k[0] == group]:
             del self._next_n[k]
+        self.known_groups.pop(group, None)
+        self._span.pop(group, None)
+        self._top_seq.pop(group, None)
+        self._floor.pop(group, None)
+        self._destroyed[group] = None
 
     def pending(self) -> list[Receive]:
         """Receives still waiting, in posting order per kind (for diagnostics)."""
@@ -340,8 +641,12 @@ class Router:
         f = self._failed_group.get(r.group)
         if f is not None:
             return f
+        if self._failed_from and r.tag is None and r.key:
+            ff = self._failed_from.get(r.group)
+            if ff is not None and type(r.key[0]) is int and r.key[0] >= ff[0]:
+                return ff[1]
         if self._failed_seq and r.tag is None and r.key and r.src is not None:
-            f = self._failed_seq.get((r.group, r.key[0], r.src))
+            f = self._failed_seq.get((r.group, r.key[0], r.src)) or self._failed_seq.get((r.group, r.key[0], None))
             if f is not None:
                 return f
         if r.src is not None:
@@ -409,7 +714,9 @@ class Router:
         return r
 
     def _put_arrived(self, slot: tuple[Any, Any, int], a: _Arrived) -> None:
+        self._pop_arrived(slot)  # (route() refuses a second message for a buffered slot)
         self._arrived[slot] = a
+        self._charge(slot[2], slot[0], a.nbytes, 1)
         sig = a.header.get("o")
         if sig is not None and slot[1]:
             entry = self._arrived_sigs.setdefault((slot[0], slot[1][0], slot[2]), [sig, 0, a.header, a.nbytes])
@@ -417,6 +724,8 @@ class Router:
 
     def _pop_arrived(self, slot: tuple[Any, Any, int]) -> _Arrived | None:
         a = self._arrived.pop(slot, None)
+        if a is not None:
+            self._charge(slot[2], slot[0], a.nbytes, -1)
         if a is not None and a.header.get("o") is not None and slot[1]:
             idx = (slot[0], slot[1][0], slot[2])
             entry = self._arrived_sigs.get(idx)
@@ -462,6 +771,7 @@ class Router:
         r = self._take_p2p(g, tag, m.src)
         if r is None:
             self._p2p.setdefault((g, tag), _P2PQueue()).arrived.append(_Arrived(m.src, m.header, payload, m.nbytes))
+            self._charge(m.src, g, m.nbytes, 1)
             return
         self._deliver(r, m.src, m.header, payload, m.nbytes)
 
@@ -488,3 +798,23 @@ class Router:
             return
         r.done = True
         r.on_done(result)
+
+
+def _is_member(members: tuple[int, ...], src: int) -> bool:
+    """Is ``src`` in ``members``? O(1) for a contiguous sorted tuple (the world), O(log n) for a sorted one."""
+    n = len(members)
+    if n and members[0] <= src <= members[-1] and members[-1] - members[0] == n - 1:
+        return True  # (groups keep their ranks sorted and distinct)
+    i = bisect.bisect_left(members, src)
+    if i < n and members[i] == src:
+        return True
+    return src in members  # a non-member (bad input: rare), or an unsorted tuple
+
+
+def _is_int(x: Any) -> bool:
+    return type(x) is int
+
+
+def _describe(slot: tuple[Any, Any, int]) -> str:
+    g, k, src = slot
+    return f"group {g!r}, key {k!r} from rank {src}"

@@ -64,6 +64,18 @@ DEFER_TIMEOUT = 0.05
 """Seconds a payload waits so; then it is read into a new buffer, so that a receive posted much
 later (or never) does not hold up the frames behind it."""
 
+MAX_EARLY_FRAMES_ENV = "AIODIST_MAX_EARLY_FRAMES"
+"""Per peer: how many frames may wait for their receive (default :data:`.router.MAX_EARLY_FRAMES`)."""
+MAX_EARLY_BYTES_ENV = "AIODIST_MAX_EARLY_BYTES"
+"""Per peer: how many payload bytes may wait for their receive (default :data:`.router.MAX_EARLY_BYTES`).
+
+A peer that exceeds either, or sends an impossible frame (see :mod:`.router`: a group this
+rank will never know, a duplicate or absurd sequence number), is treated as failed: its
+connection is closed after a ``fail`` notice naming the problem (so an aiodist rank on the
+other end raises an error saying why), its buffered frames are dropped, and every group
+containing it fails with PeerFailureError naming it, ``how`` starting with "sent bad input".
+"""
+
 HEARTBEAT_ENV = "AIODIST_HEARTBEAT_TIMEOUT"
 """Seconds of silence after which a connected peer is declared failed (0 or ``off``: no heartbeats).
 
@@ -98,7 +110,9 @@ restarts its count.
 class _Peer:
     """What this rank knows about its connection to one other rank."""
 
-    __slots__ = ("rank", "conn", "ready", "dialing", "accepting", "failure", "refused", "matches", "last_heard")
+    __slots__ = (
+        "rank", "conn", "ready", "dialing", "accepting", "failure", "refused", "matches", "last_heard", "rejected"
+    )
 
     def __init__(self, rank: int, loop: asyncio.AbstractEventLoop) -> None:
         self.rank = rank
@@ -110,6 +124,7 @@ class _Peer:
         self.refused: str | None = None  # the peer refused our connection: why
         self.matches: collections.deque[Match] = collections.deque()
         self.last_heard = loop.time()
+        self.rejected: str | None = None  # it sent bad input: why (its frames are dropped since)
 
     def __repr__(self) -> str:
         state = self.failure or ("ready" if self.ready.done() else "dialing" if self.dialing else "idle")
@@ -150,6 +165,9 @@ class Transport:
         self.key_prefix = key_prefix
         self.timeout = timeout
         self.router = Router()
+        self.router.check_groups = True
+        self.router.max_early_frames = _env_int(MAX_EARLY_FRAMES_ENV, self.router.max_early_frames)
+        self.router.max_early_bytes = _env_int(MAX_EARLY_BYTES_ENV, self.router.max_early_bytes)
         self._net = network
         self._loop = asyncio.get_running_loop()
         self._listener: Listener | None = None
@@ -284,16 +302,27 @@ class Transport:
         """The next group id (every rank allocates them in the same order)."""
         gid = self._next_group
         self._next_group += 1
+        if gid > self.router.newest_group:
+            self.router.newest_group = gid
         return gid
 
     def register_group(self, gid: Any, ranks: tuple[int, ...]) -> None:
         self._groups[gid] = tuple(ranks)
+        self.router.know_group(gid, tuple(ranks))
         if self._condemned is not None:
             self._break_group(gid, self.rank, self._condemned)
         for r in ranks:
             p = self._peers.get(r)
             if p is not None and p.failure is not None and not self._left(p):
                 self._break_group(gid, r, p.failure)
+
+    def foreign_group(self, gid: Any) -> None:
+        """This rank is not a member of group ``gid`` (allocated here all the same): frames for it are bad input."""
+        self.router.foreign_group(gid)
+
+    def retire(self, gid: Any, floor: int) -> None:
+        """Every operation of group ``gid`` below sequence number ``floor`` completed on this rank."""
+        self.router.retire(gid, floor)
 
     def unregister_group(self, gid: Any) -> None:
         self._groups.pop(gid, None)
@@ -372,6 +401,8 @@ class Transport:
         data = None if payload is None else memoryview(bytearray(as_byte_view(payload)))
         nbytes = 0 if data is None else data.nbytes
         m = self.router.route(self.rank, header, nbytes)
+        if m.violation is not None:  # e.g. more messages to itself than the budget, none received
+            raise GroupError(f"rank {self.rank} cannot send this message to itself: {m.violation}")
         if data is not None and m.sink is not None:
             m.sink[:] = data
             data = m.sink
@@ -619,8 +650,17 @@ class Transport:
         p.last_heard = self._loop.time()  # a payload on its way is a sign of life (heartbeats)
         if nbytes >= HEARTBEAT_GRACE_MIN_BYTES:  # and the peer's heartbeats queue behind it
             self._hb_grace[p.rank] = nbytes / HEARTBEAT_MIN_BANDWIDTH
+        if p.rejected is not None:
+            m = Match(p.rank, header, nbytes, drop=True)
+            p.matches.append(m)
+            return None
         m = self.router.route(p.rank, header, nbytes)
         p.matches.append(m)
+        if m.violation is not None:
+            self._reject(p, m.violation)
+            return None
+        if m.late:
+            self._note_late(p, header)
         if m.receive is None and nbytes >= DEFER_MIN_BYTES and not m.drop and header.get("t") == "m":
             resume = getattr(conn, "resume_payload", None)
             if resume is not None:
@@ -642,8 +682,12 @@ class Transport:
         timer.cancel()
         if conn.closed or p.conn is not conn or m not in p.matches:
             return
+        self.router.release(m)
         again = self.router.route(p.rank, m.header, m.nbytes)
+        m.charged = again.charged
         m.receive, m.drop = again.receive, again.drop
+        if again.violation is not None:
+            self._reject(p, again.violation)
         conn.resume_payload(m.sink)  # type: ignore[attr-defined]
 
     def _defer_expired(self, slot: tuple[Any, Any, int]) -> None:
@@ -681,22 +725,31 @@ class Transport:
         p.last_heard = self._loop.time()
         if self._hb_grace:
             self._hb_grace.pop(p.rank, None)
+        m: Match | None = None
         if p.matches and p.matches[0].header is h:
             m = p.matches.popleft()
-        else:
-            kind = h.get("t")
+        kind = h.get("t")
+        if kind != "m" and kind != "p":  # control frames (one with a payload too: it was routed, dropped)
+            if p.rejected is not None:  # nothing it says counts any more
+                return
             if kind == "bye":
                 self._peer_failed(p, "left the job (its process group was destroyed)", left=True)
-                return
-            if kind == "fail":
+            elif kind == "fail":
                 self._on_failure_report(p, h)
-                return
-            if kind == "x":
+            elif kind == "x":
                 self._on_mismatch_report(p, h)
-                return
-            if kind == "hb":
+            return
+        if m is None:
+            if p.rejected is not None:
                 return
             m = self.router.route(p.rank, h, 0 if frame.payload is None else frame.payload.nbytes)
+            if m.violation is not None:
+                self._reject(p, m.violation)
+                return
+            if m.late:
+                self._note_late(p, h)
+        if p.rejected is not None:  # nothing of a peer that sent bad input is kept
+            return
         self.router.complete(m, frame.payload)
 
     # ------------------------------------------------------------------ failures
@@ -714,6 +767,7 @@ class Transport:
         report: bool = True,
         cause: str | None = None,
         close: bool = True,
+        notify: bool = True,
     ) -> None:
         """Mark ``p`` failed (``how``); ``cause`` is what to pass on to the others (default: ``how``).
 
@@ -734,7 +788,7 @@ class Transport:
         if p.conn is not None and not left:
             if close:
                 p.conn.close()
-            elif p.ready.done():
+            elif p.ready.done() and notify:
                 notice = {"t": "fail", "rank": p.rank, "how": cause or how}
                 self._spawn(self._send_quietly(p.conn, notice, BYE_TIMEOUT))
         err = self.peer_error(p.rank)
@@ -773,6 +827,36 @@ class Transport:
         p = self._peer(rank)
         self._peer_failed(p, f"reported by rank {reporter.rank}: {cause}", cause=cause, close=False)
 
+    def _reject(self, p: _Peer, why: str) -> None:
+        """``p`` sent bad input (``why``): tell it, close its connection, and fail it (once)."""
+        if p.rejected is not None:
+            return
+        p.rejected = why
+        log.warning("rank %d: closing the connection of rank %d, which sent bad input: %s", self.rank, p.rank, why)
+        self.router.discard_source(p.rank)
+        self._drop_deferred(p)
+        conn = p.conn
+        how = f"sent bad input: {why}"
+        if p.failure is None:
+            self._peer_failed(p, how, close=False, notify=False)
+        if conn is not None:
+            notice = {"t": "fail", "rank": p.rank, "how": f"rank {self.rank} closed its connection: {how}"}
+            self._spawn(self._notify_and_close(conn, notice))
+
+    def _note_late(self, p: _Peer, h: Header) -> None:
+        if self.router.late_from.get(p.rank) == 1:  # logged once per peer
+            log.warning(
+                "rank %d: dropping frames of rank %d for operations that completed here (first: group %r key %r): "
+                "duplicates, or the leftovers of a mismatched collective",
+                self.rank, p.rank, h.get("g"), h.get("k"),
+            )
+
+    async def _notify_and_close(self, conn: Connection, notice: Header) -> None:
+        try:
+            await self._send_quietly(conn, notice, BYE_TIMEOUT)
+        finally:
+            conn.close()
+
     def _condemn(self, how: str) -> None:
         """The other ranks consider this rank failed: break every group (blaming this rank)."""
         if self._condemned is not None or self._closed:
@@ -791,9 +875,21 @@ class Transport:
         self._spawn(self._send_quietly(p.conn, header, BYE_TIMEOUT))
 
     def _on_mismatch_report(self, reporter: _Peer, h: Header) -> None:
-        calls = {int(k): v for k, v in h.get("c", [])}
+        if reporter.rejected is not None:
+            return
+        gid, seq = h.get("g"), h.get("s")
+        bad = self.router.vet(reporter.rank, gid, seq)
+        if bad is not None:
+            self._reject(reporter, f"a mismatch report with {bad}")
+            return
+        if self.router.destroyed(gid):
+            return  # late news of a group destroyed here
+        try:
+            calls = {int(k): v for k, v in h.get("c", [])}
+        except (TypeError, ValueError):
+            self._reject(reporter, f"a malformed mismatch report (calls {h.get('c')!r})")
+            return
         message = str(h.get("m", "collective mismatch"))
-        seq = h.get("s")
 
         def factory(r: Receive) -> BaseException:
             # Global ranks in ``calls``; the group layer restates them.
@@ -801,7 +897,11 @@ class Transport:
             e.reported = True  # type: ignore[attr-defined]
             return e
 
-        self.router.fail_seq(h.get("g"), seq, reporter.rank, factory)
+        # The operation is void on every rank: its receives from every source fail now.
+        self.router.fail_seq(gid, seq, None, factory)
+        # ... and so are the group's later ones (the group is unusable after a mismatch): a rank
+        # whose part of ``seq`` completed unawares (a broadcast root) stops waiting in the next one.
+        self.router.fail_from(gid, seq, factory)
 
     @staticmethod
     async def _send_quietly(conn: Connection, header: Header, timeout: float) -> None:
@@ -810,6 +910,18 @@ class Transport:
                 await conn.send(header)
         except (ConnectionClosedError, TimeoutError):
             pass
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = getenv(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        log.warning("ignoring %s=%r: not an integer", name, raw)
+        return default
+    return value if value > 0 else default
 
 
 def _heartbeat_timeout() -> tuple[float, int] | None:

@@ -2,7 +2,9 @@
 
 Each call gets a request id and replies are matched to calls by id, so
 ``asyncio.gather`` over thousands of calls pipelines them on one connection.
-Reading: a call that finds nobody reading reads the replies itself (for
+Reading: on a connection that offers ``set_frame_handler`` (TCP), replies
+are dispatched straight from the frame callback to their calls' futures.
+Otherwise a call that finds nobody reading reads the replies itself (for
 everyone) until its own arrives, which saves a task switch per call for a
 lone caller; if replies are still awaited then, a reader task owned by the
 client takes over until none are. A housekeeping task (also owned by the
@@ -101,6 +103,15 @@ class TCPStore(Store):
         self._interrupted: asyncio.Task[Any] | None = None
         self._pings_out = 0
         self._housekeeper = self._loop.create_task(self._housekeeping(), name=f"aiodist.store.housekeeping[{host}:{port}]")
+        set_handler = getattr(conn, "set_frame_handler", None)
+        if set_handler is not None:
+            # Fast path: replies are dispatched from the connection's frame
+            # callback (no reader, no future per frame); a watcher task only
+            # notices the end of the connection.
+            dispatch = self._dispatch
+            self._reading = True  # for good: no caller ever reads
+            set_handler(lambda frame: dispatch(frame.header, frame.payload))
+            self._reader = self._loop.create_task(self._watch(), name=f"aiodist.store.watch[{host}:{port}]")
 
     # ------------------------------------------------------------ connecting
 
@@ -335,6 +346,16 @@ class TCPStore(Store):
             self._lost(e)
         finally:
             self._reading = False
+
+    async def _watch(self) -> None:
+        """With the frame handler installed: recv() raises once the connection ends."""
+        conn = self._conn
+        try:
+            while True:
+                frame = await conn.recv()  # only if the handler was removed
+                self._dispatch(frame.header, frame.payload)
+        except ConnectionClosedError as e:
+            self._lost(e)
 
     def _lost(self, e: ConnectionClosedError) -> None:
         if self._closed_locally or self._error is not None:

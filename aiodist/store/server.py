@@ -189,9 +189,17 @@ class StoreServer:
 
     async def _requests(self, session: _Session, loop: asyncio.AbstractEventLoop) -> None:
         conn = session.conn
+        set_handler = getattr(conn, "set_frame_handler", None)
+        fast: Callable[[Any], None] | None = None
+        if set_handler is not None and getattr(conn, "send_nowait", None) is not None:
+            fast = self._frame_handler(session, loop)
+            set_handler(fast)  # requests are now served from the frame callback
         handlers = self._handlers
         cid = session.cid
         while True:
+            # With the frame handler installed, recv() returns only once the
+            # handler stepped aside (a reply met a full socket buffer: serve
+            # here, with awaited sends, until it drains) or raises on close.
             frame = await conn.recv()
             session.last = loop.time()
             header = frame.header
@@ -206,12 +214,77 @@ class StoreServer:
                 log.info("closing store connection from %s: %s", conn.peer, e)
                 await _send_quietly(conn, P.error_frame(e.code, str(e), request=e.request))
                 return
+            lost: ConnectionClosedError | None = None
             for r in replies:
                 if r.client == cid:
-                    head, payload = self._encode(session, r)
-                    await conn.send(head, payload)
+                    if lost is None:
+                        head, payload = self._encode(session, r)
+                        try:
+                            await conn.send(head, payload)
+                        except ConnectionClosedError as e:
+                            lost = e  # still deliver what this request owes other clients
                 else:
                     self._post(r)
+            if lost is not None:
+                raise lost
+            if fast is not None and not conn.closed:
+                set_handler(fast)  # the socket buffer drained (send returned): back to the fast path
+
+    def _frame_handler(self, session: _Session, loop: asyncio.AbstractEventLoop) -> Callable[[Any], None]:
+        """The fast path: serve each request in the connection's frame callback.
+
+        No task wake-up per request: the state machine runs and the reply is
+        written synchronously. A reply that cannot be handed to the socket
+        without waiting (the client does not read) makes the handler step
+        aside; the session task then serves with awaited sends (backpressure)
+        and reinstalls it once the buffer drained. A bad request is answered
+        with an error and closes this connection only.
+        """
+        conn = session.conn
+        handlers = self._handlers
+        cid = session.cid
+        encode = self._encode
+        post = self._post
+
+        send_nowait = conn.send_nowait  # type: ignore[attr-defined]
+
+        def write(head: dict[str, Any], payload: Any) -> None:
+            if not send_nowait(head, payload):
+                # Queued, but the socket buffer is full (the client does not
+                # read): stop serving from the callback; the session task
+                # serves with awaited sends until it drained.
+                conn.set_frame_handler(None)  # type: ignore[attr-defined]
+
+        def on_frame(frame: Any) -> None:
+            session.last = loop.time()
+            header = frame.header
+            op = header.get("op")
+            handler = handlers.get(op) if type(op) is str else None
+            try:
+                if handler is None:
+                    replies = self._special(session, header, frame.payload)
+                else:
+                    replies = handler(session, header, frame.payload)
+            except P.BadMessage as e:
+                log.info("closing store connection from %s: %s", conn.peer, e)
+                conn.set_frame_handler(None)  # type: ignore[attr-defined]
+                try:
+                    write(P.error_frame(e.code, str(e), request=e.request), None)
+                except ConnectionClosedError:
+                    pass
+                conn.close()  # flushes the error reply; the session task sees the close and cleans up
+                return
+            for r in replies:
+                if r.client == cid:
+                    head, payload = encode(session, r)
+                    try:
+                        write(head, payload)
+                    except ConnectionClosedError:
+                        pass  # the session task sees the close; other clients' replies still go out
+                else:
+                    post(r)
+
+        return on_frame
 
     def _special(self, session: _Session, header: dict[str, Any], payload: memoryview | None) -> list[Reply]:
         op = header.get("op")
