@@ -16,6 +16,7 @@ from typing import Any
 
 from .collectives.ops import ReduceOp
 from .comm import Transport
+from .comm.channel import rank_table
 from .context import get_default_group, rank_scope, set_default_group
 from .errors import GroupError, InvalidRankError
 from .group import WORLD_GROUP_ID, ProcessGroup, Work
@@ -115,7 +116,8 @@ async def init_process_group(
             await t.close()
         raise
     transport = transports[-1]
-    ranks = tuple(range(rdzv.world_size))
+    # one tuple shared by every rank of the process (the simulator's virtual ranks: O(N), not O(N^2))
+    ranks = rank_table(range(rdzv.world_size)).ranks
     transport.register_group(WORLD_GROUP_ID, ranks)
     pg = ProcessGroup(transport, WORLD_GROUP_ID, ranks, store=rdzv.store, timeout=timeout, name="world")
     pg.local_rank = rdzv.local_rank
@@ -248,8 +250,8 @@ async def new_group(ranks: Sequence[int] | None = None, *, timeout: float | None
                 f"new_group #{gid}: rank {transport.rank} passed ranks {members} but another member passed "
                 f"[{agreed.decode()}]; every rank must call new_group with the same ranks in the same order"
             )
-        transport.register_group(gid, tuple(members))
-    pg = ProcessGroup(transport, gid, members, store=world.store, timeout=t, name=label)
+        transport.register_group(gid, rank_table(members).ranks)
+    pg = ProcessGroup(transport, gid, rank_table(members).ranks, store=world.store, timeout=t, name=label)
     pg.job_id = world.job_id
     _registry().append(pg)
     return pg

@@ -76,22 +76,37 @@ class Work(Generic[T]):
     cancels it.
     """
 
-    __slots__ = ("_task", "_map", "op", "seq")
+    __slots__ = ("_task", "_map", "_waiters", "op", "seq")
 
     def __init__(
-        self, task: asyncio.Future[Any], *, op: str, seq: int | None, map: Callable[[Any], T] | None = None
+        self,
+        task: asyncio.Future[Any],
+        *,
+        op: str,
+        seq: int | None,
+        map: Callable[[Any], T] | None = None,
+        waiters: list[asyncio.Future[Any]] | None = None,
     ) -> None:
         self._task = task
         self._map = map
         self.op = op
         self.seq = seq
-        task.add_done_callback(_mark_retrieved)
+        # With ``waiters`` the operation's own coroutine resolves (see _resolve) the futures
+        # its awaiters wait on as it finishes: they wake one loop pass sooner than through
+        # asyncio.shield, and cancelling an awaiter cancels only its own future.
+        self._waiters = waiters
+        if waiters is None:
+            task.add_done_callback(_mark_retrieved)
+        else:
+            task.add_done_callback(lambda t: (_mark_retrieved(t), _resolve(waiters, t)))
 
     def then(self, fn: Callable[[T], U]) -> Work[U]:
         """A Work of the same operation whose result is ``fn(result)``."""
         inner = self._map
         composed = fn if inner is None else (lambda r: fn(inner(r)))
-        return Work(self._task, op=self.op, seq=self.seq, map=composed)
+        w: Work[U] = Work.__new__(Work)
+        w._task, w._map, w._waiters, w.op, w.seq = self._task, composed, self._waiters, self.op, self.seq
+        return w
 
     def _result(self, value: Any) -> T:
         return value if self._map is None else self._map(value)
@@ -101,6 +116,23 @@ class Work(Generic[T]):
         return f"<Work {self.op} seq={self.seq} {state}>"
 
     def __await__(self) -> Generator[Any, None, T]:
+        task = self._task
+        if task.done() and not task.cancelled():  # finished already: no shield, no loop pass
+            return self._result(task.result())
+        waiters = self._waiters
+        if waiters is not None and not task.done():
+            fut = task.get_loop().create_future()
+            waiters.append(fut)
+            try:
+                value = yield from fut.__await__()
+            except asyncio.CancelledError:
+                if fut in waiters:
+                    waiters.remove(fut)
+                elif fut.done() and not fut.cancelled():
+                    fut.exception()  # resolved as we were cancelled: no "never retrieved" log
+                self._raise_if_operation_cancelled()
+                raise
+            return self._result(value)
         try:
             value = yield from asyncio.shield(self._task).__await__()
         except asyncio.CancelledError:
@@ -139,6 +171,36 @@ class Work(Generic[T]):
         return self._task.done() and not self._task.cancelled() and self._task.exception() is None
 
 
+def _resolve(waiters: list[asyncio.Future[Any]], task: asyncio.Future[Any]) -> None:
+    """Hand the finished operation's outcome to the futures its awaiters wait on (once, in order)."""
+    pending = waiters[:]
+    waiters.clear()
+    for fut in pending:
+        if fut.done():
+            continue
+        if task.cancelled():
+            fut.cancel()
+        elif task.exception() is not None:
+            fut.set_exception(task.exception())  # type: ignore[arg-type]
+        else:
+            fut.set_result(task.result())
+
+
+def _finish(waiters: list[asyncio.Future[Any]], value: Any = None, error: BaseException | None = None) -> None:
+    """Like _resolve, from inside the operation's coroutine as it ends (before its task is done)."""
+    pending = waiters[:]
+    waiters.clear()
+    for fut in pending:
+        if fut.done():
+            continue
+        if isinstance(error, asyncio.CancelledError):
+            fut.cancel()
+        elif error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+
+
 def _mark_retrieved(task: asyncio.Future[Any]) -> None:
     # An operation nobody awaited must not log "exception was never retrieved":
     # its error is still raised to whoever awaits the Work later.
@@ -162,8 +224,18 @@ def _driver(name: str) -> Callable[..., Awaitable[Any]]:
     return fn
 
 
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
 def _dtype_name(flat: np.ndarray) -> str:
-    return flat.dtype.name
+    # numpy computes dtype.name in Python (~15 us); the signature of every collective needs it
+    dt = flat.dtype
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = dt.name
+        if len(_DTYPE_NAMES) < 256:  # structured dtypes could be endless; the common ones are few
+            _DTYPE_NAMES[dt] = name
+    return name
 
 
 class ProcessGroup:
@@ -311,14 +383,53 @@ class ProcessGroup:
     def _collective(
         self, op: str, sig: str, body: Callable[[OpChannel, int], Awaitable[T]], timeout: float | None
     ) -> Work[T]:
-        """Take the next sequence number now and start ``body(channel, seq)`` as a task."""
+        """Take the next sequence number now and start ``body(channel, seq)`` as a task.
+
+        The common path is one task running :meth:`_run` (which also does what
+        :meth:`_guard` does for point-to-point operations) with one timer.
+        """
         self._check_usable(op)
         t = self._timeout(timeout)
         seq = self._seq
         self._seq += 1
-        return self._spawn(self._run(op, seq, sig, body, t), op=op, seq=seq)
+        waiters: list[asyncio.Future[Any]] = []
+        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(self._run(op, seq, sig, body, t, waiters))
+        self._tasks[task] = None
+        task.add_done_callback(self._forget)
+        return Work(task, op=op, seq=seq, waiters=waiters)
 
     async def _run(
+        self,
+        op: str,
+        seq: int,
+        sig: str,
+        body: Callable[[OpChannel, int], Awaitable[T]],
+        timeout: float,
+        waiters: list[asyncio.Future[Any]],
+    ) -> T:
+        try:
+            try:
+                value = await self._run_checked(op, seq, sig, body, timeout)
+            except asyncio.CancelledError:
+                if self._aborted:
+                    raise AbortedError(f"{op} on {self.name} failed: the process group was aborted") from None
+                if self._destroyed:  # awaiters get an error, not a cancellation of their own task
+                    raise GroupError(f"{op} on {self.name} was cancelled: the process group was destroyed") from None
+                raise
+            except (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError) as e:
+                if not self._dumped:  # the first failure of a group is the telling one
+                    self._dumped = True
+                    flight.dump(
+                        f"{type(e).__name__}: {e}", rank=self._transport.rank, world_size=self._transport.world_size
+                    )
+                raise
+        except BaseException as e:
+            _finish(waiters, error=e)
+            raise
+        _finish(waiters, value)
+        return value
+
+    async def _run_checked(
         self, op: str, seq: int, sig: str, body: Callable[[OpChannel, int], Awaitable[T]], timeout: float
     ) -> T:
         failure = self._transport.group_failure(self.group_id)
@@ -333,19 +444,34 @@ class ProcessGroup:
             )
         with waiting_in(op, seq=seq, group=self.name) as entry:
             ch = OpChannel(self._comm, op=op, seq=seq, sig=sig, entry=entry)
-            cm = asyncio.timeout(timeout)
+            loop = asyncio.get_running_loop()
+            me = asyncio.current_task()
+            assert me is not None
+            # One timer instead of an asyncio.timeout context: it cancels this task; the
+            # except clause below turns that cancellation (and only that one) into a timeout.
+            expired: list[bool] = []
+
+            def expire() -> None:
+                expired.append(True)
+                me.cancel()
+
+            timer = loop.call_at(loop.time() + timeout, expire)
             check = None
             if self.mismatch_check_after and self.size > 1:
                 check = self._running[seq] = _FingerprintCheck(self, op, seq, sig)
                 if self._watchdog is None:
                     self._watchdog = asyncio.get_running_loop().create_task(self._fingerprint_watchdog())
             try:
-                async with cm:
+                try:
                     result = await body(ch, seq)
+                finally:
+                    timer.cancel()
                 if self._transport.router._arrived_sigs:
                     self._check_leftovers(op, seq, sig)
                 return result
             except asyncio.CancelledError:
+                if expired and me.uncancel() == 0:  # only the timer cancelled us
+                    raise self._timed_out(op, seq, ch, timeout) from None
                 if check is not None and check.found is not None and not self._destroyed:
                     task = asyncio.current_task()
                     if task is not None:
@@ -356,23 +482,22 @@ class ProcessGroup:
             except CollectiveMismatchError as e:
                 self._note_mismatch(e, seq, reported=getattr(e, "reported", False))
                 raise
-            except TimeoutError:
-                if not cm.expired():
-                    raise
-                waiting = ch.waiting_for()
-                who = ", ".join(f"rank {r} (global {self._comm.ranks[r]})" for r in waiting) or "nobody (stuck locally)"
-                raise CollectiveTimeoutError(
-                    f"{op} (seq {seq}) of {self.name} timed out after {timeout:g}s on rank {self.rank}; "
-                    f"still waiting for {who}",
-                    op=op,
-                    seq=seq,
-                    waiting_for=waiting,
-                    timeout=timeout,
-                ) from None
             finally:
                 if check is not None:
                     del self._running[seq]
                     check.stop()
+
+    def _timed_out(self, op: str, seq: int, ch: OpChannel, timeout: float) -> CollectiveTimeoutError:
+        waiting = ch.waiting_for()
+        who = ", ".join(f"rank {r} (global {self._comm.ranks[r]})" for r in waiting) or "nobody (stuck locally)"
+        return CollectiveTimeoutError(
+            f"{op} (seq {seq}) of {self.name} timed out after {timeout:g}s on rank {self.rank}; "
+            f"still waiting for {who}",
+            op=op,
+            seq=seq,
+            waiting_for=waiting,
+            timeout=timeout,
+        )
 
     def _check_leftovers(self, op: str, seq: int, sig: str) -> None:
         """Frames of this seq that no receive took, from a peer that called something else: a mismatch.

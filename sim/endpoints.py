@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiodist.errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost
@@ -47,6 +48,10 @@ def _connected(fut: asyncio.Future[Any], conn: SimConnection) -> None:
 
 class SimConnection(Connection):
     """One endpoint of a simulated connection (see the module docstring)."""
+
+    # set_frame_handler (class defaults: no memory per endpoint until used)
+    _on_frame: Callable[[Frame], None] | None = None
+    _draining = False
 
     def __init__(self, fabric: Fabric, host: Host, peer_host: Host, cid: int, max_frame_size: int) -> None:
         self._fabric = fabric
@@ -89,6 +94,31 @@ class SimConnection(Connection):
 
     def set_payload_sink(self, sink: PayloadSink | None) -> None:
         self._sink = sink
+
+    def set_frame_handler(self, handler: Callable[[Frame], None] | None) -> None:
+        """Deliver frames by calling ``handler(frame)`` as they arrive, instead of through :meth:`recv`.
+
+        The same contract as :meth:`aiodist.net.tcp.TCPConnection.set_frame_handler`:
+        frames already queued are handed over first, in order; :meth:`recv` then only
+        reports the end of the connection. A handler that raises breaks the connection.
+        ``None`` goes back to queueing frames for :meth:`recv`.
+        """
+        self._on_frame = handler
+        frames = self._frames
+        while handler is not None and frames and self._exc is None and self._on_frame is handler:
+            frame = frames.popleft()
+            if not self._handle(handler, frame):
+                return
+        if self._paused and self._exc is None and len(frames) < self._fabric.max_unread_frames:
+            self._resume(self._fabric.max_unread_frames)  # the queue emptied: read what waits in the kernel
+
+    def _handle(self, handler: Callable[[Frame], None], frame: Frame) -> bool:
+        try:
+            handler(frame)
+        except Exception as e:  # noqa: BLE001 - mirror TCP: a failing handler breaks the connection
+            self._abort(f"frame handler failed on connection to {self.peer}: {e!r}")
+            return False
+        return True
 
     async def send(self, header: Header, payload: Any = None) -> None:
         """Copy the frame onto the link; return when the sender's CPU is done with it.
@@ -212,9 +242,22 @@ class SimConnection(Connection):
         self._frames.append(Frame(header, payload))
         if len(self._frames) >= self._fabric.max_unread_frames:
             self._paused = True  # like aiodist.net.tcp: stop reading beyond this many unread frames
+        if self._on_frame is not None:
+            # The fast path: one callback hands over what arrived (no reader task, no future).
+            # It runs where a woken reader would have run, so the order of events is the same.
+            if not self._draining:
+                self._draining = True
+                self._fabric.loop.call_soon(self._drain)
+            return
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+    def _drain(self) -> None:
+        self._draining = False
+        handler = self._on_frame
+        if handler is not None:
+            self.set_frame_handler(handler)
 
     def _resume(self, limit: int) -> None:
         """Read what waits in the kernel (up to ``limit`` queued frames) and wake blocked senders."""

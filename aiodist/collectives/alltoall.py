@@ -1,9 +1,9 @@
 """all_to_all and all_to_all_single (uneven splits along dim 0); the barrier.
 
 all_to_all: with small messages every send is posted, then every receive
-(linear, as gloo: about one latency in total); with large ones a pairwise
-exchange, step s sending to rank+s while receiving from rank-s, so each
-link carries one message at a time. Every pair exchanges a message even
+(linear, as gloo: about one latency in total); with large ones every
+send and receive is posted at once (receives first), in pairwise order
+(step s sends to rank+s, receives from rank-s). Every pair exchanges a message even
 when it is empty, so a size disagreement is reported, never skipped.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from .buffers import EMPTY_OUT, as_flat, as_flat_list, byte_view, check_dtype
 from .schedules import dissemination, pairwise_alltoall
-from .transfer import SMALL_SEND_BYTES, recv_into, send, sendrecv
+from .transfer import SMALL_SEND_BYTES, recv_into, run_all, send
 from ..channel import Channel
 from ..errors import InvalidArrayError
 
@@ -146,5 +146,10 @@ async def _exchange(ch: Channel, seq: int, outs: list[np.ndarray], ins: list[np.
         for _, src in pairs:
             await recv_into(ch, src, key, byte_view(outs[src]))
         return
-    for dst, src in pairs:
-        await sendrecv(ch, dst, key, byte_view(ins[dst]), src, key, byte_view(outs[src]))
+    # Every send and receive at once: a payload that arrives before its receive is
+    # posted waits in the transport (large ones in the socket), so no link is
+    # idle while an earlier pair is still busy. Each output block is written by
+    # exactly one receive: results do not depend on the order of arrival.
+    sends = [send(ch, dst, key, byte_view(ins[dst])) for dst, _ in pairs]
+    recvs = [recv_into(ch, src, key, byte_view(outs[src])) for _, src in pairs]
+    await run_all([*recvs, *sends])

@@ -13,11 +13,40 @@ the peers it still waits for, which a timeout reports.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any
 
 from ..errors import CollectiveMismatchError, PeerFailureError
 from .router import Delivery, Header, Receive
 from .transport import Transport, delivery_of
+
+
+class RankTable:
+    """A group's global ranks and their inverse (global rank -> group rank): immutable, shared.
+
+    Every rank of a group holds the same table, and in the simulator all the
+    virtual ranks live in one process: a table per rank would cost O(N^2)
+    memory (4096 ranks: gigabytes). :func:`rank_table` hands out one instance
+    per distinct ranks tuple while anybody still uses it.
+    """
+
+    __slots__ = ("ranks", "index", "__weakref__")
+
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        self.ranks = ranks
+        self.index = {g: i for i, g in enumerate(ranks)}
+
+
+_TABLES: weakref.WeakValueDictionary[tuple[int, ...], RankTable] = weakref.WeakValueDictionary()
+
+
+def rank_table(ranks: Any) -> RankTable:
+    """The shared :class:`RankTable` of ``ranks`` (any sequence of ints); keep a reference to keep it shared."""
+    key = tuple(ranks)
+    table = _TABLES.get(key)
+    if table is None:
+        table = _TABLES[key] = RankTable(key)
+    return table
 
 
 class GroupComm:
@@ -26,9 +55,10 @@ class GroupComm:
     def __init__(self, transport: Transport, gid: Any, ranks: tuple[int, ...], *, name: str) -> None:
         self.transport = transport
         self.gid = gid
-        self.ranks = ranks
+        self._table = rank_table(ranks)
+        self.ranks = self._table.ranks
         self.name = name
-        self._index = {g: i for i, g in enumerate(ranks)}
+        self._index = self._table.index
         self.rank = self._index.get(transport.rank, -1)
         self.size = len(ranks)
 

@@ -96,15 +96,8 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         return self._decoder.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        try:
-            frames = self._decoder.buffer_updated(nbytes)
-        except ProtocolError as e:
-            log.info("closing connection from %s: %s", self._peer, e)
-            self._fail(ConnectionLost(f"protocol error from {self._peer}: {e}"))
-            return
-        except Exception as e:  # a payload sink that raised: a local bug, but never kill the loop
-            log.exception("payload sink failed on connection %s", self._peer)
-            self._fail(ConnectionLost(f"payload sink failed on connection to {self._peer}: {e!r}"))
+        frames = self._decode(self._decoder.buffer_updated, nbytes)
+        if frames is None:
             return
         if self._handshake_timer is not None and self._decoder.handshake_done:
             self._handshake_timer.cancel()
@@ -114,6 +107,18 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             self._update_reading()
         if frames:
             self._deliver(frames)
+
+    def _decode(self, step: Callable[[Any], list[tuple[Header, memoryview | None]]], arg: Any) -> list[tuple[Header, memoryview | None]] | None:
+        """Run one decoder step; on bad bytes (or a failing payload sink) fail the connection and return None."""
+        try:
+            return step(arg)
+        except ProtocolError as e:
+            log.info("closing connection from %s: %s", self._peer, e)
+            self._fail(ConnectionLost(f"protocol error from {self._peer}: {e}"))
+        except Exception as e:  # a payload sink that raised: a local bug, but never kill the loop
+            log.exception("payload sink failed on connection %s", self._peer)
+            self._fail(ConnectionLost(f"payload sink failed on connection to {self._peer}: {e!r}"))
+        return None
 
     def _update_reading(self) -> None:
         t = self._transport
@@ -135,15 +140,8 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         """
         if self._exc is not None or not self._decoder.awaiting_target:
             return
-        try:
-            frames = self._decoder.provide_target(target)
-        except ProtocolError as e:
-            log.info("closing connection from %s: %s", self._peer, e)
-            self._fail(ConnectionLost(f"protocol error from {self._peer}: {e}"))
-            return
-        except Exception as e:  # a payload sink that raised: a local bug, but never kill the loop
-            log.exception("payload sink failed on connection %s", self._peer)
-            self._fail(ConnectionLost(f"payload sink failed on connection to {self._peer}: {e!r}"))
+        frames = self._decode(self._decoder.provide_target, target)
+        if frames is None:
             return
         self._deferred = self._decoder.awaiting_target
         self._update_reading()

@@ -194,7 +194,6 @@ class StoreServer:
         if set_handler is not None and getattr(conn, "send_nowait", None) is not None:
             fast = self._frame_handler(session, loop)
             set_handler(fast)  # requests are now served from the frame callback
-        handlers = self._handlers
         cid = session.cid
         while True:
             # With the frame handler installed, recv() returns only once the
@@ -202,14 +201,8 @@ class StoreServer:
             # here, with awaited sends, until it drains) or raises on close.
             frame = await conn.recv()
             session.last = loop.time()
-            header = frame.header
-            op = header.get("op")
-            handler = handlers.get(op) if type(op) is str else None
             try:
-                if handler is None:
-                    replies = self._special(session, header, frame.payload)
-                else:
-                    replies = handler(session, header, frame.payload)
+                replies = self._handle(session, frame.header, frame.payload)
             except P.BadMessage as e:
                 log.info("closing store connection from %s: %s", conn.peer, e)
                 await _send_quietly(conn, P.error_frame(e.code, str(e), request=e.request))
@@ -230,6 +223,14 @@ class StoreServer:
             if fast is not None and not conn.closed:
                 set_handler(fast)  # the socket buffer drained (send returned): back to the fast path
 
+    def _handle(self, session: _Session, header: dict[str, Any], payload: Any) -> list[Any]:
+        """Run one request through its handler; raises P.BadMessage for a bad one."""
+        op = header.get("op")
+        handler = self._handlers.get(op) if type(op) is str else None
+        if handler is None:
+            return self._special(session, header, payload)
+        return handler(session, header, payload)
+
     def _frame_handler(self, session: _Session, loop: asyncio.AbstractEventLoop) -> Callable[[Any], None]:
         """The fast path: serve each request in the connection's frame callback.
 
@@ -241,12 +242,12 @@ class StoreServer:
         with an error and closes this connection only.
         """
         conn = session.conn
-        handlers = self._handlers
         cid = session.cid
         encode = self._encode
         post = self._post
 
         send_nowait = conn.send_nowait  # type: ignore[attr-defined]
+        handle = self._handle
 
         def write(head: dict[str, Any], payload: Any) -> None:
             if not send_nowait(head, payload):
@@ -257,14 +258,8 @@ class StoreServer:
 
         def on_frame(frame: Any) -> None:
             session.last = loop.time()
-            header = frame.header
-            op = header.get("op")
-            handler = handlers.get(op) if type(op) is str else None
             try:
-                if handler is None:
-                    replies = self._special(session, header, frame.payload)
-                else:
-                    replies = handler(session, header, frame.payload)
+                replies = handle(session, frame.header, frame.payload)
             except P.BadMessage as e:
                 log.info("closing store connection from %s: %s", conn.peer, e)
                 conn.set_frame_handler(None)  # type: ignore[attr-defined]
