@@ -251,6 +251,8 @@ async def new_group(ranks: Sequence[int] | None = None, *, timeout: float | None
                 f"[{agreed.decode()}]; every rank must call new_group with the same ranks in the same order"
             )
         transport.register_group(gid, rank_table(members).ranks)
+    else:
+        transport.foreign_group(gid)  # frames for it from any peer are bad input, not buffered
     pg = ProcessGroup(transport, gid, rank_table(members).ranks, store=world.store, timeout=t, name=label)
     pg.job_id = world.job_id
     _registry().append(pg)

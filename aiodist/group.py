@@ -466,8 +466,7 @@ class ProcessGroup:
                     result = await body(ch, seq)
                 finally:
                     timer.cancel()
-                if self._transport.router._arrived_sigs:
-                    self._check_leftovers(op, seq, sig)
+                self._check_leftovers(op, seq, sig)
                 return result
             except asyncio.CancelledError:
                 if expired and me.uncancel() == 0:  # only the timer cancelled us
@@ -505,17 +504,17 @@ class ProcessGroup:
         (A call whose part completes without hearing from the mismatched peers, e.g. a broadcast
         whose roots differ, would otherwise leave them behind silently.)
         """
-        arrived = self._transport.router._arrived_sigs
-        for g in self._comm.ranks:
-            entry = arrived.get((self.group_id, seq, g))
-            if entry is not None and entry[0] != sig:
-                peer = self._comm.group_rank(g)
-                raise CollectiveMismatchError(
-                    f"collective mismatch in {self.name} at seq {seq}: rank {self.rank} called {sig!r} "
-                    f"but rank {peer} called {entry[0]!r}",
-                    calls={self.rank: sig, peer: entry[0]},
-                    seq=seq,
-                )
+        hit = self._transport.router.conflicting_arrival(self.group_id, seq, sig, self._comm.ranks)
+        if hit is None:
+            return
+        src, other = hit
+        peer = self._comm.group_rank(src)
+        raise CollectiveMismatchError(
+            f"collective mismatch in {self.name} at seq {seq}: rank {self.rank} called {sig!r} "
+            f"but rank {peer} called {other!r}",
+            calls={self.rank: sig, peer: other},
+            seq=seq,
+        )
 
     def _note_mismatch(self, e: CollectiveMismatchError, seq: int, *, reported: bool) -> None:
         """A collective of this group mismatched: the group is unusable; make sure every member learns it.

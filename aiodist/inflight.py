@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 from .context import getenv, rank_scope
@@ -53,32 +51,41 @@ def _now() -> float:
         return 0.0
 
 
-@contextlib.contextmanager
-def waiting_in(op: str, **details: Any) -> Iterator[dict[str, Any]]:
+class waiting_in:  # noqa: N801 - used like a function: ``with waiting_in("op", seq=3):``
     """Register ``op`` (with details such as ``seq``, ``peer``, ``key``) while the block runs.
 
-    The yielded dict may be updated in place (e.g. the peer currently awaited).
-    On exit the entry moves to the flight recorder with its end time and state
-    (``done``, ``failed: <error>`` or ``cancelled``).
+    ``with`` yields the entry dict, which may be updated in place (e.g. the
+    peer currently awaited). On exit the entry stays in the flight recorder
+    with its end time and state (``done``, ``failed: <error>`` or
+    ``cancelled``). A plain class rather than a generator context manager: it
+    wraps every collective, so it is on the hot path.
     """
-    rec = _recorder()
-    token = next(rec.ids)
-    entry: dict[str, Any] = {"op": op, **details, "start": _now(), "state": "running"}
-    rec.inflight[token] = entry
-    rec.history.append(entry)
-    try:
-        yield entry
-    except asyncio.CancelledError:
-        entry["state"] = "cancelled"
-        raise
-    except BaseException as e:
-        entry["state"] = f"failed: {type(e).__name__}: {e}"
-        raise
-    else:
-        entry["state"] = "done"
-    finally:
+
+    __slots__ = ("_rec", "_token", "entry")
+
+    def __init__(self, op: str, **details: Any) -> None:
+        self.entry = {"op": op, **details}
+
+    def __enter__(self) -> dict[str, Any]:
+        rec = self._rec = _recorder()
+        self._token = next(rec.ids)
+        entry = self.entry
+        entry["start"] = _now()
+        entry["state"] = "running"
+        rec.inflight[self._token] = entry
+        rec.history.append(entry)
+        return entry
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        entry = self.entry
+        if exc_type is None:
+            entry["state"] = "done"
+        elif issubclass(exc_type, asyncio.CancelledError):
+            entry["state"] = "cancelled"
+        else:
+            entry["state"] = f"failed: {exc_type.__name__}: {exc}"
         entry["end"] = _now()
-        rec.inflight.pop(token, None)
+        self._rec.inflight.pop(self._token, None)
 
 
 def snapshot() -> list[dict[str, Any]]:
