@@ -35,10 +35,13 @@ from typing import Any
 
 import numpy as np
 
+from pathlib import Path
+
 import sim
 from aiodist import api
-from aiodist.context import current_network, getenv
-from aiodist.net.base import Connection
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import sim_pingpong  # noqa: E402  (the seam ping-pong program)
 
 # --------------------------------------------------------------------------- scale
 
@@ -102,34 +105,9 @@ def bench_scale(sizes: list[int], schedule: str, profile: bool = False) -> list[
 PINGS = 2000
 
 
-async def ping_pong() -> int:
-    net = current_network()
-    r = int(getenv("RANK") or 0)
-    if r % 2 == 0:
-        done = asyncio.Event()
-
-        async def handler(conn: Connection) -> None:
-            for _ in range(PINGS):
-                f = await conn.recv()
-                await conn.send(f.header)
-            done.set()
-
-        listener = await net.listen(("", 1000), handler)
-        await done.wait()
-        await listener.aclose()
-        return 0
-    await asyncio.sleep(0.001)
-    conn = await net.connect((f"rank{r - 1}", 1000))
-    for i in range(PINGS):
-        await conn.send({"i": i})
-        await conn.recv()
-    conn.close()
-    return 1
-
-
 def bench_kernel(world_size: int) -> dict[str, Any]:
     t0 = time.perf_counter()
-    res = sim.run(ping_pong, world_size=world_size, seed=1, trace=False, schedule="fifo")
+    res = sim.run(sim_pingpong.main, world_size=world_size, seed=1, trace=False, schedule="fifo", args=(PINGS,))
     wall = time.perf_counter() - t0
     row = {"kernel_ranks": world_size, "ok": res.ok, "wall_s": round(wall, 3), "deliveries": res.messages,
            "deliveries_per_s": round(res.messages / wall)}

@@ -15,12 +15,18 @@ from typing import Any
 import msgpack
 import pytest
 
+import sys
+from pathlib import Path
+
 import sim
 from aiodist.context import current_network, getenv
 from aiodist.net.base import Connection
 from sim.headers import wire_header
 from sim.loop import SimLoop
 from sim.trace import TraceEvent, Tracer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import sim_pingpong  # noqa: E402
 
 
 # --------------------------------------------------------------------------- digest
@@ -151,34 +157,9 @@ def test_kernel_events_run_in_time_then_posting_order_among_cancelled_timers() -
 PINGS = 200
 
 
-async def _ping_pong() -> int:
-    net = current_network()
-    r = int(getenv("RANK") or 0)
-    if r % 2 == 0:
-        done = asyncio.Event()
-
-        async def handler(conn: Connection) -> None:
-            for _ in range(PINGS):
-                f = await conn.recv()
-                await conn.send(f.header)
-            done.set()
-
-        listener = await net.listen(("", 1000), handler)
-        await done.wait()
-        await listener.aclose()
-        return 0
-    await asyncio.sleep(0.001)
-    conn = await net.connect((f"rank{r - 1}", 1000))
-    for i in range(PINGS):
-        await conn.send({"i": i})
-        await conn.recv()
-    conn.close()
-    return 1
-
-
 def test_a_delivery_costs_at_most_two_loop_steps() -> None:
     """Deterministic guard for the kernel's hot path: deliver + wake the reader, nothing more."""
-    res = sim.run(_ping_pong, world_size=4, seed=1, trace=False, schedule="fifo")
+    res = sim.run(sim_pingpong.main, world_size=4, seed=1, trace=False, schedule="fifo", args=(PINGS,))
     assert res.ok, res.summary()
     assert res.messages == 4 * PINGS
     assert res.steps <= 2 * res.messages + 100  # setup, connect, close and exits: a few dozen steps

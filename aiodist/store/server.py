@@ -424,10 +424,7 @@ class StoreServer:
         rid, key, vs = h.get("id"), h.get("k"), h.get("v")
         if type(rid) is int and type(key) is str and type(vs) is list and len(vs) == 1 and type(vs[0]) is bytes:
             return self.state.set(s.cid, rid, key, vs[0])  # the common case, checked in one go
-        values = P.unpack_values(h, payload)
-        if len(values) != 1:
-            raise P.BadMessage("set needs exactly one value", request=_rid(h))
-        return self.state.set(s.cid, P.field_id(h), P.field_key(h), values[0])
+        return self.state.set(s.cid, P.field_id(h), P.field_key(h), _one_value(h, payload, "set"))
 
     def _get(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
         rid = P.field_id(h)
@@ -449,10 +446,7 @@ class StoreServer:
         return self.state.compare_set(s.cid, P.field_id(h), P.field_key(h), values[0], values[1])
 
     def _append(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        values = P.unpack_values(h, payload)
-        if len(values) != 1:
-            raise P.BadMessage("append needs exactly one value", request=_rid(h))
-        return self.state.append(s.cid, P.field_id(h), P.field_key(h), values[0])
+        return self.state.append(s.cid, P.field_id(h), P.field_key(h), _one_value(h, payload, "append"))
 
     def _check(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
         return self.state.check(s.cid, P.field_id(h), P.field_keys(h))
@@ -483,10 +477,7 @@ class StoreServer:
         return self.state.multi_set(s.cid, P.field_id(h), keys, values)
 
     def _queue_push(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        values = P.unpack_values(h, payload)
-        if len(values) != 1:
-            raise P.BadMessage("queue_push needs exactly one value", request=_rid(h))
-        return self.state.queue_push(s.cid, P.field_id(h), P.field_key(h), values[0])
+        return self.state.queue_push(s.cid, P.field_id(h), P.field_key(h), _one_value(h, payload, "queue_push"))
 
     def _queue_pop(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
         rid = P.field_id(h)
@@ -496,6 +487,14 @@ class StoreServer:
 
     def _queue_len(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
         return self.state.queue_len(s.cid, P.field_id(h), P.field_key(h))
+
+
+def _one_value(h: dict[str, Any], payload: memoryview | None, op: str) -> bytes:
+    """The single value a set/append/queue_push request carries (BadMessage otherwise)."""
+    values = P.unpack_values(h, payload)
+    if len(values) != 1:
+        raise P.BadMessage(f"{op} needs exactly one value", request=_rid(h))
+    return values[0]
 
 
 def _rid(header: dict[str, Any]) -> int | None:
