@@ -21,12 +21,13 @@ a peer that called a different collective at the same sequence number raises
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from . import flight, p2p
+from .collectives.allreduce import all_reduce_flat
 from .collectives.buffers import as_flat
 from .collectives.ops import ReduceOp, check_op_dtype
 from .comm import GroupComm, OpChannel, Transport
@@ -39,6 +40,7 @@ from .errors import (
     InvalidRankError,
     PeerFailureError,
 )
+from .eager import EagerStart, start_eager
 from .inflight import waiting_in
 
 T = TypeVar("T")
@@ -76,7 +78,7 @@ class Work(Generic[T]):
     cancels it.
     """
 
-    __slots__ = ("_task", "_map", "_waiters", "op", "seq")
+    __slots__ = ("_task", "_map", "_waiters", "_early", "op", "seq")
 
     def __init__(
         self,
@@ -86,9 +88,12 @@ class Work(Generic[T]):
         seq: int | None,
         map: Callable[[Any], T] | None = None,
         waiters: list[asyncio.Future[Any]] | None = None,
+        early: EagerStart | None = None,
     ) -> None:
         self._task = task
         self._map = map
+        # An eagerly started operation may have finished before its task ran (see aiodist.eager).
+        self._early = early if early is not None and early.finished else None
         self.op = op
         self.seq = seq
         # With ``waiters`` the operation's own coroutine resolves (see _resolve) the futures
@@ -105,7 +110,8 @@ class Work(Generic[T]):
         inner = self._map
         composed = fn if inner is None else (lambda r: fn(inner(r)))
         w: Work[U] = Work.__new__(Work)
-        w._task, w._map, w._waiters, w.op, w.seq = self._task, composed, self._waiters, self.op, self.seq
+        w._task, w._map, w._waiters, w._early = self._task, composed, self._waiters, self._early
+        w.op, w.seq = self.op, self.seq
         return w
 
     def _result(self, value: Any) -> T:
@@ -116,6 +122,8 @@ class Work(Generic[T]):
         return f"<Work {self.op} seq={self.seq} {state}>"
 
     def __await__(self) -> Generator[Any, None, T]:
+        if self._early is not None:  # finished at its start: no loop pass
+            return self._early_result()
         task = self._task
         if task.done() and not task.cancelled():  # finished already: no shield, no loop pass
             return self._result(task.result())
@@ -140,8 +148,17 @@ class Work(Generic[T]):
             raise
         return self._result(value)
 
+    def _early_result(self) -> T:
+        early = self._early
+        assert early is not None
+        if early.error is not None:
+            raise early.error
+        return self._result(early.value)
+
     async def wait(self, timeout: float | None = None) -> T:
         """Wait for the result; ``timeout`` bounds only this wait (TimeoutError), not the operation."""
+        if self._early is not None:
+            return self._early_result()
         try:
             async with asyncio.timeout(timeout):
                 value = await asyncio.shield(self._task)
@@ -157,17 +174,23 @@ class Work(Generic[T]):
             raise GroupError(f"{self.op} was cancelled: its process group was destroyed") from None
 
     def done(self) -> bool:
-        return self._task.done()
+        return self._early is not None or self._task.done()
 
     def result(self) -> T:
         """The result of a finished operation (raises its error; InvalidStateError while running)."""
+        if self._early is not None:
+            return self._early_result()
         return self._result(self._task.result())
 
     def exception(self) -> BaseException | None:
+        if self._early is not None:
+            return self._early.error
         return self._task.exception()
 
     def is_success(self) -> bool:
         """True when it finished without an error."""
+        if self._early is not None:
+            return self._early.error is None
         return self._task.done() and not self._task.cancelled() and self._task.exception() is None
 
 
@@ -393,10 +416,16 @@ class ProcessGroup:
         seq = self._seq
         self._seq += 1
         waiters: list[asyncio.Future[Any]] = []
-        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(self._run(op, seq, sig, body, t, waiters))
+        # Started eagerly: the first sends go out and the first receives are posted now,
+        # not one loop iteration later; an operation that never waits (a broadcast root)
+        # is finished when this returns.
+        task, early = start_eager(self._run(op, seq, sig, body, t, waiters), asyncio.get_running_loop())
+        if early.finished and early.error is None:
+            task.add_done_callback(_mark_retrieved)
+            return Work(task, op=op, seq=seq, early=early)
         self._tasks[task] = None
         task.add_done_callback(self._forget)
-        return Work(task, op=op, seq=seq, waiters=waiters)
+        return Work(task, op=op, seq=seq, waiters=waiters, early=early)
 
     async def _run(
         self,
@@ -504,7 +533,7 @@ class ProcessGroup:
         (A call whose part completes without hearing from the mismatched peers, e.g. a broadcast
         whose roots differ, would otherwise leave them behind silently.)
         """
-        hit = self._transport.router.conflicting_arrival(self.group_id, seq, sig, self._comm.ranks)
+        hit = self._transport.router.conflicting_arrival(self.group_id, seq, sig, self._comm.members)
         if hit is None:
             return
         src, other = hit
@@ -556,8 +585,10 @@ class ProcessGroup:
         finally:
             self._watchdog = None
 
-    def _spawn_quiet(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn_quiet(self, coro: Coroutine[Any, Any, Any]) -> None:
+        # Started eagerly: a mismatch notice is on the wire before the caller sees the error
+        # (and perhaps exits at once).
+        task, _ = start_eager(coro, asyncio.get_running_loop())
         self._helpers[task] = None
         task.add_done_callback(lambda t: (self._helpers.pop(t, None), t.cancelled() or t.exception()))
 
@@ -570,7 +601,7 @@ class ProcessGroup:
         sig = f"all_reduce {rop.name} {_dtype_name(flat)} n={flat.size}"
 
         async def body(ch: OpChannel, seq: int) -> Any:
-            await _driver("all_reduce")(ch, seq, x, rop)
+            await all_reduce_flat(ch, seq, flat, rop)  # x and op were checked above
             return x
 
         return self._collective("all_reduce", sig, body, timeout)

@@ -88,11 +88,22 @@ class waiting_in:  # noqa: N801 - used like a function: ``with waiting_in("op", 
         self._rec.inflight.pop(self._token, None)
 
 
+def _copy(entry: dict[str, Any]) -> dict[str, Any]:
+    e = dict(entry)
+    peers = e.get("peers")
+    if isinstance(peers, dict):  # a live table (peer -> count) kept by the operation
+        if peers:
+            e["peers"] = list(peers)
+        else:
+            del e["peers"]
+    return e
+
+
 def snapshot() -> list[dict[str, Any]]:
     """The calling rank's in-flight operations, oldest first."""
-    return [dict(e) for _, e in sorted(_recorder().inflight.items())]
+    return [_copy(e) for _, e in sorted(_recorder().inflight.items())]
 
 
 def recent() -> list[dict[str, Any]]:
     """The calling rank's last operations (flight recorder), oldest first."""
-    return [dict(e) for e in _recorder().history]
+    return [_copy(e) for e in _recorder().history]

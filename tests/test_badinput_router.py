@@ -155,6 +155,18 @@ def test_conflicting_arrival_is_the_public_form_of_arrived_sigs() -> None:
     assert r.conflicting_arrival(0, 4, "broadcast", sources=[0, 1, 2]) == (1, "all_reduce")
     assert r.conflicting_arrival(0, 5, "x") is None
     assert r._arrived_sigs[(0, 4, 2)][0] == "broadcast"  # the private table still works
+    assert r.conflicting_arrival(0, 4, "all_reduce", sources={2: 0}) == (2, "broadcast")  # any container
+
+
+def test_conflicting_arrival_costs_what_is_buffered_not_the_group_size() -> None:
+    # A group's check after each collective passes its members: with 10**12 of them a scan
+    # over the sources (what it did, O(N) per collective, O(N^2) per step at N ranks) never ends.
+    r = Router()
+    feed(r, 7, m(4, sig="broadcast"))
+    everyone = range(10**12)
+    assert r.conflicting_arrival(0, 4, "all_reduce", sources=everyone) == (7, "broadcast")
+    assert r.conflicting_arrival(0, 4, "broadcast", sources=everyone) is None
+    assert r.conflicting_arrival(0, 3, "all_reduce", sources=everyone) is None
 
 
 def test_a_mismatch_report_fails_the_seq_from_every_source() -> None:

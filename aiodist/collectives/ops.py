@@ -59,6 +59,11 @@ class ReduceOp(enum.Enum):
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}"
 
+    # Enum hashes members by name in Python code; members are singletons compared by
+    # identity, so the object hash (in C) is as good and keeps the per-call table and
+    # cache lookups of every reduction cheap.
+    __hash__ = object.__hash__
+
 
 Combiner = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 """``combine(out, a, b)`` writes ``a op b`` into ``out`` (which may be ``a`` or ``b``)."""

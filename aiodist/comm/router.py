@@ -211,6 +211,7 @@ class Router:
         # so that "another call at the same seq" is found without scanning.
         self._posted_sigs: dict[tuple[Any, Any, int], list[Any]] = {}
         self._arrived_sigs: dict[tuple[Any, Any, int], list[Any]] = {}
+        self._arrived_srcs: dict[tuple[Any, Any], dict[int, None]] = {}  # (group, seq) -> sources in _arrived_sigs
 
     def __repr__(self) -> str:
         return f"<Router posted={len(self._posted)} arrived={len(self._arrived)} p2p={len(self._p2p)}>"
@@ -475,16 +476,19 @@ class Router:
     def conflicting_arrival(self, group: Any, seq: Any, sig: str, sources: Any = None) -> tuple[int, str] | None:
         """A buffered message of ``group`` at ``seq`` from a rank that called something else than ``sig``.
 
-        Returns (its global rank, its signature), or None. ``sources``: the ranks to look at
-        (default: all). The public form of what ``_arrived_sigs`` holds.
+        Returns (its global rank, its signature), or None; the lowest such rank if several.
+        ``sources``: the ranks to look at (default: all), any container (``in`` is all it
+        needs: pass a dict or a range for a large group). The public form of what
+        ``_arrived_sigs`` holds. Costs O(messages buffered for that seq), never O(group size).
         """
-        if not self._arrived_sigs:
+        srcs = self._arrived_srcs.get((group, seq))
+        if not srcs:
             return None
-        if sources is None:
-            sources = sorted({s for (g, q, s) in self._arrived_sigs if g == group and q == seq})
-        for src in sources:
-            entry = self._arrived_sigs.get((group, seq, src))
-            if entry is not None and entry[0] != sig:
+        for src in sorted(srcs):
+            if sources is not None and src not in sources:
+                continue
+            entry = self._arrived_sigs[(group, seq, src)]
+            if entry[0] != sig:
                 return src, entry[0]
         return None
 
@@ -719,7 +723,11 @@ class Router:
         self._charge(slot[2], slot[0], a.nbytes, 1)
         sig = a.header.get("o")
         if sig is not None and slot[1]:
-            entry = self._arrived_sigs.setdefault((slot[0], slot[1][0], slot[2]), [sig, 0, a.header, a.nbytes])
+            idx = (slot[0], slot[1][0], slot[2])
+            entry = self._arrived_sigs.get(idx)
+            if entry is None:
+                entry = self._arrived_sigs[idx] = [sig, 0, a.header, a.nbytes]
+                self._arrived_srcs.setdefault((slot[0], slot[1][0]), {})[slot[2]] = None
             entry[1] += 1
 
     def _pop_arrived(self, slot: tuple[Any, Any, int]) -> _Arrived | None:
@@ -733,6 +741,10 @@ class Router:
                 entry[1] -= 1
                 if entry[1] <= 0:
                     del self._arrived_sigs[idx]
+                    srcs = self._arrived_srcs[idx[:2]]
+                    del srcs[idx[2]]
+                    if not srcs:
+                        del self._arrived_srcs[idx[:2]]
         return a
 
     def _take_p2p(self, group: Any, tag: int, src: int) -> Receive | None:

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..context import current_network, getenv
+from ..eager import start_eager
 from ..errors import (
     CollectiveMismatchError,
     ConnectionClosedError,
@@ -311,10 +312,14 @@ class Transport:
         self.router.know_group(gid, tuple(ranks))
         if self._condemned is not None:
             self._break_group(gid, self.rank, self._condemned)
-        for r in ranks:
-            p = self._peers.get(r)
-            if p is not None and p.failure is not None and not self._left(p):
-                self._break_group(gid, r, p.failure)
+        # Members that failed already: look at the failed peers (few), not at every member
+        # (a group of N ranks on each of N ranks would cost O(N^2) in the simulator).
+        failed = sorted(r for r, p in self._peers.items() if p.failure is not None and not self._left(p))
+        if failed:
+            members = frozenset(ranks)
+            for r in failed:  # in rank order, as the members are
+                if r in members:
+                    self._break_group(gid, r, self._peers[r].failure)  # type: ignore[arg-type]
 
     def foreign_group(self, gid: Any) -> None:
         """This rank is not a member of group ``gid`` (allocated here all the same): frames for it are bad input."""
@@ -378,7 +383,11 @@ class Transport:
         else:
             conn = await self._connection(p, group)
         try:
-            await conn.send(header, payload)
+            send_nowait = getattr(conn, "send_nowait", None)
+            if send_nowait is None:
+                await conn.send(header, payload)
+            elif not send_nowait(header, payload):  # the seam's fast path: no coroutine per frame
+                await conn.drained()  # type: ignore[attr-defined]
         except ConnectionClosedError:
             if not self._closed:
                 self._peer_failed(p, "connection lost")
@@ -454,6 +463,17 @@ class Transport:
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = self._loop.create_task(coro)
+        self._tasks[task] = None
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _spawn_now(self, coro: Any) -> asyncio.Task[Any]:
+        """:meth:`_spawn`, running the first step at once (see :mod:`aiodist.eager`).
+
+        For failure notices: they must be on the wire before the code that learns
+        of the failure from us can react (e.g. abort, which drops the connections).
+        """
+        task, _ = start_eager(coro, self._loop)
         self._tasks[task] = None
         task.add_done_callback(self._task_done)
         return task
@@ -790,7 +810,7 @@ class Transport:
                 p.conn.close()
             elif p.ready.done() and notify:
                 notice = {"t": "fail", "rank": p.rank, "how": cause or how}
-                self._spawn(self._send_quietly(p.conn, notice, BYE_TIMEOUT))
+                self._spawn_now(self._send_quietly(p.conn, notice, BYE_TIMEOUT))
         err = self.peer_error(p.rank)
         while p.matches:
             self.router.abort(p.matches.popleft(), err)
@@ -805,7 +825,7 @@ class Transport:
             for q in self._peers.values():
                 if q is not p and q.failure is None and q.conn is not None and q.ready.done():
                     header = {"t": "fail", "rank": rank, "how": cause or how}
-                    self._spawn(self._send_quietly(q.conn, header, BYE_TIMEOUT))
+                    self._spawn_now(self._send_quietly(q.conn, header, BYE_TIMEOUT))
 
     def _break_group(self, gid: Any, rank: int, how: str) -> None:
         if gid in self._group_failures:
@@ -872,7 +892,7 @@ class Transport:
         if p is None or p.failure is not None or p.conn is None or not p.ready.done() or self._closed:
             return
         header = {"t": "x", "g": gid, "s": seq, "m": message, "c": [[int(k), str(v)] for k, v in calls.items()]}
-        self._spawn(self._send_quietly(p.conn, header, BYE_TIMEOUT))
+        self._spawn_now(self._send_quietly(p.conn, header, BYE_TIMEOUT))
 
     def _on_mismatch_report(self, reporter: _Peer, h: Header) -> None:
         if reporter.rejected is not None:

@@ -1,0 +1,138 @@
+"""Start a task by running its first step at once (Python 3.12's eager tasks, for 3.11 too).
+
+A collective is started when it is called (its sequence number is taken then)
+and runs in a task of its own, so that several can be in flight. A plain
+``create_task`` runs the first step one loop iteration later: for a small
+message that iteration is a good part of the latency (the send goes out
+late, the receive is posted late). :func:`start_eager` creates the task and
+runs the coroutine up to its first suspension right away, inside the task's
+context and with the task as :func:`asyncio.current_task` (so code that
+cancels "itself" on a timeout cancels the right task); the task then carries
+on from that suspension. A coroutine that never suspends (a broadcast root
+handing its message to the socket) finishes before the call returns.
+
+No I/O and no clock: only the order of steps changes, so the simulator stays
+deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections.abc
+import contextvars
+from collections.abc import Coroutine, Generator
+from typing import Any
+
+from asyncio.tasks import _enter_task, _leave_task  # the hooks 3.12's eager tasks use too
+
+__all__ = ["EagerStart", "start_eager"]
+
+
+class EagerStart:
+    """What the first step of an eagerly started coroutine did.
+
+    ``finished`` is True when it ran to the end: then ``error`` is what it
+    raised (or None) and ``value`` what it returned. The task created for it
+    finishes the same way at its first step.
+    """
+
+    __slots__ = ("finished", "value", "error", "_coro", "_yielded")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.finished = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self._coro = coro
+        self._yielded: Any = None  # what the first step yielded (the future it waits on)
+
+    def __repr__(self) -> str:
+        state = "running" if not self.finished else "failed" if self.error is not None else "done"
+        return f"<EagerStart {state}>"
+
+    def first_step(self) -> None:
+        try:
+            self._yielded = self._coro.send(None)
+        except StopIteration as e:
+            self.finished, self.value = True, e.value
+        except BaseException as e:  # the task raises it again; the caller decides who sees it
+            self.finished, self.error = True, e
+
+    def resume(self) -> _Rest:
+        """The rest of the coroutine, as the task's coroutine."""
+        return _Rest(self)
+
+
+class _Rest(collections.abc.Coroutine):  # type: ignore[type-arg]
+    """The coroutine a task runs for an eagerly started one: from its first suspension on.
+
+    A class rather than a generator so that a throw before the first step (the task
+    was cancelled before it ran) still reaches the coroutine at its suspension point,
+    where its cleanup (``except CancelledError``/``finally``) runs.
+    """
+
+    __slots__ = ("_state", "_started")
+
+    def __init__(self, state: EagerStart) -> None:
+        self._state = state
+        self._started = False
+
+    def _first(self) -> Any:
+        self._started = True
+        state = self._state
+        if state.finished:
+            if state.error is not None:
+                raise state.error
+            raise StopIteration(state.value)
+        return state._yielded
+
+    def send(self, value: Any) -> Any:
+        if not self._started:
+            return self._first()  # what the first step yielded: the task waits on it now
+        return self._state._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if not self._started:
+            self._started = True
+            if self._state.finished:  # nothing left to interrupt
+                raise typ if val is None else val
+        exc = typ if val is None else val
+        return self._state._coro.throw(exc)
+
+    def close(self) -> None:
+        if not self._state.finished:
+            self._state._coro.close()
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self  # type: ignore[return-value]
+
+    def __iter__(self) -> _Rest:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+
+def start_eager(coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Task[Any], EagerStart]:
+    """Create a task for ``coro`` and run its first step now; return the task and what the step did.
+
+    Must be called from code running in ``loop`` (in a task or a callback).
+    The first step runs in the task's own context copy and as the current
+    task. If it finished, the task only finishes the same way one iteration
+    later (nothing waits for that). Cancelling the task before that finishes
+    the coroutine's remaining steps with a CancelledError at its suspension
+    point, as for any task.
+    """
+    state = EagerStart(coro)
+    ctx = contextvars.copy_context()
+    task = loop.create_task(state.resume(), context=ctx)
+    caller = asyncio.current_task(loop)
+    if caller is not None:
+        _leave_task(loop, caller)
+    _enter_task(loop, task)
+    try:
+        ctx.run(state.first_step)
+    finally:
+        _leave_task(loop, task)
+        if caller is not None:
+            _enter_task(loop, caller)
+    return task, state

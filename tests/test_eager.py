@@ -1,0 +1,104 @@
+"""Eager start of operations (aiodist.eager): first step at call time, in the operation's own task."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import run_world
+
+from aiodist.eager import start_eager
+from aiodist.errors import CollectiveTimeoutError
+
+VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="caller")
+
+
+async def test_a_coroutine_that_never_waits_is_finished_when_start_returns() -> None:
+    steps: list[str] = []
+
+    async def quick() -> int:
+        steps.append("ran")
+        return 7
+
+    task, early = start_eager(quick(), asyncio.get_running_loop())
+    assert steps == ["ran"] and early.finished and early.value == 7 and early.error is None
+    assert await task == 7  # the task finishes the same way
+
+
+async def test_the_first_step_runs_as_the_new_task_in_its_own_context() -> None:
+    me = asyncio.current_task()
+    seen: dict[str, Any] = {}
+    gate = asyncio.get_running_loop().create_future()
+
+    async def op() -> str:
+        seen["task"] = asyncio.current_task()
+        VAR.set("op")
+        await gate
+        seen["after"] = asyncio.current_task()
+        return VAR.get()
+
+    task, early = start_eager(op(), asyncio.get_running_loop())
+    assert not early.finished
+    assert seen["task"] is task  # not the caller: code that cancels "itself" cancels the operation
+    assert asyncio.current_task() is me and VAR.get() == "caller"  # restored, nothing leaked
+    gate.set_result(None)
+    assert await task == "op"
+    assert seen["after"] is task
+
+
+async def test_an_error_in_the_first_step_is_the_task_error() -> None:
+    async def bad() -> None:
+        raise ValueError("boom")
+
+    task, early = start_eager(bad(), asyncio.get_running_loop())
+    assert isinstance(early.error, ValueError)
+    with pytest.raises(ValueError, match="boom"):
+        await task
+
+
+async def test_cancelling_before_the_task_ran_reaches_the_suspension_point() -> None:
+    cleaned: list[str] = []
+    never = asyncio.get_running_loop().create_future()
+
+    async def op() -> None:
+        try:
+            await never
+        except asyncio.CancelledError:
+            cleaned.append("withdrawn")
+            raise
+
+    task, _ = start_eager(op(), asyncio.get_running_loop())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned == ["withdrawn"]
+
+
+async def test_a_broadcast_root_is_done_when_the_call_returns() -> None:
+    async def body(pg: Any) -> bool:
+        x = np.arange(4, dtype=np.float32) if pg.rank == 0 else np.zeros(4, dtype=np.float32)
+        await pg.barrier()  # connected
+        w = pg.broadcast(x, 0)
+        done_at_call = w.done()
+        await w
+        assert x.tolist() == [0.0, 1.0, 2.0, 3.0]
+        return done_at_call
+
+    assert await run_world(2, body) == [True, False]
+
+
+async def test_an_operation_timeout_cancels_the_operation_not_its_caller() -> None:
+    async def body(pg: Any) -> str:
+        if pg.rank == 1:
+            await asyncio.sleep(0.6)  # never joins this all_reduce
+            return "late"
+        w = pg.all_reduce(np.ones(2), timeout=0.2)
+        await asyncio.sleep(0.4)  # the operation times out meanwhile: this sleep must not be cut short
+        with pytest.raises(CollectiveTimeoutError):
+            await w
+        return "ok"
+
+    assert (await run_world(2, body, timeout=10, return_exceptions=True))[0] == "ok"
