@@ -474,6 +474,7 @@ class ProcessGroup:
         with waiting_in(op, seq=seq, group=self.name) as entry:
             ch = OpChannel(self._comm, op=op, seq=seq, sig=sig, entry=entry)
             loop = asyncio.get_running_loop()
+            now = loop.time()
             me = asyncio.current_task()
             assert me is not None
             # One timer instead of an asyncio.timeout context: it cancels this task; the
@@ -484,12 +485,12 @@ class ProcessGroup:
                 expired.append(True)
                 me.cancel()
 
-            timer = loop.call_at(loop.time() + timeout, expire)
+            timer = loop.call_at(now + timeout, expire)
             check = None
             if self.mismatch_check_after and self.size > 1:
-                check = self._running[seq] = _FingerprintCheck(self, op, seq, sig)
+                check = self._running[seq] = _FingerprintCheck(self, op, seq, sig, me, now)
                 if self._watchdog is None:
-                    self._watchdog = asyncio.get_running_loop().create_task(self._fingerprint_watchdog())
+                    self._watchdog = loop.create_task(self._fingerprint_watchdog())
             try:
                 try:
                     result = await body(ch, seq)
@@ -953,13 +954,13 @@ class _FingerprintCheck:
 
     __slots__ = ("pg", "op", "seq", "sig", "task", "start", "checker", "found")
 
-    def __init__(self, pg: ProcessGroup, op: str, seq: int, sig: str) -> None:
+    def __init__(self, pg: ProcessGroup, op: str, seq: int, sig: str, task: asyncio.Task[Any], start: float) -> None:
         self.pg = pg
         self.op = op
         self.seq = seq
         self.sig = sig
-        self.task = asyncio.current_task()
-        self.start = asyncio.get_running_loop().time()
+        self.task = task  # the operation's task, started at ``start`` (loop time)
+        self.start = start
         self.found: CollectiveMismatchError | None = None
         self.checker: asyncio.Task[None] | None = None
 
