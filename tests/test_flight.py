@@ -78,3 +78,25 @@ def test_trace_cli(tmp_path, capsys):
     (tmp_path / "rank0.json").write_text(json.dumps({"rank": 0, "reason": "x", "inflight": [], "recent": []}))
     assert _cli_main(argparse.Namespace(directory=str(tmp_path), json=False)) == 0
     assert "rank 0: x" in capsys.readouterr().out
+
+
+async def test_a_collective_in_flight_lists_the_peers_it_still_receives_from():
+    import numpy as np
+    from conftest import run_world
+
+    async def body(pg):
+        if pg.rank == 1:
+            await asyncio.sleep(0.3)  # late: rank 0 waits for it meanwhile
+            await pg.all_reduce(np.ones(2))
+            return None
+        w = pg.all_reduce(np.ones(2))
+        await asyncio.sleep(0.1)
+        during = [e for e in inflight.snapshot() if e["op"] == "all_reduce"]
+        await w
+        after = [e for e in inflight.recent() if e["op"] == "all_reduce"]
+        return during, after
+
+    (during, after), _ = await run_world(2, body)
+    assert [e.get("peers") for e in during] == [[1]]  # a list (JSON-ready), the peer waited for
+    assert after[-1]["state"] == "done" and "peers" not in after[-1]  # nobody left to wait for
+    json.dumps(after)
