@@ -23,6 +23,7 @@ from aiodist.collectives import selected_cost  # noqa: E402
         ("broadcast", 1024, 8),  # non-powers of two finish early: the model counts rounds one port at a time
         ("all_gather", 4 * 1024 * 1024, 4),
         ("barrier", 0, 7),
+        ("all_to_all", 4 * 1024 * 1024, 4),  # every exchange posted at once: they overlap
     ],
 )
 def test_simulated_time_matches_alpha_beta_cost(collective: str, nbytes: int, p: int) -> None:
