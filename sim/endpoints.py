@@ -22,6 +22,13 @@ from .headers import wire_header
 if TYPE_CHECKING:
     from .network import Fabric, Host
 
+# Frame is a frozen, slotted dataclass: filling its two slots directly skips two
+# object.__setattr__ calls per delivered frame. Only if it still has exactly those slots.
+_FAST_FRAME = getattr(Frame, "__slots__", None) == ("header", "payload")
+_new_frame = object.__new__
+_set_header = Frame.header.__set__ if _FAST_FRAME else None  # type: ignore[attr-defined]
+_set_payload = Frame.payload.__set__ if _FAST_FRAME else None  # type: ignore[attr-defined]
+
 LOCAL_NAMES = frozenset({"", "0.0.0.0", "::", "127.0.0.1", "localhost", "::1"})
 """Addresses that mean "this host" (listen on them, or connect to yourself)."""
 
@@ -77,7 +84,9 @@ class SimConnection(Connection):
         self._paused = False
         self._kernel: deque[tuple[Header, bytearray | None, int]] | tuple[()] = ()
         self._kernel_bytes = 0
-        self._inflight = 0  # bytes this side sent that have not reached the peer yet
+        # Bytes the peer sent to this side that have not arrived yet. Kept here, on the receiving
+        # end, rather than on the sender: a delivery then touches only its own endpoint.
+        self._incoming = 0
         self._writers: deque[asyncio.Future[None]] | tuple[()] = ()
 
     def __repr__(self) -> str:
@@ -104,11 +113,27 @@ class SimConnection(Connection):
         ``None`` goes back to queueing frames for :meth:`recv`.
         """
         self._on_frame = handler
+        if handler is not None and not self._draining:
+            self._dispatch()  # (while a dispatch runs, it hands the rest to the new handler)
+        elif self._paused and self._exc is None and len(self._frames) < self._fabric.max_unread_frames:
+            self._resume(self._fabric.max_unread_frames)
+
+    def _dispatch(self) -> None:
+        """Hand the queued frames to the frame handler, in order, then read what waits in the kernel.
+
+        ``_draining`` marks a dispatch in progress: frames taken meanwhile (a
+        handler that swaps handlers, a resume) are queued and this loop hands
+        them over, so a handler is never re-entered and order is kept.
+        """
         frames = self._frames
-        while handler is not None and frames and self._exc is None and self._on_frame is handler:
-            frame = frames.popleft()
-            if not self._handle(handler, frame):
-                return
+        self._draining = True
+        try:
+            while frames and self._exc is None:
+                handler = self._on_frame
+                if handler is None or not self._handle(handler, frames.popleft()):
+                    return
+        finally:
+            self._draining = False
         if self._paused and self._exc is None and len(frames) < self._fabric.max_unread_frames:
             self._resume(self._fabric.max_unread_frames)  # the queue emptied: read what waits in the kernel
 
@@ -144,15 +169,15 @@ class SimConnection(Connection):
         if loop._lane in loop._dead:  # the rest of a step of a process that just crashed
             await loop.create_future()
         peer = self._peer_ep
-        if peer is not None and self._inflight + peer._kernel_bytes > fabric.socket_buffer:
+        if peer is not None and peer._incoming + peer._kernel_bytes > fabric.socket_buffer:
             await self._wait_for_room(peer)  # the window is full: bytes in flight or unread in the peer's kernel
         now = loop._now
         depart = now
         if fabric._overhead:  # the sender's CPU: one message at a time, o each (LogP)
             start = now if now > host.cpu_free else host.cpu_free
             depart = host.cpu_free = start + fabric._overhead * host.factor
-        if self._held is None and not fabric.blocks and (peer is None or not peer._vanished):
-            self._inflight += n  # Fabric.transmit's fast path: nothing holds the link
+        if self._held is None and not fabric.blocks and peer is not None and not peer._vanished:
+            peer._incoming += n  # Fabric.transmit's fast path: nothing holds the link
             fabric._schedule(self, h, data, n, depart)
         else:
             fabric.transmit(self, h, data, n, depart)
@@ -173,7 +198,7 @@ class SimConnection(Connection):
         """
         loop = self._fabric.loop
         limit = self._fabric.socket_buffer
-        while self._inflight + peer._kernel_bytes > limit and self._exc is None and peer._exc is None:
+        while peer._incoming + peer._kernel_bytes > limit and self._exc is None and peer._exc is None:
             fut = loop.create_future()
             if not peer._writers:
                 peer._writers = deque()
@@ -187,11 +212,9 @@ class SimConnection(Connection):
             raise self._exc
 
     def _deliver(self, header: Header, data: bytearray | None, n: int, msg: int) -> None:
-        sender = self._peer_ep
-        if sender is not None:
-            sender._inflight -= n
-            if self._writers and sender._inflight + self._kernel_bytes <= self._fabric.socket_buffer:
-                self._wake_writers()
+        self._incoming -= n
+        if self._writers and self._incoming + self._kernel_bytes <= self._fabric.socket_buffer:
+            self._wake_writers()
         if self._exc is not None:
             return
         host = self._host
@@ -205,6 +228,12 @@ class SimConnection(Connection):
             if len(buf) >= 2048:
                 tracer._flush()
         host.received += 1
+        if fabric.on_recv is not None:
+            # A MessageReceived trigger fires before the program sees the frame: a crash it
+            # causes leaves the frame unread (the handler would otherwise run first).
+            fabric.on_recv(host)
+            if self._exc is not None:
+                return
         if self._paused:  # our protocol stopped reading: the bytes wait in the kernel
             if not self._kernel:
                 self._kernel = deque()
@@ -212,8 +241,6 @@ class SimConnection(Connection):
             self._kernel_bytes += n
         else:
             self._take(header, data, n)
-        if fabric.on_recv is not None:
-            fabric.on_recv(host)
 
     def _take(self, header: Header, data: bytearray | None, n: int) -> None:
         """The protocol reads one frame: into the sink's buffer or a fresh one, then the queue."""
@@ -239,25 +266,38 @@ class SimConnection(Connection):
                     self._abort(f"payload sink failed on connection to {self.peer}: {e!r}")
                     return
             payload = target if target is not None else memoryview(data)
-        self._frames.append(Frame(header, payload))
-        if len(self._frames) >= self._fabric.max_unread_frames:
+        if _FAST_FRAME:  # Frame(header, payload) without the frozen dataclass's __init__
+            frame = _new_frame(Frame)
+            _set_header(frame, header)
+            _set_payload(frame, payload)
+        else:
+            frame = Frame(header, payload)
+        frames = self._frames
+        handler = self._on_frame
+        if handler is not None and not frames and not self._draining:
+            # The fast path: hand the frame to the handler now, inside the delivery step, as
+            # TCP's data_received does (no queue, no extra loop step, no reader task).
+            self._draining = True
+            try:
+                handler(frame)
+            except Exception as e:  # noqa: BLE001 - mirror TCP: a failing handler breaks the connection
+                self._abort(f"frame handler failed on connection to {self.peer}: {e!r}")
+                return
+            finally:
+                self._draining = False
+            if frames:  # the handler swapped handlers or resumed reading meanwhile
+                self._dispatch()
+            return
+        frames.append(frame)
+        if len(frames) >= self._fabric.max_unread_frames:
             self._paused = True  # like aiodist.net.tcp: stop reading beyond this many unread frames
-        if self._on_frame is not None:
-            # The fast path: one callback hands over what arrived (no reader task, no future).
-            # It runs where a woken reader would have run, so the order of events is the same.
+        if handler is not None:
             if not self._draining:
-                self._draining = True
-                self._fabric.loop.call_soon(self._drain)
+                self._dispatch()
             return
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
-
-    def _drain(self) -> None:
-        self._draining = False
-        handler = self._on_frame
-        if handler is not None:
-            self.set_frame_handler(handler)
 
     def _resume(self, limit: int) -> None:
         """Read what waits in the kernel (up to ``limit`` queued frames) and wake blocked senders."""
@@ -269,8 +309,7 @@ class SimConnection(Connection):
             self._take(header, data, n)
         if kernel:
             self._paused = True
-        sender = self._peer_ep
-        if self._writers and (sender is None or sender._inflight + self._kernel_bytes <= self._fabric.socket_buffer):
+        if self._writers and self._incoming + self._kernel_bytes <= self._fabric.socket_buffer:
             self._wake_writers()
 
     def _wake_writers(self) -> None:

@@ -53,25 +53,28 @@ def _wire_key(k: Any) -> Any:
     return tuple(_wire_value(k)) if isinstance(k, (tuple, list)) else _wire_value(k)
 
 
+_SCALAR_TYPES = frozenset(_SCALARS)
+
+
 def wire_header(header: Header) -> Header:
-    """A fresh copy of ``header`` as the peer would decode it from msgpack."""
+    """A fresh copy of ``header`` as the peer would decode it from msgpack.
+
+    Fast path (every frame aiodist sends): copy the dict once, then replace
+    in place the few values that change (tuples become lists), instead of
+    building a second dict. Replacing the value of an existing key while
+    iterating is safe: the dict does not change size.
+    """
     if type(header) is not dict:
         raise TypeError("frame header must be a dict")
-    scalars = _SCALARS
-    for v in header.values():
-        if type(v) not in scalars:
-            break
-    else:
-        return header.copy()
-    # The common aiodist shape: scalar keys, values scalars or flat tuples/lists of scalars.
-    out = {}
-    for k, v in header.items():
+    scalars = _SCALAR_TYPES
+    out = header.copy()
+    for k, v in out.items():
         if type(k) not in scalars:
-            k = _wire_key(k)
+            return _wire_header_slow(header)  # keys change too: rebuild
         t = type(v)
         if t in scalars:
-            out[k] = v
-        elif t is tuple or t is list:
+            continue
+        if t is tuple or t is list:
             for x in v:
                 if type(x) not in scalars:
                     out[k] = _wire_value(v)
@@ -81,3 +84,7 @@ def wire_header(header: Header) -> Header:
         else:
             out[k] = _wire_value(v)
     return out
+
+
+def _wire_header_slow(header: Header) -> Header:
+    return {(k if type(k) in _SCALAR_TYPES else _wire_key(k)): _wire_value(v) for k, v in header.items()}

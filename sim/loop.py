@@ -57,6 +57,10 @@ LANE: contextvars.ContextVar[int] = contextvars.ContextVar("sim_lane", default=-
 
 SCHEDULES = ("fifo", "random", "pct")
 
+NEAR = 1e-3
+"""Seconds ahead of the clock that count as "near" (see :meth:`SimLoop._advance`): message
+deliveries land there, long timers (timeouts, sleeps) beyond it."""
+
 _sleep_callback = futures._set_result_unless_cancelled  # what asyncio.sleep schedules
 _new_handle = object.__new__
 
@@ -147,7 +151,11 @@ class SimLoop(asyncio.AbstractEventLoop):
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         self._now = 0.0
         self._seq = itertools.count()
+        # Timers in two heaps of (when, seq, lane, handle): every entry of ``_heap`` is due before
+        # ``_bound`` and every entry of ``_far`` at or after it (see _advance).
         self._heap: list[tuple[float, int, int, asyncio.TimerHandle]] = []
+        self._far: list[tuple[float, int, int, asyncio.TimerHandle]] = []
+        self._bound = NEAR
         self._ncancelled = 0
         self._lane = -1
         self._dead: set[int] = set()
@@ -193,12 +201,17 @@ class SimLoop(asyncio.AbstractEventLoop):
     def _push_fifo(self, lane: int, handle: asyncio.Handle) -> None:
         self._ready.append((lane, handle))
 
+    def _new_lane(self, lane: int) -> deque[asyncio.Handle]:
+        dq: deque[asyncio.Handle] = deque()
+        self._lanes[lane] = dq
+        if self.schedule == "pct":
+            self._prio[lane] = self._pct_depth + self._rng.random()
+        return dq
+
     def _push_lane(self, lane: int, handle: asyncio.Handle) -> None:
         dq = self._lanes.get(lane)
         if dq is None:
-            dq = self._lanes[lane] = deque()
-            if self.schedule == "pct":
-                self._prio[lane] = self._pct_depth + self._rng.random()
+            dq = self._new_lane(lane)
         if not dq:
             self._active.append(lane)
         dq.append(handle)
@@ -251,7 +264,7 @@ class SimLoop(asyncio.AbstractEventLoop):
             self._push(lane, handle)
         else:
             handle._scheduled = True  # type: ignore[attr-defined]
-            heapq.heappush(self._heap, (when, next(self._seq), lane, handle))
+            heapq.heappush(self._heap if when < self._bound else self._far, (when, next(self._seq), lane, handle))
         return handle
 
     def call_later(
@@ -272,7 +285,8 @@ class SimLoop(asyncio.AbstractEventLoop):
             self._push(lane, event)  # type: ignore[arg-type]
         else:
             event._scheduled = True
-            heapq.heappush(self._heap, (when, next(self._seq), lane, event))  # type: ignore[arg-type]
+            heapq.heappush(self._heap if when < self._bound else self._far,  # type: ignore[arg-type]
+                           (when, next(self._seq), lane, event))
 
     def call_soon_threadsafe(
         self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
@@ -283,16 +297,21 @@ class SimLoop(asyncio.AbstractEventLoop):
 
     def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
         self._ncancelled += 1
-        if self._ncancelled > 256 and self._ncancelled * 2 > len(self._heap):
-            kept = []
-            for entry in self._heap:
-                if entry[3]._cancelled:  # type: ignore[attr-defined]
-                    entry[3]._scheduled = False  # type: ignore[attr-defined]
-                else:
-                    kept.append(entry)
-            heapq.heapify(kept)
-            self._heap = kept
+        if self._ncancelled > 256 and self._ncancelled * 2 > len(self._heap) + len(self._far):
+            self._heap = self._without_cancelled(self._heap)
+            self._far = self._without_cancelled(self._far)
             self._ncancelled = 0
+
+    @staticmethod
+    def _without_cancelled(heap: list[Any]) -> list[Any]:
+        kept = []
+        for entry in heap:
+            if entry[3]._cancelled:
+                entry[3]._scheduled = False
+            else:
+                kept.append(entry)
+        heapq.heapify(kept)
+        return kept
 
     # ------------------------------------------------------------------ lanes
 
@@ -346,23 +365,44 @@ class SimLoop(asyncio.AbstractEventLoop):
 
     # ------------------------------------------------------------------ running
 
-    def _advance(self) -> None:
-        """Jump the clock to the next timer and make everything due then ready."""
+    def _advance(self) -> tuple[int, asyncio.Handle] | None:
+        """Jump the clock to the next timer and make everything due then ready.
+
+        Fast path: when exactly one callback is due at that instant (the usual
+        case: each delivery has its own random arrival time), return it as
+        ``(lane, handle)`` instead of queueing it, and the run loop runs it at
+        once. That is the order the ready queue would give (it is the only
+        ready callback, and with one ready lane no schedule draws a random
+        number), minus a push and a pop.
+        """
         heap = self._heap
-        while heap and heap[0][3]._cancelled:  # type: ignore[attr-defined]
-            heapq.heappop(heap)[3]._scheduled = False  # type: ignore[attr-defined]
-            self._ncancelled -= 1
-        if not heap:
-            raise _Idle
-        when = heap[0][0]
+        pop = heapq.heappop
+        while True:
+            while heap and heap[0][3]._cancelled:  # type: ignore[attr-defined]
+                pop(heap)[3]._scheduled = False  # type: ignore[attr-defined]
+                self._ncancelled -= 1
+            if heap:
+                break
+            if not self._far:
+                raise _Idle
+            self._bring_near(self._far[0][0] + NEAR)  # nothing near: the next far timers become near
+        when, _, lane, handle = heap[0]
         if self.time_limit is not None and when > self.time_limit:
             self._now = max(self._now, self.time_limit)
             raise SimTimeLimitError(self.time_limit)
         if when > self._now:
             self._now = when
-        pop = heapq.heappop
+        if when + NEAR > self._bound:  # keep the near window ahead of the clock, a window at a time
+            self._bring_near(when + 2 * NEAR)
+        pop(heap)
+        handle._scheduled = False  # type: ignore[attr-defined]
+        if not heap or heap[0][0] > when:
+            if not self._fifo and lane not in self._lanes:
+                self._new_lane(lane)  # what _push_lane would do first (a PCT priority draw)
+            return lane, handle
         if self._fifo:
             ready = self._ready
+            ready.append((lane, handle))
             while heap and heap[0][0] <= when:
                 _, _, lane, handle = pop(heap)
                 handle._scheduled = False  # type: ignore[attr-defined]
@@ -370,7 +410,8 @@ class SimLoop(asyncio.AbstractEventLoop):
                     self._ncancelled -= 1
                 else:
                     ready.append((lane, handle))
-            return
+            return None
+        self._push_lane(lane, handle)
         lanes = self._lanes
         while heap and heap[0][0] <= when:
             _, _, lane, handle = pop(heap)
@@ -386,6 +427,26 @@ class SimLoop(asyncio.AbstractEventLoop):
                 dq.append(handle)
             else:
                 self._push_lane(lane, handle)
+        return None
+
+    def _bring_near(self, bound: float) -> None:
+        """Move the near/far boundary up to ``bound``: far timers due before it join the near heap.
+
+        Why two heaps: a big run keeps tens of thousands of long timers pending
+        (timeouts, sleeps), and each message delivery would pay for sifting
+        through them (cache misses on every level). Deliveries land within
+        ``NEAR`` of the clock, so they only ever touch the small near heap.
+        The order is unchanged: every near entry is due before every far one,
+        and both heaps order by (time, sequence).
+        """
+        self._bound = bound
+        far = self._far
+        if far and far[0][0] < bound:
+            heap = self._heap
+            pop = heapq.heappop
+            push = heapq.heappush
+            while far and far[0][0] < bound:
+                push(heap, pop(far))
 
     def _callback_failed(self, handle: asyncio.Handle, exc: BaseException) -> None:
         self.call_exception_handler({
@@ -403,17 +464,22 @@ class SimLoop(asyncio.AbstractEventLoop):
         deadline = limit
         try:
             while not self._stopping:
-                if not ready:
+                if ready:
+                    if steps >= deadline:
+                        raise SimLivelockError(limit, self._now)
+                    lane, handle = ready.popleft()
+                    if handle._cancelled:  # type: ignore[attr-defined]
+                        continue
+                else:
                     before = self._now
-                    self._advance()
+                    due = self._advance()
                     if self._now != before:
                         deadline = steps + limit
-                    continue
-                if steps >= deadline:
-                    raise SimLivelockError(limit, self._now)
-                lane, handle = ready.popleft()
-                if handle._cancelled:  # type: ignore[attr-defined]
-                    continue
+                    if due is None:
+                        continue
+                    lane, handle = due  # the only callback due at this instant: run it without queueing
+                    if steps >= deadline:  # (only with max_steps_per_instant=0: the clock just moved)
+                        raise SimLivelockError(limit, self._now)
                 if lane in dead:
                     self._graveyard.append(handle)
                     continue
@@ -456,28 +522,33 @@ class SimLoop(asyncio.AbstractEventLoop):
         try:
             while not self._stopping:
                 n = len(active)
-                if not n:
+                if n:
+                    if steps >= deadline:
+                        raise SimLivelockError(limit, self._now)
+                    if n == 1:
+                        i = 0
+                    elif is_random:
+                        i = int(rand() * n)
+                    else:
+                        i = self._pick_pct()
+                    lane = active[i]
+                    dq = lanes[lane]
+                    handle = dq.popleft()
+                    if not dq:
+                        active[i] = active[-1]
+                        active.pop()
+                    if handle._cancelled:  # type: ignore[attr-defined]
+                        continue
+                else:
                     before = self._now
-                    self._advance()
+                    due = self._advance()
                     if self._now != before:
                         deadline = steps + limit
-                    continue
-                if steps >= deadline:
-                    raise SimLivelockError(limit, self._now)
-                if n == 1:
-                    i = 0
-                elif is_random:
-                    i = int(rand() * n)
-                else:
-                    i = self._pick_pct()
-                lane = active[i]
-                dq = lanes[lane]
-                handle = dq.popleft()
-                if not dq:
-                    active[i] = active[-1]
-                    active.pop()
-                if handle._cancelled:  # type: ignore[attr-defined]
-                    continue
+                    if due is None:
+                        continue
+                    lane, handle = due  # the only callback due at this instant: run it without queueing
+                    if steps >= deadline:  # (only with max_steps_per_instant=0: the clock just moved)
+                        raise SimLivelockError(limit, self._now)
                 if lane in dead:
                     self._graveyard.append(handle)
                     continue
@@ -569,6 +640,7 @@ class SimLoop(asyncio.AbstractEventLoop):
             raise RuntimeError("Cannot close a running event loop")
         self._closed = True
         self._heap.clear()
+        self._far.clear()
         if self.schedule == "fifo":
             self._ready.clear()
         else:

@@ -46,6 +46,8 @@ from .endpoints import LOCAL_NAMES, HostNetwork, SimConnection, SimListener, _co
 from .latency import Constant, Exponential, LatencyModel, Uniform, as_model
 from .loop import _Event
 
+_new_event = object.__new__
+
 if TYPE_CHECKING:
     from .loop import SimLoop
     from .trace import Tracer
@@ -156,6 +158,11 @@ class Fabric:
         self._uniform = (lm.low, lm.high - lm.low) if isinstance(lm, Uniform) else None
         self._random = rng.random
         self._links = {(host_name(a), host_name(b)): as_model(m) for (a, b), m in config.links.items()}
+        # Per-message constants of _schedule (the model never changes during a run): the default
+        # model's draw inlined; a constant latency needs no draw at all (Constant.sample draws none).
+        self._lat_low, self._lat_span = self._uniform if self._uniform is not None and not self._links else (0.0, 0.0)
+        self._lat_drawn = self._uniform is not None and not self._links
+        self._lat_const = lm.value if isinstance(lm, Constant) and not self._links else None
         self._bw = config.bandwidth
         self._overhead = config.overhead
         self._contention = config.contention
@@ -257,8 +264,9 @@ class Fabric:
 
     def transmit(self, ep: SimConnection, header: Header | None, data: bytearray | None, n: int, now: float) -> None:
         """Put one frame (or a FIN when ``header`` is None) on ``ep``'s outgoing link."""
-        ep._inflight += n
         peer = ep._peer_ep
+        if peer is not None:
+            peer._incoming += n  # in flight towards peer (held frames too) until delivered
         if ep._held is not None or (peer is not None and peer._vanished) or (
                 self.blocks and self.blocked(ep._host, ep._peer_host)):
             if ep._held is None:
@@ -275,18 +283,26 @@ class Fabric:
 
     def _schedule(self, ep: SimConnection, header: Header | None, data: bytearray | None, n: int,
                   now: float) -> None:
+        """Time one frame (or FIN) on ``ep``'s link and post its arrival: the per-message hot path.
+
+        The arithmetic is kept operation for operation (same draws, same
+        float results): digests and virtual times do not depend on the fast paths.
+        """
         src = ep._host
         dst = ep._peer_host
-        if self._uniform is not None and not self._links:  # the default model, inlined (same draws)
-            lat = self._uniform[0] + self._uniform[1] * self._random()
+        if self._lat_drawn:  # the default Uniform model, inlined (the same draw as Uniform.sample)
+            lat = self._lat_low + self._lat_span * self._random()
+        elif self._lat_const is not None:
+            lat = self._lat_const
         else:
             lat = self.latency(src, dst)
-        tx = n / self._bw if (self._bw and n) else 0.0
+        bw = self._bw
+        tx = n / bw if (bw and n) else 0.0
         factor = src.factor
         if factor != 1.0:
             lat *= factor
             tx *= factor
-        if self._contention and tx:
+        if tx and self._contention:
             start = now if now > src.tx_free else src.tx_free
             src.tx_free = start + tx
             t = start + tx + lat
@@ -305,27 +321,30 @@ class Fabric:
         ep._last = t
         peer = ep._peer_ep
         assert peer is not None
+        loop = self.loop
         if header is None:
-            self.loop.call_in_lane(t, dst.lane, peer._remote_closed, ep._fin_reason, context=dst.ctx)
-        else:
-            self._next_msg += 1
-            msg = self._next_msg
-            tracer = self.tracer
-            if tracer.keep:
-                tracer.message(now, "send", src.name, dst.name, n, msg, header)
-            else:  # Tracer.message inlined (the hot path of big runs)
-                buf = tracer._buf
-                buf.append((now, "send", src.name, dst.name, n, msg, header))
-                if len(buf) >= 2048:
-                    tracer._flush()
-            ctx = dst.ctx if dst.ctx is not None else contextvars.copy_context()
-            loop = self.loop
-            event = _Event(peer._deliver, (header, data, n, msg), ctx)
-            if t <= loop._now:
-                loop._push(dst.lane, event)  # type: ignore[arg-type]
-            else:  # SimLoop.post inlined
-                event._scheduled = True
-                heappush(loop._heap, (t, next(loop._seq), dst.lane, event))  # type: ignore[arg-type]
+            loop.call_in_lane(t, dst.lane, peer._remote_closed, ep._fin_reason, context=dst.ctx)
+            return
+        msg = self._next_msg = self._next_msg + 1
+        tracer = self.tracer
+        if tracer.keep:
+            tracer.message(now, "send", src.name, dst.name, n, msg, header)
+        else:  # Tracer.message inlined (the hot path of big runs)
+            buf = tracer._buf
+            buf.append((now, "send", src.name, dst.name, n, msg, header))
+            if len(buf) >= 2048:
+                tracer._flush()
+        event = _new_event(_Event)  # _Event.__init__ inlined
+        event._context = dst.ctx if dst.ctx is not None else contextvars.copy_context()
+        event._callback = peer._deliver
+        event._args = (header, data, n, msg)
+        if t <= loop._now:
+            event._scheduled = False
+            loop._push(dst.lane, event)  # type: ignore[arg-type]
+        else:  # SimLoop.post inlined
+            event._scheduled = True
+            heappush(loop._heap if t < loop._bound else loop._far,  # type: ignore[arg-type]
+                     (t, next(loop._seq), dst.lane, event))
 
     def release(self) -> None:
         """Re-check held links and connects after a partition/clog ended."""

@@ -148,7 +148,11 @@ def test_collectives_survive_a_healed_partition_and_finish_after_the_heal() -> N
     times = res.rank_results[0]
     assert times[0] < 0.5  # before the cut
     assert 2.0 <= times[1] < 2.01  # held until the heal, then delivered in order
-    assert all(r == times for r in res.rank_results)
+    # Every all_reduce ends on all ranks within a few link latencies of each other (compared with a
+    # tolerance: equality of the times rounded to 1 ms fails when two ranks straddle a rounding boundary).
+    for i in range(len(times)):
+        ends = [r[i] for r in res.rank_results]
+        assert max(ends) - min(ends) < 2e-3, (i, ends)
 
 
 def test_a_reset_link_fails_the_collective_naming_the_peer() -> None:
