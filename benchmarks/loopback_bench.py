@@ -8,9 +8,10 @@ buffers (the kernel copies; no Python code runs per byte). It prints the
 median GB/s of:
 
 * ``one way``: process A sends S bytes, B receives them;
-* ``both ways``: A and B each send S bytes to the other at the same time (a
-  thread per direction in each process), what every rank of a 2-rank ring
-  all_reduce does; the rate is S / time, per direction.
+* ``both ways``: A and B each send S bytes to the other at the same time, each
+  from one thread with a non-blocking socket (as a rank's event loop does),
+  what every rank of a 2-rank ring all_reduce does; the rate is S / time, per
+  direction.
 
 A 2-rank all_reduce moves S bytes each way per rank (reduce-scatter plus
 all-gather, half each), so its bus bandwidth (nccl-tests: 2(p-1)/p * S / t = S / t)
@@ -32,16 +33,42 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import socket
+import selectors
 import statistics
-import threading
 import time
 from typing import Any
 
 _CHUNK = 1 << 20
 
 
-def _send_all(sock: socket.socket, buf: memoryview) -> None:
-    sock.sendall(buf)
+def _exchange(sock: socket.socket, out: memoryview, inp: memoryview) -> None:
+    """Send ``out`` while receiving ``inp`` on one non-blocking socket, one thread (as a rank's loop does)."""
+    sel = selectors.DefaultSelector()
+    sock.setblocking(False)
+    sent = got = 0
+    n_out, n_in = out.nbytes, inp.nbytes
+    try:
+        sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        while sent < n_out or got < n_in:
+            want = (selectors.EVENT_READ if got < n_in else 0) | (selectors.EVENT_WRITE if sent < n_out else 0)
+            sel.modify(sock, want)
+            for _, events in sel.select(5.0):
+                if events & selectors.EVENT_WRITE:
+                    try:
+                        sent += sock.send(out[sent : sent + _CHUNK * 4])
+                    except BlockingIOError:
+                        pass
+                if events & selectors.EVENT_READ:
+                    try:
+                        k = sock.recv_into(inp[got : got + _CHUNK * 4])
+                    except BlockingIOError:
+                        continue
+                    if k == 0:
+                        raise ConnectionError("peer closed")
+                    got += k
+    finally:
+        sel.close()
+        sock.setblocking(True)
 
 
 def _recv_all(sock: socket.socket, buf: memoryview) -> None:
@@ -64,10 +91,7 @@ def _peer(port: int, nbytes: int, reps: int, ready: Any) -> None:
         _recv_all(sock, inp)
         sock.sendall(b"k")
     for _ in range(reps):  # both ways
-        t = threading.Thread(target=_send_all, args=(sock, out))
-        t.start()
-        _recv_all(sock, inp)
-        t.join()
+        _exchange(sock, out, inp)
     sock.close()
 
 
@@ -95,10 +119,7 @@ def measure(nbytes: int, reps: int) -> dict[str, float]:
         one.append(nbytes / (time.perf_counter() - t0) / 1e9)
     for _ in range(reps):
         t0 = time.perf_counter()
-        t = threading.Thread(target=_send_all, args=(sock, out))
-        t.start()
-        _recv_all(sock, inp)
-        t.join()
+        _exchange(sock, out, inp)
         both.append(nbytes / (time.perf_counter() - t0) / 1e9)
     sock.close()
     listener.close()
