@@ -21,7 +21,6 @@ bytes are written once, by the kernel, where they belong.
 
 from __future__ import annotations
 
-import enum
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -35,8 +34,8 @@ VERSION = 1
 PREAMBLE = MAGIC + struct.pack("<HH", VERSION, 0)
 PREAMBLE_SIZE = len(PREAMBLE)
 
-_PREFIX = struct.Struct("<IQ")
-PREFIX_SIZE = _PREFIX.size
+_PREFIX_STRUCT = struct.Struct("<IQ")
+PREFIX_SIZE = _PREFIX_STRUCT.size
 
 DEFAULT_MAX_FRAME_SIZE = (1 << 30) + (1 << 20)
 """Default bound on header + payload of one frame (1 GiB of payload plus a header)."""
@@ -77,8 +76,12 @@ def encode_header(header: dict[str, Any]) -> bytes:
     try:
         return _pack(header)
     except (TypeError, ValueError, OverflowError) as e:
-        _packer.reset()  # drop whatever a failed pack left in its buffer
-        raise TypeError(f"frame header is not serializable: {e}") from None
+        raise _unserializable(e) from None
+
+
+def _unserializable(e: Exception) -> TypeError:
+    _packer.reset()  # drop whatever a failed pack left in its buffer
+    return TypeError(f"frame header is not serializable: {e}")
 
 
 def encode_frame(header: dict[str, Any], payload: Any = None) -> tuple[bytes, memoryview | None]:
@@ -86,20 +89,28 @@ def encode_frame(header: dict[str, Any], payload: Any = None) -> tuple[bytes, me
 
     The payload is not copied: write both parts, in order, to the transport.
     """
-    h = encode_header(header)
+    try:
+        h = _pack(header)  # encode_header, inlined: this runs for every frame sent
+    except (TypeError, ValueError, OverflowError) as e:
+        raise _unserializable(e) from None
     if payload is None:
-        return _PREFIX.pack(len(h), 0) + h, None
+        return _PREFIX_STRUCT.pack(len(h), 0) + h, None
     mv = as_byte_view(payload)
-    return _PREFIX.pack(len(h), mv.nbytes) + h, (mv if mv.nbytes else None)
+    return _PREFIX_STRUCT.pack(len(h), mv.nbytes) + h, (mv if mv.nbytes else None)
 
 
-class _State(enum.Enum):
-    PREAMBLE = "preamble"
-    PREFIX = "prefix"
-    HEADER = "header"
-    PAYLOAD = "payload"
-    DEFERRED = "deferred"  # a payload whose destination the sink has not named yet
-    BROKEN = "broken"
+# Decoder states. Plain ints, not an Enum: the state is tested several times
+# per frame and a module global is much cheaper to read than an Enum member.
+_ST_PREAMBLE = 0
+_ST_PREFIX = 1
+_ST_HEADER = 2
+_ST_PAYLOAD = 3
+_ST_DEFERRED = 4  # a payload whose destination the sink has not named yet
+_ST_BROKEN = 5
+_STATE_NAMES = ("preamble", "prefix", "header", "payload", "deferred", "broken")
+
+_unpack_prefix = _PREFIX_STRUCT.unpack_from
+_unpackb = msgpack.unpackb
 
 
 class FrameDecoder:
@@ -124,7 +135,7 @@ class FrameDecoder:
         self.max_frame_size = max_frame_size
         self.max_header_size = min(max_header_size, max_frame_size)
         self.sink = sink
-        self._state = _State.PREAMBLE if expect_preamble else _State.PREFIX
+        self._state = _ST_PREAMBLE if expect_preamble else _ST_PREFIX
         self._buf = bytearray(_STAGING_SIZE)
         self._view = memoryview(self._buf)
         self._start = 0  # first unconsumed staged byte
@@ -136,12 +147,12 @@ class FrameDecoder:
         self._pos = 0
 
     def __repr__(self) -> str:
-        return f"<FrameDecoder state={self._state.value} staged={self._end - self._start}>"
+        return f"<FrameDecoder state={_STATE_NAMES[self._state]} staged={self._end - self._start}>"
 
     @property
     def awaiting_target(self) -> bool:
         """True while a payload waits for :meth:`provide_target` (its sink returned :data:`DEFER`)."""
-        return self._state is _State.DEFERRED
+        return self._state == _ST_DEFERRED
 
     def provide_target(self, target: memoryview | None) -> list[tuple[dict[str, Any], memoryview | None]]:
         """Give the deferred payload its destination (``None``: a new buffer); return the frames completed.
@@ -149,48 +160,92 @@ class FrameDecoder:
         Bytes received meanwhile were staged and are copied there; decoding
         then goes on with whatever is staged behind the payload.
         """
-        if self._state is not _State.DEFERRED:
+        if self._state != _ST_DEFERRED:
             raise RuntimeError("no payload is waiting for a destination")
         frames: list[tuple[dict[str, Any], memoryview | None]] = []
         self._begin_payload(target, frames)
-        if self._state is _State.PREFIX:
+        if self._state == _ST_PREFIX:
             self._parse(frames)
         return frames
 
     @property
     def handshake_done(self) -> bool:
         """True once the peer's preamble was received and accepted."""
-        return self._state not in (_State.PREAMBLE, _State.BROKEN)
+        return self._state != _ST_PREAMBLE and self._state != _ST_BROKEN
 
     # -- BufferedProtocol-style interface ---------------------------------
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Where the next received bytes should be written."""
-        if self._state is _State.PAYLOAD:
+        if self._state == _ST_PAYLOAD:
             assert self._target is not None
             return self._target[self._pos :]
-        if self._start == self._end:
+        end = self._end
+        if self._start == end:
+            # Everything staged was consumed (the usual case between small
+            # frames): start over at the front and hand out the whole area.
             self._start = self._end = 0
-        elif self._end == len(self._buf):
+            return self._view
+        if end == len(self._buf):
             # Move the unconsumed tail to the front to make room.
-            n = self._end - self._start
-            self._buf[:n] = self._buf[self._start : self._end]
+            n = end - self._start
+            self._buf[:n] = self._buf[self._start : end]
             self._start, self._end = 0, n
-        if self._end == len(self._buf):  # a header larger than the staging area
-            self._grow(len(self._buf) * 2)
+            if n == len(self._buf):  # a header larger than the staging area
+                self._grow(n * 2)
         return self._view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> list[tuple[dict[str, Any], memoryview | None]]:
         """Account for ``nbytes`` written into the last :meth:`get_buffer`; return complete frames."""
         frames: list[tuple[dict[str, Any], memoryview | None]] = []
-        if self._state is _State.PAYLOAD:
+        state = self._state
+        if state == _ST_PAYLOAD:
             self._pos += nbytes
             if self._pos == self._plen:
                 self._finish_payload(frames)
             return frames
-        self._end += nbytes
-        self._parse(frames)
+        end = self._end + nbytes
+        self._end = end
+        if state == _ST_PREFIX:
+            self._parse_small(frames, end)
+        elif self._start != end:
+            self._parse(frames)
         return frames
+
+    def _parse_small(self, frames: list[tuple[dict[str, Any], memoryview | None]], end: int) -> None:
+        """Fast path: decode whole payload-less frames staged back to back, then hand over to :meth:`_parse`.
+
+        Small requests and replies arrive whole, one or several per read; this
+        loop decodes them without the general state machine. Anything else (a
+        partial frame, a payload, a size violation) stops it with the decoder
+        still at a frame boundary in state PREFIX, and :meth:`_parse` goes on
+        from there (raising the errors).
+        """
+        start = self._start
+        buf = self._buf
+        max_header = self.max_header_size
+        while end - start >= PREFIX_SIZE:
+            hlen, plen = _unpack_prefix(buf, start)
+            hstart = start + PREFIX_SIZE
+            stop = hstart + hlen
+            if plen or stop > end or hlen == 0 or hlen > max_header:
+                break
+            raw = self._view[hstart:stop]
+            try:
+                header = _unpackb(raw)
+            except Exception as e:  # msgpack raises several unrelated types
+                self._start = stop
+                raise self._fail(ProtocolError(f"undecodable frame header: {e}")) from None
+            finally:
+                raw.release()
+            if type(header) is not dict:
+                self._start = stop
+                raise self._fail(ProtocolError(f"frame header is a {type(header).__name__}, not a map"))
+            frames.append((header, None))
+            start = stop
+        self._start = start
+        if start != end:
+            self._parse(frames)
 
     def feed(self, data: Any) -> list[tuple[dict[str, Any], memoryview | None]]:
         """Decode a chunk of bytes of any size; return the frames it completed."""
@@ -211,22 +266,24 @@ class FrameDecoder:
         new = bytearray(size)
         n = self._end - self._start
         new[:n] = self._buf[self._start : self._end]
-        self._view.release()
+        # The old view is dropped, not released: the transport may still hold
+        # a buffer export of it (uvloop releases the buffer from get_buffer
+        # only after buffer_updated returns); it is freed with the last export.
         self._buf, self._view = new, memoryview(new)
         self._start, self._end = 0, n
 
     def _fail(self, exc: ProtocolError) -> ProtocolError:
-        self._state = _State.BROKEN
+        self._state = _ST_BROKEN
         return exc
 
     def _parse(self, frames: list[tuple[dict[str, Any], memoryview | None]]) -> None:
         while True:
             avail = self._end - self._start
             state = self._state
-            if state is _State.PREFIX:
+            if state == _ST_PREFIX:
                 if avail < PREFIX_SIZE:
                     return
-                self._hlen, self._plen = _PREFIX.unpack_from(self._buf, self._start)
+                self._hlen, self._plen = _PREFIX_STRUCT.unpack_from(self._buf, self._start)
                 self._start += PREFIX_SIZE
                 if self._hlen > self.max_header_size:
                     raise self._fail(FrameTooLargeError(self._hlen, self.max_header_size))
@@ -234,16 +291,16 @@ class FrameDecoder:
                     raise self._fail(FrameTooLargeError(self._hlen + self._plen, self.max_frame_size))
                 if self._hlen == 0:
                     raise self._fail(ProtocolError("frame without a header"))
-                self._state = _State.HEADER
+                self._state = _ST_HEADER
                 if self._hlen > len(self._buf):
                     self._grow(self._hlen)
-            elif state is _State.HEADER:
+            elif state == _ST_HEADER:
                 if avail < self._hlen:
                     return
                 raw = self._view[self._start : self._start + self._hlen]
                 self._start += self._hlen
                 try:
-                    header = msgpack.unpackb(raw, raw=False)
+                    header = _unpackb(raw)
                 except Exception as e:  # msgpack raises several unrelated types
                     raise self._fail(ProtocolError(f"undecodable frame header: {e}")) from None
                 finally:
@@ -252,15 +309,15 @@ class FrameDecoder:
                     raise self._fail(ProtocolError(f"frame header is a {type(header).__name__}, not a map"))
                 if self._plen == 0:
                     frames.append((header, None))
-                    self._state = _State.PREFIX
+                    self._state = _ST_PREFIX
                     continue
                 self._header = header
                 self._start_payload(frames)
-                if self._state is not _State.PREFIX:  # waiting for the rest (written in place) or for a target
+                if self._state != _ST_PREFIX:  # waiting for the rest (written in place) or for a target
                     return
-            elif state is _State.DEFERRED:
+            elif state == _ST_DEFERRED:
                 return
-            elif state is _State.PREAMBLE:
+            elif state == _ST_PREAMBLE:
                 if avail < PREAMBLE_SIZE:
                     return
                 got = bytes(self._buf[self._start : self._start + PREAMBLE_SIZE])
@@ -270,14 +327,14 @@ class FrameDecoder:
                 (version,) = struct.unpack_from("<H", got, 4)
                 if version != VERSION:
                     raise self._fail(ProtocolError(f"peer speaks protocol version {version}, this side {VERSION}"))
-                self._state = _State.PREFIX
+                self._state = _ST_PREFIX
             else:  # BROKEN
                 raise ProtocolError("decoder already failed; close the connection")
 
     def _start_payload(self, frames: list[tuple[dict[str, Any], memoryview | None]]) -> None:
         target = self.sink(self._header, self._plen) if self.sink is not None else None
         if target is DEFER:
-            self._state = _State.DEFERRED
+            self._state = _ST_DEFERRED
             return
         self._begin_payload(target, frames)
 
@@ -298,11 +355,11 @@ class FrameDecoder:
         if staged == plen:
             self._finish_payload(frames)
         else:
-            self._state = _State.PAYLOAD
+            self._state = _ST_PAYLOAD
 
     def _finish_payload(self, frames: list[tuple[dict[str, Any], memoryview | None]]) -> None:
         frames.append((self._header, self._target))
         self._header = {}
         self._target = None
         self._pos = 0
-        self._state = _State.PREFIX
+        self._state = _ST_PREFIX

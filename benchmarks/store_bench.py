@@ -1,6 +1,7 @@
 """Store throughput: aiodist's StoreServer/TCPStore versus torch.distributed.TCPStore.
 
     PYTHONPATH=. python benchmarks/store_bench.py [--reps 3] [--seconds 0.5] [--no-torch]
+        [--ops add,get] [--scenarios "1 client seq,8 procs x8"]
 
 For each op (set, get, add, compare_set) and each scenario
 
@@ -245,12 +246,14 @@ def _worker_entry(fn: Any, port: int, rank: int, pipe: Any, all_barrier: Any, on
     fn(port, rank, cmds, cmds)
 
 
-def measure(kind: str, reps: int, seconds: float) -> dict[tuple[str, str], float]:
+def measure(
+    kind: str, reps: int, seconds: float, ops: tuple[str, ...] = OPS, scenarios: tuple[tuple[str, int, int], ...] = SCENARIOS
+) -> dict[tuple[str, str], float]:
     fleet = Fleet(kind)
     out: dict[tuple[str, str], float] = {}
     try:
-        for op in OPS:
-            for name, nprocs, inflight in SCENARIOS:
+        for op in ops:
+            for name, nprocs, inflight in scenarios:
                 fleet.run(op, nprocs, inflight, min(0.1, seconds))  # warm-up
                 rates = [fleet.run(op, nprocs, inflight, seconds) for _ in range(reps)]
                 out[(op, name)] = statistics.median(rates)
@@ -265,7 +268,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3, help="repetitions per cell (median reported)")
     parser.add_argument("--seconds", type=float, default=0.5, help="duration of one repetition")
     parser.add_argument("--no-torch", action="store_true", help="skip torch even if installed")
+    parser.add_argument("--ops", default=",".join(OPS), help="comma-separated ops to measure (default: all)")
+    parser.add_argument(
+        "--scenarios", default=",".join(n for n, _, _ in SCENARIOS), help="comma-separated scenario names (default: all)"
+    )
     args = parser.parse_args(argv)
+    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    wanted = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    scenarios = tuple(sc for sc in SCENARIOS if sc[0] in wanted)
+    unknown = [o for o in ops if o not in OPS] + [n for n in wanted if n not in {sc[0] for sc in SCENARIOS}]
+    if unknown or not ops or not scenarios:
+        parser.error(f"unknown or empty --ops/--scenarios: {unknown or 'nothing selected'}")
 
     have_torch = False
     if not args.no_torch:
@@ -277,16 +290,16 @@ def main(argv: list[str] | None = None) -> int:
             print("torch not importable: measuring aiodist only", file=sys.stderr)
 
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.reps} reps x {args.seconds}s, median", file=sys.stderr)
-    ours = measure("aiodist", args.reps, args.seconds)
-    theirs = measure("torch", args.reps, args.seconds) if have_torch else {}
+    ours = measure("aiodist", args.reps, args.seconds, ops, scenarios)
+    theirs = measure("torch", args.reps, args.seconds, ops, scenarios) if have_torch else {}
 
     head = f"| {'op':<12} | {'scenario':<14} | {'aiodist ops/s':>13} |"
     if theirs:
         head += f" {'torch ops/s':>11} | {'ratio':>6} |"
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
-    for op in OPS:
-        for name, _, _ in SCENARIOS:
+    for op in ops:
+        for name, _, _ in scenarios:
             row = f"| {op:<12} | {name:<14} | {ours[(op, name)]:>13,.0f} |"
             if theirs:
                 t = theirs[(op, name)]

@@ -415,6 +415,11 @@ BAD_REQUESTS = [
     ({"op": "set", "id": 10, "k": "a"}, 10, "bad_request"),
     ({"op": "add", "id": 11, "k": "a", "n": "1"}, 11, "bad_request"),
     ({"op": "get", "id": 12, "k": "a", "t": -1}, 12, "bad_request"),
+    # a bad timeout is refused even when the key exists (the value could be returned at once)
+    ({"op": "get", "id": 17, "k": "fine", "t": -1.0}, 17, "bad_request"),
+    ({"op": "get", "id": 18, "k": "fine", "t": float("nan")}, 18, "bad_request"),
+    ({"op": "get", "id": 19, "k": "fine", "t": float("inf")}, 19, "bad_request"),
+    ({"op": "get", "id": 20, "k": "fine", "t": "5"}, 20, "bad_request"),
     ({"op": "wait", "id": 13, "ks": "a"}, 13, "bad_request"),
     ({"op": "check", "id": 14, "ks": ["a", 1]}, 14, "bad_request"),
     ({"op": "compare_set", "id": 15, "k": "a", "v": [b"only-one"]}, 15, "bad_request"),

@@ -4,8 +4,8 @@ Receiving uses :class:`asyncio.BufferedProtocol` with :class:`~aiodist.wire.Fram
 so large payloads are written by the kernel straight into their destination
 (a caller's array when a payload sink supplies it). Sending writes the header
 and the payload buffer without copying them; small frames sent in the same
-loop iteration are coalesced into one write. Works on the default asyncio
-loop and on uvloop (see :mod:`aiodist.eventloop`).
+loop iteration are coalesced into one write (see :meth:`TCPConnection.send_nowait`).
+Works on the default asyncio loop and on uvloop (see :mod:`aiodist.eventloop`).
 
 Flow control: ``send`` returns only once the transport's buffer is empty again,
 i.e. the payload has been handed to the kernel; the caller may then reuse its
@@ -20,6 +20,7 @@ import functools
 import ipaddress
 import logging
 import socket
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,32 @@ from ..wire import DEFAULT_MAX_FRAME_SIZE, PREAMBLE, FrameDecoder, encode_frame
 from .base import Address, Connection, ConnectionHandler, Frame, Header, Listener, Network, PayloadSink
 
 log = logging.getLogger("aiodist.net")
+
+
+def _frame_maker() -> Callable[[Header, memoryview | None], Frame]:
+    """The cheapest way to build a :class:`Frame`, which is done for every frame received.
+
+    ``Frame`` is a frozen, slotted dataclass: its ``__init__`` sets each field
+    through a Python-level ``object.__setattr__`` call, several times slower
+    than setting the slots through their descriptors, as done here. Falls
+    back to the constructor if ``Frame`` ever stops being slotted.
+    """
+    slots = [Frame.__dict__.get(name) for name in ("header", "payload")]
+    if not all(isinstance(d, types.MemberDescriptorType) for d in slots):
+        return Frame
+    new = object.__new__
+    set_header, set_payload = slots[0].__set__, slots[1].__set__  # type: ignore[union-attr]
+
+    def make(header: Header, payload: memoryview | None) -> Frame:
+        frame = new(Frame)
+        set_header(frame, header)
+        set_payload(frame, payload)
+        return frame  # type: ignore[no-any-return]
+
+    return make
+
+
+_make_frame = _frame_maker()
 
 _COALESCE_LIMIT = 1 << 16  # frames up to this size are batched into one write
 _MAX_QUEUED_FRAMES = 4096  # pause reading beyond this many unread frames
@@ -40,6 +67,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
 
     def __init__(self, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, peer: str = "?") -> None:
         self._decoder = FrameDecoder(max_frame_size=max_frame_size)
+        # Fast path: the transport calls the decoder's get_buffer directly (one
+        # Python call less per read); the method below documents it.
+        self.get_buffer = self._decoder.get_buffer  # type: ignore[method-assign]
         self._transport: asyncio.Transport | None = None
         self._peer = peer
         self._frames: collections.deque[Frame] = collections.deque()
@@ -53,6 +83,10 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._wbuf = bytearray()
         self._flush_scheduled = False
+        # Coalescing state (see send_nowait): a frame went straight to the
+        # transport since the last receive or flush, so the next ones are batched.
+        self._wrote = False
+        self._delivering = False  # handing a batch of received frames to the frame handler
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_frame: Callable[[Frame], None] | None = None
@@ -96,29 +130,51 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         return self._decoder.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        frames = self._decode(self._decoder.buffer_updated, nbytes)
-        if frames is None:
+        # Something arrived: a new burst of sends may go out at once (see send_nowait).
+        self._wrote = False
+        decoder = self._decoder
+        try:
+            frames = decoder.buffer_updated(nbytes)
+        except Exception as e:
+            self._decode_failed(e)
             return
-        if self._handshake_timer is not None and self._decoder.handshake_done:
+        if self._handshake_timer is not None and decoder.handshake_done:
             self._handshake_timer.cancel()
             self._handshake_timer = None
-        if self._decoder.awaiting_target and not self._deferred:
+        if decoder.awaiting_target and not self._deferred:
             self._deferred = True  # stop reading until resume_payload() names the payload's destination
             self._update_reading()
-        if frames:
-            self._deliver(frames)
+        if not frames:
+            return
+        on_frame = self._on_frame
+        if on_frame is not None and len(frames) == 1 and self._exc is None:
+            # The usual case of request/reply traffic, inlined: one frame for
+            # the handler; a reply it sends goes straight out (see send_nowait).
+            header, payload = frames[0]
+            try:
+                on_frame(_make_frame(header, payload))
+            except Exception as e:  # a local bug in the handler: never kill the loop
+                self._handler_failed(e)
+            return
+        self._deliver(frames)
 
     def _decode(self, step: Callable[[Any], list[tuple[Header, memoryview | None]]], arg: Any) -> list[tuple[Header, memoryview | None]] | None:
         """Run one decoder step; on bad bytes (or a failing payload sink) fail the connection and return None."""
         try:
             return step(arg)
-        except ProtocolError as e:
+        except Exception as e:
+            self._decode_failed(e)
+        return None
+
+    def _decode_failed(self, e: Exception) -> None:
+        """The decoder raised: bad bytes from the peer, or a payload sink that failed (a local bug)."""
+        if isinstance(e, ProtocolError):
             log.info("closing connection from %s: %s", self._peer, e)
             self._fail(ConnectionLost(f"protocol error from {self._peer}: {e}"))
-        except Exception as e:  # a payload sink that raised: a local bug, but never kill the loop
-            log.exception("payload sink failed on connection %s", self._peer)
-            self._fail(ConnectionLost(f"payload sink failed on connection to {self._peer}: {e!r}"))
-        return None
+            return
+        # A payload sink that raised: never kill the loop.
+        log.error("payload sink failed on connection %s", self._peer, exc_info=e)
+        self._fail(ConnectionLost(f"payload sink failed on connection to {self._peer}: {e!r}"))
 
     def _update_reading(self) -> None:
         t = self._transport
@@ -149,19 +205,57 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             self._deliver(frames)
 
     def _deliver(self, frames: list[tuple[Header, memoryview | None]]) -> None:
-        on_frame = self._on_frame
-        if on_frame is not None:
-            try:
-                for header, payload in frames:
-                    if self._exc is not None:
-                        return
-                    on_frame(Frame(header, payload))
-            except Exception as e:  # a local bug in the handler: never kill the loop
-                log.exception("frame handler failed on connection %s", self._peer)
-                self._fail(ConnectionLost(f"frame handler failed on connection to {self._peer}: {e!r}"))
+        if self._on_frame is None:
+            self._enqueue(frames)
             return
+        if len(frames) == 1:
+            # The usual case of request/reply traffic: no batching needed; a
+            # reply the handler sends goes straight out (see send_nowait).
+            if self._exc is None:
+                header, payload = frames[0]
+                self._handle_frame(header, payload)
+            return
+        # Several frames at once: replies sent by the handler are collected
+        # and written together when the batch is done.
+        outer = self._delivering  # True when a handler made us deliver again (resume_payload)
+        self._delivering = True
+        try:
+            for i, (header, payload) in enumerate(frames):
+                if self._exc is not None:
+                    return
+                if self._on_frame is None:  # the handler stepped aside: the rest is for recv()
+                    self._enqueue(frames[i:])
+                    return
+                if not self._handle_frame(header, payload):
+                    return
+        finally:
+            self._delivering = outer
+            if not outer:
+                if self._wbuf and self._exc is None:
+                    self._write_buffered()
+                # Many frames at once (pipelined replies) usually wake many
+                # senders in the next iteration: batch all of their frames.
+                self._wrote = True
+
+    def _handle_frame(self, header: Header, payload: memoryview | None) -> bool:
+        """Hand one frame to the frame handler; False if the handler failed (the connection is then closed)."""
+        on_frame = self._on_frame
+        assert on_frame is not None
+        try:
+            on_frame(_make_frame(header, payload))
+        except Exception as e:  # a local bug in the handler: never kill the loop
+            self._handler_failed(e)
+            return False
+        return True
+
+    def _handler_failed(self, e: Exception) -> None:
+        log.error("frame handler failed on connection %s", self._peer, exc_info=e)
+        self._fail(ConnectionLost(f"frame handler failed on connection to {self._peer}: {e!r}"))
+
+    def _enqueue(self, frames: list[tuple[Header, memoryview | None]]) -> None:
+        """Queue frames for recv()."""
         for header, payload in frames:
-            self._frames.append(Frame(header, payload))
+            self._frames.append(_make_frame(header, payload))
         if len(self._frames) > _MAX_QUEUED_FRAMES and not self._paused_reading:
             self._paused_reading = True
             self._update_reading()
@@ -228,41 +322,55 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         Unlike :meth:`send`, a large payload may still be referenced by the
         transport when this returns False: keep it unchanged until a later
         ``send`` (or :meth:`drained`) returns.
+
+        Coalescing: the first small frame of a burst is written at once (no
+        added latency, no extra loop iteration: the common request/reply
+        case costs one write and nothing else). Further frames sent before
+        anything is received or flushed are batched and written by one
+        ``_flush`` on the next loop iteration (``call_soon``, scheduled only
+        then), or, while a batch of received frames is being handed to the
+        frame handler, by one write when the batch is done. "Before anything
+        is received" stands in for "in the same loop iteration": it is
+        cheap, deterministic, and a frame batched by mistake (a sender that
+        never receives) is only one iteration late.
         """
         if self._exc is not None:
             raise self._exc
         head, body = encode_frame(header, payload)
-        transport = self._transport
-        assert transport is not None
-        if body is None or len(head) + body.nbytes <= _COALESCE_LIMIT:
-            if not self._flush_scheduled and not self._paused_writing:
-                # The first frame of this loop iteration goes out at once (no
-                # extra iteration of latency); frames sent later in the same
-                # iteration are batched and written by one _flush.
-                transport.write(head if body is None else head + body)
-                self._flush_scheduled = True
-                assert self._loop is not None
-                self._loop.call_soon(self._flush)
-            else:
-                self._wbuf += head
-                if body is not None:
-                    self._wbuf += body
-                if not self._flush_scheduled:
-                    self._flush_scheduled = True
-                    assert self._loop is not None
-                    self._loop.call_soon(self._flush)
-                if len(self._wbuf) >= _COALESCE_LIMIT:
-                    self._flush()
+        if body is None:
+            data = head
+        elif len(head) + body.nbytes <= _COALESCE_LIMIT:
+            data = head + body
         else:
-            self._flush()
-            transport.writelines((head, body))
+            # Large: written without copying, after whatever is batched.
+            if self._wbuf:
+                self._write_buffered()
+            self._wrote = True
+            self._transport.writelines((head, body))  # type: ignore[union-attr]
+            return not self._paused_writing
+        if not (self._wrote or self._delivering or self._paused_writing or self._wbuf):
+            self._wrote = True
+            self._transport.write(data)  # type: ignore[union-attr]
+            return not self._paused_writing
+        self._wbuf += data
+        if len(self._wbuf) >= _COALESCE_LIMIT:
+            self._write_buffered()
+        elif not self._flush_scheduled and not self._delivering:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
         return not self._paused_writing
 
     def _flush(self) -> None:
+        """The scheduled write of the frames batched during the last iteration."""
         self._flush_scheduled = False
         if self._wbuf and self._exc is None and self._transport is not None:
-            data, self._wbuf = self._wbuf, bytearray()
-            self._transport.write(data)
+            self._write_buffered()
+        self._wrote = False
+
+    def _write_buffered(self) -> None:
+        data, self._wbuf = self._wbuf, bytearray()
+        self._wrote = True
+        self._transport.write(data)  # type: ignore[union-attr]
 
     async def drained(self) -> None:
         """Wait until everything queued was handed to the kernel (raises if the connection broke)."""

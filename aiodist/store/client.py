@@ -39,7 +39,7 @@ from ..errors import (
     StoreTimeoutError,
 )
 from ..inflight import waiting_in
-from ..net.base import Connection
+from ..net.base import Connection, Frame
 from . import protocol as P
 from .base import Store, Value, as_amount, as_key, as_keys, as_timeout, as_value
 from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, KEY_TOO_LARGE, VALUE_TOO_LARGE
@@ -103,14 +103,16 @@ class TCPStore(Store):
         self._interrupted: asyncio.Task[Any] | None = None
         self._pings_out = 0
         self._housekeeper = self._loop.create_task(self._housekeeping(), name=f"aiodist.store.housekeeping[{host}:{port}]")
+        # Fast path: queue a request without a coroutine per send (await only
+        # when the connection's buffer is full).
+        self._send_nowait = getattr(conn, "send_nowait", None)
         set_handler = getattr(conn, "set_frame_handler", None)
         if set_handler is not None:
             # Fast path: replies are dispatched from the connection's frame
             # callback (no reader, no future per frame); a watcher task only
             # notices the end of the connection.
-            dispatch = self._dispatch
             self._reading = True  # for good: no caller ever reads
-            set_handler(lambda frame: dispatch(frame.header, frame.payload))
+            set_handler(self._on_frame)
             self._reader = self._loop.create_task(self._watch(), name=f"aiodist.store.watch[{host}:{port}]")
 
     # ------------------------------------------------------------ connecting
@@ -206,7 +208,11 @@ class TCPStore(Store):
         if deadline < self._wake_at:
             self._wake.set()
         try:
-            await self._conn.send(header, payload)
+            send_nowait = self._send_nowait
+            if send_nowait is None:
+                await self._conn.send(header, payload)
+            elif not send_nowait(header, payload):
+                await self._conn.drained()  # type: ignore[attr-defined]  # found with send_nowait
             self._sent += 1
             if not self._reading:
                 await self._read_until(fut)
@@ -282,18 +288,31 @@ class TCPStore(Store):
 
     # ------------------------------------------------------------ background tasks
 
+    def _on_frame(self, frame: Frame) -> None:
+        """The connection's frame handler: :meth:`_dispatch` with its common case inlined."""
+        h = frame.header
+        rid = h.get("id")
+        call = self._pending.pop(rid, None) if type(rid) is int else None
+        if call is not None and not call[0].done():
+            call[0].set_result((h, frame.payload))
+            return
+        self._settle(call, h, frame.payload)
+
     def _dispatch(self, h: dict[str, Any], payload: memoryview | None) -> None:
         rid = h.get("id")
         call = self._pending.pop(rid, None) if type(rid) is int else None
-        if call is not None:
-            fut = call[0]
-            if not fut.done():
-                fut.set_result((h, payload))
-            elif call[2] == "queue_pop" and "err" not in h and self._error is None:
-                # Its task was cancelled just now and will not take the value: put it back.
-                self._unpop(_keylist(call[3])[0], h, payload)
-        else:
+        if call is not None and not call[0].done():
+            call[0].set_result((h, payload))
+            return
+        self._settle(call, h, payload)
+
+    def _settle(self, call: _Call | None, h: dict[str, Any], payload: memoryview | None) -> None:
+        """A frame that is not the awaited reply of a pending call."""
+        if call is None:
             self._unsolicited(h, payload)
+        elif call[2] == "queue_pop" and "err" not in h and self._error is None:
+            # Its task was cancelled just now and will not take the value: put it back.
+            self._unpop(_keylist(call[3])[0], h, payload)
 
     def _must_read(self) -> bool:
         return bool(self._pending or self._abandoned or self._pings_out) and self._error is None
@@ -525,10 +544,11 @@ class TCPStore(Store):
     async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
         if type(key) is not str or len(key) > self._short_key:
             key = self._check_key(key, "compare_set")
-        exp = as_value(expected)
-        des = as_value(desired)
-        self._check_value(key, exp, "compare_set")
-        self._check_value(key, des, "compare_set")
+        exp = expected if type(expected) is bytes else as_value(expected)
+        des = desired if type(desired) is bytes else as_value(desired)
+        if len(exp) > self.max_value_bytes or len(des) > self.max_value_bytes:
+            self._check_value(key, exp, "compare_set")
+            self._check_value(key, des, "compare_set")
         h: dict[str, Any] = {"op": "compare_set", "k": key}
         body = P.pack_values(h, (exp, des))
         r, payload = await self._call(h, body, "compare_set", key, self.timeout)

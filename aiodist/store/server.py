@@ -30,6 +30,8 @@ from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Failure, Repl
 
 log = logging.getLogger("aiodist.store")
 
+_INF = float("inf")
+
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0
 DEFAULT_IDLE_TIMEOUT = 120.0
 
@@ -245,9 +247,10 @@ class StoreServer:
         cid = session.cid
         encode = self._encode
         post = self._post
-
+        handlers = self._handlers
+        special = self._special
+        now = loop.time
         send_nowait = conn.send_nowait  # type: ignore[attr-defined]
-        handle = self._handle
 
         def write(head: dict[str, Any], payload: Any) -> None:
             if not send_nowait(head, payload):
@@ -257,9 +260,16 @@ class StoreServer:
                 conn.set_frame_handler(None)  # type: ignore[attr-defined]
 
         def on_frame(frame: Any) -> None:
-            session.last = loop.time()
+            # _handle and write inlined: this runs once per request.
+            session.last = now()
+            h = frame.header
+            op = h.get("op")
+            handler = handlers.get(op) if type(op) is str else None
             try:
-                replies = handle(session, frame.header, frame.payload)
+                if handler is not None:
+                    replies = handler(session, h, frame.payload)
+                else:
+                    replies = special(session, h, frame.payload)
             except P.BadMessage as e:
                 log.info("closing store connection from %s: %s", conn.peer, e)
                 conn.set_frame_handler(None)  # type: ignore[attr-defined]
@@ -273,7 +283,8 @@ class StoreServer:
                 if r.client == cid:
                     head, payload = encode(session, r)
                     try:
-                        write(head, payload)
+                        if not send_nowait(head, payload):
+                            conn.set_frame_handler(None)  # type: ignore[attr-defined]  # see write()
                     except ConnectionClosedError:
                         pass  # the session task sees the close; other clients' replies still go out
                 else:
@@ -427,6 +438,11 @@ class StoreServer:
         return self.state.set(s.cid, P.field_id(h), P.field_key(h), _one_value(h, payload, "set"))
 
     def _get(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
+        rid, key, t = h.get("id"), h.get("k"), h.get("t")
+        if type(rid) is int and type(key) is str and (t is None or (type(t) is float and 0.0 <= t < _INF)):
+            # The common case, checked in one go (a NaN fails the range test).
+            replies = self.state.get(s.cid, rid, key)
+            return replies if replies else self._arm(s, rid, replies, t, [key], "get")
         rid = P.field_id(h)
         key = P.field_key(h)
         timeout = P.field_timeout(h)

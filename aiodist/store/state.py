@@ -73,6 +73,10 @@ class Reply(NamedTuple):
     failure: Failure | None = None
 
 
+# Reply(...) runs namedtuple's Python-level __new__; the hot operations build
+# their replies with tuple.__new__ directly, twice as fast. Same objects.
+_new_tuple = tuple.__new__
+
 _GET: Final = 0
 _WAIT: Final = 1
 _MULTI_GET: Final = 2
@@ -246,7 +250,7 @@ class StoreState:
         if bad is not None:
             return [Reply(client, request, None, bad)]
         self._values[key] = value
-        out = [Reply(client, request, None)]
+        out = [_new_tuple(Reply, (client, request, None, None))]
         if key in self._key_waiters:
             self._wake(key, out)
         return out
@@ -255,7 +259,7 @@ class StoreState:
         """The value of ``key``, or block until it is set."""
         value = self._values.get(key)
         if value is not None:
-            return [Reply(client, request, value)]
+            return [_new_tuple(Reply, (client, request, value, None))]
         bad = self._bad_key(key)
         if bad is not None:
             return [Reply(client, request, None, bad)]
@@ -269,6 +273,8 @@ class StoreState:
             if bad is not None:
                 return [Reply(client, request, None, bad)]
             current = 0
+        elif old.isdigit():  # ASCII digits only: the usual counter, no regex needed
+            current = int(old)
         elif _INTEGER.fullmatch(old) is None:
             shown = old[:32]
             return [Reply(client, request, None, Failure(NOT_INTEGER, f"add on key {key[:64]!r}: its value {shown!r} is not an integer", key[:64]))]
@@ -278,7 +284,7 @@ class StoreState:
         if not INT64_MIN <= new <= INT64_MAX:
             return [Reply(client, request, None, Failure(OVERFLOW, f"add on key {key[:64]!r}: {current} + {amount} does not fit in 64 bits", key[:64]))]
         self._values[key] = b"%d" % new
-        out = [Reply(client, request, new)]
+        out = [_new_tuple(Reply, (client, request, new, None))]
         if key in self._key_waiters:
             self._wake(key, out)
         return out
@@ -293,9 +299,9 @@ class StoreState:
             if expected:
                 return [Reply(client, request, expected)]
         elif current != expected:
-            return [Reply(client, request, current)]
+            return [_new_tuple(Reply, (client, request, current, None))]
         self._values[key] = desired
-        out = [Reply(client, request, desired)]
+        out = [_new_tuple(Reply, (client, request, desired, None))]
         if key in self._key_waiters:
             self._wake(key, out)
         return out
