@@ -87,7 +87,8 @@ async def test_a_broadcast_root_is_done_when_the_call_returns() -> None:
         assert x.tolist() == [0.0, 1.0, 2.0, 3.0]
         return done_at_call
 
-    assert await run_world(2, body) == [True, False]
+    root_done, _ = await run_world(2, body)  # (the other rank is done at its call only if the data was there)
+    assert root_done is True
 
 
 async def test_an_operation_timeout_cancels_the_operation_not_its_caller() -> None:

@@ -234,8 +234,8 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 if self._wbuf and self._exc is None:
                     self._write_buffered()
                 # Many frames at once (pipelined replies) usually wake many
-                # senders in the next iteration: batch all of their frames.
-                self._wrote = True
+                # senders: batch their frames until the next iteration.
+                self._wrote_now()
 
     def _handle_frame(self, header: Header, payload: memoryview | None) -> bool:
         """Hand one frame to the frame handler; False if the handler failed (the connection is then closed)."""
@@ -323,16 +323,15 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         transport when this returns False: keep it unchanged until a later
         ``send`` (or :meth:`drained`) returns.
 
-        Coalescing: the first small frame of a burst is written at once (no
-        added latency, no extra loop iteration: the common request/reply
-        case costs one write and nothing else). Further frames sent before
-        anything is received or flushed are batched and written by one
-        ``_flush`` on the next loop iteration (``call_soon``, scheduled only
-        then), or, while a batch of received frames is being handed to the
-        frame handler, by one write when the batch is done. "Before anything
-        is received" stands in for "in the same loop iteration": it is
-        cheap, deterministic, and a frame batched by mistake (a sender that
-        never receives) is only one iteration late.
+        Coalescing: the first small frame of a loop iteration is written at
+        once (no added latency). Further frames sent in the same iteration
+        are batched and written by one ``_flush`` at the start of the next
+        (``call_soon``, scheduled by the first write), or, while a batch of
+        received frames is being handed to the frame handler, by one write
+        when the batch is done. A frame that arrives resets the batching (a
+        reply written from its handler goes out at once). A frame is never
+        held for longer than the rest of the iteration it was sent in: it
+        must not wait for a receive that may never come.
         """
         if self._exc is not None:
             raise self._exc
@@ -345,31 +344,39 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             # Large: written without copying, after whatever is batched.
             if self._wbuf:
                 self._write_buffered()
-            self._wrote = True
             self._transport.writelines((head, body))  # type: ignore[union-attr]
+            self._wrote_now()
             return not self._paused_writing
         if not (self._wrote or self._delivering or self._paused_writing or self._wbuf):
-            self._wrote = True
             self._transport.write(data)  # type: ignore[union-attr]
+            self._wrote_now()
             return not self._paused_writing
         self._wbuf += data
         if len(self._wbuf) >= _COALESCE_LIMIT:
             self._write_buffered()
-        elif not self._flush_scheduled and not self._delivering:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+        self._wrote_now()
         return not self._paused_writing
 
+    def _wrote_now(self) -> None:
+        """Something was written or batched in this iteration: batch what follows until the next one.
+
+        The next iteration starts afresh (``_flush``): a frame never waits for
+        anything but the end of the iteration it was sent in.
+        """
+        self._wrote = True
+        if not self._flush_scheduled and not self._delivering:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+
     def _flush(self) -> None:
-        """The scheduled write of the frames batched during the last iteration."""
+        """At the start of the next iteration: write the frames batched during the last one."""
         self._flush_scheduled = False
+        self._wrote = False
         if self._wbuf and self._exc is None and self._transport is not None:
             self._write_buffered()
-        self._wrote = False
 
     def _write_buffered(self) -> None:
         data, self._wbuf = self._wbuf, bytearray()
-        self._wrote = True
         self._transport.write(data)  # type: ignore[union-attr]
 
     async def drained(self) -> None:
