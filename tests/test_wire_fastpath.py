@@ -21,17 +21,13 @@ import pytest
 from aiodist.errors import FrameTooLargeError, ProtocolError
 from aiodist.net.base import Frame
 from aiodist.net.tcp import TCPNetwork, _make_frame
-from aiodist.wire import PREAMBLE, FrameDecoder, encode_frame
+from aiodist.wire import PREAMBLE, FrameDecoder
+from test_wire import _stream
 
 
 def _wire(*frames: tuple[dict[str, Any], bytes | None]) -> bytes:
-    out = bytearray()
-    for h, p in frames:
-        head, body = encode_frame(h, p)
-        out += head
-        if body is not None:
-            out += body
-    return bytes(out)
+    """The frames' bytes, without the connection preamble."""
+    return _stream(frames)[len(PREAMBLE) :]
 
 
 def _put(dec: FrameDecoder, data: bytes) -> list[tuple[dict[str, Any], Any]]:
