@@ -59,10 +59,13 @@ class Connection(abc.ABC):
 
     * ``set_frame_handler(cb)``: complete frames are handed to ``cb(frame)``
       synchronously instead of through ``recv`` (queued ones first, in order);
-      ``recv`` then only reports the end of the connection.
+      ``recv`` then only reports the end of the connection. A handler that
+      steps aside (``set_frame_handler(None)``) gets no more frames, not even
+      the rest of a batch that arrived together: those go to ``recv``, in order.
     * ``send_nowait(header, payload) -> bool``: queue a frame without waiting;
       ``False`` means the buffer is full and the caller should wait
-      (``await drained()``) before sending more.
+      (``await drained()``) before sending more. A frame may be batched with
+      the others sent in the same loop iteration, never held longer.
     * ``resume_payload(target)``: the payload sink may answer
       :data:`aiodist.wire.DEFER` ("no buffer yet"); reading from the
       connection pauses until ``resume_payload`` names the destination.
