@@ -102,6 +102,11 @@ class _Rest(collections.abc.Coroutine):  # type: ignore[type-arg]
         if not self._state.finished:
             self._state._coro.close()
 
+    @property
+    def __name__(self) -> str:  # what asyncio shows for the task's coroutine
+        coro = self._state._coro
+        return str(getattr(coro, "__qualname__", None) or getattr(coro, "__name__", "eager"))
+
     def __await__(self) -> Generator[Any, Any, Any]:
         return self  # type: ignore[return-value]
 
