@@ -87,16 +87,6 @@ class GroupComm:
         e.args = (f"{where}: {who} failed: {e.how or 'unknown'}",)
         return e
 
-    async def await_receive(self, r: Receive, fut: asyncio.Future[Delivery | BaseException]) -> Delivery:
-        """Post ``r`` and wait for it. Cancellation withdraws the receive."""
-        self.transport.post(r)
-        try:
-            result = await fut
-        except asyncio.CancelledError:
-            self.transport.router.cancel(r)
-            raise
-        return delivery_of(result)
-
 
 def _setter(fut: asyncio.Future[Any]) -> Any:
     def on_done(result: Any) -> None:
@@ -196,7 +186,7 @@ class OpChannel:
         cancelled = False
         transport = self.comm.transport
         try:
-            # GroupComm.await_receive, inlined: this runs for every message of every collective
+            # post, then wait; cancellation withdraws the receive
             transport.post(r)
             try:
                 result = await fut

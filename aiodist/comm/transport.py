@@ -460,19 +460,13 @@ class Transport:
                 raise PeerFailureError(str(e), rank=e.rank, how=e.how) from None
             raise self.peer_error(p.rank) from None
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = self._loop.create_task(coro)
-        self._tasks[task] = None
-        task.add_done_callback(self._task_done)
-        return task
+    def _spawn(self, coro: Any, *, now: bool = False) -> asyncio.Task[Any]:
+        """Run ``coro`` in a task owned here; ``now``: its first step at once (see :mod:`aiodist.eager`).
 
-    def _spawn_now(self, coro: Any) -> asyncio.Task[Any]:
-        """:meth:`_spawn`, running the first step at once (see :mod:`aiodist.eager`).
-
-        For failure notices: they must be on the wire before the code that learns
-        of the failure from us can react (e.g. abort, which drops the connections).
+        ``now`` is for failure notices: they must be on the wire before the code that
+        learns of the failure from us can react (e.g. abort, which drops the connections).
         """
-        task, _ = start_eager(coro, self._loop)
+        task = start_eager(coro, self._loop)[0] if now else self._loop.create_task(coro)
         self._tasks[task] = None
         task.add_done_callback(self._task_done)
         return task
@@ -809,7 +803,7 @@ class Transport:
                 p.conn.close()
             elif p.ready.done() and notify:
                 notice = {"t": "fail", "rank": p.rank, "how": cause or how}
-                self._spawn_now(self._send_quietly(p.conn, notice, BYE_TIMEOUT))
+                self._spawn(self._send_quietly(p.conn, notice, BYE_TIMEOUT), now=True)
         err = self.peer_error(p.rank)
         while p.matches:
             self.router.abort(p.matches.popleft(), err)
@@ -824,7 +818,7 @@ class Transport:
             for q in self._peers.values():
                 if q is not p and q.failure is None and q.conn is not None and q.ready.done():
                     header = {"t": "fail", "rank": rank, "how": cause or how}
-                    self._spawn_now(self._send_quietly(q.conn, header, BYE_TIMEOUT))
+                    self._spawn(self._send_quietly(q.conn, header, BYE_TIMEOUT), now=True)
 
     def _break_group(self, gid: Any, rank: int, how: str) -> None:
         if gid in self._group_failures:
@@ -891,7 +885,7 @@ class Transport:
         if p is None or p.failure is not None or p.conn is None or not p.ready.done() or self._closed:
             return
         header = {"t": "x", "g": gid, "s": seq, "m": message, "c": [[int(k), str(v)] for k, v in calls.items()]}
-        self._spawn_now(self._send_quietly(p.conn, header, BYE_TIMEOUT))
+        self._spawn(self._send_quietly(p.conn, header, BYE_TIMEOUT), now=True)
 
     def _on_mismatch_report(self, reporter: _Peer, h: Header) -> None:
         if reporter.rejected is not None:

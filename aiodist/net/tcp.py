@@ -443,13 +443,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._wake_reader()
         self._wake_drainers()
         if self._transport is not None and not self._transport.is_closing():
-            self._flush_on_close()
+            if self._wbuf:
+                self._write_buffered()  # frames batched in this iteration still go out
             self._transport.close()
-
-    def _flush_on_close(self) -> None:
-        if self._wbuf and self._transport is not None:
-            data, self._wbuf = self._wbuf, bytearray()
-            self._transport.write(data)
 
     async def wait_closed(self) -> None:
         if self._closed_fut is not None:

@@ -112,7 +112,7 @@ class TCPStore(Store):
             # callback (no reader, no future per frame); a watcher task only
             # notices the end of the connection.
             self._reading = True  # for good: no caller ever reads
-            set_handler(self._on_frame)
+            set_handler(self._dispatch)
             self._reader = self._loop.create_task(self._watch(), name=f"aiodist.store.watch[{host}:{port}]")
 
     # ------------------------------------------------------------ connecting
@@ -288,8 +288,8 @@ class TCPStore(Store):
 
     # ------------------------------------------------------------ background tasks
 
-    def _on_frame(self, frame: Frame) -> None:
-        """The connection's frame handler: :meth:`_dispatch` with its common case inlined."""
+    def _dispatch(self, frame: Frame) -> None:
+        """Hand a reply to the call waiting for it (also the connection's frame handler)."""
         h = frame.header
         rid = h.get("id")
         call = self._pending.pop(rid, None) if type(rid) is int else None
@@ -297,14 +297,6 @@ class TCPStore(Store):
             call[0].set_result((h, frame.payload))
             return
         self._settle(call, h, frame.payload)
-
-    def _dispatch(self, h: dict[str, Any], payload: memoryview | None) -> None:
-        rid = h.get("id")
-        call = self._pending.pop(rid, None) if type(rid) is int else None
-        if call is not None and not call[0].done():
-            call[0].set_result((h, payload))
-            return
-        self._settle(call, h, payload)
 
     def _settle(self, call: _Call | None, h: dict[str, Any], payload: memoryview | None) -> None:
         """A frame that is not the awaited reply of a pending call."""
@@ -335,7 +327,7 @@ class TCPStore(Store):
         try:
             while not fut.done():
                 frame = await conn.recv()
-                self._dispatch(frame.header, frame.payload)
+                self._dispatch(frame)
         except ConnectionClosedError as e:
             self._lost(e)
         except asyncio.CancelledError:
@@ -360,7 +352,7 @@ class TCPStore(Store):
         try:
             while self._must_read():
                 frame = await conn.recv()
-                self._dispatch(frame.header, frame.payload)
+                self._dispatch(frame)
         except ConnectionClosedError as e:
             self._lost(e)
         finally:
@@ -372,7 +364,7 @@ class TCPStore(Store):
         try:
             while True:
                 frame = await conn.recv()  # only if the handler was removed
-                self._dispatch(frame.header, frame.payload)
+                self._dispatch(frame)
         except ConnectionClosedError as e:
             self._lost(e)
 
