@@ -45,5 +45,15 @@ class Channel(Protocol):
         Cancellation: ``out`` may be partially written; the key is abandoned.
         """
 
+    async def exchange(
+        self, dst: int, send_key: tuple[Any, ...], payload: Any, src: int, recv_key: tuple[Any, ...], out: memoryview
+    ) -> None:
+        """``send(dst, send_key, payload)``, then ``recv_into(src, recv_key, out)``, as one awaitable.
+
+        For small payloads, which the transport takes without waiting for the
+        peer (see :mod:`aiodist.collectives.transfer`); an implementation may
+        do it with fewer coroutine layers than the two calls.
+        """
+
     async def recv_bytes(self, peer: int, key: tuple[Any, ...]) -> memoryview:
         """Receive the message ``peer`` sent under ``key``, whatever its size."""

@@ -21,8 +21,9 @@ a peer that called a different collective at the same sequence number raises
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
-from typing import Any, Generic, TypeVar
+import math
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -40,11 +41,11 @@ from .errors import (
     InvalidRankError,
     PeerFailureError,
 )
-from .eager import EagerStart, start_eager
-from .inflight import waiting_in
+from .eager import start_eager
+from .inflight import begin_entry, end_entry
+from .work import OpRecord, Work
 
 T = TypeVar("T")
-U = TypeVar("U")
 
 WORLD_GROUP_ID = 0
 
@@ -67,168 +68,6 @@ half of this time; an operation only records its start (a dict entry).
 """
 MISMATCH_RECHECK = 0.3
 HELPERS_GRACE = 1.0
-
-
-class Work(Generic[T]):
-    """An operation in flight: awaitable, ``.wait()``, ``.done()``.
-
-    Cancelling a task that awaits a Work does *not* cancel the operation: it
-    keeps running in its group (bounded by its own timeout) so the other ranks
-    are not left waiting for a half-finished collective. Destroying the group
-    cancels it.
-    """
-
-    __slots__ = ("_task", "_map", "_waiters", "_early", "op", "seq")
-
-    def __init__(
-        self,
-        task: asyncio.Future[Any],
-        *,
-        op: str,
-        seq: int | None,
-        map: Callable[[Any], T] | None = None,
-        waiters: list[asyncio.Future[Any]] | None = None,
-        early: EagerStart | None = None,
-    ) -> None:
-        self._task = task
-        self._map = map
-        # An eagerly started operation may have finished before its task ran (see aiodist.eager).
-        self._early = early if early is not None and early.finished else None
-        self.op = op
-        self.seq = seq
-        # With ``waiters`` the operation's own coroutine resolves (see _resolve) the futures
-        # its awaiters wait on as it finishes: they wake one loop pass sooner than through
-        # asyncio.shield, and cancelling an awaiter cancels only its own future.
-        self._waiters = waiters
-        if waiters is None:
-            task.add_done_callback(_mark_retrieved)
-        else:
-            task.add_done_callback(lambda t: (_mark_retrieved(t), _resolve(waiters, t)))
-
-    def then(self, fn: Callable[[T], U]) -> Work[U]:
-        """A Work of the same operation whose result is ``fn(result)``."""
-        inner = self._map
-        composed = fn if inner is None else (lambda r: fn(inner(r)))
-        w: Work[U] = Work.__new__(Work)
-        w._task, w._map, w._waiters, w._early = self._task, composed, self._waiters, self._early
-        w.op, w.seq = self.op, self.seq
-        return w
-
-    def _result(self, value: Any) -> T:
-        return value if self._map is None else self._map(value)
-
-    def __repr__(self) -> str:
-        state = "done" if self._task.done() else "running"
-        return f"<Work {self.op} seq={self.seq} {state}>"
-
-    def __await__(self) -> Generator[Any, None, T]:
-        if self._early is not None:  # finished at its start: no loop pass
-            return self._early_result()
-        task = self._task
-        if task.done() and not task.cancelled():  # finished already: no shield, no loop pass
-            return self._result(task.result())
-        waiters = self._waiters
-        if waiters is not None and not task.done():
-            fut = task.get_loop().create_future()
-            waiters.append(fut)
-            try:
-                value = yield from fut.__await__()
-            except asyncio.CancelledError:
-                if fut in waiters:
-                    waiters.remove(fut)
-                elif fut.done() and not fut.cancelled():
-                    fut.exception()  # resolved as we were cancelled: no "never retrieved" log
-                self._raise_if_operation_cancelled()
-                raise
-            return self._result(value)
-        try:
-            value = yield from asyncio.shield(self._task).__await__()
-        except asyncio.CancelledError:
-            self._raise_if_operation_cancelled()
-            raise
-        return self._result(value)
-
-    def _early_result(self) -> T:
-        early = self._early
-        assert early is not None
-        if early.error is not None:
-            raise early.error
-        return self._result(early.value)
-
-    async def wait(self, timeout: float | None = None) -> T:
-        """Wait for the result; ``timeout`` bounds only this wait (TimeoutError), not the operation."""
-        if self._early is not None:
-            return self._early_result()
-        try:
-            async with asyncio.timeout(timeout):
-                value = await asyncio.shield(self._task)
-        except asyncio.CancelledError:
-            self._raise_if_operation_cancelled()
-            raise
-        return self._result(value)
-
-    def _raise_if_operation_cancelled(self) -> None:
-        # The operation itself was cancelled (its group was destroyed), not our
-        # awaiter: report that as an error rather than cancelling the awaiter.
-        if self._task.cancelled():
-            raise GroupError(f"{self.op} was cancelled: its process group was destroyed") from None
-
-    def done(self) -> bool:
-        return self._early is not None or self._task.done()
-
-    def result(self) -> T:
-        """The result of a finished operation (raises its error; InvalidStateError while running)."""
-        if self._early is not None:
-            return self._early_result()
-        return self._result(self._task.result())
-
-    def exception(self) -> BaseException | None:
-        if self._early is not None:
-            return self._early.error
-        return self._task.exception()
-
-    def is_success(self) -> bool:
-        """True when it finished without an error."""
-        if self._early is not None:
-            return self._early.error is None
-        return self._task.done() and not self._task.cancelled() and self._task.exception() is None
-
-
-def _resolve(waiters: list[asyncio.Future[Any]], task: asyncio.Future[Any]) -> None:
-    """Hand the finished operation's outcome to the futures its awaiters wait on (once, in order)."""
-    pending = waiters[:]
-    waiters.clear()
-    for fut in pending:
-        if fut.done():
-            continue
-        if task.cancelled():
-            fut.cancel()
-        elif task.exception() is not None:
-            fut.set_exception(task.exception())  # type: ignore[arg-type]
-        else:
-            fut.set_result(task.result())
-
-
-def _finish(waiters: list[asyncio.Future[Any]], value: Any = None, error: BaseException | None = None) -> None:
-    """Like _resolve, from inside the operation's coroutine as it ends (before its task is done)."""
-    pending = waiters[:]
-    waiters.clear()
-    for fut in pending:
-        if fut.done():
-            continue
-        if isinstance(error, asyncio.CancelledError):
-            fut.cancel()
-        elif error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(value)
-
-
-def _mark_retrieved(task: asyncio.Future[Any]) -> None:
-    # An operation nobody awaited must not log "exception was never retrieved":
-    # its error is still raised to whoever awaits the Work later.
-    if not task.cancelled():
-        task.exception()
 
 
 _DRIVERS: dict[str, Callable[..., Awaitable[Any]]] = {}
@@ -305,8 +144,10 @@ class ProcessGroup:
         self._mismatch: CollectiveMismatchError | None = None  # the first mismatch: the group is unusable since
         self._mismatch_told: set[int] = set()
         self._helpers: dict[asyncio.Future[Any], None] = {}
-        self._running: dict[int, _FingerprintCheck] = {}  # collectives in flight, by seq (mismatch checks)
-        self._watchdog: asyncio.Task[None] | None = None
+        # Collectives in flight, by seq, and the one timer that watches them all (see _watch).
+        self._running: dict[int, OpRecord] = {}
+        self._monitor: asyncio.TimerHandle | None = None
+        self._monitor_at = math.inf
         # Set by the rendezvous for the world group: what destroy() must close.
         self._on_destroy: list[Callable[[], Awaitable[None]]] = []
 
@@ -408,59 +249,54 @@ class ProcessGroup:
     ) -> Work[T]:
         """Take the next sequence number now and start ``body(channel, seq)`` as a task.
 
-        The common path is one task running :meth:`_run` (which also does what
-        :meth:`_guard` does for point-to-point operations) with one timer.
+        Started eagerly: the first sends go out and the first receives are
+        posted before this returns, not one loop iteration later; an operation
+        that never waits (a broadcast root) is finished when this returns.
         """
         self._check_usable(op)
         t = self._timeout(timeout)
         seq = self._seq
         self._seq += 1
-        waiters: list[asyncio.Future[Any]] = []
-        # Started eagerly: the first sends go out and the first receives are posted now,
-        # not one loop iteration later; an operation that never waits (a broadcast root)
-        # is finished when this returns.
-        task, early = start_eager(self._run(op, seq, sig, body, t, waiters), asyncio.get_running_loop())
-        if early.finished and early.error is None:
-            task.add_done_callback(_mark_retrieved)
-            return Work(task, op=op, seq=seq, early=early)
-        self._tasks[task] = None
-        task.add_done_callback(self._forget)
-        return Work(task, op=op, seq=seq, waiters=waiters, early=early)
+        rec = OpRecord(op, seq, sig)
+        task, _ = start_eager(self._run(rec, body, t), asyncio.get_running_loop())
+        if not rec.finished:
+            self._tasks[task] = None  # (_run forgets it as it ends)
+        return Work(task, op=op, seq=seq, record=rec)
 
-    async def _run(
-        self,
-        op: str,
-        seq: int,
-        sig: str,
-        body: Callable[[OpChannel, int], Awaitable[T]],
-        timeout: float,
-        waiters: list[asyncio.Future[Any]],
-    ) -> T:
+    async def _run(self, rec: OpRecord, body: Callable[[OpChannel, int], Awaitable[Any]], timeout: float) -> None:
+        """Run one collective; its outcome goes to ``rec`` (see :mod:`aiodist.work`), not to the task.
+
+        The task returns None, or is cancelled (and then ``rec`` holds the CancelledError).
+        """
+        me = rec.task = asyncio.current_task()
+        assert me is not None
         try:
-            try:
-                value = await self._run_checked(op, seq, sig, body, timeout)
-            except asyncio.CancelledError:
-                if self._aborted:
-                    raise AbortedError(f"{op} on {self.name} failed: the process group was aborted") from None
-                if self._destroyed:  # awaiters get an error, not a cancellation of their own task
-                    raise GroupError(f"{op} on {self.name} was cancelled: the process group was destroyed") from None
+            value = await self._run_checked(rec, body, timeout)
+        except asyncio.CancelledError as e:
+            op = rec.op
+            if self._aborted:
+                err: BaseException = AbortedError(f"{op} on {self.name} failed: the process group was aborted")
+            elif self._destroyed:  # awaiters get an error, not a cancellation of their own task
+                err = GroupError(f"{op} on {self.name} was cancelled: the process group was destroyed")
+            else:
+                self._tasks.pop(me, None)
+                rec.finish(error=e)
                 raise
-            except (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError) as e:
-                if not self._dumped:  # the first failure of a group is the telling one
-                    self._dumped = True
-                    flight.dump(
-                        f"{type(e).__name__}: {e}", rank=self._transport.rank, world_size=self._transport.world_size
-                    )
-                raise
+            self._tasks.pop(me, None)
+            rec.finish(error=err)
+            return
         except BaseException as e:
-            _finish(waiters, error=e)
-            raise
-        _finish(waiters, value)
-        return value
+            if isinstance(e, (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError)) and not self._dumped:
+                self._dumped = True  # the first failure of a group is the telling one
+                flight.dump(f"{type(e).__name__}: {e}", rank=self._transport.rank, world_size=self._transport.world_size)
+            self._tasks.pop(me, None)
+            rec.finish(error=e)
+            return
+        self._tasks.pop(me, None)
+        rec.finish(value)
 
-    async def _run_checked(
-        self, op: str, seq: int, sig: str, body: Callable[[OpChannel, int], Awaitable[T]], timeout: float
-    ) -> T:
+    async def _run_checked(self, rec: OpRecord, body: Callable[[OpChannel, int], Awaitable[T]], timeout: float) -> T:
+        op, seq, sig = rec.op, rec.seq, rec.sig
         failure = self._transport.group_failure(self.group_id)
         if failure is not None:
             raise self._comm.localize(self._transport.peer_error(failure.global_rank or 0), op=op, seq=seq)
@@ -471,50 +307,89 @@ class ProcessGroup:
                 calls=self._mismatch.calls,
                 seq=seq,
             )
-        with waiting_in(op, seq=seq, group=self.name) as entry:
-            ch = OpChannel(self._comm, op=op, seq=seq, sig=sig, entry=entry)
-            loop = asyncio.get_running_loop()
-            now = loop.time()
-            me = asyncio.current_task()
-            assert me is not None
-            # One timer instead of an asyncio.timeout context: it cancels this task; the
-            # except clause below turns that cancellation (and only that one) into a timeout.
-            expired: list[bool] = []
-
-            def expire() -> None:
-                expired.append(True)
-                me.cancel()
-
-            timer = loop.call_at(now + timeout, expire)
-            check = None
-            if self.mismatch_check_after and self.size > 1:
-                check = self._running[seq] = _FingerprintCheck(self, op, seq, sig, me, now)
-                if self._watchdog is None:
-                    self._watchdog = loop.create_task(self._fingerprint_watchdog())
+        now = asyncio.get_running_loop().time()
+        entry = {"op": op, "seq": seq, "group": self.name}
+        token = begin_entry(entry, now)
+        ch = OpChannel(self._comm, op=op, seq=seq, sig=sig, entry=entry)
+        rec.start = now
+        rec.deadline = now + timeout
+        self._running[seq] = rec
+        due = rec.deadline
+        if self.mismatch_check_after and self.size > 1 and now + self.mismatch_check_after < due:
+            due = now + self.mismatch_check_after
+        if due < self._monitor_at:
+            self._arm_monitor(due)
+        error: BaseException | None = None
+        try:
             try:
-                try:
-                    result = await body(ch, seq)
-                finally:
-                    timer.cancel()
-                self._check_leftovers(op, seq, sig)
-                return result
-            except asyncio.CancelledError:
-                if expired and me.uncancel() == 0:  # only the timer cancelled us
-                    raise self._timed_out(op, seq, ch, timeout) from None
-                if check is not None and check.found is not None and not self._destroyed:
-                    task = asyncio.current_task()
-                    if task is not None:
-                        task.uncancel()  # the cancellation was the checker's, not a caller's
-                    self._note_mismatch(check.found, seq, reported=False)
-                    raise check.found from None
-                raise
-            except CollectiveMismatchError as e:
-                self._note_mismatch(e, seq, reported=getattr(e, "reported", False))
-                raise
+                result = await body(ch, seq)
             finally:
-                if check is not None:
-                    del self._running[seq]
-                    check.stop()
+                del self._running[seq]  # from here on, the monitor leaves it alone
+            self._check_leftovers(op, seq, sig)
+            return result
+        except asyncio.CancelledError as e:
+            error = e
+            me = rec.task
+            assert me is not None
+            if rec.expired and me.uncancel() == 0:  # only the monitor cancelled us: a timeout
+                error = self._timed_out(op, seq, ch, timeout)
+                raise error from None
+            check = rec.check
+            if check is not None and check.found is not None and not self._destroyed:
+                me.uncancel()  # the cancellation was the checker's, not a caller's
+                self._note_mismatch(check.found, seq, reported=False)
+                error = check.found
+                raise check.found from None
+            raise
+        except CollectiveMismatchError as e:
+            error = e
+            self._note_mismatch(e, seq, reported=getattr(e, "reported", False))
+            raise
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            if rec.check is not None:
+                rec.check.stop()
+            end_entry(token, entry, error)
+
+    def _arm_monitor(self, at: float) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+        self._monitor_at = at
+        self._monitor = asyncio.get_running_loop().call_at(at, self._watch, at)
+
+    def _watch(self, at: float) -> None:
+        """The monitor's timer: expire the collectives past their deadline, start due fingerprint checks.
+
+        One timer per group instead of one per operation: an operation only
+        records its deadline (a dict entry). The timer is re-armed for the
+        earliest time still ahead, and not at all once nothing runs (a timer
+        armed for an operation that has finished since just finds nothing due).
+        """
+        self._monitor = None
+        self._monitor_at = math.inf
+        if self._destroyed:
+            return
+        now = max(asyncio.get_running_loop().time(), at)  # (a loop may run a timer a hair early)
+        after = self.mismatch_check_after if self.size > 1 else 0
+        nxt = math.inf
+        for rec in list(self._running.values()):
+            if not rec.expired:
+                if rec.deadline <= now:
+                    rec.expired = True
+                    if rec.task is not None:
+                        rec.task.cancel()
+                    continue
+                nxt = min(nxt, rec.deadline)
+            if after and rec.check is None and rec.task is not None:
+                if rec.start + after <= now:
+                    rec.check = _FingerprintCheck(self, rec.op, rec.seq, rec.sig, rec.task, rec.start)
+                    rec.check.begin()
+                else:
+                    nxt = min(nxt, rec.start + after)
+        if nxt < math.inf:
+            self._arm_monitor(nxt)
 
     def _timed_out(self, op: str, seq: int, ch: OpChannel, timeout: float) -> CollectiveTimeoutError:
         waiting = ch.waiting_for()
@@ -568,23 +443,6 @@ class ProcessGroup:
                     self._spawn_quiet(_tell(self._transport, r, header))
         if self.mismatch_check_after:
             self._spawn_quiet(_mark_mismatch(self, seq, e.calls))
-
-    async def _fingerprint_watchdog(self) -> None:
-        """While collectives run: start the fingerprint check of those running for mismatch_check_after.
-
-        One task per group (instead of a timer per operation): the fast path only records the start.
-        """
-        loop = asyncio.get_running_loop()
-        try:
-            while self._running and not self._destroyed:
-                after = self.mismatch_check_after or MISMATCH_CHECK_AFTER
-                await asyncio.sleep(after / 2)
-                now = loop.time()
-                for check in list(self._running.values()):
-                    if check.checker is None and now - check.start >= after:
-                        check.begin()
-        finally:
-            self._watchdog = None
 
     def _spawn_quiet(self, coro: Coroutine[Any, Any, Any]) -> None:
         # Started eagerly: a mismatch notice is on the wire before the caller sees the error
@@ -910,8 +768,9 @@ class ProcessGroup:
         if self._destroyed:
             return
         self._destroyed = True
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        if self._monitor is not None:
+            self._monitor.cancel()
+            self._monitor = None
         if self._helpers and not self._aborted:  # mismatch reports on their way: give them a moment
             await asyncio.wait(list(self._helpers), timeout=HELPERS_GRACE)
         tasks = list(self._tasks) + list(self._helpers)

@@ -58,34 +58,44 @@ class waiting_in:  # noqa: N801 - used like a function: ``with waiting_in("op", 
     peer currently awaited). On exit the entry stays in the flight recorder
     with its end time and state (``done``, ``failed: <error>`` or
     ``cancelled``). A plain class rather than a generator context manager: it
-    wraps every collective, so it is on the hot path.
+    wraps every store call and point-to-point operation, so it is on the hot
+    path (collectives use :func:`begin_entry`/:func:`end_entry` directly).
     """
 
-    __slots__ = ("_rec", "_token", "entry")
+    __slots__ = ("_token", "entry")
 
     def __init__(self, op: str, **details: Any) -> None:
         self.entry = {"op": op, **details}
 
     def __enter__(self) -> dict[str, Any]:
-        rec = self._rec = _recorder()
-        self._token = next(rec.ids)
-        entry = self.entry
-        entry["start"] = _now()
-        entry["state"] = "running"
-        rec.inflight[self._token] = entry
-        rec.history.append(entry)
-        return entry
+        self._token = begin_entry(self.entry, _now())
+        return self.entry
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        entry = self.entry
-        if exc_type is None:
-            entry["state"] = "done"
-        elif issubclass(exc_type, asyncio.CancelledError):
-            entry["state"] = "cancelled"
-        else:
-            entry["state"] = f"failed: {exc_type.__name__}: {exc}"
-        entry["end"] = _now()
-        self._rec.inflight.pop(self._token, None)
+        end_entry(self._token, self.entry, exc if exc is not None or exc_type is None else exc_type())
+
+
+def begin_entry(entry: dict[str, Any], now: float) -> tuple[_Recorder, int]:
+    """:class:`waiting_in` as two calls, for the hot path: register ``entry`` (started at ``now``)."""
+    rec = _recorder()
+    token = next(rec.ids)
+    entry["start"] = now
+    entry["state"] = "running"
+    rec.inflight[token] = entry
+    rec.history.append(entry)
+    return rec, token
+
+
+def end_entry(token: tuple[_Recorder, int], entry: dict[str, Any], error: BaseException | None) -> None:
+    """The end of what :func:`begin_entry` registered (``error``: how it failed, None: done)."""
+    if error is None:
+        entry["state"] = "done"
+    elif isinstance(error, asyncio.CancelledError):
+        entry["state"] = "cancelled"
+    else:
+        entry["state"] = f"failed: {type(error).__name__}: {error}"
+    entry["end"] = _now()
+    token[0].inflight.pop(token[1], None)
 
 
 def _copy(entry: dict[str, Any]) -> dict[str, Any]:

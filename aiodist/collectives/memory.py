@@ -163,6 +163,12 @@ class MemoryChannel:
     async def recv_into(self, peer: int, key: tuple[Any, ...], out: memoryview) -> None:
         await self._fabric._recv(peer, self._rank, key, out)
 
+    async def exchange(
+        self, dst: int, send_key: tuple[Any, ...], payload: Any, src: int, recv_key: tuple[Any, ...], out: memoryview
+    ) -> None:
+        await self.send(dst, send_key, payload)
+        await self.recv_into(src, recv_key, out)
+
     async def recv_bytes(self, peer: int, key: tuple[Any, ...]) -> memoryview:
         got = await self._fabric._recv(peer, self._rank, key, None)
         assert got is not None

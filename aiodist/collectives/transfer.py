@@ -56,7 +56,7 @@ async def _recv_pieces(ch: Channel, peer: int, key: tuple[Any, ...], out: memory
         await ch.recv_into(peer, key if i == 0 else key + (i,), out[at : at + MAX_MESSAGE_BYTES])
 
 
-async def sendrecv(
+def sendrecv(
     ch: Channel,
     dst: int,
     send_key: tuple[Any, ...],
@@ -64,7 +64,7 @@ async def sendrecv(
     src: int,
     recv_key: tuple[Any, ...],
     out: memoryview,
-) -> None:
+) -> Awaitable[None]:
     """Send ``payload`` to ``dst`` while receiving ``src``'s message into ``out``.
 
     Returns when both are done, so ``payload``'s buffer may then be reused.
@@ -72,12 +72,10 @@ async def sendrecv(
     propagates. Cancellation leaves ``out`` possibly partly written and the
     send either fully handed to the transport or not at all.
     """
-    if payload.nbytes <= SMALL_SEND_BYTES:
+    if payload.nbytes <= SMALL_SEND_BYTES and out.nbytes <= MAX_MESSAGE_BYTES:
         # whether a message travels in pieces depends on its own size only, on both sides
-        await send(ch, dst, send_key, payload)
-        await recv_into(ch, src, recv_key, out)
-        return
-    await run_all((send(ch, dst, send_key, payload), recv_into(ch, src, recv_key, out)))
+        return ch.exchange(dst, send_key, payload, src, recv_key, out)
+    return run_all((send(ch, dst, send_key, payload), recv_into(ch, src, recv_key, out)))
 
 
 async def run_all(aws: Sequence[Awaitable[Any]]) -> None:

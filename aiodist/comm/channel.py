@@ -162,6 +162,15 @@ class OpChannel:
             seq=self.seq,
         )
 
+    async def exchange(
+        self, dst: int, send_key: tuple[Any, ...], payload: Any, src: int, recv_key: tuple[Any, ...], out: memoryview
+    ) -> None:
+        # One coroutine for a small step (send, then receive): see Channel.exchange.
+        if out.format != "B" or out.ndim != 1:
+            out = out.cast("B")
+        await self.send(dst, send_key, payload)
+        await self._recv(src, recv_key, out)
+
     async def send(self, peer: int, key: tuple[Any, ...], payload: Any) -> None:
         dst = self._global(peer)
         header = {"t": "m", "g": self.comm.gid, "k": (self.seq, *key), "o": self.sig}
