@@ -213,24 +213,26 @@ class FrameDecoder:
         return frames
 
     def _parse_small(self, frames: list[tuple[dict[str, Any], memoryview | None]], end: int) -> None:
-        """Fast path: decode whole payload-less frames staged back to back, then hand over to :meth:`_parse`.
+        """Fast path: decode whole frames staged back to back, then hand over to :meth:`_parse`.
 
-        Small requests and replies arrive whole, one or several per read; this
-        loop decodes them without the general state machine. Anything else (a
-        partial frame, a payload, a size violation) stops it with the decoder
-        still at a frame boundary in state PREFIX, and :meth:`_parse` goes on
-        from there (raising the errors).
+        Small messages arrive whole, one or several per read; this loop
+        decodes them (header, payload sink, payload copy) without the general
+        state machine. Anything else (a partial frame, a size violation) stops
+        it with the decoder still at a frame boundary in state PREFIX, and
+        :meth:`_parse` goes on from there (raising the errors).
         """
         start = self._start
         buf = self._buf
+        view = self._view
         max_header = self.max_header_size
+        max_frame = self.max_frame_size
         while end - start >= PREFIX_SIZE:
             hlen, plen = _unpack_prefix(buf, start)
-            hstart = start + PREFIX_SIZE
-            stop = hstart + hlen
-            if plen or stop > end or hlen == 0 or hlen > max_header:
+            stop = start + PREFIX_SIZE + hlen
+            fend = stop + plen
+            if fend > end or hlen == 0 or hlen > max_header or hlen + plen > max_frame:
                 break
-            raw = self._view[hstart:stop]
+            raw = view[stop - hlen : stop]
             try:
                 header = _unpackb(raw)
             except Exception as e:  # msgpack raises several unrelated types
@@ -241,8 +243,22 @@ class FrameDecoder:
             if type(header) is not dict:
                 self._start = stop
                 raise self._fail(ProtocolError(f"frame header is a {type(header).__name__}, not a map"))
-            frames.append((header, None))
-            start = stop
+            if plen:
+                self._start = stop  # (where the payload begins, should the sink raise or defer it)
+                target = self.sink(header, plen) if self.sink is not None else None
+                if target is DEFER:
+                    self._header, self._hlen, self._plen = header, hlen, plen
+                    self._state = _ST_DEFERRED
+                    return
+                if target is None:
+                    target = memoryview(bytearray(view[stop:fend]))
+                else:
+                    target = self._usable(target, plen)
+                    target[:] = view[stop:fend]
+                frames.append((header, target))
+            else:
+                frames.append((header, None))
+            start = fend
         self._start = start
         if start != end:
             self._parse(frames)
@@ -340,12 +356,7 @@ class FrameDecoder:
 
     def _begin_payload(self, target: memoryview | None, frames: list[tuple[dict[str, Any], memoryview | None]]) -> None:
         plen = self._plen
-        if target is None:
-            target = memoryview(bytearray(plen))
-        elif target.nbytes != plen or target.readonly or not target.c_contiguous:
-            raise self._fail(ProtocolError(f"payload sink returned an unusable buffer for {plen} bytes"))
-        elif target.format != "B" or target.ndim != 1:
-            target = target.cast("B")
+        target = memoryview(bytearray(plen)) if target is None else self._usable(target, plen)
         self._target = target
         staged = min(self._end - self._start, plen)
         if staged:
@@ -356,6 +367,14 @@ class FrameDecoder:
             self._finish_payload(frames)
         else:
             self._state = _ST_PAYLOAD
+
+    def _usable(self, target: memoryview, plen: int) -> memoryview:
+        """The sink's buffer for a payload of ``plen`` bytes, as a flat byte view (or the decoder fails)."""
+        if target.nbytes != plen or target.readonly or not target.c_contiguous:
+            raise self._fail(ProtocolError(f"payload sink returned an unusable buffer for {plen} bytes"))
+        if target.format != "B" or target.ndim != 1:
+            target = target.cast("B")
+        return target
 
     def _finish_payload(self, frames: list[tuple[dict[str, Any], memoryview | None]]) -> None:
         frames.append((self._header, self._target))

@@ -1,8 +1,9 @@
 """The small-frame fast paths of the codec and of the TCP connection keep their semantics.
 
-* the decoder's fast path (whole payload-less frames staged back to back)
-  hands over to the general state machine at any frame it cannot take, and
-  fails like it on bad headers;
+* the decoder's fast path (whole frames staged back to back) hands over to
+  the general state machine at any frame it cannot take, fails like it on
+  bad headers, and gives payloads to the sink exactly as it does (in place,
+  a new buffer, or deferred);
 * request/reply traffic writes each frame at once and schedules no deferred
   flush (no extra loop iteration per round trip);
 * replies that a frame handler sends for a batch of frames received together
@@ -46,6 +47,41 @@ def test_small_frames_then_a_payload_then_a_partial_frame_in_one_read() -> None:
     assert [(h["i"], None if p is None else bytes(p)) for h, p in got] == [(0, None), (1, None), (2, b"xyz"), (3, None)]
     got = _put(dec, data[cut:])
     assert [h["i"] for h, _ in got] == [4]
+
+
+def test_whole_frames_with_payloads_land_where_the_sink_says_and_a_deferral_stops_the_batch() -> None:
+    from aiodist.wire import DEFER
+
+    places = {"in": bytearray(3)}
+    asked: list[tuple[int, int]] = []
+
+    def sink(header: dict[str, Any], nbytes: int) -> Any:
+        asked.append((header["i"], nbytes))
+        if header.get("to") == "defer":
+            return DEFER
+        return memoryview(places[header["to"]]) if header.get("to") in places else None
+
+    dec = FrameDecoder(expect_preamble=False)
+    dec.sink = sink
+    data = _wire(
+        ({"i": 0, "to": "in"}, b"abc"), ({"i": 1}, b"new"), ({"i": 2, "to": "defer"}, b"later"), ({"i": 3}, None)
+    )
+    got = _put(dec, data)
+    assert asked == [(0, 3), (1, 3), (2, 5)]  # the frame behind the deferred payload waits for it
+    assert [h["i"] for h, _ in got] == [0, 1]
+    assert got[0][1].obj is places["in"] and bytes(places["in"]) == b"abc"  # in place, no copy handed out
+    assert bytes(got[1][1]) == b"new"
+    assert dec.awaiting_target
+    out = bytearray(5)
+    rest = dec.provide_target(memoryview(out))
+    assert [h["i"] for h, _ in rest] == [2, 3] and bytes(out) == b"later"
+
+
+def test_a_sink_buffer_of_the_wrong_size_breaks_the_decoder_in_the_fast_path_too() -> None:
+    dec = FrameDecoder(expect_preamble=False)
+    dec.sink = lambda header, nbytes: memoryview(bytearray(nbytes + 1))
+    with pytest.raises(ProtocolError, match="unusable buffer"):
+        _put(dec, _wire(({"i": 0}, b"abc")))
 
 
 def test_a_prefix_split_across_reads_goes_through_the_general_path() -> None:

@@ -114,6 +114,9 @@ class OpChannel:
         self.seq = seq
         self.sig = sig
         self.entry = entry
+        self.rank = comm.rank  # (plain attributes: algorithms read them at every step)
+        self.size = comm.size
+        self._ranks = comm.ranks
         self._recv_waits: dict[int, int] = {}
         self._send_waits: dict[int, int] = {}
         if entry is not None:
@@ -124,30 +127,22 @@ class OpChannel:
     def __repr__(self) -> str:
         return f"<OpChannel {self.op} seq={self.seq} {self.comm.name}>"
 
-    @property
-    def rank(self) -> int:
-        return self.comm.rank
-
-    @property
-    def size(self) -> int:
-        return self.comm.size
-
     def waiting_for(self) -> list[int]:
         """Group ranks this operation is still receiving from (else: still sending to)."""
         return sorted(self._recv_waits or self._send_waits)
 
     @staticmethod
-    def _track(table: dict[int, int], peer: int, delta: int) -> None:
-        n = table.get(peer, 0) + delta
+    def _untrack(table: dict[int, int], peer: int) -> None:
+        n = table[peer] - 1
         if n:
             table[peer] = n
         else:
             del table[peer]
 
     def _global(self, peer: int) -> int:
-        if not 0 <= peer < self.comm.size:
-            raise ValueError(f"peer {peer} out of range for a group of {self.comm.size} ranks")
-        return self.comm.ranks[peer]
+        if not 0 <= peer < self.size:
+            raise ValueError(f"peer {peer} out of range for a group of {self.size} ranks")
+        return self._ranks[peer]
 
     def _check(self, header: Header, src: int, nbytes: int) -> BaseException | None:
         theirs = header.get("o")
@@ -174,7 +169,8 @@ class OpChannel:
     async def send(self, peer: int, key: tuple[Any, ...], payload: Any) -> None:
         dst = self._global(peer)
         header = {"t": "m", "g": self.comm.gid, "k": (self.seq, *key), "o": self.sig}
-        self._track(self._send_waits, peer, 1)
+        waits = self._send_waits
+        waits[peer] = waits.get(peer, 0) + 1
         cancelled = False
         try:
             await self.comm.transport.send(dst, header, payload, group=self.comm.gid)
@@ -185,13 +181,14 @@ class OpChannel:
             raise self.comm.localize(e, op=self.op, seq=self.seq) from None
         finally:
             if not cancelled:
-                self._track(self._send_waits, peer, -1)
+                self._untrack(waits, peer)
 
     async def _recv(self, peer: int, key: tuple[Any, ...], out: memoryview | None) -> Delivery:
         src = self._global(peer)
         r, fut = new_receive(self.comm, src=src, out=out, key=(self.seq, *key), check=self._check)
         r.sig = self.sig
-        self._track(self._recv_waits, peer, 1)
+        waits = self._recv_waits
+        waits[peer] = waits.get(peer, 0) + 1
         cancelled = False
         transport = self.comm.transport
         try:
@@ -212,7 +209,7 @@ class OpChannel:
             raise self._mismatch(e, peer, src, out) from None
         finally:
             if not cancelled:
-                self._track(self._recv_waits, peer, -1)
+                self._untrack(waits, peer)
 
     def _mismatch(self, e: CollectiveMismatchError, peer: int, src: int, out: memoryview | None) -> CollectiveMismatchError:
         """Restate a mismatch in group ranks and, if we found it, tell the peer (it may wait on us)."""

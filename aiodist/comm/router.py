@@ -128,6 +128,7 @@ class Match:
     violation: str | None = None  # the frame is impossible (bad input): why; it is dropped
     charged: bool = False  # counted in its sender's budget from routing until it completes
     late: bool = False  # for an operation retired here: dropped (see Router.retire)
+    slot: Any = None  # keyed: (group, frozen key, src), once route() computed it
 
     @property
     def sink(self) -> memoryview | None:
@@ -309,7 +310,7 @@ class Router:
                 self.late_from[src] = self.late_from.get(src, 0) + 1
                 m.drop = m.late = True
                 return m
-            slot = (g, freeze(header.get("k")), src)
+            slot = m.slot = (g, freeze(k), src)
             r = self._pop_posted(slot)
             if r is not None:
                 m.receive = self._accept(r, src, header, nbytes, m)
@@ -418,17 +419,28 @@ class Router:
         m.charged = False
         self._charge(m.src, m.header.get("g"), m.nbytes, -1)
         if self._incoming and m.header.get("t") == "m":
-            self._incoming.pop((m.header.get("g"), freeze(m.header.get("k")), m.src), None)
+            slot = m.slot if m.slot is not None else (m.header.get("g"), freeze(m.header.get("k")), m.src)
+            self._incoming.pop(slot, None)
 
     def _charge(self, src: int, group: Any, nbytes: int, sign: int) -> None:
-        for key, table in ((src, self._early), ((src, group), self._early_g)):
-            c = table.get(key)  # type: ignore[call-overload]
-            if c is None:
-                c = table[key] = [0, 0]  # type: ignore[index]
-            c[0] += sign
-            c[1] += sign * nbytes
-            if c[0] <= 0:
-                del table[key]  # type: ignore[arg-type]
+        # (on the path of every early message: the two tables written out rather than looped over)
+        early = self._early
+        c = early.get(src)
+        if c is None:
+            c = early[src] = [0, 0]
+        c[0] += sign
+        c[1] += sign * nbytes
+        if c[0] <= 0:
+            del early[src]
+        key = (src, group)
+        early_g = self._early_g
+        c = early_g.get(key)
+        if c is None:
+            c = early_g[key] = [0, 0]
+        c[0] += sign
+        c[1] += sign * nbytes
+        if c[0] <= 0:
+            del early_g[key]
 
     def buffered(self, src: int) -> tuple[int, int]:
         """(frames, bytes) buffered from ``src`` that no receive took yet."""
@@ -494,13 +506,15 @@ class Router:
 
     def complete(self, m: Match, payload: memoryview | None) -> None:
         """The frame ``m`` was routed for has fully arrived with ``payload``."""
-        if m.charged:  # counted again below if it is buffered after all
-            self._uncharge(m)
         kind = m.header.get("t")
         if kind == "m":
             if not m.drop:
-                self._complete_keyed(m, payload)
+                self._complete_keyed(m, payload)  # (keeps its charge if it is buffered)
+            elif m.charged:
+                self._uncharge(m)
             return
+        if m.charged:  # counted again below if it is buffered after all
+            self._uncharge(m)
         if kind != "p":
             return
         ck = (m.header.get("g"), m.src, int(m.header.get("tag", 0)))
@@ -717,10 +731,12 @@ class Router:
                     del self._posted_sigs[idx]
         return r
 
-    def _put_arrived(self, slot: tuple[Any, Any, int], a: _Arrived) -> None:
+    def _put_arrived(self, slot: tuple[Any, Any, int], a: _Arrived, *, charged: bool = False) -> None:
+        """Buffer ``a`` (``charged``: it is counted in its sender's budget already)."""
         self._pop_arrived(slot)  # (route() refuses a second message for a buffered slot)
         self._arrived[slot] = a
-        self._charge(slot[2], slot[0], a.nbytes, 1)
+        if not charged:
+            self._charge(slot[2], slot[0], a.nbytes, 1)
         sig = a.header.get("o")
         if sig is not None and slot[1]:
             idx = (slot[0], slot[1][0], slot[2])
@@ -760,16 +776,24 @@ class Router:
     def _complete_keyed(self, m: Match, payload: memoryview | None) -> None:
         r = m.receive
         if r is None:
-            slot = (m.header.get("g"), freeze(m.header.get("k")), m.src)
+            slot = m.slot if m.slot is not None else (m.header.get("g"), freeze(m.header.get("k")), m.src)
             r = self._pop_posted(slot)
+            if r is None and slot not in self._abandoned:
+                # buffered: its charge (taken when routed) now counts the buffered message
+                charged, m.charged = m.charged, False
+                if charged and self._incoming:
+                    self._incoming.pop(slot, None)
+                self._put_arrived(slot, _Arrived(m.src, m.header, payload, m.nbytes), charged=charged)
+                return
+            if m.charged:
+                self._uncharge(m)
             if r is None:
-                if slot in self._abandoned:
-                    del self._abandoned[slot]
-                else:
-                    self._put_arrived(slot, _Arrived(m.src, m.header, payload, m.nbytes))
+                del self._abandoned[slot]
                 return
             self._deliver(r, m.src, m.header, payload, m.nbytes)
             return
+        if m.charged:
+            self._uncharge(m)
         if not r.done:
             self._fill(r, m.src, m.header, payload, m.nbytes)
 
