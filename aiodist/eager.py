@@ -25,7 +25,16 @@ from typing import Any
 
 from asyncio.tasks import _enter_task, _leave_task  # the hooks 3.12's eager tasks use too
 
-__all__ = ["EagerStart", "start_eager"]
+__all__ = ["EagerStart", "running_task", "start_eager"]
+
+_CURRENT: dict[Any, asyncio.Task[Any]] | None = getattr(asyncio.tasks, "_current_tasks", None)
+
+
+def running_task(loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
+    """``asyncio.current_task(loop)`` without its Python frame (it is on the path of every collective)."""
+    if _CURRENT is not None:
+        return _CURRENT.get(loop)
+    return asyncio.current_task(loop)
 
 
 class EagerStart:
@@ -130,7 +139,7 @@ def start_eager(coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop)
     state = EagerStart(coro)
     ctx = contextvars.copy_context()
     task = loop.create_task(state.resume(), context=ctx)
-    caller = asyncio.current_task(loop)
+    caller = running_task(loop)
     if caller is not None:
         _leave_task(loop, caller)
     _enter_task(loop, task)

@@ -41,7 +41,7 @@ from .errors import (
     InvalidRankError,
     PeerFailureError,
 )
-from .eager import start_eager
+from .eager import running_task, start_eager
 from .inflight import begin_entry, end_entry
 from .work import OpRecord, Work
 
@@ -98,6 +98,9 @@ def _dtype_name(flat: np.ndarray) -> str:
         if len(_DTYPE_NAMES) < 256:  # structured dtypes could be endless; the common ones are few
             _DTYPE_NAMES[dt] = name
     return name
+
+
+_BODY_RESULT: Any = object()  # (_collective: the result is what the body returns)
 
 
 class ProcessGroup:
@@ -245,113 +248,120 @@ class ProcessGroup:
         self._tasks.pop(task, None)
 
     def _collective(
-        self, op: str, sig: str, body: Callable[[OpChannel, int], Awaitable[T]], timeout: float | None
-    ) -> Work[T]:
-        """Take the next sequence number now and start ``body(channel, seq)`` as a task.
+        self,
+        op: str,
+        sig: str,
+        body: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        timeout: float | None,
+        result: Any = _BODY_RESULT,
+    ) -> Work[Any]:
+        """Take the next sequence number now and start ``body(channel, seq, *args)`` as a task.
+
+        The operation's result is ``result``, or what ``body`` returns if none is given.
 
         Started eagerly: the first sends go out and the first receives are
         posted before this returns, not one loop iteration later; an operation
         that never waits (a broadcast root) is finished when this returns.
         """
-        self._check_usable(op)
-        t = self._timeout(timeout)
+        if self._aborted or self._destroyed or self._comm.rank < 0:
+            self._check_usable(op)  # raises
+        t = self.timeout if timeout is None else self._timeout(timeout)
         seq = self._seq
         self._seq += 1
         rec = OpRecord(op, seq, sig)
-        task, _ = start_eager(self._run(rec, body, t), asyncio.get_running_loop())
+        task, _ = start_eager(self._run(rec, body, args, result, t), asyncio.get_running_loop())
         if not rec.finished:
             self._tasks[task] = None  # (_run forgets it as it ends)
         return Work(task, op=op, seq=seq, record=rec)
 
-    async def _run(self, rec: OpRecord, body: Callable[[OpChannel, int], Awaitable[Any]], timeout: float) -> None:
+    async def _run(
+        self, rec: OpRecord, body: Callable[..., Awaitable[Any]], args: tuple[Any, ...], result: Any, timeout: float
+    ) -> None:
         """Run one collective; its outcome goes to ``rec`` (see :mod:`aiodist.work`), not to the task.
 
-        The task returns None, or is cancelled (and then ``rec`` holds the CancelledError).
+        The task returns None, or is cancelled (and then ``rec`` holds the
+        CancelledError). One coroutine from start to end: every step of the
+        collective resumes through it.
         """
-        me = rec.task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        me = rec.task = running_task(loop)
         assert me is not None
-        try:
-            value = await self._run_checked(rec, body, timeout)
-        except asyncio.CancelledError as e:
-            op = rec.op
-            if self._aborted:
-                err: BaseException = AbortedError(f"{op} on {self.name} failed: the process group was aborted")
-            elif self._destroyed:  # awaiters get an error, not a cancellation of their own task
-                err = GroupError(f"{op} on {self.name} was cancelled: the process group was destroyed")
-            else:
-                self._tasks.pop(me, None)
-                rec.finish(error=e)
-                raise
-            self._tasks.pop(me, None)
-            rec.finish(error=err)
-            return
-        except BaseException as e:
-            if isinstance(e, (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError)) and not self._dumped:
-                self._dumped = True  # the first failure of a group is the telling one
-                flight.dump(f"{type(e).__name__}: {e}", rank=self._transport.rank, world_size=self._transport.world_size)
-            self._tasks.pop(me, None)
-            rec.finish(error=e)
-            return
-        self._tasks.pop(me, None)
-        rec.finish(value)
-
-    async def _run_checked(self, rec: OpRecord, body: Callable[[OpChannel, int], Awaitable[T]], timeout: float) -> T:
         op, seq, sig = rec.op, rec.seq, rec.sig
-        failure = self._transport.group_failure(self.group_id)
-        if failure is not None:
-            raise self._comm.localize(self._transport.peer_error(failure.global_rank or 0), op=op, seq=seq)
-        if self._mismatch is not None:
-            raise CollectiveMismatchError(
-                f"{op} (seq {seq}) of {self.name}: the group is unusable after a collective mismatch "
-                f"at seq {self._mismatch.seq}: {self._mismatch}",
-                calls=self._mismatch.calls,
-                seq=seq,
-            )
-        now = asyncio.get_running_loop().time()
-        entry = {"op": op, "seq": seq, "group": self.name}
-        token = begin_entry(entry, now)
-        ch = OpChannel(self._comm, op=op, seq=seq, sig=sig, entry=entry)
-        rec.start = now
-        rec.deadline = now + timeout
-        self._running[seq] = rec
-        due = rec.deadline
-        if self.mismatch_check_after and self.size > 1 and now + self.mismatch_check_after < due:
-            due = now + self.mismatch_check_after
-        if due < self._monitor_at:
-            self._arm_monitor(due)
-        error: BaseException | None = None
+        entry: dict[str, Any] | None = None
+        token: Any = None
+        ch: OpChannel | None = None
         try:
+            failure = self._transport.group_failure(self.group_id)
+            if failure is not None:
+                raise self._comm.localize(self._transport.peer_error(failure.global_rank or 0), op=op, seq=seq)
+            if self._mismatch is not None:
+                raise CollectiveMismatchError(
+                    f"{op} (seq {seq}) of {self.name}: the group is unusable after a collective mismatch "
+                    f"at seq {self._mismatch.seq}: {self._mismatch}",
+                    calls=self._mismatch.calls,
+                    seq=seq,
+                )
+            now = loop.time()
+            entry = {"op": op, "seq": seq, "group": self.name}
+            token = begin_entry(entry, now)
+            ch = OpChannel(self._comm, op=op, seq=seq, sig=sig, entry=entry)
+            rec.start = now
+            rec.deadline = due = now + timeout
+            self._running[seq] = rec
+            if self.mismatch_check_after and self.size > 1 and now + self.mismatch_check_after < due:
+                due = now + self.mismatch_check_after
+            if due < self._monitor_at:
+                self._arm_monitor(due)
             try:
-                result = await body(ch, seq)
+                value = await body(ch, seq, *args)
+                if result is not _BODY_RESULT:
+                    value = result
             finally:
                 del self._running[seq]  # from here on, the monitor leaves it alone
             self._check_leftovers(op, seq, sig)
-            return result
-        except asyncio.CancelledError as e:
-            error = e
-            me = rec.task
-            assert me is not None
-            if rec.expired and me.uncancel() == 0:  # only the monitor cancelled us: a timeout
-                error = self._timed_out(op, seq, ch, timeout)
-                raise error from None
-            check = rec.check
-            if check is not None and check.found is not None and not self._destroyed:
-                me.uncancel()  # the cancellation was the checker's, not a caller's
-                self._note_mismatch(check.found, seq, reported=False)
-                error = check.found
-                raise check.found from None
-            raise
-        except CollectiveMismatchError as e:
-            error = e
-            self._note_mismatch(e, seq, reported=getattr(e, "reported", False))
-            raise
         except BaseException as e:
-            error = e
-            raise
-        finally:
+            error = self._failure(rec, me, ch, timeout, e)
             if rec.check is not None:
                 rec.check.stop()
-            end_entry(token, entry, error)
+            if entry is not None:  # (a group's own end shows as "cancelled" there)
+                end_entry(token, entry, e if isinstance(error, (AbortedError, GroupError)) else error or e)
+            self._tasks.pop(me, None)
+            if error is None:  # a plain cancellation: the task ends cancelled
+                rec.finish(error=e)
+                raise
+            rec.finish(error=error)
+            return
+        if rec.check is not None:
+            rec.check.stop()
+        end_entry(token, entry, None)  # type: ignore[arg-type]
+        self._tasks.pop(me, None)
+        rec.finish(value)
+
+    def _failure(
+        self, rec: OpRecord, me: asyncio.Task[Any], ch: OpChannel | None, timeout: float, e: BaseException
+    ) -> BaseException | None:
+        """What a collective that raised ``e`` fails with (None: a plain cancellation, which goes on)."""
+        if isinstance(e, asyncio.CancelledError):
+            check = rec.check
+            if rec.expired and ch is not None and me.uncancel() == 0:  # only the monitor cancelled it
+                e = self._timed_out(rec.op, rec.seq, ch, timeout)
+            elif check is not None and check.found is not None and not self._destroyed:
+                me.uncancel()  # the cancellation was the checker's, not a caller's
+                self._note_mismatch(check.found, rec.seq, reported=False)
+                e = check.found
+            elif self._aborted:
+                return AbortedError(f"{rec.op} on {self.name} failed: the process group was aborted")
+            elif self._destroyed:  # awaiters get an error, not a cancellation of their own task
+                return GroupError(f"{rec.op} on {self.name} was cancelled: the process group was destroyed")
+            else:
+                return None
+        elif isinstance(e, CollectiveMismatchError):
+            self._note_mismatch(e, rec.seq, reported=getattr(e, "reported", False))
+        if isinstance(e, (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError)) and not self._dumped:
+            self._dumped = True  # the first failure of a group is the telling one
+            flight.dump(f"{type(e).__name__}: {e}", rank=self._transport.rank, world_size=self._transport.world_size)
+        return e
 
     def _arm_monitor(self, at: float) -> None:
         if self._monitor is not None:
@@ -459,11 +469,7 @@ class ProcessGroup:
         rop = check_op_dtype(op, flat.dtype)
         sig = f"all_reduce {rop.name} {_dtype_name(flat)} n={flat.size}"
 
-        async def body(ch: OpChannel, seq: int) -> Any:
-            await all_reduce_flat(ch, seq, flat, rop)  # x and op were checked above
-            return x
-
-        return self._collective("all_reduce", sig, body, timeout)
+        return self._collective("all_reduce", sig, all_reduce_flat, (flat, rop), timeout, result=x)
 
     def broadcast(self, x: Any, src: int = 0, *, timeout: float | None = None) -> Work[Any]:
         """Copy ``x`` of rank ``src`` into ``x`` of every rank; the Work returns ``x``."""
@@ -471,11 +477,7 @@ class ProcessGroup:
         flat = as_flat(x, "x", writable=self.rank != root)
         sig = f"broadcast src={root} {_dtype_name(flat)} n={flat.size}"
 
-        async def body(ch: OpChannel, seq: int) -> Any:
-            await _driver("broadcast")(ch, seq, x, root)
-            return x
-
-        return self._collective("broadcast", sig, body, timeout)
+        return self._collective("broadcast", sig, _driver("broadcast"), (x, root), timeout, result=x)
 
     def reduce(self, x: Any, dst: int = 0, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """Reduce ``x`` into rank ``dst``'s ``x`` (others' ``x`` may be used as scratch); returns ``x``."""
@@ -484,11 +486,7 @@ class ProcessGroup:
         rop = check_op_dtype(op, flat.dtype)
         sig = f"reduce dst={root} {rop.name} {_dtype_name(flat)} n={flat.size}"
 
-        async def body(ch: OpChannel, seq: int) -> Any:
-            await _driver("reduce")(ch, seq, x, root, rop)
-            return x
-
-        return self._collective("reduce", sig, body, timeout)
+        return self._collective("reduce", sig, _driver("reduce"), (x, root, rop), timeout, result=x)
 
     def all_gather(self, out_list: Sequence[Any], x: Any, *, timeout: float | None = None) -> Work[Any]:
         """Fill ``out_list[i]`` with rank i's ``x``; returns ``out_list``."""
@@ -496,11 +494,7 @@ class ProcessGroup:
         self._check_list(out_list, "out_list", flat, size=flat.size, writable=True)
         sig = f"all_gather {_dtype_name(flat)} n={flat.size}"
 
-        async def body(ch: OpChannel, seq: int) -> Any:
-            await _driver("all_gather")(ch, seq, out_list, x)
-            return out_list
-
-        return self._collective("all_gather", sig, body, timeout)
+        return self._collective("all_gather", sig, _driver("all_gather"), (out_list, x), timeout, result=out_list)
 
     def all_gather_into_tensor(self, out: Any, x: Any, *, timeout: float | None = None) -> Work[Any]:
         """Concatenate every rank's ``x`` into ``out`` (``size`` times larger); returns ``out``."""
@@ -513,11 +507,14 @@ class ProcessGroup:
             )
         sig = f"all_gather_into_tensor {_dtype_name(flat)} n={flat.size}"
 
-        async def body(ch: OpChannel, seq: int) -> Any:
-            await _driver("all_gather_into_tensor")(ch, seq, out, x)
-            return out
-
-        return self._collective("all_gather_into_tensor", sig, body, timeout)
+        return self._collective(
+            "all_gather_into_tensor",
+            sig,
+            _driver("all_gather_into_tensor"),
+            (out, x),
+            timeout,
+            result=out,
+        )
 
     def gather(
         self, x: Any, gather_list: Sequence[Any] | None = None, dst: int = 0, *, timeout: float | None = None
@@ -533,11 +530,14 @@ class ProcessGroup:
             gather_list = None
         sig = f"gather dst={root} {_dtype_name(flat)} n={flat.size}"
 
-        async def body(ch: OpChannel, seq: int) -> Any:
-            await _driver("gather")(ch, seq, x, gather_list, root)
-            return gather_list
-
-        return self._collective("gather", sig, body, timeout)
+        return self._collective(
+            "gather",
+            sig,
+            _driver("gather"),
+            (x, gather_list, root),
+            timeout,
+            result=gather_list,
+        )
 
     def scatter(
         self, x: Any, scatter_list: Sequence[Any] | None = None, src: int = 0, *, timeout: float | None = None
@@ -553,11 +553,7 @@ class ProcessGroup:
             scatter_list = None
         sig = f"scatter src={root} {_dtype_name(flat)} n={flat.size}"
 
-        async def body(ch: OpChannel, seq: int) -> Any:
-            await _driver("scatter")(ch, seq, x, scatter_list, root)
-            return x
-
-        return self._collective("scatter", sig, body, timeout)
+        return self._collective("scatter", sig, _driver("scatter"), (x, scatter_list, root), timeout, result=x)
 
     def reduce_scatter(
         self, out: Any, in_list: Sequence[Any], op: Any = ReduceOp.SUM, *, timeout: float | None = None
@@ -568,11 +564,14 @@ class ProcessGroup:
         self._check_list(in_list, "in_list", oflat, size=oflat.size, writable=False)
         sig = f"reduce_scatter {rop.name} {_dtype_name(oflat)} n={oflat.size}"
 
-        async def body(ch: OpChannel, seq: int) -> Any:
-            await _driver("reduce_scatter")(ch, seq, out, in_list, rop)
-            return out
-
-        return self._collective("reduce_scatter", sig, body, timeout)
+        return self._collective(
+            "reduce_scatter",
+            sig,
+            _driver("reduce_scatter"),
+            (out, in_list, rop),
+            timeout,
+            result=out,
+        )
 
     def reduce_scatter_tensor(self, out: Any, x: Any, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """``out`` = the reduction over ranks of their chunk ``rank`` of ``x``; returns ``out``."""
@@ -586,11 +585,14 @@ class ProcessGroup:
             )
         sig = f"reduce_scatter_tensor {rop.name} {_dtype_name(oflat)} n={oflat.size}"
 
-        async def body(ch: OpChannel, seq: int) -> Any:
-            await _driver("reduce_scatter_tensor")(ch, seq, out, x, rop)
-            return out
-
-        return self._collective("reduce_scatter_tensor", sig, body, timeout)
+        return self._collective(
+            "reduce_scatter_tensor",
+            sig,
+            _driver("reduce_scatter_tensor"),
+            (out, x, rop),
+            timeout,
+            result=out,
+        )
 
     def all_to_all(self, out_list: Sequence[Any], in_list: Sequence[Any], *, timeout: float | None = None) -> Work[Any]:
         """Rank i's ``in_list[j]`` lands in rank j's ``out_list[i]``; returns ``out_list``."""
@@ -601,11 +603,14 @@ class ProcessGroup:
         self._check_list(out_list, "out_list", first, size=None, writable=True)
         sig = f"all_to_all {_dtype_name(first)}"
 
-        async def body(ch: OpChannel, seq: int) -> Any:
-            await _driver("all_to_all")(ch, seq, out_list, in_list)
-            return out_list
-
-        return self._collective("all_to_all", sig, body, timeout)
+        return self._collective(
+            "all_to_all",
+            sig,
+            _driver("all_to_all"),
+            (out_list, in_list),
+            timeout,
+            result=out_list,
+        )
 
     def all_to_all_single(
         self,
@@ -627,19 +632,19 @@ class ProcessGroup:
                 )
         sig = f"all_to_all_single {_dtype_name(flat)}"
 
-        async def body(ch: OpChannel, seq: int) -> Any:
-            await _driver("all_to_all_single")(ch, seq, out, x, output_split_sizes, input_split_sizes)
-            return out
-
-        return self._collective("all_to_all_single", sig, body, timeout)
+        return self._collective(
+            "all_to_all_single",
+            sig,
+            _driver("all_to_all_single"),
+            (out, x, output_split_sizes, input_split_sizes),
+            timeout,
+            result=out,
+        )
 
     def barrier(self, *, timeout: float | None = None) -> Work[None]:
         """Wait until every rank of the group reached its barrier."""
 
-        async def body(ch: OpChannel, seq: int) -> None:
-            await _driver("barrier")(ch, seq)
-
-        return self._collective("barrier", "barrier", body, timeout)
+        return self._collective("barrier", "barrier", _driver("barrier"), (), timeout, result=None)
 
     def monitored_barrier(self, timeout: float | None = None, wait_all_ranks: bool = False) -> Work[None]:
         """A barrier through rank 0 that names the ranks that did not arrive in time.
@@ -649,20 +654,23 @@ class ProcessGroup:
         ranks (all of them; ``wait_all_ranks`` is accepted for torch compatibility).
         """
 
-        async def body(ch: OpChannel, seq: int) -> None:
-            await _monitored_barrier(ch, wait_all_ranks=wait_all_ranks)
+        def body(ch: OpChannel, seq: int) -> Awaitable[None]:
+            return _monitored_barrier(ch, wait_all_ranks=wait_all_ranks)
 
-        return self._collective("monitored_barrier", "monitored_barrier", body, timeout)
+        return self._collective("monitored_barrier", "monitored_barrier", body, (), timeout, result=None)
 
     # ------------------------------------------------------------------ object collectives
 
     def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> Work[list[Any]]:
         """Every rank's (picklable) ``obj``, as a list indexed by group rank."""
 
-        async def body(ch: OpChannel, seq: int) -> list[Any]:
-            return await _driver("all_gather_object")(ch, seq, obj)  # type: ignore[no-any-return]
-
-        return self._collective("all_gather_object", "all_gather_object", body, timeout)
+        return self._collective(
+            "all_gather_object",
+            "all_gather_object",
+            _driver("all_gather_object"),
+            (obj,),
+            timeout,
+        )
 
     def broadcast_object_list(self, object_list: list[Any], src: int = 0, *, timeout: float | None = None) -> Work[list[Any]]:
         """Replace the entries of ``object_list`` with rank ``src``'s; returns ``object_list``."""
@@ -670,20 +678,26 @@ class ProcessGroup:
         if not isinstance(object_list, list):
             raise TypeError(f"object_list must be a list, not {type(object_list).__name__}")
 
-        async def body(ch: OpChannel, seq: int) -> list[Any]:
-            await _driver("broadcast_object_list")(ch, seq, object_list, root)
-            return object_list
-
-        return self._collective("broadcast_object_list", f"broadcast_object_list src={root}", body, timeout)
+        return self._collective(
+            "broadcast_object_list",
+            f"broadcast_object_list src={root}",
+            _driver("broadcast_object_list"),
+            (object_list, root),
+            timeout,
+            result=object_list,
+        )
 
     def gather_object(self, obj: Any, dst: int = 0, *, timeout: float | None = None) -> Work[list[Any] | None]:
         """Every rank's ``obj`` as a list on rank ``dst`` (None elsewhere)."""
         root = self._check_peer(dst, "dst")
 
-        async def body(ch: OpChannel, seq: int) -> list[Any] | None:
-            return await _driver("gather_object")(ch, seq, obj, root)  # type: ignore[no-any-return]
-
-        return self._collective("gather_object", f"gather_object dst={root}", body, timeout)
+        return self._collective(
+            "gather_object",
+            f"gather_object dst={root}",
+            _driver("gather_object"),
+            (obj, root),
+            timeout,
+        )
 
     def scatter_object_list(
         self, out: list[Any], in_list: Sequence[Any] | None = None, src: int = 0, *, timeout: float | None = None
@@ -696,11 +710,14 @@ class ProcessGroup:
             if in_list is None or len(in_list) != self.size:
                 raise ValueError(f"scatter_object_list: rank {root} must pass in_list of {self.size} objects")
 
-        async def body(ch: OpChannel, seq: int) -> list[Any]:
-            await _driver("scatter_object_list")(ch, seq, out, in_list if self.rank == root else None, root)
-            return out
-
-        return self._collective("scatter_object_list", f"scatter_object_list src={root}", body, timeout)
+        return self._collective(
+            "scatter_object_list",
+            f"scatter_object_list src={root}",
+            _driver("scatter_object_list"),
+            (out, in_list if self.rank == root else None, root),
+            timeout,
+            result=out,
+        )
 
     # ------------------------------------------------------------------ point to point
 
