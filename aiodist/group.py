@@ -63,8 +63,9 @@ CollectiveMismatchError listing what each rank called (a rank whose part of
 the call completed without noticing, e.g. a broadcast root, learns it at its
 next collective: the first rank to find a mismatch records it in
 ``fp/<group>/bad``, and the group is unusable from then on). Fast collectives
-never get there: one watchdog task per group looks at the running ones every
-half of this time; an operation only records its start (a dict entry).
+never get there: the group's one monitor timer (see ``ProcessGroup._watch``)
+starts the check of a collective still running this long after its start;
+an operation only records its start and deadline (a dict entry).
 """
 MISMATCH_RECHECK = 0.3
 HELPERS_GRACE = 1.0
