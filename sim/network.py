@@ -396,15 +396,20 @@ class Fabric:
                                       ConnectionLost(f"could not connect to {host}:{port}: unreachable"))
             else:
                 self._syn(p)
+        # The timeout as one timer failing ``fut`` (what ``asyncio.timeout`` does, minus its context
+        # manager and the cancellation it turns into TimeoutError: one connect per connection made).
+        timer = None if timeout is None else loop.call_at(
+            now + timeout, _fail_future, fut,
+            TimeoutError(f"connecting to {host}:{port} timed out after {timeout:g}s"))
         try:
-            async with asyncio.timeout(timeout):
-                conn = await fut
-        except TimeoutError:
-            raise TimeoutError(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
+            conn = await fut
         except BaseException:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 fut.result().close()
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
         assert isinstance(conn, SimConnection)
         return conn
 

@@ -10,11 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from aiodist.context import new_rank_scope, set_rank_environ
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def printed_by_fresh_interpreters(code: str, hashseeds: Sequence[str], *, timeout: float = 300) -> set[str]:
+    """What ``code`` prints when run by a new interpreter (in the project root) under each PYTHONHASHSEED."""
+    printed = set()
+    for hashseed in hashseeds:
+        env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(ROOT))
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=timeout)
+        assert out.returncode == 0, out.stderr
+        printed.add(out.stdout.strip())
+    return printed
 
 
 def free_port() -> int:

@@ -162,3 +162,113 @@ async def test_a_connection_with_another_world_size_or_rank_is_refused(closing: 
     with pytest.raises(PeerRefusedError) as ei:
         await ch.send(0, ("x",), b"hi")
     assert "world size 3" in ei.value.reason
+
+
+def count_dials(t: Transport) -> list[int]:
+    """Count the connections ``t`` dials (its network's connect calls)."""
+    dials: list[int] = []
+    net = t._net
+    connect = net.connect
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        dials.append(1)
+        return await connect(*args, **kwargs)
+
+    t._net = type("CountingNetwork", (), {"connect": staticmethod(counting)})()  # type: ignore[assignment]
+    return dials
+
+
+async def test_a_symmetric_exchange_is_dialed_once_by_the_lower_rank(closing: list[Transport]) -> None:
+    """Both ranks send to each other at once: only rank 0 dials; rank 1 waits for that connection
+    instead of dialing too (which used to cost a second connection, answered "dup" and closed)."""
+    ts = await start(2, MemoryStore())
+    closing.extend(ts)
+    for t in ts:
+        t._dial_defer = 5.0  # plenty for rank 0's connection to arrive, however slow the machine
+    dials = [count_dials(t) for t in ts]
+    a, b = (channel(t, 2) for t in ts)
+    bufs = [np.empty(8, np.uint8) for _ in range(2)]
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await asyncio.gather(
+        b.send(0, ("x",), np.full(8, 2, np.uint8)),  # the higher rank first: it must still not dial
+        a.send(1, ("x",), np.full(8, 1, np.uint8)),
+        a.recv_into(1, ("x",), memoryview(bufs[0])),
+        b.recv_into(0, ("x",), memoryview(bufs[1])),
+    )
+    assert loop.time() - t0 < 4.0  # rank 1 used rank 0's connection, it did not wait out its deferral
+    assert bufs[0].tolist() == [2] * 8 and bufs[1].tolist() == [1] * 8
+    assert (len(dials[0]), len(dials[1])) == (1, 0)
+    assert ts[0].connected_peers() == [1] and ts[1].connected_peers() == [0]
+
+
+async def test_the_higher_rank_dials_itself_when_the_lower_one_never_does(closing: list[Transport]) -> None:
+    """Rank 1 sends to rank 0, which neither sends nor waits yet: after the deferral rank 1 dials."""
+    ts = await start(2, MemoryStore())
+    closing.extend(ts)
+    ts[1]._dial_defer = 0.2
+    dials = [count_dials(t) for t in ts]
+    a, b = (channel(t, 2) for t in ts)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await b.send(0, ("y",), np.arange(4, dtype=np.uint8))
+    took = loop.time() - t0
+    out = np.empty(4, np.uint8)
+    await a.recv_into(1, ("y",), memoryview(out))
+    assert out.tolist() == [0, 1, 2, 3]
+    assert 0.2 <= took < 3.0, took
+    assert (len(dials[0]), len(dials[1])) == (0, 1)
+
+
+async def test_a_receive_from_a_higher_rank_dials_it_at_once(closing: list[Transport]) -> None:
+    """Rank 0 waits for rank 1, which only sends later (after hearing from rank 2, say): rank 0 dials
+    when its receive is posted, so rank 1's send finds the connection and need not wait out its deferral."""
+    ts = await start(2, MemoryStore())
+    closing.extend(ts)
+    ts[1]._dial_defer = 5.0
+    dials = [count_dials(t) for t in ts]
+    a, b = (channel(t, 2) for t in ts)
+    out = np.empty(4, np.uint8)
+    recv = asyncio.ensure_future(a.recv_into(1, ("w",), memoryview(out)))
+    for _ in range(200):
+        if ts[1].connected_peers() == [0]:
+            break
+        await asyncio.sleep(0.01)
+    assert ts[1].connected_peers() == [0]  # rank 0 connected before rank 1 had anything to send
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await b.send(0, ("w",), np.arange(4, dtype=np.uint8))
+    await recv
+    assert loop.time() - t0 < 2.0
+    assert out.tolist() == [0, 1, 2, 3] and (len(dials[0]), len(dials[1])) == (1, 0)
+
+
+async def test_a_deferred_dial_to_a_lower_rank_that_is_gone_still_fails_fast(closing: list[Transport]) -> None:
+    ts = await start(2, MemoryStore())
+    closing.extend(ts)
+    ts[1]._dial_defer = 0.1
+    await ts[0].close()  # rank 0 is gone: nobody listens at its address
+    with pytest.raises(PeerFailureError) as ei:
+        await channel(ts[1], 2).send(0, ("z",), b"hi")
+    assert ei.value.rank == 0 and "unreachable" in str(ei.value)
+
+
+async def test_heartbeat_watchers_start_only_after_the_first_interval(closing: list[Transport]) -> None:
+    """A connection costs no watcher task during its first heartbeat interval; heartbeats then flow."""
+    ts = await start(2, MemoryStore())
+    closing.extend(ts)
+    for t in ts:
+        t.configure_heartbeat(interval=0.1, misses=50)
+    a, b = (channel(t, 2) for t in ts)
+    await a.send(1, ("hi",), b"")
+    await b.recv_into(0, ("hi",), memoryview(bytearray()))
+
+    def watchers(t: Transport) -> int:
+        return sum(1 for task in t._tasks if "_watch" in task.get_coro().__qualname__)  # type: ignore[union-attr]
+
+    assert [watchers(t) for t in ts] == [0, 0]
+    heard = ts[1]._peers[0].last_heard
+    await asyncio.sleep(0.35)
+    assert [watchers(t) for t in ts] == [1, 1]
+    assert ts[1]._peers[0].last_heard > heard  # rank 0's heartbeats arrive
+    assert ts[0].failed_peers() == [] and ts[1].failed_peers() == []

@@ -149,7 +149,12 @@ def test_heartbeats_turn_a_silent_partition_into_a_peer_failure() -> None:
         loop_until_failure, world_size=4, seed=1, faults=[fault], stop_on_error=False,
         env={"AIODIST_HEARTBEAT_TIMEOUT": "0"},
     )
-    assert quiet.ok and all(out[0] == "timeout" for out in quiet.rank_results)  # turned off: the 60 s timeout
+    # Turned off: the partition is found by the 60 s timeout only, never by heartbeats. The first
+    # rank to time out leaves; the others time out too or hear of a rank that left or lost a
+    # connection on the way, whichever comes first (microseconds apart: it depends on the seed).
+    assert quiet.ok and quiet.virtual_time >= 60, quiet.summary()
+    assert any(out[0] == "timeout" for out in quiet.rank_results), quiet.rank_results
+    assert all(out[0] == "timeout" or "heard nothing" not in out[1] for out in quiet.rank_results), quiet.rank_results
     res = sim.run(loop_until_failure, world_size=4, seed=1, faults=[fault], stop_on_error=False)  # on by default
     assert res.ok and res.virtual_time < 5, res.summary()
     for out in res.rank_results:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import printed_by_fresh_interpreters
 
 import sim
 from aiodist.context import current_network, getenv, rank_scope
@@ -39,13 +39,7 @@ def test_digest_is_stable_across_processes_and_hash_seeds() -> None:
         "import sys; sys.path.insert(0, 'examples'); import sim, sim_race; "
         "print(sim.run(sim_race.main, world_size=4, seed=3).digest)"
     )
-    digests = set()
-    for hashseed in ("1", "987"):
-        env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(ROOT))
-        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=120)
-        assert out.returncode == 0, out.stderr
-        digests.add(out.stdout.strip())
+    digests = printed_by_fresh_interpreters(code, ("1", "987"), timeout=120)
     digests.add(sim.run(sim_race.main, world_size=4, seed=3).digest)
     assert len(digests) == 1
 

@@ -6,6 +6,22 @@ only opens the connections its algorithms use. When two ranks dial each other
 at the same moment, the connection dialed by the lower rank is kept and the
 other is answered ``dup`` and closed: exactly one connection per pair.
 
+The lower rank of a pair dials; the higher one waits for that connection
+before dialing itself. In a symmetric exchange (recursive doubling, pairwise
+exchange: both partners send to each other at about the same time) both used
+to dial, and one of the two connections (an address lookup in the store, a
+connect, a handshake) was thrown away. Now a rank that needs a connection to a
+*lower* rank defers its dial by :data:`DIAL_DEFER` (``AIODIST_DIAL_DEFER``,
+0: dial at once): if the lower rank's connection arrives meanwhile it is used
+and no dial is made; otherwise it dials after all, so a lower rank that only
+receives, or is gone, costs that delay once and nothing hangs (an unreachable
+rank still fails the operation, after the deferral). A rank that posts a
+receive from a *higher* rank it is not connected to dials it at once, so a
+higher rank whose first send to us waits for our first send to it (ours
+waiting for its reply) does not wait out its deferral. The rule depends only
+on the two ranks, never on timing or on the network, so it is the same over
+TCP and in the simulator.
+
 Every connection starts with a ``hello`` frame naming the job id, the rank and
 the world size. A connection of another job (a stale rank of an earlier run),
 an out-of-range rank or a different world size is refused with a ``refused``
@@ -56,6 +72,10 @@ HELLO_TIMEOUT = 30.0
 """Seconds a new connection may take to say hello (and to answer one)."""
 
 BYE_TIMEOUT = 2.0
+
+DIAL_DEFER = 0.002
+"""Seconds the higher rank of a pair waits for the lower rank's connection before dialing itself."""
+DIAL_DEFER_ENV = "AIODIST_DIAL_DEFER"
 
 DEFER_MIN_BYTES = 256 * 1024
 """A keyed payload at least this large that arrives before its receive is posted waits in the
@@ -112,7 +132,8 @@ class _Peer:
     """What this rank knows about its connection to one other rank."""
 
     __slots__ = (
-        "rank", "conn", "ready", "dialing", "accepting", "failure", "refused", "matches", "last_heard", "rejected"
+        "rank", "conn", "ready", "dialing", "accepting", "failure", "refused", "matches", "last_heard", "rejected",
+        "deferred", "watch",
     )
 
     def __init__(self, rank: int, loop: asyncio.AbstractEventLoop) -> None:
@@ -126,6 +147,8 @@ class _Peer:
         self.matches: collections.deque[Match] = collections.deque()
         self.last_heard = loop.time()
         self.rejected: str | None = None  # it sent bad input: why (its frames are dropped since)
+        self.deferred: asyncio.TimerHandle | None = None  # our dial, deferred: we wait for the peer's (see _dial_late)
+        self.watch: asyncio.TimerHandle | None = None  # starts the heartbeat watcher of ``conn`` (see _start_watch)
 
     def __repr__(self) -> str:
         state = self.failure or ("ready" if self.ready.done() else "dialing" if self.dialing else "idle")
@@ -183,6 +206,7 @@ class Transport:
         self._next_group = 1
         self._condemned: str | None = None  # why the other ranks consider this rank failed, if they do
         self._heartbeat = _heartbeat_timeout()  # (interval, misses) or None: off
+        self._dial_defer = _env_float(DIAL_DEFER_ENV, DIAL_DEFER)
         self._hb_grace: dict[int, float] = {}  # peer -> extra seconds of silence allowed: a large frame is arriving
         self._closed = False  # no new operations (closing, closed or aborted)
         self._finished = False  # close() ran
@@ -243,6 +267,10 @@ class Transport:
         if byes and not aborted:
             await asyncio.gather(*(self._send_quietly(c, {"t": "bye"}, BYE_TIMEOUT) for c in byes))
         for p in self._peers.values():
+            for timer in (p.deferred, p.watch):
+                if timer is not None:
+                    timer.cancel()
+            p.deferred = p.watch = None
             if p.failure is None:
                 p.failure = "this rank closed its connections"
             if p.conn is not None:
@@ -405,6 +433,24 @@ class Transport:
                 self._resume_deferred(receive)
         else:
             self.router.post_p2p(receive)
+        src = receive.src
+        if src is not None and src > self.rank and not receive.done:
+            self._expect(src)
+
+    def _expect(self, src: int) -> None:
+        """A receive from the higher rank ``src`` waits: if we are not connected, dial it now.
+
+        ``src`` defers its own dial to us (see the module doc), and may be waiting for our
+        connection right now; or it sends only once it heard from us on another route.
+        """
+        p = self._peers.get(src)
+        if p is not None and (p.ready.done() or p.dialing or p.accepting or p.failure is not None):
+            return
+        if not 0 <= src < self.world_size:
+            return
+        p = self._peer(src)
+        p.dialing = True
+        self._spawn(self._dial(p, speculative=True))
 
     def _loopback(self, header: Header, payload: Any) -> None:
         data = None if payload is None else memoryview(bytearray(as_byte_view(payload)))
@@ -438,7 +484,10 @@ class Transport:
             return p.ready.result()
         if not p.dialing and not p.accepting:
             p.dialing = True
-            self._spawn(self._dial(p))
+            if self.rank > p.rank and self._dial_defer > 0:  # let the lower rank dial (see the module doc)
+                p.deferred = self._loop.call_later(self._dial_defer, self._dial_late, p)
+            else:
+                self._spawn(self._dial(p))
         ready = p.ready  # waited for through callbacks: cancelling this wait leaves it alone
         try:
             broken = None
@@ -479,7 +528,20 @@ class Transport:
     def _hello(self) -> Header:
         return {"t": "hello", "job": self.job_id, "rank": self.rank, "world": self.world_size}
 
-    async def _dial(self, p: _Peer) -> None:
+    def _dial_late(self, p: _Peer) -> None:
+        """The lower rank ``p`` did not connect to us within the dial deferral: dial it ourselves."""
+        p.deferred = None
+        if p.ready.done() or p.accepting or p.conn is not None or p.failure is not None or self._closed:
+            p.dialing = False  # (an accept still under way dials after all if it fails: _redial_if_needed)
+            return
+        self._spawn(self._dial(p))
+
+    async def _dial(self, p: _Peer, speculative: bool = False) -> None:
+        """Connect to ``p``; ``speculative`` (nothing to send yet, see _expect): a failure blames nobody.
+
+        A speculative dial that fails leaves the peer's fate to the operations that involve it (a
+        rank that left the job before we needed to send to it is not a failed rank).
+        """
         try:
             raw = await self.store.get(self._address_key(p.rank), timeout=self.timeout)
             address = parse_address(bytes(raw))
@@ -487,6 +549,8 @@ class Transport:
             raise
         except Exception as e:  # the store failed us, not the peer: no verdict on it, a later dial may retry
             p.dialing = False
+            if speculative:
+                return
             if p.conn is None and not p.accepting and not self._closed and not p.ready.done():
                 # No culprit among the ranks (rank=None): the store failed.
                 how = f"looking up the address of rank {p.rank} in the store failed ({type(e).__name__}: {e})"
@@ -508,14 +572,14 @@ class Transport:
             p.dialing = False
             if conn is not None:
                 conn.close()
-            if p.conn is None and not p.accepting and not self._closed:
+            if p.conn is None and not p.accepting and not self._closed and not speculative:
                 self._peer_failed(p, f"unreachable ({type(e).__name__}: {e})")
             return
         p.dialing = False
         kind = reply.header.get("t")
         if kind == "welcome" and p.conn is None and p.failure is None and not self._closed:
             self._install(p, conn)
-            self._spawn(self._read_loop(p, conn))
+            await self._read_loop(p, conn)  # in this task: one task per connection fewer
         elif kind == "welcome" and p.failure is not None and not self._left(p) and not self._closed:
             # Declared failed while we shook hands: say so before hanging up, or it would blame us.
             notice = {"t": "fail", "rank": p.rank, "how": f"rank {self.rank} considers it failed ({p.failure})"}
@@ -528,6 +592,8 @@ class Transport:
                 failed, p.ready = p.ready, self._loop.create_future()
                 failed.set_exception(self.peer_error(self.rank))
                 failed.exception()
+        elif kind == "refused" and speculative:
+            conn.close()  # our own sends, if any, will hear the refusal
         elif kind == "refused":
             conn.close()
             p.refused = str(reply.header.get("reason", "no reason given"))
@@ -614,13 +680,21 @@ class Transport:
         """(interval, misses) of the heartbeats, or None when they are off."""
         return self._heartbeat
 
-    async def _watch(self, p: _Peer, conn: Connection, config: tuple[float, int]) -> None:
+    def _start_watch(self, p: _Peer, conn: Connection, config: tuple[float, int], due: float) -> None:
+        """The first heartbeat of ``conn`` is due: from now on a task watches it.
+
+        Started by a timer rather than at once: a connection that ends within its first
+        interval (a short job, a short-lived group) costs no task at all.
+        """
+        p.watch = None
+        if p.conn is conn and p.failure is None and not self._closed:
+            self._spawn(self._watch(p, conn, config, due))
+
+    async def _watch(self, p: _Peer, conn: Connection, config: tuple[float, int], due: float) -> None:
         """Heartbeat: keep ``conn`` talking, and declare ``p`` failed after ``misses`` silent intervals."""
         interval, misses = config
         timeout = interval * misses
-        while p.conn is conn and p.failure is None and not self._closed:
-            due = self._loop.time() + interval
-            await asyncio.sleep(interval)
+        while True:  # the first check is due now (see _start_watch); then one every interval
             if p.conn is not conn or p.failure is not None or self._closed:
                 return
             now = self._loop.time()
@@ -637,6 +711,10 @@ class Transport:
                 )
                 return
             await self._send_quietly(conn, {"t": "hb"}, interval)
+            if p.conn is not conn or p.failure is not None or self._closed:
+                return
+            due = self._loop.time() + interval
+            await asyncio.sleep(interval)
 
     def _redial_if_needed(self, p: _Peer) -> None:
         """A connection attempt with ``p`` came to nothing: dial it ourselves if nobody else is."""
@@ -647,12 +725,17 @@ class Transport:
 
     def _install(self, p: _Peer, conn: Connection) -> None:
         p.conn = conn
+        if p.deferred is not None:  # the peer's connection came first: no dial of ours
+            p.deferred.cancel()
+            p.deferred = None
+            p.dialing = False
         conn.set_payload_sink(lambda header, nbytes: self._sink(p, conn, header, nbytes))
         if not p.ready.done():
             p.ready.set_result(conn)
         p.last_heard = self._loop.time()
         if self._heartbeat:
-            self._spawn(self._watch(p, conn, self._heartbeat))
+            due = self._loop.time() + self._heartbeat[0]
+            p.watch = self._loop.call_at(due, self._start_watch, p, conn, self._heartbeat, due)
         # A peer that connects after a failure must hear of it too (it may wait on us in vain).
         for q in self._peers.values():
             if q is not p and q.failure is not None and not self._left(q) and q.refused is None:
@@ -948,6 +1031,18 @@ async def _first_of(loop: asyncio.AbstractEventLoop, a: asyncio.Future[Any], b: 
         a.remove_done_callback(wake)
         if b is not None:
             b.remove_done_callback(wake)
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = getenv(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        log.warning("ignoring %s=%r: not a number", name, raw)
+        return default
+    return value if value >= 0 else default
 
 
 def _env_int(name: str, default: int) -> int:
