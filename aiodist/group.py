@@ -271,13 +271,20 @@ class ProcessGroup:
         seq = self._seq
         self._seq += 1
         rec = OpRecord(op, seq, sig)
-        task, _ = start_eager(self._run(rec, body, args, result, t), asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        task, _ = start_eager(self._run(rec, body, args, result, t, loop), loop)
         if not rec.finished:
             self._tasks[task] = None  # (_run forgets it as it ends)
         return Work(task, op=op, seq=seq, record=rec)
 
     async def _run(
-        self, rec: OpRecord, body: Callable[..., Awaitable[Any]], args: tuple[Any, ...], result: Any, timeout: float
+        self,
+        rec: OpRecord,
+        body: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        result: Any,
+        timeout: float,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         """Run one collective; its outcome goes to ``rec`` (see :mod:`aiodist.work`), not to the task.
 
@@ -285,7 +292,6 @@ class ProcessGroup:
         CancelledError). One coroutine from start to end: every step of the
         collective resumes through it.
         """
-        loop = asyncio.get_running_loop()
         me = rec.task = running_task(loop)
         assert me is not None
         op, seq, sig = rec.op, rec.seq, rec.sig
@@ -306,7 +312,7 @@ class ProcessGroup:
             now = loop.time()
             entry = {"op": op, "seq": seq, "group": self.name}
             token = begin_entry(entry, now)
-            ch = OpChannel(self._comm, op=op, seq=seq, sig=sig, entry=entry)
+            ch = OpChannel(self._comm, op=op, seq=seq, sig=sig, entry=entry, loop=loop)
             rec.start = now
             rec.deadline = due = now + timeout
             self._running[seq] = rec
@@ -335,7 +341,7 @@ class ProcessGroup:
             return
         if rec.check is not None:
             rec.check.stop()
-        end_entry(token, entry, None)  # type: ignore[arg-type]
+        end_entry(token, entry, None, loop.time())  # type: ignore[arg-type]
         self._tasks.pop(me, None)
         rec.finish(value)
 

@@ -86,15 +86,17 @@ def begin_entry(entry: dict[str, Any], now: float) -> tuple[_Recorder, int]:
     return rec, token
 
 
-def end_entry(token: tuple[_Recorder, int], entry: dict[str, Any], error: BaseException | None) -> None:
-    """The end of what :func:`begin_entry` registered (``error``: how it failed, None: done)."""
+def end_entry(
+    token: tuple[_Recorder, int], entry: dict[str, Any], error: BaseException | None, now: float | None = None
+) -> None:
+    """The end (at ``now``, default: the loop's time) of what :func:`begin_entry` registered (``error``: how it failed)."""
     if error is None:
         entry["state"] = "done"
     elif isinstance(error, asyncio.CancelledError):
         entry["state"] = "cancelled"
     else:
         entry["state"] = f"failed: {type(error).__name__}: {error}"
-    entry["end"] = _now()
+    entry["end"] = _now() if now is None else now
     token[0].inflight.pop(token[1], None)
 
 

@@ -97,10 +97,17 @@ def _setter(fut: asyncio.Future[Any]) -> Any:
 
 
 def new_receive(
-    comm: GroupComm, *, src: int | None, out: memoryview | None, key: Any = None, tag: int | None = None, check: Any = None
+    comm: GroupComm,
+    *,
+    src: int | None,
+    out: memoryview | None,
+    key: Any = None,
+    tag: int | None = None,
+    check: Any = None,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> tuple[Receive, asyncio.Future[Delivery | BaseException]]:
-    """A receive (global ``src``) and the future it completes."""
-    fut: asyncio.Future[Delivery | BaseException] = asyncio.get_running_loop().create_future()
+    """A receive (global ``src``) and the future it completes (on ``loop``, default: the running one)."""
+    fut: asyncio.Future[Delivery | BaseException] = (loop or asyncio.get_running_loop()).create_future()
     r = Receive(group=comm.gid, src=src, out=out, on_done=_setter(fut), key=key, tag=tag, check=check)
     return r, fut
 
@@ -108,8 +115,18 @@ def new_receive(
 class OpChannel:
     """The Channel of one collective call (see the module doc)."""
 
-    def __init__(self, comm: GroupComm, *, op: str, seq: int, sig: str, entry: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        comm: GroupComm,
+        *,
+        op: str,
+        seq: int,
+        sig: str,
+        entry: dict[str, Any] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self.comm = comm
+        self.loop = loop or asyncio.get_running_loop()
         self.op = op
         self.seq = seq
         self.sig = sig
@@ -185,7 +202,7 @@ class OpChannel:
 
     async def _recv(self, peer: int, key: tuple[Any, ...], out: memoryview | None) -> Delivery:
         src = self._global(peer)
-        r, fut = new_receive(self.comm, src=src, out=out, key=(self.seq, *key), check=self._check)
+        r, fut = new_receive(self.comm, src=src, out=out, key=(self.seq, *key), check=self._check, loop=self.loop)
         r.sig = self.sig
         waits = self._recv_waits
         waits[peer] = waits.get(peer, 0) + 1
