@@ -138,6 +138,7 @@ def test_integer_overflow_wraps_and_float_overflow_is_silent() -> None:
     h = np.array([60000.0], np.float16)
     with np.errstate(all="raise"):
         reduce_into(h, h.copy(), ReduceOp.SUM)
+        assert np.geterr()["over"] == "raise"  # the caller's error mode is back
     assert np.isinf(h[0])
 
 

@@ -184,7 +184,7 @@ class OpChannel:
         await self._recv(src, recv_key, out)
 
     async def send(self, peer: int, key: tuple[Any, ...], payload: Any) -> None:
-        dst = self._global(peer)
+        dst = self._ranks[peer] if 0 <= peer < self.size else self._global(peer)
         header = {"t": "m", "g": self.comm.gid, "k": (self.seq, *key), "o": self.sig}
         waits = self._send_waits
         waits[peer] = waits.get(peer, 0) + 1
@@ -201,7 +201,7 @@ class OpChannel:
                 self._untrack(waits, peer)
 
     async def _recv(self, peer: int, key: tuple[Any, ...], out: memoryview | None) -> Delivery:
-        src = self._global(peer)
+        src = self._ranks[peer] if 0 <= peer < self.size else self._global(peer)
         r, fut = new_receive(self.comm, src=src, out=out, key=(self.seq, *key), check=self._check, loop=self.loop)
         r.sig = self.sig
         waits = self._recv_waits

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -729,7 +730,7 @@ class Transport:
             p.deferred.cancel()
             p.deferred = None
             p.dialing = False
-        conn.set_payload_sink(lambda header, nbytes: self._sink(p, conn, header, nbytes))
+        conn.set_payload_sink(functools.partial(self._sink, p, conn))  # (a partial: no frame of its own per frame)
         if not p.ready.done():
             p.ready.set_result(conn)
         p.last_heard = self._loop.time()
@@ -800,7 +801,7 @@ class Transport:
         try:
             fast = getattr(conn, "set_frame_handler", None)
             if fast is not None:  # optional fast path: frames dispatched as they complete
-                fast(lambda frame: self._dispatch(p, frame))
+                fast(functools.partial(self._dispatch, p))
             while True:
                 frame = await conn.recv()
                 self._dispatch(p, frame)
