@@ -29,6 +29,7 @@ import numpy as np
 
 from . import flight, p2p
 from .collectives.allreduce import all_reduce_flat
+from .collectives.alltoall import exchange_blocks, single_blocks
 from .collectives.buffers import as_flat
 from .collectives.ops import ReduceOp, check_op_dtype
 from .comm import GroupComm, OpChannel, Transport
@@ -629,24 +630,15 @@ class ProcessGroup:
         timeout: float | None = None,
     ) -> Work[Any]:
         """all_to_all on single arrays split along their first dimension; returns ``out``."""
-        oflat = as_flat(out, "out", writable=True)
-        flat = as_flat(x, "x", writable=False)
-        self._check_same_dtype(flat, oflat, "x")
         for name, splits in (("output_split_sizes", output_split_sizes), ("input_split_sizes", input_split_sizes)):
             if splits is not None and len(splits) != self.size:
                 raise InvalidArrayError(
                     f"{name} has {len(splits)} entries, the group has {self.size} ranks", argument=name, reason="splits"
                 )
-        sig = f"all_to_all_single {_dtype_name(flat)}"
-
-        return self._collective(
-            "all_to_all_single",
-            sig,
-            _driver("all_to_all_single"),
-            (out, x, output_split_sizes, input_split_sizes),
-            timeout,
-            result=out,
-        )
+        # validated and cut now (errors before a sequence number is taken); the task only exchanges
+        outs, ins = single_blocks(out, x, self.size, output_split_sizes, input_split_sizes, arg="x")
+        sig = f"all_to_all_single {_dtype_name(ins[0])}"
+        return self._collective("all_to_all_single", sig, exchange_blocks, (outs, ins), timeout, result=out)
 
     def barrier(self, *, timeout: float | None = None) -> Work[None]:
         """Wait until every rank of the group reached its barrier."""

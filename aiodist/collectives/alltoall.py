@@ -21,7 +21,7 @@ from .transfer import SMALL_SEND_BYTES, recv_into, run_all, send
 from ..channel import Channel
 from ..errors import InvalidArrayError
 
-__all__ = ["all_to_all", "all_to_all_single", "barrier"]
+__all__ = ["all_to_all", "all_to_all_single", "barrier", "exchange_blocks", "single_blocks"]
 
 
 async def all_to_all(ch: Channel, seq: int, out_list: Sequence[Any], in_list: Sequence[Any]) -> list[Any]:
@@ -33,7 +33,7 @@ async def all_to_all(ch: Channel, seq: int, out_list: Sequence[Any], in_list: Se
     p = ch.size
     ins = as_flat_list(in_list, "in_list", count=p, dtype=_dtype_of(in_list), size=None, writable=False)
     outs = as_flat_list(out_list, "out_list", count=p, dtype=ins[0].dtype, size=None, writable=True)
-    await _exchange(ch, seq, outs, ins)
+    await exchange_blocks(ch, seq, outs, ins)
     return list(out_list)
 
 
@@ -53,25 +53,39 @@ async def all_to_all_single(
     ``arr`` need the same dtype and row size. Cancellation leaves ``out``
     partly written.
     """
-    p = ch.size
-    flat = as_flat(arr, "arr", writable=False)
+    outs, ins = single_blocks(out, arr, ch.size, output_split_sizes, input_split_sizes)
+    await exchange_blocks(ch, seq, outs, ins)
+    return out
+
+
+def single_blocks(
+    out: Any,
+    arr: Any,
+    p: int,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    *,
+    arg: str = "arr",
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The blocks :func:`all_to_all_single` exchanges among ``p`` ranks: (``out``'s, ``arr``'s), one per rank.
+
+    Validates everything first (InvalidArrayError; ``arg`` names ``arr`` in the messages).
+    """
+    flat = as_flat(arr, arg, writable=False)
     out_flat = as_flat(out, "out", writable=True)
     check_dtype(out_flat, flat.dtype, "out")
     arr_shape, out_shape = np.shape(arr), np.shape(out)
     if not arr_shape or not out_shape:
-        raise InvalidArrayError("all_to_all_single needs arrays with at least one dimension", argument="arr", reason="size")
+        raise InvalidArrayError("all_to_all_single needs arrays with at least one dimension", argument=arg, reason="size")
     row_in = math.prod(arr_shape[1:])
     row_out = math.prod(out_shape[1:])
     if row_in != row_out:
         raise InvalidArrayError(
-            f"out rows have {row_out} elements but arr rows have {row_in}", argument="out", reason="size"
+            f"out rows have {row_out} elements but {arg} rows have {row_in}", argument="out", reason="size"
         )
     in_splits = _splits(input_split_sizes, arr_shape[0], p, "input_split_sizes")
     out_splits = _splits(output_split_sizes, out_shape[0], p, "output_split_sizes")
-    ins = _cut(flat, in_splits, row_in)
-    outs = _cut(out_flat, out_splits, row_out)
-    await _exchange(ch, seq, outs, ins)
-    return out
+    return _cut(out_flat, out_splits, row_out), _cut(flat, in_splits, row_in)
 
 
 async def barrier(ch: Channel, seq: int) -> None:
@@ -129,7 +143,8 @@ def _cut(flat: np.ndarray, splits: list[int], row: int) -> list[np.ndarray]:
     return blocks
 
 
-async def _exchange(ch: Channel, seq: int, outs: list[np.ndarray], ins: list[np.ndarray]) -> None:
+async def exchange_blocks(ch: Channel, seq: int, outs: list[np.ndarray], ins: list[np.ndarray]) -> None:
+    """Send ``ins[i]`` to rank ``i`` and receive rank ``i``'s block into ``outs[i]`` (sizes agree pairwise)."""
     p, rank = ch.size, ch.rank
     if outs[rank].size != ins[rank].size:
         raise InvalidArrayError(
