@@ -317,7 +317,7 @@ class ProcessGroup:
             rec.start = now
             rec.deadline = due = now + timeout
             self._running[seq] = rec
-            if self.mismatch_check_after and self.size > 1 and now + self.mismatch_check_after < due:
+            if self.mismatch_check_after and self._comm.size > 1 and now + self.mismatch_check_after < due:
                 due = now + self.mismatch_check_after
             if due < self._monitor_at:
                 self._arm_monitor(due)
