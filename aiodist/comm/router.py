@@ -423,24 +423,8 @@ class Router:
             self._incoming.pop(slot, None)
 
     def _charge(self, src: int, group: Any, nbytes: int, sign: int) -> None:
-        # (on the path of every early message: the two tables written out rather than looped over)
-        early = self._early
-        c = early.get(src)
-        if c is None:
-            c = early[src] = [0, 0]
-        c[0] += sign
-        c[1] += sign * nbytes
-        if c[0] <= 0:
-            del early[src]
-        key = (src, group)
-        early_g = self._early_g
-        c = early_g.get(key)
-        if c is None:
-            c = early_g[key] = [0, 0]
-        c[0] += sign
-        c[1] += sign * nbytes
-        if c[0] <= 0:
-            del early_g[key]
+        _count(self._early, src, nbytes, sign)
+        _count(self._early_g, (src, group), nbytes, sign)
 
     def buffered(self, src: int) -> tuple[int, int]:
         """(frames, bytes) buffered from ``src`` that no receive took yet."""
@@ -834,6 +818,17 @@ class Router:
             return
         r.done = True
         r.on_done(result)
+
+
+def _count(table: dict[Any, list[int]], key: Any, nbytes: int, sign: int) -> None:
+    """Add (``sign``: +1 or -1) one frame of ``nbytes`` to ``table[key]``'s [frames, bytes]; drop it at zero."""
+    c = table.get(key)
+    if c is None:
+        c = table[key] = [0, 0]
+    c[0] += sign
+    c[1] += sign * nbytes
+    if c[0] <= 0:
+        del table[key]
 
 
 def _is_member(members: tuple[int, ...], src: int) -> bool:
