@@ -81,7 +81,8 @@ def new_rank_scope() -> contextvars.Token[dict[str, Any] | None]:
 
 def get_default_group() -> Any:
     """The calling rank's default process group, or ``None``."""
-    return rank_scope().get("default_group")
+    scope = _scope.get()  # (rank_scope(), inlined: every module-level collective asks)
+    return (scope if scope is not None else _process_scope).get("default_group")
 
 
 def set_default_group(group: Any) -> None:

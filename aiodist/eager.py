@@ -37,15 +37,21 @@ def running_task(loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
     return asyncio.current_task(loop)
 
 
-class EagerStart:
-    """What the first step of an eagerly started coroutine did.
+class EagerStart(collections.abc.Coroutine):  # type: ignore[type-arg]
+    """An eagerly started coroutine: what its first step did, and the coroutine its task runs from there.
 
-    ``finished`` is True when it ran to the end: then ``error`` is what it
-    raised (or None) and ``value`` what it returned. The task created for it
-    finishes the same way at its first step.
+    ``finished`` is True when the first step ran to the end: then ``error`` is
+    what it raised (or None) and ``value`` what it returned. The task created
+    for it finishes the same way at its first step.
+
+    As the task's coroutine it carries on from the first suspension. A class
+    rather than a generator so that a throw before the task's first step (the
+    task was cancelled before it ran) still reaches the coroutine at its
+    suspension point, where its cleanup (``except CancelledError``/``finally``)
+    runs. (One object for both roles: it is made for every collective.)
     """
 
-    __slots__ = ("finished", "value", "error", "_coro", "_yielded")
+    __slots__ = ("finished", "value", "error", "_coro", "_yielded", "_started")
 
     def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
         self.finished = False
@@ -53,6 +59,7 @@ class EagerStart:
         self.error: BaseException | None = None
         self._coro = coro
         self._yielded: Any = None  # what the first step yielded (the future it waits on)
+        self._started = False  # the task ran its first step (it took over from first_step)
 
     def __repr__(self) -> str:
         state = "running" if not self.finished else "failed" if self.error is not None else "done"
@@ -66,60 +73,40 @@ class EagerStart:
         except BaseException as e:  # the task raises it again; the caller decides who sees it
             self.finished, self.error = True, e
 
-    def resume(self) -> _Rest:
-        """The rest of the coroutine, as the task's coroutine."""
-        return _Rest(self)
-
-
-class _Rest(collections.abc.Coroutine):  # type: ignore[type-arg]
-    """The coroutine a task runs for an eagerly started one: from its first suspension on.
-
-    A class rather than a generator so that a throw before the first step (the task
-    was cancelled before it ran) still reaches the coroutine at its suspension point,
-    where its cleanup (``except CancelledError``/``finally``) runs.
-    """
-
-    __slots__ = ("_state", "_started")
-
-    def __init__(self, state: EagerStart) -> None:
-        self._state = state
-        self._started = False
-
     def _first(self) -> Any:
         self._started = True
-        state = self._state
-        if state.finished:
-            if state.error is not None:
-                raise state.error
-            raise StopIteration(state.value)
-        return state._yielded
+        if self.finished:
+            if self.error is not None:
+                raise self.error
+            raise StopIteration(self.value)
+        return self._yielded
 
     def send(self, value: Any) -> Any:
         if not self._started:
             return self._first()  # what the first step yielded: the task waits on it now
-        return self._state._coro.send(value)
+        return self._coro.send(value)
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
         if not self._started:
             self._started = True
-            if self._state.finished:  # nothing left to interrupt
+            if self.finished:  # nothing left to interrupt
                 raise typ if val is None else val
         exc = typ if val is None else val
-        return self._state._coro.throw(exc)
+        return self._coro.throw(exc)
 
     def close(self) -> None:
-        if not self._state.finished:
-            self._state._coro.close()
+        if not self.finished:
+            self._coro.close()
 
     @property
     def __name__(self) -> str:  # what asyncio shows for the task's coroutine
-        coro = self._state._coro
+        coro = self._coro
         return str(getattr(coro, "__qualname__", None) or getattr(coro, "__name__", "eager"))
 
     def __await__(self) -> Generator[Any, Any, Any]:
         return self  # type: ignore[return-value]
 
-    def __iter__(self) -> _Rest:
+    def __iter__(self) -> EagerStart:
         return self
 
     def __next__(self) -> Any:
@@ -138,7 +125,7 @@ def start_eager(coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop)
     """
     state = EagerStart(coro)
     ctx = contextvars.copy_context()
-    task = loop.create_task(state.resume(), context=ctx)
+    task = loop.create_task(state, context=ctx)
     caller = running_task(loop)
     if caller is not None:
         _leave_task(loop, caller)
