@@ -235,16 +235,30 @@ class ProcessGroup:
         try:
             return await coro
         except asyncio.CancelledError:
-            if self._aborted:
-                raise AbortedError(f"{op} on {self.name} failed: the process group was aborted") from None
-            if self._destroyed:  # awaiters get an error, not a cancellation of their own task
-                raise GroupError(f"{op} on {self.name} was cancelled: the process group was destroyed") from None
+            err = self._group_ended(op)
+            if err is not None:
+                raise err from None
             raise
         except (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError) as e:
-            if not self._dumped:  # the first failure of a group is the telling one
-                self._dumped = True
-                flight.dump(f"{type(e).__name__}: {e}", rank=self._transport.rank, world_size=self._transport.world_size)
+            self._dump_first(e)
             raise
+
+    def _group_ended(self, op: str) -> GroupError | None:
+        """What an operation cancelled because its group ended fails with (None: another cancellation).
+
+        Its awaiters get an error, not a cancellation of their own task.
+        """
+        if self._aborted:
+            return AbortedError(f"{op} on {self.name} failed: the process group was aborted")
+        if self._destroyed:
+            return GroupError(f"{op} on {self.name} was cancelled: the process group was destroyed")
+        return None
+
+    def _dump_first(self, e: BaseException) -> None:
+        """Write the flight recorder out on the group's first failure: the telling one."""
+        if not self._dumped:
+            self._dumped = True
+            flight.dump(f"{type(e).__name__}: {e}", rank=self._transport.rank, world_size=self._transport.world_size)
 
     def _forget(self, task: asyncio.Future[Any]) -> None:
         self._tasks.pop(task, None)
@@ -333,7 +347,7 @@ class ProcessGroup:
             if rec.check is not None:
                 rec.check.stop()
             if entry is not None:  # (a group's own end shows as "cancelled" there)
-                end_entry(token, entry, e if isinstance(error, (AbortedError, GroupError)) else error or e)
+                end_entry(token, entry, e if isinstance(error, GroupError) else error or e)
             self._tasks.pop(me, None)
             if error is None:  # a plain cancellation: the task ends cancelled
                 rec.finish(error=e)
@@ -358,17 +372,12 @@ class ProcessGroup:
                 me.uncancel()  # the cancellation was the checker's, not a caller's
                 self._note_mismatch(check.found, rec.seq, reported=False)
                 e = check.found
-            elif self._aborted:
-                return AbortedError(f"{rec.op} on {self.name} failed: the process group was aborted")
-            elif self._destroyed:  # awaiters get an error, not a cancellation of their own task
-                return GroupError(f"{rec.op} on {self.name} was cancelled: the process group was destroyed")
             else:
-                return None
+                return self._group_ended(rec.op)
         elif isinstance(e, CollectiveMismatchError):
             self._note_mismatch(e, rec.seq, reported=getattr(e, "reported", False))
-        if isinstance(e, (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError)) and not self._dumped:
-            self._dumped = True  # the first failure of a group is the telling one
-            flight.dump(f"{type(e).__name__}: {e}", rank=self._transport.rank, world_size=self._transport.world_size)
+        if isinstance(e, (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError)):
+            self._dump_first(e)
         return e
 
     def _arm_monitor(self, at: float) -> None:
@@ -630,12 +639,7 @@ class ProcessGroup:
         timeout: float | None = None,
     ) -> Work[Any]:
         """all_to_all on single arrays split along their first dimension; returns ``out``."""
-        for name, splits in (("output_split_sizes", output_split_sizes), ("input_split_sizes", input_split_sizes)):
-            if splits is not None and len(splits) != self.size:
-                raise InvalidArrayError(
-                    f"{name} has {len(splits)} entries, the group has {self.size} ranks", argument=name, reason="splits"
-                )
-        # validated and cut now (errors before a sequence number is taken); the task only exchanges
+        # validated (splits too: one size per rank) and cut now (errors before a sequence number is taken); the task only exchanges
         outs, ins = single_blocks(out, x, self.size, output_split_sizes, input_split_sizes, arg="x")
         sig = f"all_to_all_single {_dtype_name(ins[0])}"
         return self._collective("all_to_all_single", sig, exchange_blocks, (outs, ins), timeout, result=out)

@@ -72,7 +72,7 @@ class waiting_in:  # noqa: N801 - used like a function: ``with waiting_in("op", 
         return self.entry
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        end_entry(self._token, self.entry, exc if exc is not None or exc_type is None else exc_type())
+        end_entry(self._token, self.entry, exc)
 
 
 def begin_entry(entry: dict[str, Any], now: float) -> tuple[_Recorder, int]:

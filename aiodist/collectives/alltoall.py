@@ -125,7 +125,11 @@ def _splits(splits: Sequence[int] | None, rows: int, p: int, argument: str) -> l
             )
         return [rows // p] * p
     out = [int(s) for s in splits]
-    if len(out) != p or any(s < 0 for s in out) or sum(out) != rows:
+    if len(out) != p:
+        raise InvalidArrayError(
+            f"{argument} has {len(out)} entries, the group has {p} ranks", argument=argument, reason="splits"
+        )
+    if any(s < 0 for s in out) or sum(out) != rows:
         raise InvalidArrayError(
             f"{argument}={list(splits)!r} must be {p} non-negative sizes summing to dim 0 ({rows})",
             argument=argument,

@@ -191,8 +191,8 @@ class Transport:
         self.timeout = timeout
         self.router = Router()
         self.router.check_groups = True
-        self.router.max_early_frames = _env_int(MAX_EARLY_FRAMES_ENV, self.router.max_early_frames)
-        self.router.max_early_bytes = _env_int(MAX_EARLY_BYTES_ENV, self.router.max_early_bytes)
+        self.router.max_early_frames = _env_number(MAX_EARLY_FRAMES_ENV, self.router.max_early_frames, int, zero_ok=False)
+        self.router.max_early_bytes = _env_number(MAX_EARLY_BYTES_ENV, self.router.max_early_bytes, int, zero_ok=False)
         self._net = network
         self._loop = asyncio.get_running_loop()
         self._listener: Listener | None = None
@@ -207,7 +207,7 @@ class Transport:
         self._next_group = 1
         self._condemned: str | None = None  # why the other ranks consider this rank failed, if they do
         self._heartbeat = _heartbeat_timeout()  # (interval, misses) or None: off
-        self._dial_defer = _env_float(DIAL_DEFER_ENV, DIAL_DEFER)
+        self._dial_defer = _env_number(DIAL_DEFER_ENV, DIAL_DEFER, float, zero_ok=True)
         self._hb_grace: dict[int, float] = {}  # peer -> extra seconds of silence allowed: a large frame is arriving
         self._closed = False  # no new operations (closing, closed or aborted)
         self._finished = False  # close() ran
@@ -1034,28 +1034,20 @@ async def _first_of(loop: asyncio.AbstractEventLoop, a: asyncio.Future[Any], b: 
             b.remove_done_callback(wake)
 
 
-def _env_float(name: str, default: float) -> float:
+def _env_number(name: str, default: Any, parse: Callable[[str], Any], *, zero_ok: bool) -> Any:
+    """The number in environment variable ``name`` (parsed by ``parse``), or ``default`` if unset or unusable.
+
+    Negative values are refused, and so is zero unless ``zero_ok``.
+    """
     raw = getenv(name)
     if not raw:
         return default
     try:
-        value = float(raw)
+        value = parse(raw)
     except ValueError:
-        log.warning("ignoring %s=%r: not a number", name, raw)
+        log.warning("ignoring %s=%r: not %s", name, raw, "a number" if parse is float else "an integer")
         return default
-    return value if value >= 0 else default
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = getenv(name)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        log.warning("ignoring %s=%r: not an integer", name, raw)
-        return default
-    return value if value > 0 else default
+    return value if value > 0 or (zero_ok and value == 0) else default
 
 
 def _heartbeat_timeout() -> tuple[float, int] | None:
