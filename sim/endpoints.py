@@ -176,12 +176,7 @@ class SimConnection(Connection):
         if fabric._overhead:  # the sender's CPU: one message at a time, o each (LogP)
             start = now if now > host.cpu_free else host.cpu_free
             depart = host.cpu_free = start + fabric._overhead * host.factor
-        if self._held is None and not fabric.blocks and peer is not None and not peer._vanished:
-            peer._incoming += n  # Fabric.transmit's fast path: nothing holds the link
-            fabric._schedule(self, h, data, n, depart)
-        else:
-            fabric.transmit(self, h, data, n, depart)
-        host.sent += 1
+        self._put(h, data, n, depart)
         if fabric.on_send is not None:
             fabric.on_send(host)
             if loop._lane in loop._dead:
@@ -190,6 +185,38 @@ class SimConnection(Connection):
             waiter = loop.create_future()
             loop.call_in_lane(depart, loop._lane, _wake_future, waiter)
             await waiter
+
+    def try_send(self, header: Header, payload: Any = None) -> bool:
+        """:meth:`send` when it would not wait (True), without a coroutine; else send nothing (False).
+
+        It would wait with a per-message overhead, a send trigger (it may crash
+        the sender), a full window, or in a crashed process.
+        """
+        fabric = self._fabric
+        loop = fabric.loop
+        peer = self._peer_ep
+        if (self._exc is not None or fabric._overhead or fabric.on_send is not None or peer is None
+                or peer._incoming + peer._kernel_bytes > fabric.socket_buffer or loop._lane in loop._dead):
+            return False
+        h = wire_header(header)
+        if payload is None:
+            self._put(h, None, 0, loop._now)
+        else:
+            mv = as_byte_view(payload)
+            n = mv.nbytes
+            self._put(h, bytearray(mv) if n else None, n, loop._now)
+        return True
+
+    def _put(self, h: Header, data: bytearray | None, n: int, depart: float) -> None:
+        """Hand the frame to the link (it departs at ``depart``)."""
+        fabric = self._fabric
+        peer = self._peer_ep
+        if self._held is None and not fabric.blocks and peer is not None and not peer._vanished:
+            peer._incoming += n  # Fabric.transmit's fast path: nothing holds the link
+            fabric._schedule(self, h, data, n, depart)
+        else:
+            fabric.transmit(self, h, data, n, depart)
+        self._host.sent += 1
 
     async def _wait_for_room(self, peer: SimConnection) -> None:
         """Block like a TCP send whose kernel buffer is full, until the peer reads.

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import CollectiveMismatchError, PeerFailureError
 from .router import Delivery, Header, Receive
-from .transport import Transport, delivery_of
+from .transport import Transport
 
 
 class RankTable:
@@ -88,14 +88,6 @@ class GroupComm:
         return e
 
 
-def _setter(fut: asyncio.Future[Any]) -> Any:
-    def on_done(result: Any) -> None:
-        if not fut.done():
-            fut.set_result(result)
-
-    return on_done
-
-
 def new_receive(
     comm: GroupComm,
     *,
@@ -108,8 +100,7 @@ def new_receive(
 ) -> tuple[Receive, asyncio.Future[Delivery | BaseException]]:
     """A receive (global ``src``) and the future it completes (on ``loop``, default: the running one)."""
     fut: asyncio.Future[Delivery | BaseException] = (loop or asyncio.get_running_loop()).create_future()
-    r = Receive(group=comm.gid, src=src, out=out, on_done=_setter(fut), key=key, tag=tag, check=check)
-    return r, fut
+    return Receive(comm.gid, src, out, None, key, tag, check, None, False, fut), fut
 
 
 class OpChannel:
@@ -180,17 +171,32 @@ class OpChannel:
         # One coroutine for a small step (send, then receive): see Channel.exchange.
         if out.format != "B" or out.ndim != 1:
             out = out.cast("B")
-        await self.send(dst, send_key, payload)
+        pending = self._send_soon(dst, send_key, payload)
+        if pending is not None:
+            await self._sending(dst, pending)
         await self._recv(src, recv_key, out)
 
     async def send(self, peer: int, key: tuple[Any, ...], payload: Any) -> None:
+        pending = self._send_soon(peer, key, payload)
+        if pending is not None:
+            await self._sending(peer, pending)
+
+    def _send_soon(self, peer: int, key: tuple[Any, ...], payload: Any) -> Awaitable[None] | None:
+        """Send now if the transport can (None), else the awaitable that sends (see Transport.send_soon)."""
         dst = self._ranks[peer] if 0 <= peer < self.size else self._global(peer)
         header = {"t": "m", "g": self.comm.gid, "k": (self.seq, *key), "o": self.sig}
+        try:
+            return self.comm.transport.send_soon(dst, header, payload, self.comm.gid)
+        except PeerFailureError as e:
+            raise self.comm.localize(e, op=self.op, seq=self.seq) from None
+
+    async def _sending(self, peer: int, pending: Awaitable[None]) -> None:
+        """Wait for a send to ``peer`` that could not go at once (a timeout reports that peer)."""
         waits = self._send_waits
         waits[peer] = waits.get(peer, 0) + 1
         cancelled = False
         try:
-            await self.comm.transport.send(dst, header, payload, group=self.comm.gid)
+            await pending
         except asyncio.CancelledError:
             cancelled = True  # cut short by a timeout: it was still waiting to get through
             raise
@@ -202,8 +208,8 @@ class OpChannel:
 
     async def _recv(self, peer: int, key: tuple[Any, ...], out: memoryview | None) -> Delivery:
         src = self._ranks[peer] if 0 <= peer < self.size else self._global(peer)
-        r, fut = new_receive(self.comm, src=src, out=out, key=(self.seq, *key), check=self._check, loop=self.loop)
-        r.sig = self.sig
+        fut = self.loop.create_future()
+        r = Receive(self.comm.gid, src, out, None, (self.seq, *key), None, self._check, self.sig, False, fut)
         waits = self._recv_waits
         waits[peer] = waits.get(peer, 0) + 1
         cancelled = False
@@ -216,7 +222,9 @@ class OpChannel:
             except asyncio.CancelledError:
                 transport.router.cancel(r)
                 raise
-            return delivery_of(result)
+            if isinstance(result, BaseException):
+                raise result
+            return result
         except asyncio.CancelledError:
             cancelled = True  # a receive cut short by a timeout was still waiting: keep it counted
             raise

@@ -107,12 +107,22 @@ class Receive:
     group: Any
     src: int | None
     out: memoryview | None
-    on_done: Callable[[Delivery | BaseException], None]
+    on_done: Callable[[Delivery | BaseException], None] | None
     key: Any = None  # keyed receives
     tag: int | None = None  # point-to-point receives
     check: Callable[[Header, int, int], BaseException | None] | None = None
     sig: str | None = None  # keyed: the call's signature; a message of the same seq with another one is a mismatch
     done: bool = False
+    fut: Any = None  # instead of ``on_done``: an asyncio future set to the result, unless it is done already
+
+
+def resolve(r: Receive, result: Delivery | BaseException) -> None:
+    """Hand ``result`` to the receive's future, or to its ``on_done`` (the receive has ended)."""
+    fut = r.fut
+    if fut is None:
+        r.on_done(result)
+    elif not fut.done():
+        fut.set_result(result)
 
 
 @dataclass(slots=True, eq=False)
@@ -222,28 +232,48 @@ class Router:
     def post_keyed(self, receive: Receive) -> None:
         """Post a receive for (group, key, src); completes at once if the message is here."""
         assert receive.src is not None
-        receive.key = freeze(receive.key)
-        slot = (receive.group, receive.key, receive.src)
-        if receive.key and type(receive.key[0]) is int and receive.key[0] > self._top_seq.get(receive.group, -1):
-            self._top_seq[receive.group] = receive.key[0]
-        if slot in self._posted:
+        key = receive.key
+        if type(key) is tuple:  # (freeze's first case, inlined)
+            try:
+                hash(key)
+            except TypeError:
+                key = receive.key = freeze(key)
+        else:
+            key = receive.key = freeze(key)
+        group = receive.group
+        slot = (group, key, receive.src)
+        seq = key[0] if key else None
+        if type(seq) is int and seq > self._top_seq.get(group, -1):
+            self._top_seq[group] = seq
+        posted = self._posted
+        if slot in posted:
             self._finish(receive, RuntimeError(f"two receives posted for the same message {slot!r}"))
             return
-        arrived = self._pop_arrived(slot)
-        if arrived is not None:
-            self._deliver(receive, arrived.src, arrived.header, arrived.payload, arrived.nbytes)
-            return
-        err = self._failure_for(receive)
-        if err is not None:
-            self._finish(receive, err(receive))
-            return
-        if receive.sig is not None and receive.key:
-            other = self._arrived_sigs.get((receive.group, receive.key[0], receive.src))
-            if other is not None and other[0] != receive.sig and receive.check is not None:
-                _, _, header, nbytes = other
-                self._finish(receive, receive.check(header, receive.src, nbytes) or RuntimeError("mismatch"))
+        if self._arrived:  # (nothing buffered: the usual case, no lookups)
+            arrived = self._pop_arrived(slot)
+            if arrived is not None:
+                self._deliver(receive, arrived.src, arrived.header, arrived.payload, arrived.nbytes)
                 return
-        self._put_posted(slot, receive)
+        if self._failed_group or self._failed_from or self._failed_seq or self._failed_src:
+            err = self._failure_for(receive)
+            if err is not None:
+                self._finish(receive, err(receive))
+                return
+        sig = receive.sig
+        if sig is not None and key:
+            idx = (group, seq, slot[2])
+            if self._arrived_sigs:
+                other = self._arrived_sigs.get(idx)
+                if other is not None and other[0] != sig and receive.check is not None:
+                    _, _, header, nbytes = other
+                    self._finish(receive, receive.check(header, receive.src, nbytes) or RuntimeError("mismatch"))
+                    return
+            entry = self._posted_sigs.get(idx)  # (_put_posted, inlined)
+            if entry is None:
+                self._posted_sigs[idx] = [sig, 1]
+            else:
+                entry[1] += 1
+        posted[slot] = receive
 
     def post_p2p(self, receive: Receive) -> None:
         """Post a point-to-point receive for (group, tag) from ``src`` (``None``: any source)."""
@@ -310,10 +340,32 @@ class Router:
                 self.late_from[src] = self.late_from.get(src, 0) + 1
                 m.drop = m.late = True
                 return m
-            slot = m.slot = (g, freeze(k), src)
-            r = self._pop_posted(slot)
+            fk = tuple(k) if type(k) is list else k  # (freeze, inlined for a flat key)
+            try:
+                r = self._posted.pop((g, fk, src), None)
+            except TypeError:
+                fk = freeze(k)
+                r = self._posted.pop((g, fk, src), None)
+            slot = m.slot = (g, fk, src)
             if r is not None:
-                m.receive = self._accept(r, src, header, nbytes, m)
+                sig = r.sig
+                if sig is not None and fk:  # (_pop_posted's bookkeeping, inlined)
+                    idx = (g, fk[0], src)
+                    entry = self._posted_sigs.get(idx)
+                    if entry is not None:
+                        entry[1] -= 1
+                        if entry[1] <= 0:
+                            del self._posted_sigs[idx]
+                # (_accept and _veto, inlined)
+                check = r.check
+                err = check(header, src, nbytes) if check is not None else None
+                if err is None and r.out is not None and r.out.nbytes != nbytes:
+                    err = size_mismatch(r, src, nbytes)
+                if err is None:
+                    m.receive = r
+                else:
+                    self._finish(r, err)
+                    m.drop = True
             elif slot in self._abandoned:
                 del self._abandoned[slot]
                 m.drop = True
@@ -490,6 +542,23 @@ class Router:
 
     def complete(self, m: Match, payload: memoryview | None) -> None:
         """The frame ``m`` was routed for has fully arrived with ``payload``."""
+        r = m.receive
+        if r is not None and not m.charged and m.header.get("t") == "m":  # the usual case, inlined
+            if r.done:
+                return
+            out = r.out
+            nbytes = m.nbytes
+            if out is not None:
+                if nbytes and payload is not out:  # a network that ignored the sink
+                    out[:] = payload  # type: ignore[index]
+                payload = out
+            r.done = True
+            fut = r.fut
+            if fut is None:
+                r.on_done(Delivery(m.src, m.header, payload, nbytes))  # type: ignore[misc]
+            elif not fut.done():
+                fut.set_result(Delivery(m.src, m.header, payload, nbytes))
+            return
         kind = m.header.get("t")
         if kind == "m":
             if not m.drop:
@@ -817,7 +886,11 @@ class Router:
         if r.done:
             return
         r.done = True
-        r.on_done(result)
+        fut = r.fut
+        if fut is None:
+            r.on_done(result)  # type: ignore[misc]
+        elif not fut.done():
+            fut.set_result(result)
 
 
 def _count(table: dict[Any, list[int]], key: Any, nbytes: int, sign: int) -> None:

@@ -50,7 +50,7 @@ import asyncio
 import collections
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..context import current_network, getenv
@@ -65,7 +65,7 @@ from ..errors import (
 )
 from ..net.base import Address, Connection, Frame, Header, Listener, Network
 from ..wire import DEFER, as_byte_view
-from .router import Delivery, Match, Receive, Router, freeze
+from .router import Delivery, Match, Receive, Router, freeze, resolve
 
 log = logging.getLogger("aiodist.comm")
 
@@ -301,7 +301,7 @@ class Transport:
             self.router.forget_group(gid, destroyed)
         for r in self.router.pending():
             self.router.cancel(r)
-            r.on_done(destroyed(r))
+            resolve(r, destroyed(r))
 
     def abort(self) -> None:
         """Drop every connection at once, without ``bye``: what a crash of this rank looks like to its peers.
@@ -412,21 +412,42 @@ class Transport:
         else:
             conn = await self._connection(p, group)
         try:
-            send_nowait = getattr(conn, "send_nowait", None)
-            if send_nowait is None:
+            try_send = getattr(conn, "try_send", None)
+            if try_send is None or not try_send(header, payload):
                 await conn.send(header, payload)
-            elif not send_nowait(header, payload):  # the seam's fast path: no coroutine per frame
-                await conn.drained()  # type: ignore[attr-defined]
         except ConnectionClosedError:
-            if not self._closed:
-                self._peer_failed(p, "connection lost")
-            raise self.peer_error(dst) from None
+            raise self._lost(p) from None
+
+    def send_soon(self, dst: int, header: Header, payload: Any = None, group: Any = None) -> Awaitable[None] | None:
+        """Send one frame now if nothing is in the way (None); else the awaitable that sends it.
+
+        :meth:`send` without a coroutine on the common path: connected, and the
+        connection takes the frame at once (its ``try_send``). Raises what
+        ``send`` raises, from here or from the awaitable.
+        """
+        p = self._peers.get(dst)
+        if p is not None and p.failure is None and not self._closed and p.ready.done():
+            conn = p.ready.result()
+            try_send = getattr(conn, "try_send", None)
+            if try_send is not None:
+                try:
+                    if try_send(header, payload):
+                        return None
+                except ConnectionClosedError:
+                    raise self._lost(p) from None
+        return self.send(dst, header, payload, group=group)
+
+    def _lost(self, p: _Peer) -> PeerFailureError:
+        """The connection to ``p`` broke under a send: the peer failed."""
+        if not self._closed:
+            self._peer_failed(p, "connection lost")
+        return self.peer_error(p.rank)
 
     def post(self, receive: Receive) -> None:
         """Post a receive (keyed if ``receive.tag`` is None, else point-to-point)."""
         if self._closed:
             self.router.cancel(receive)
-            receive.on_done(GroupError("the process group was destroyed"))
+            resolve(receive, GroupError("the process group was destroyed"))
             return
         if receive.tag is None:
             self.router.post_keyed(receive)
@@ -1078,10 +1099,3 @@ def _heartbeat_timeout() -> tuple[float, int] | None:
                 return None
             interval = timeout / misses
     return (interval, misses) if interval > 0 else None
-
-
-def delivery_of(result: Delivery | BaseException) -> Delivery:
-    """Unwrap a receive's result (raising its exception)."""
-    if isinstance(result, BaseException):
-        raise result
-    return result

@@ -66,6 +66,9 @@ class Connection(abc.ABC):
       ``False`` means the buffer is full and the caller should wait
       (``await drained()``) before sending more. A frame may be batched with
       the others sent in the same loop iteration, never held longer.
+    * ``try_send(header, payload) -> bool``: send a frame at once if that
+      needs no waiting (``True``); otherwise send nothing and return ``False``
+      (the caller then uses ``send``). No coroutine per frame on the common path.
     * ``resume_payload(target)``: the payload sink may answer
       :data:`aiodist.wire.DEFER` ("no buffer yet"); reading from the
       connection pauses until ``resume_payload`` names the destination.

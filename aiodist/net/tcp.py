@@ -316,6 +316,23 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         if not self.send_nowait(header, payload):
             await self._drain()
 
+    def try_send(self, header: Header, payload: Any = None) -> bool:
+        """Queue one small frame (a copy) if the buffer has room: True; else queue nothing: False.
+
+        A large payload (more than the coalescing limit, written without a
+        copy) is never taken here: :meth:`send` waits until it is safe to reuse.
+        """
+        if self._exc is not None or self._paused_writing:
+            return False
+        head, body = encode_frame(header, payload)
+        if body is None:
+            self._queue_small(head)
+        elif len(head) + body.nbytes <= _COALESCE_LIMIT:
+            self._queue_small(head + body)
+        else:
+            return False
+        return True
+
     def send_nowait(self, header: Header, payload: Any = None) -> bool:
         """Queue one frame without waiting; False: the buffer is full, wait before sending more.
 
@@ -337,16 +354,18 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             raise self._exc
         head, body = encode_frame(header, payload)
         if body is None:
-            data = head
-        elif len(head) + body.nbytes <= _COALESCE_LIMIT:
-            data = head + body
-        else:
-            # Large: written without copying, after whatever is batched.
-            if self._wbuf:
-                self._write_buffered()
-            self._transport.writelines((head, body))  # type: ignore[union-attr]
-            self._wrote_now()
-            return not self._paused_writing
+            return self._queue_small(head)
+        if len(head) + body.nbytes <= _COALESCE_LIMIT:
+            return self._queue_small(head + body)
+        # Large: written without copying, after whatever is batched.
+        if self._wbuf:
+            self._write_buffered()
+        self._transport.writelines((head, body))  # type: ignore[union-attr]
+        self._wrote_now()
+        return not self._paused_writing
+
+    def _queue_small(self, data: bytes) -> bool:
+        """Write ``data`` now, or batch it for the end of this loop iteration (see :meth:`send_nowait`)."""
         if not (self._wrote or self._delivering or self._paused_writing or self._wbuf):
             self._transport.write(data)  # type: ignore[union-attr]
             self._wrote_now()
