@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import heapq
+import operator
 import itertools
 import random
 import threading
@@ -125,6 +127,10 @@ class _Idle(Exception):
     """Internal: nothing ready, nothing scheduled."""
 
 
+_read_now = operator.attrgetter("_now")
+_read_debug = operator.attrgetter("_debug")
+
+
 class SimLoop(asyncio.AbstractEventLoop):
     """Deterministic virtual-time event loop. See the module docstring.
 
@@ -150,6 +156,11 @@ class SimLoop(asyncio.AbstractEventLoop):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         self._now = 0.0
+        # time() and create_future() run several times per simulated message: as C callables
+        # (no Python frame) they shadow the methods below, which say what they do.
+        self.time = functools.partial(_read_now, self)  # type: ignore[method-assign]
+        self.create_future = functools.partial(asyncio.Future, loop=self)  # type: ignore[method-assign]
+        self.get_debug = functools.partial(_read_debug, self)  # type: ignore[method-assign]  # (every Future asks)
         self._seq = itertools.count()
         # Timers in two heaps of (when, seq, lane, handle): every entry of ``_heap`` is due before
         # ``_bound`` and every entry of ``_far`` at or after it (see _advance).

@@ -583,9 +583,10 @@ class Transport:
         conn: Connection | None = None
         try:
             conn = await self._net.connect(address, timeout=min(self.timeout, HELLO_TIMEOUT))
-            await conn.send(self._hello())
-            async with asyncio.timeout(min(self.timeout, HELLO_TIMEOUT)):
-                reply = await conn.recv()
+            hello = self._hello()
+            if not _sent_now(conn, hello):
+                await conn.send(hello)
+            reply = await _recv_within(self._loop, conn, min(self.timeout, HELLO_TIMEOUT))
         except asyncio.CancelledError:
             if conn is not None:
                 conn.close()
@@ -643,8 +644,7 @@ class Transport:
     async def _accept(self, conn: Connection) -> None:
         """Listener handler: handshake, then read the connection until it ends."""
         try:
-            async with asyncio.timeout(min(self.timeout, HELLO_TIMEOUT)):
-                hello = await conn.recv()
+            hello = await _recv_within(self._loop, conn, min(self.timeout, HELLO_TIMEOUT))
         except (TimeoutError, ConnectionClosedError):
             return
         reason = self._check_hello(hello.header)
@@ -667,7 +667,9 @@ class Transport:
             return
         p.accepting = True
         try:
-            await conn.send({"t": "welcome"})
+            welcome = {"t": "welcome"}
+            if not _sent_now(conn, welcome):
+                await conn.send(welcome)
         except ConnectionClosedError:
             self._redial_if_needed(p)
             return
@@ -789,7 +791,10 @@ class Transport:
                     timer = self._loop.call_later(DEFER_TIMEOUT, self._defer_expired, slot)
                     self._deferred[slot] = (p, conn, m, timer)
                     return DEFER
-        return m.sink
+        r = m.receive  # (Match.sink, inlined)
+        if r is None or r.out is None or r.out.nbytes != nbytes or nbytes == 0:
+            return None
+        return r.out
 
     def _resume_deferred(self, receive: Receive) -> None:
         """``receive`` was just posted: if its payload is waiting in the socket, read it into place."""
@@ -1028,6 +1033,36 @@ class Transport:
                 await conn.send(header)
         except (ConnectionClosedError, TimeoutError):
             pass
+
+
+def _sent_now(conn: Connection, header: Header) -> bool:
+    """Send ``header`` through the connection's ``try_send`` if it has one and takes it now."""
+    try_send = getattr(conn, "try_send", None)
+    return try_send is not None and try_send(header)
+
+
+async def _recv_within(loop: asyncio.AbstractEventLoop, conn: Connection, timeout: float) -> Frame:
+    """The next frame of ``conn``; TimeoutError if none comes within ``timeout`` s (``conn`` is closed then).
+
+    One timer that closes the connection, instead of ``asyncio.timeout`` (a context
+    manager, a cancellation and its undoing): both sides of every new connection wait
+    here for the handshake. Cancellation leaves the connection open.
+    """
+    expired: list[bool] = []
+    timer = loop.call_later(timeout, _expire, conn, expired)
+    try:
+        return await conn.recv()
+    except ConnectionClosedError:
+        if expired:
+            raise TimeoutError(f"no frame from {conn.peer} within {timeout:g}s") from None
+        raise
+    finally:
+        timer.cancel()
+
+
+def _expire(conn: Connection, expired: list[bool]) -> None:
+    expired.append(True)
+    conn.close()
 
 
 async def _first_of(loop: asyncio.AbstractEventLoop, a: asyncio.Future[Any], b: asyncio.Future[Any] | None) -> None:
