@@ -102,6 +102,25 @@ def _dtype_name(flat: np.ndarray) -> str:
     return name
 
 
+_REDUCTIONS: dict[Any, tuple[ReduceOp, str]] = {}
+
+
+def _reduction(op: Any, flat: np.ndarray) -> tuple[ReduceOp, str]:
+    """``check_op_dtype(op, flat.dtype)`` and "OP dtype" for the signature, remembered per (op, dtype)."""
+    key = (op, flat.dtype)
+    try:
+        hit = _REDUCTIONS.get(key)
+    except TypeError:  # an unhashable op object (anything with a matching .name is accepted)
+        rop = check_op_dtype(op, flat.dtype)
+        return rop, f"{rop.name} {_dtype_name(flat)}"
+    if hit is None:
+        rop = check_op_dtype(op, flat.dtype)  # raises for a bad pair: nothing is remembered then
+        hit = (rop, f"{rop.name} {_dtype_name(flat)}")
+        if len(_REDUCTIONS) < 1024:
+            _REDUCTIONS[key] = hit
+    return hit
+
+
 _BODY_RESULT: Any = object()  # (_collective: the result is what the body returns)
 
 
@@ -483,8 +502,8 @@ class ProcessGroup:
     def all_reduce(self, x: Any, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """Reduce ``x`` over the group in place; the Work returns ``x``."""
         flat = as_flat(x, "x", writable=True)
-        rop = check_op_dtype(op, flat.dtype)
-        sig = f"all_reduce {rop.name} {_dtype_name(flat)} n={flat.size}"
+        rop, what = _reduction(op, flat)
+        sig = f"all_reduce {what} n={flat.size}"
 
         return self._collective("all_reduce", sig, all_reduce_flat, (flat, rop), timeout, result=x)
 
@@ -500,8 +519,8 @@ class ProcessGroup:
         """Reduce ``x`` into rank ``dst``'s ``x`` (others' ``x`` may be used as scratch); returns ``x``."""
         root = self._check_peer(dst, "dst")
         flat = as_flat(x, "x", writable=self.rank == root)
-        rop = check_op_dtype(op, flat.dtype)
-        sig = f"reduce dst={root} {rop.name} {_dtype_name(flat)} n={flat.size}"
+        rop, what = _reduction(op, flat)
+        sig = f"reduce dst={root} {what} n={flat.size}"
 
         return self._collective("reduce", sig, _driver("reduce"), (x, root, rop), timeout, result=x)
 
@@ -577,9 +596,9 @@ class ProcessGroup:
     ) -> Work[Any]:
         """``out`` = the reduction over ranks of their ``in_list[rank]``; returns ``out``."""
         oflat = as_flat(out, "out", writable=True)
-        rop = check_op_dtype(op, oflat.dtype)
+        rop, what = _reduction(op, oflat)
         self._check_list(in_list, "in_list", oflat, size=oflat.size, writable=False)
-        sig = f"reduce_scatter {rop.name} {_dtype_name(oflat)} n={oflat.size}"
+        sig = f"reduce_scatter {what} n={oflat.size}"
 
         return self._collective(
             "reduce_scatter",
@@ -594,13 +613,13 @@ class ProcessGroup:
         """``out`` = the reduction over ranks of their chunk ``rank`` of ``x``; returns ``out``."""
         oflat = as_flat(out, "out", writable=True)
         flat = as_flat(x, "x", writable=False)
-        rop = check_op_dtype(op, oflat.dtype)
+        rop, what = _reduction(op, oflat)
         self._check_same_dtype(flat, oflat, "x")
         if flat.size != oflat.size * self.size:
             raise InvalidArrayError(
                 f"x has {flat.size} elements, expected {self.size} x {oflat.size}", argument="x", reason="size"
             )
-        sig = f"reduce_scatter_tensor {rop.name} {_dtype_name(oflat)} n={oflat.size}"
+        sig = f"reduce_scatter_tensor {what} n={oflat.size}"
 
         return self._collective(
             "reduce_scatter_tensor",

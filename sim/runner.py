@@ -515,10 +515,12 @@ def run(
         np.random.seed(random.Random(f"{seed}:numpy").randrange(2**32))
     thresholds = gc.get_threshold()
     # Fewer young collections: a run keeps many young containers alive (handles, futures, frames in
-    # flight) and each collection walks all of them. At 1024 ranks, 400k instead of 20k cuts the
-    # collector's time by ~3x (the count is of live new containers, so garbage is still freed by
-    # reference counting; only cyclic garbage waits longer).
-    gc.set_threshold(max(thresholds[0], 400_000), *thresholds[1:])
+    # flight, ~250 per rank) and each collection walks all of them, freeing next to nothing. The
+    # threshold grows with the world, so that the collector's share of a run does not (at 1024
+    # ranks a young collection walked ~400k live objects for 0.25 s and freed none). The count is
+    # of live new containers: garbage is still freed by reference counting; only cyclic garbage
+    # waits longer.
+    gc.set_threshold(max(thresholds[0], 400_000, 1000 * world_size), *thresholds[1:])
     sim = Simulation(main, world_size=world_size, seed=seed, network=network or Network(), faults=faults,
                      time_limit=time_limit, env=env, args=args, schedule=schedule, pct_depth=pct_depth,
                      keep_trace=trace,

@@ -202,9 +202,8 @@ class Router:
         self._destroyed: dict[Any, None] = {}
         self._top_seq: dict[Any, int] = {}
         self._floor: dict[Any, int] = {}
-        # per peer: [frames, bytes] buffered for it, and per (peer, group)
+        # per peer: [frames, bytes] buffered for it (which groups they are for: _buffered_groups)
         self._early: dict[int, list[int]] = {}
-        self._early_g: dict[tuple[int, Any], list[int]] = {}
         self._incoming: dict[tuple[Any, Any, int], None] = {}  # keyed slots routed to be buffered, payload on its way
         self.dropped_destroyed = 0  # frames dropped because their group was destroyed here
         self.late_from: dict[int, int] = {}  # per peer: frames dropped for operations retired here
@@ -282,7 +281,7 @@ class Router:
         for i, a in enumerate(q.arrived):
             if receive.src is None or a.src == receive.src:
                 del q.arrived[i]
-                self._charge(a.src, receive.group, a.nbytes, -1)
+                self._charge(a.src, a.nbytes, -1)
                 self._deliver(receive, a.src, a.header, a.payload, a.nbytes)
                 return
         err = self._failure_for(receive)
@@ -454,13 +453,25 @@ class Router:
         frames, nbytes = self._early.get(m.src, (0, 0))
         if frames + 1 <= self.max_early_frames and nbytes + m.nbytes <= self.max_early_bytes:
             m.charged = True
-            self._charge(m.src, m.header.get("g"), m.nbytes, 1)
+            self._charge(m.src, m.nbytes, 1)
         else:
-            groups = sorted(((g, c[0], c[1]) for (s, g), c in self._early_g.items() if s == m.src and c[0]), key=repr)
-            where = ", ".join(f"group {g!r}: {f} frames, {b} bytes" for g, f, b in groups) or "none yet"
+            groups = self._buffered_groups(m.src)
+            where = ", ".join(f"group {g!r}: {f} frames, {b} bytes" for g, (f, b) in groups) or "none yet"
             self._violate(
                 m, f"too many messages nobody waits for: {frames} frames and {nbytes} bytes buffered "
                 f"(limits {self.max_early_frames} frames, {self.max_early_bytes} bytes per peer; {where})")
+
+    def _buffered_groups(self, src: int) -> list[tuple[Any, tuple[int, int]]]:
+        """The groups of the messages from ``src`` buffered here: [(group, (frames, bytes))] (for errors only)."""
+        acc: dict[Any, list[int]] = {}
+        every = [a for slot, a in self._arrived.items() if slot[2] == src]
+        every += [a for q in self._p2p.values() for a in q.arrived if a.src == src]
+        every += [a for ck, held in self._held.items() if ck[1] == src for a in held.values()]
+        for a in every:
+            c = acc.setdefault(a.header.get("g"), [0, 0])
+            c[0] += 1
+            c[1] += a.nbytes
+        return sorted(((g, (c[0], c[1])) for g, c in acc.items()), key=repr)
 
     def release(self, m: Match) -> None:
         """Forget that ``m`` was to be buffered (it is about to be routed again)."""
@@ -469,14 +480,20 @@ class Router:
 
     def _uncharge(self, m: Match) -> None:
         m.charged = False
-        self._charge(m.src, m.header.get("g"), m.nbytes, -1)
+        self._charge(m.src, m.nbytes, -1)
         if self._incoming and m.header.get("t") == "m":
             slot = m.slot if m.slot is not None else (m.header.get("g"), freeze(m.header.get("k")), m.src)
             self._incoming.pop(slot, None)
 
-    def _charge(self, src: int, group: Any, nbytes: int, sign: int) -> None:
-        _count(self._early, src, nbytes, sign)
-        _count(self._early_g, (src, group), nbytes, sign)
+    def _charge(self, src: int, nbytes: int, sign: int) -> None:
+        """Add (``sign``: +1 or -1) one frame of ``nbytes`` to what ``src`` has buffered here."""
+        c = self._early.get(src)
+        if c is None:
+            c = self._early[src] = [0, 0]
+        c[0] += sign
+        c[1] += sign * nbytes
+        if c[0] <= 0:
+            del self._early[src]
 
     def buffered(self, src: int) -> tuple[int, int]:
         """(frames, bytes) buffered from ``src`` that no receive took yet."""
@@ -515,11 +532,11 @@ class Router:
             kept = [a for a in q.arrived if a.src != src]
             for a in q.arrived:
                 if a.src == src:
-                    self._charge(a.src, a.header.get("g"), a.nbytes, -1)
+                    self._charge(a.src, a.nbytes, -1)
             q.arrived = kept
         for ck in [ck for ck in self._held if ck[1] == src]:
             for a in self._held.pop(ck).values():
-                self._charge(a.src, a.header.get("g"), a.nbytes, -1)
+                self._charge(a.src, a.nbytes, -1)
 
     def conflicting_arrival(self, group: Any, seq: Any, sig: str, sources: Any = None) -> tuple[int, str] | None:
         """A buffered message of ``group`` at ``seq`` from a rank that called something else than ``sig``.
@@ -574,7 +591,7 @@ class Router:
         if not m.in_order:
             if not m.drop:
                 self._held.setdefault(ck, {})[int(m.header["n"])] = _Arrived(m.src, m.header, payload, m.nbytes)
-                self._charge(m.src, ck[0], m.nbytes, 1)
+                self._charge(m.src, m.nbytes, 1)
             return
         if not m.drop:
             self._complete_p2p(m, payload)
@@ -588,7 +605,7 @@ class Router:
             a = held.pop(nxt, None)
             if a is None:
                 break
-            self._charge(a.src, ck[0], a.nbytes, -1)
+            self._charge(a.src, a.nbytes, -1)
             self._next_n[ck] = nxt + 1
             self._complete_p2p(Match(a.src, a.header, a.nbytes), a.payload)
         if held is not None and not held:
@@ -687,10 +704,10 @@ class Router:
         self._failed_from.pop(group, None)
         for k in [k for k in self._p2p if k[0] == group]:
             for a in self._p2p.pop(k).arrived:
-                self._charge(a.src, group, a.nbytes, -1)
+                self._charge(a.src, a.nbytes, -1)
         for k in [k for k in self._held if k[0] == group]:
             for a in self._held.pop(k).values():
-                self._charge(a.src, group, a.nbytes, -1)
+                self._charge(a.src, a.nbytes, -1)
         for k in [k for k in self._next_n if k[0] == group]:
             del self._next_n[k]
         self.known_groups.pop(group, None)
@@ -758,7 +775,10 @@ class Router:
         sig = header.get("o")
         if not k or sig is None:
             return
-        posted = self._posted_sigs.get((header.get("g"), freeze(k[0]), src))
+        if not self._posted_sigs:
+            return
+        seq = k[0]
+        posted = self._posted_sigs.get((header.get("g"), seq if type(seq) is int else freeze(seq), src))
         if posted is None or posted[0] == sig:
             return
         bad = [s for s, r in self._posted.items() if self._conflicts(r, src, header)]
@@ -786,10 +806,11 @@ class Router:
 
     def _put_arrived(self, slot: tuple[Any, Any, int], a: _Arrived, *, charged: bool = False) -> None:
         """Buffer ``a`` (``charged``: it is counted in its sender's budget already)."""
-        self._pop_arrived(slot)  # (route() refuses a second message for a buffered slot)
+        if slot in self._arrived:  # (route() refuses a second message for a buffered slot)
+            self._pop_arrived(slot)
         self._arrived[slot] = a
         if not charged:
-            self._charge(slot[2], slot[0], a.nbytes, 1)
+            self._charge(slot[2], a.nbytes, 1)
         sig = a.header.get("o")
         if sig is not None and slot[1]:
             idx = (slot[0], slot[1][0], slot[2])
@@ -802,7 +823,7 @@ class Router:
     def _pop_arrived(self, slot: tuple[Any, Any, int]) -> _Arrived | None:
         a = self._arrived.pop(slot, None)
         if a is not None:
-            self._charge(slot[2], slot[0], a.nbytes, -1)
+            self._charge(slot[2], a.nbytes, -1)
         if a is not None and a.header.get("o") is not None and slot[1]:
             idx = (slot[0], slot[1][0], slot[2])
             entry = self._arrived_sigs.get(idx)
@@ -860,7 +881,7 @@ class Router:
         r = self._take_p2p(g, tag, m.src)
         if r is None:
             self._p2p.setdefault((g, tag), _P2PQueue()).arrived.append(_Arrived(m.src, m.header, payload, m.nbytes))
-            self._charge(m.src, g, m.nbytes, 1)
+            self._charge(m.src, m.nbytes, 1)
             return
         self._deliver(r, m.src, m.header, payload, m.nbytes)
 
@@ -891,17 +912,6 @@ class Router:
             r.on_done(result)  # type: ignore[misc]
         elif not fut.done():
             fut.set_result(result)
-
-
-def _count(table: dict[Any, list[int]], key: Any, nbytes: int, sign: int) -> None:
-    """Add (``sign``: +1 or -1) one frame of ``nbytes`` to ``table[key]``'s [frames, bytes]; drop it at zero."""
-    c = table.get(key)
-    if c is None:
-        c = table[key] = [0, 0]
-    c[0] += sign
-    c[1] += sign * nbytes
-    if c[0] <= 0:
-        del table[key]
 
 
 def _is_member(members: tuple[int, ...], src: int) -> bool:
