@@ -248,10 +248,10 @@ class SimConnection(Connection):
         fabric = self._fabric
         tracer = fabric.tracer
         if tracer.keep:
-            tracer.emit(fabric.loop._now, "recv", host.name, self._peer_host.name, n, msg)
-        else:  # Tracer.emit inlined (the hot path of big runs)
+            tracer.delivered(fabric.loop._now, host.name, self._peer_host.name, n, msg)
+        else:  # Tracer.delivered inlined (the hot path of big runs)
             buf = tracer._buf
-            buf.append((fabric.loop._now, "recv", host.name, self._peer_host.name, n, msg, ""))
+            buf.append((fabric.loop._now, msg))
             if len(buf) >= 2048:
                 tracer._flush()
         host.received += 1

@@ -113,11 +113,12 @@ def host_name(h: str | int) -> str:
 class Host:
     """One virtual machine/process incarnation: its lane, context, listeners, NIC state."""
 
-    __slots__ = ("name", "rank", "lane", "ctx", "alive", "vanished", "listeners", "endpoints", "tx_free",
+    __slots__ = ("name", "num", "rank", "lane", "ctx", "alive", "vanished", "listeners", "endpoints", "tx_free",
                  "rx_free", "cpu_free", "next_port", "sent", "received", "factor", "net")
 
     def __init__(self, name: str, rank: int | None) -> None:
         self.name = name
+        self.num = -1
         self.rank = rank
         self.lane = -1
         self.ctx: contextvars.Context | None = None
@@ -183,7 +184,9 @@ class Fabric:
     def add_host(self, name: str, rank: int | None = None) -> Host:
         if name in self.hosts:
             raise ValueError(f"host {name!r} exists")
-        host = self.hosts[name] = Host(name, rank)
+        host = Host(name, rank)
+        host.num = len(self.hosts)  # (its number in the digest: hosts are added in a deterministic order)
+        self.hosts[name] = host
         host.net.fabric = self
         return host
 
@@ -328,10 +331,10 @@ class Fabric:
         msg = self._next_msg = self._next_msg + 1
         tracer = self.tracer
         if tracer.keep:
-            tracer.message(now, "send", src.name, dst.name, n, msg, header)
+            tracer.message(now, src.name, dst.name, n, msg, header, (src.num, dst.num))
         else:  # Tracer.message inlined (the hot path of big runs)
             buf = tracer._buf
-            buf.append((now, "send", src.name, dst.name, n, msg, header))
+            buf.append((now, src.num, dst.num, n, msg, header))
             if len(buf) >= 2048:
                 tracer._flush()
         event = _new_event(_Event)  # _Event.__init__ inlined

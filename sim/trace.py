@@ -70,12 +70,29 @@ class Tracer:
         if len(buf) >= self._BATCH:
             self._flush()
 
-    def message(self, time: float, kind: str, host: str, peer: str, nbytes: int, msg: int, header: Any) -> None:
-        """A send: like :meth:`emit` with ``detail=repr(header)``, without building the repr unless kept."""
+    def message(self, time: float, host: str, peer: str, nbytes: int, msg: int, header: Any, hosts: tuple[int, int]) -> None:
+        """A send of message ``msg`` from ``host`` to ``peer`` (numbered ``hosts``): a "send" event.
+
+        Its digest entry is compact, ``(time, host number, peer number, nbytes, msg, header)``:
+        the host names (and the kind) would be serialized again for every message. The
+        ``repr`` of the header is built only when events are kept.
+        """
         buf = self._buf
-        buf.append((time, kind, host, peer, nbytes, msg, header))
+        buf.append((time, hosts[0], hosts[1], nbytes, msg, header))
         if self.keep:
-            self.events.append(TraceEvent(time, kind, host, peer, nbytes, msg, repr(header)))
+            self.events.append(TraceEvent(time, "send", host, peer, nbytes, msg, repr(header)))
+        if len(buf) >= self._BATCH:
+            self._flush()
+
+    def delivered(self, time: float, host: str, peer: str, nbytes: int, msg: int) -> None:
+        """Message ``msg`` reached ``host``: a "recv" event; its digest entry is ``(time, msg)``.
+
+        (Who sent it, to whom and how big: its send entry says, under the same ``msg``.)
+        """
+        buf = self._buf
+        buf.append((time, msg))
+        if self.keep:
+            self.events.append(TraceEvent(time, "recv", host, peer, nbytes, msg, ""))
         if len(buf) >= self._BATCH:
             self._flush()
 
@@ -101,7 +118,7 @@ def _marshallable(event: tuple[Any, ...]) -> tuple[Any, ...]:
     try:
         marshal.dumps(event, 2)
     except ValueError:
-        return event[:6] + (f"<{type(event[6]).__name__}>",)
+        return event[:-1] + (f"<{type(event[-1]).__name__}>",)  # (the header or detail: always last)
     return event
 
 

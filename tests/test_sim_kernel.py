@@ -35,7 +35,9 @@ import sim_pingpong  # noqa: E402
 def _feed(tracer: Tracer, events: list[tuple[Any, ...]]) -> None:
     for kind, header in events:
         if kind == "send":
-            tracer.message(0.5, "send", "rank0", "rank1", 8, 1, header)
+            tracer.message(0.5, "rank0", "rank1", 8, 1, header, (0, 1))
+        elif kind == "recv":
+            tracer.delivered(0.25, "rank1", "rank0", 8, 1)
         else:
             tracer.emit(0.25, kind, "rank1", "rank0", 8, 1, "x")
 
@@ -62,7 +64,7 @@ def test_digest_does_not_depend_on_batching_or_on_keeping_events(monkeypatch: py
 def test_digest_sees_header_values_and_their_types(other: dict[str, Any]) -> None:
     def digest(header: dict[str, Any]) -> str:
         t = Tracer(keep=False)
-        t.message(0.0, "send", "rank0", "rank1", 0, 1, header)
+        t.message(0.0, "rank0", "rank1", 0, 1, header, (0, 1))
         return t.digest
 
     assert digest({"a": 1}) == digest({"a": 1})
@@ -81,10 +83,10 @@ def test_digest_sees_times_exactly() -> None:
 def test_a_header_a_receiver_filled_with_an_unusual_object_still_hashes() -> None:
     t = Tracer(keep=False)
     header: dict[str, Any] = {"a": 1}
-    t.message(0.0, "send", "rank0", "rank1", 0, 1, header)
+    t.message(0.0, "rank0", "rank1", 0, 1, header, (0, 1))
     header["x"] = object()  # the receiver owns the delivered dict; it may store anything in it
     u = Tracer(keep=False)
-    u.message(0.0, "send", "rank0", "rank1", 0, 1, {"a": 1, "x": object()})
+    u.message(0.0, "rank0", "rank1", 0, 1, {"a": 1, "x": object()}, (0, 1))
     assert t.digest == u.digest  # the type name is hashed, never an address
 
 
