@@ -266,7 +266,10 @@ class Transport:
         aborted, self._closed = self._closed, True
         byes = [p.conn for p in self._peers.values() if p.conn is not None and p.failure is None and p.ready.done()]
         if byes and not aborted:
-            await asyncio.gather(*(self._send_quietly(c, {"t": "bye"}, BYE_TIMEOUT) for c in byes))
+            bye: Header = {"t": "bye"}
+            waits = [c for c in byes if not _sent_now(c, bye)]  # (most go at once: no task, no timer each)
+            if waits:
+                await asyncio.gather(*(self._send_quietly(c, bye, BYE_TIMEOUT) for c in waits))
         for p in self._peers.values():
             for timer in (p.deferred, p.watch):
                 if timer is not None:
