@@ -227,15 +227,16 @@ async def _join(
     else:
         raise RendezvousError(f"rank {rank} could not join a rendezvous round (the store's generation keeps moving)")
 
-    agreed = await store.compare_set(f"{prefix}world_size", b"", str(world_size))
-    if int(agreed) != world_size:
+    # The first rank here sets the round's world size and job id (one request: "SIZE JOB-ID").
+    run_id = getenv("AIODIST_RUN_ID") or getenv("TORCHELASTIC_RUN_ID") or "job"
+    candidate = f"{world_size} {run_id}/{gen}/{loop.time():.6f}/{rank}"
+    agreed = bytes(await store.compare_set(f"{prefix}job", b"", candidate)).decode()
+    theirs, _, job_id = agreed.partition(" ")
+    if int(theirs) != world_size:
         raise RendezvousError(
             f"world size disagreement in rendezvous round {gen}: rank {rank} has WORLD_SIZE={world_size}, "
-            f"another rank registered {int(agreed)}"
+            f"another rank registered {int(theirs)}"
         )
-    run_id = getenv("AIODIST_RUN_ID") or getenv("TORCHELASTIC_RUN_ID") or "job"
-    candidate = f"{run_id}/{gen}/{loop.time():.6f}/{rank}"
-    job_id = bytes(await store.compare_set(f"{prefix}job", b"", candidate)).decode()
     result = Rendezvous(store=store, rank=rank, world_size=world_size, job_id=job_id, key_prefix=prefix, round=gen)
     if publish is not None:
         await publish(result)

@@ -113,6 +113,7 @@ async def _world_tables() -> Any:
     sub = await api.new_group([0, 2])
     comm = pg._comm
     found = (id(comm.ranks), id(comm._index), id(sub._comm.ranks))
+    await api.barrier()  # every rank holds its tables at once (shared while in use, not after)
     await api.destroy_process_group()
     return found
 
