@@ -48,11 +48,12 @@ class Channel(Protocol):
     async def exchange(
         self, dst: int, send_key: tuple[Any, ...], payload: Any, src: int, recv_key: tuple[Any, ...], out: memoryview
     ) -> None:
-        """``send(dst, send_key, payload)``, then ``recv_into(src, recv_key, out)``, as one awaitable.
+        """``send(dst, send_key, payload)`` and ``recv_into(src, recv_key, out)`` as one awaitable, no task.
 
-        For small payloads, which the transport takes without waiting for the
-        peer (see :mod:`aiodist.collectives.transfer`); an implementation may
-        do it with fewer coroutine layers than the two calls.
+        The receive is posted before the send starts, so a send that waits for
+        room (a large payload) never waits on a peer that waits for us to read:
+        the peer's message lands in ``out`` whenever it comes. An implementation
+        may do it with fewer coroutine layers than the two calls.
         """
 
     async def recv_bytes(self, peer: int, key: tuple[Any, ...]) -> memoryview:

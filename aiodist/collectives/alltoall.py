@@ -17,7 +17,7 @@ import numpy as np
 
 from .buffers import EMPTY_OUT, as_flat, as_flat_list, byte_view, check_dtype
 from .schedules import dissemination, pairwise_alltoall
-from .transfer import SMALL_SEND_BYTES, recv_into, run_all, send
+from .transfer import SMALL_SEND_BYTES, recv_into, run_all, send, sendrecv
 from ..channel import Channel
 from ..errors import InvalidArrayError
 
@@ -159,6 +159,10 @@ async def exchange_blocks(ch: Channel, seq: int, outs: list[np.ndarray], ins: li
     np.copyto(outs[rank], ins[rank])
     pairs = pairwise_alltoall(p, rank)
     key = (seq, 0)
+    if len(pairs) == 1:  # two ranks: one step, no task (see sendrecv)
+        ((dst, src),) = pairs
+        await sendrecv(ch, dst, key, byte_view(ins[dst]), src, key, byte_view(outs[src]))
+        return
     if max((b.nbytes for b in ins), default=0) <= SMALL_SEND_BYTES:
         for dst, _ in pairs:
             await send(ch, dst, key, byte_view(ins[dst]))

@@ -19,6 +19,7 @@ import random
 from typing import Any
 
 from ..errors import AiodistError, CollectiveMismatchError
+from .transfer import run_all
 
 __all__ = ["MemoryFabric", "MemoryChannel", "DuplicateKeyError"]
 
@@ -166,8 +167,9 @@ class MemoryChannel:
     async def exchange(
         self, dst: int, send_key: tuple[Any, ...], payload: Any, src: int, recv_key: tuple[Any, ...], out: memoryview
     ) -> None:
-        await self.send(dst, send_key, payload)
-        await self.recv_into(src, recv_key, out)
+        # The receive is posted first (see Channel.exchange): under the rendezvous protocol
+        # (eager_limit) a large send waits until its receive is posted, and so may the peer's.
+        await run_all([self.recv_into(src, recv_key, out), self.send(dst, send_key, payload)])
 
     async def recv_bytes(self, peer: int, key: tuple[Any, ...]) -> memoryview:
         got = await self._fabric._recv(peer, self._rank, key, None)

@@ -1,10 +1,11 @@
 """Moving bytes over a Channel: one step's send and receive, run concurrently.
 
 A blocking "send, then receive" ring deadlocks once messages exceed the
-transport's buffers, so a step's send and receive overlap. Small sends are
-handed to the transport directly (a transport accepts a message below its
-flow-control watermark without waiting for the peer), which avoids creating a
-task per tiny message; larger ones run in a task beside the receive.
+transport's buffers, so a step's send and receive overlap: :func:`sendrecv`
+posts the receive before it sends (``Channel.exchange``), so the peer's
+message lands in its buffer whenever it comes while the send waits for room,
+without a task per step. Several sends and receives at once
+(:func:`run_all`) run in tasks beside each other.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..eager import start_eager
 __all__ = ["SMALL_SEND_BYTES", "MAX_MESSAGE_BYTES", "send", "recv_into", "sendrecv", "run_all"]
 
 SMALL_SEND_BYTES = 64 * 1024
-"""Sends up to this size are awaited before the receive is posted (no task)."""
+"""Up to this size, sends to several peers are awaited one by one before the receives are posted (no tasks)."""
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Larger payloads travel as several messages (the wire refuses frames above 1 GiB)."""
@@ -72,8 +73,9 @@ def sendrecv(
     propagates. Cancellation leaves ``out`` possibly partly written and the
     send either fully handed to the transport or not at all.
     """
-    if payload.nbytes <= SMALL_SEND_BYTES and out.nbytes <= MAX_MESSAGE_BYTES:
-        # whether a message travels in pieces depends on its own size only, on both sides
+    if payload.nbytes <= MAX_MESSAGE_BYTES and out.nbytes <= MAX_MESSAGE_BYTES:
+        # One message each way (whether a message travels in pieces depends on its own size only,
+        # on both sides): no task; the receive is posted before the send (see Channel.exchange).
         return ch.exchange(dst, send_key, payload, src, recv_key, out)
     return run_all((send(ch, dst, send_key, payload), recv_into(ch, src, recv_key, out)))
 

@@ -168,13 +168,20 @@ class OpChannel:
     async def exchange(
         self, dst: int, send_key: tuple[Any, ...], payload: Any, src: int, recv_key: tuple[Any, ...], out: memoryview
     ) -> None:
-        # One coroutine for a small step (send, then receive): see Channel.exchange.
+        # One coroutine for a step (see Channel.exchange): the receive is posted first, so the
+        # peer's message lands in ``out`` whenever it comes, even while our send waits for room.
         if out.format != "B" or out.ndim != 1:
             out = out.cast("B")
-        pending = self._send_soon(dst, send_key, payload)
-        if pending is not None:
-            await self._sending(dst, pending)
-        await self._recv(src, recv_key, out)
+        r, fut = self._post(src, recv_key, out)
+        try:
+            pending = self._send_soon(dst, send_key, payload)
+            if pending is not None:
+                await self._sending(dst, pending)
+        except BaseException:
+            self.comm.transport.router.cancel(r)  # (a timeout then names the send's peer, not this one)
+            self._untrack(self._recv_waits, src)
+            raise
+        await self._received(src, r, fut)
 
     async def send(self, peer: int, key: tuple[Any, ...], payload: Any) -> None:
         pending = self._send_soon(peer, key, payload)
@@ -206,35 +213,35 @@ class OpChannel:
             if not cancelled:
                 self._untrack(waits, peer)
 
-    async def _recv(self, peer: int, key: tuple[Any, ...], out: memoryview | None) -> Delivery:
+    def _post(self, peer: int, key: tuple[Any, ...], out: memoryview | None) -> tuple[Receive, asyncio.Future[Any]]:
+        """Post the receive of ``key`` from ``peer`` (counted as waited for); its future."""
         src = self._ranks[peer] if 0 <= peer < self.size else self._global(peer)
         fut = self.loop.create_future()
         r = Receive(self.comm.gid, src, out, None, (self.seq, *key), None, self._check, self.sig, False, fut)
+        self.comm.transport.post(r)
         waits = self._recv_waits
         waits[peer] = waits.get(peer, 0) + 1
-        cancelled = False
-        transport = self.comm.transport
+        return r, fut
+
+    async def _received(self, peer: int, r: Receive, fut: asyncio.Future[Any]) -> Delivery:
+        """Wait for the posted receive ``r`` from ``peer``; cancellation withdraws it (still counted)."""
         try:
-            # post, then wait; cancellation withdraws the receive
-            transport.post(r)
-            try:
-                result = await fut
-            except asyncio.CancelledError:
-                transport.router.cancel(r)
-                raise
-            if isinstance(result, BaseException):
-                raise result
-            return result
+            result = await fut
         except asyncio.CancelledError:
-            cancelled = True  # a receive cut short by a timeout was still waiting: keep it counted
+            self.comm.transport.router.cancel(r)  # a receive cut short by a timeout was still waiting
             raise
-        except PeerFailureError as e:
-            raise self.comm.localize(e, op=self.op, seq=self.seq) from None
-        except CollectiveMismatchError as e:
-            raise self._mismatch(e, peer, src, out) from None
-        finally:
-            if not cancelled:
-                self._untrack(waits, peer)
+        self._untrack(self._recv_waits, peer)
+        if isinstance(result, PeerFailureError):
+            raise self.comm.localize(result, op=self.op, seq=self.seq) from None
+        if isinstance(result, CollectiveMismatchError):
+            raise self._mismatch(result, peer, r.src, r.out) from None  # type: ignore[arg-type]
+        if isinstance(result, BaseException):
+            raise result
+        return result  # type: ignore[no-any-return]
+
+    async def _recv(self, peer: int, key: tuple[Any, ...], out: memoryview | None) -> Delivery:
+        r, fut = self._post(peer, key, out)
+        return await self._received(peer, r, fut)
 
     def _mismatch(self, e: CollectiveMismatchError, peer: int, src: int, out: memoryview | None) -> CollectiveMismatchError:
         """Restate a mismatch in group ranks and, if we found it, tell the peer (it may wait on us)."""
