@@ -416,10 +416,11 @@ class Transport:
             conn = await self._connection(p, group)
         try:
             try_send = getattr(conn, "try_send", None)
-            if try_send is None or not try_send(header, payload):
-                await conn.send(header, payload)
+            if try_send is not None and try_send(header, payload):
+                return
         except ConnectionClosedError:
             raise self._lost(p) from None
+        await self._send_on(p, conn, header, payload)
 
     def send_soon(self, dst: int, header: Header, payload: Any = None, group: Any = None) -> Awaitable[None] | None:
         """Send one frame now if nothing is in the way (None); else the awaitable that sends it.
@@ -438,7 +439,14 @@ class Transport:
                         return None
                 except ConnectionClosedError:
                     raise self._lost(p) from None
+                return self._send_on(p, conn, header, payload)  # (not send(): it would try again)
         return self.send(dst, header, payload, group=group)
+
+    async def _send_on(self, p: _Peer, conn: Connection, header: Header, payload: Any) -> None:
+        try:
+            await conn.send(header, payload)
+        except ConnectionClosedError:
+            raise self._lost(p) from None
 
     def _lost(self, p: _Peer) -> PeerFailureError:
         """The connection to ``p`` broke under a send: the peer failed."""

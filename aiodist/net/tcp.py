@@ -26,7 +26,7 @@ from typing import Any
 
 from ..context import getenv
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
-from ..wire import DEFAULT_MAX_FRAME_SIZE, PREAMBLE, FrameDecoder, encode_frame
+from ..wire import DEFAULT_MAX_FRAME_SIZE, PREAMBLE, FrameDecoder, as_byte_view, encode_frame
 from .base import Address, Connection, ConnectionHandler, Frame, Header, Listener, Network, PayloadSink
 
 log = logging.getLogger("aiodist.net")
@@ -324,6 +324,10 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         """
         if self._exc is not None or self._paused_writing:
             return False
+        if payload is not None:
+            payload = as_byte_view(payload)
+            if payload.nbytes > _COALESCE_LIMIT:  # large whatever the header: no encoding for nothing
+                return False
         head, body = encode_frame(header, payload)
         if body is None:
             self._queue_small(head)
