@@ -27,7 +27,6 @@ import pytest
 import sim
 from aiodist import api
 from aiodist.comm import GroupComm, OpChannel, Transport
-from aiodist.context import current_network, getenv
 from aiodist.errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, PeerFailureError
 from aiodist.net.base import Connection
 from aiodist.net.tcp import _COALESCE_LIMIT, TCPNetwork
@@ -35,6 +34,7 @@ from aiodist.store import MemoryStore
 from aiodist.wire import encode_frame
 from sim.endpoints import SimConnection
 from test_net_tcp import LOOPS, run_on
+from test_sim_network import dial, rank, serve_once
 
 # --------------------------------------------------------------------------- TCP
 
@@ -249,16 +249,22 @@ async def test_send_soon_returns_none_for_a_frame_that_went_out_else_an_awaitabl
             await t.close()
 
 
+async def _connected(ts: list[Transport]) -> Any:
+    """Rank 0's connection to rank 1, once a first frame went through it."""
+    _channel(ts[0], 2)
+    b = _channel(ts[1], 2)
+    await ts[0].send(1, _header("warm"), b"", group=0)
+    await asyncio.wait_for(b.recv_into(0, ("warm",), memoryview(bytearray())), 5)
+    conn = ts[0]._peers[1].conn
+    assert conn is not None
+    return conn
+
+
 async def test_send_soon_on_a_closed_connection_gives_an_awaitable_that_raises_peer_failure() -> None:
     """A connection closed under the transport: nothing goes out, and awaiting the send raises PeerFailureError."""
     ts = await _transports(2)
     try:
-        _channel(ts[0], 2)
-        b = _channel(ts[1], 2)
-        await ts[0].send(1, _header("warm"), b"", group=0)
-        await asyncio.wait_for(b.recv_into(0, ("warm",), memoryview(bytearray())), 5)
-        conn = ts[0]._peers[1].conn
-        assert conn is not None
+        conn = await _connected(ts)
         conn.close()
         pending = ts[0].send_soon(1, _header("late"), b"x", 0)
         assert pending is not None
@@ -274,12 +280,7 @@ async def test_send_soon_turns_a_closed_error_from_try_send_into_peer_failure_at
     """try_send raising ConnectionClosedError makes send_soon raise PeerFailureError synchronously (no awaitable)."""
     ts = await _transports(2)
     try:
-        _channel(ts[0], 2)
-        b = _channel(ts[1], 2)
-        await ts[0].send(1, _header("warm"), b"", group=0)
-        await asyncio.wait_for(b.recv_into(0, ("warm",), memoryview(bytearray())), 5)
-        conn = ts[0]._peers[1].conn
-        assert conn is not None
+        conn = await _connected(ts)
 
         def broken(header: Any, payload: Any = None) -> bool:
             raise ConnectionLost("broken under the send")
@@ -295,35 +296,6 @@ async def test_send_soon_turns_a_closed_error_from_try_send_into_peer_failure_at
 
 
 # --------------------------------------------------------------------------- simulator
-
-PORT = 7100
-
-
-def rank() -> int:
-    return int(getenv("RANK") or 0)
-
-
-async def serve_once(handler: Any) -> Any:
-    """Rank 0: listen, run ``handler`` on the first connection, return its result."""
-    result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-    async def on_conn(conn: Connection) -> None:
-        try:
-            result.set_result(await handler(conn))
-        except Exception as e:  # noqa: BLE001 - surface it to the test
-            result.set_exception(e)
-
-    listener = await current_network().listen(("", PORT), on_conn)
-    try:
-        return await result
-    finally:
-        await listener.aclose()
-
-
-async def dial() -> Connection:
-    await asyncio.sleep(0.01)  # let rank 0 listen first
-    return await current_network().connect(("rank0", PORT))
-
 
 async def read_until_end(conn: Connection) -> list[Any]:
     """Rank 0: the ``i`` of every frame until ``"end"`` (included)."""
