@@ -43,6 +43,10 @@ DEFAULT_MAX_FRAME_SIZE = (1 << 30) + (1 << 20)
 DEFAULT_MAX_HEADER_SIZE = 1 << 20
 
 _STAGING_SIZE = 1 << 16
+_STAGING_MAX = (1 << 17) + (1 << 12)
+"""The staging area grows (once) to this size for a frame that does not fit: up to 128 KiB of
+payload then arrives in one read and is decoded in one pass (two reads and two decoder passes
+cost more than copying it out of the staging area). Connections of small frames never grow."""
 
 DEFER: Any = type("Defer", (), {"__repr__": lambda self: "DEFER", "__slots__": ()})()
 """A sink may return this: "no buffer yet". The decoder then stops at the
@@ -231,6 +235,16 @@ class FrameDecoder:
             stop = start + PREFIX_SIZE + hlen
             fend = stop + plen
             if fend > end or hlen == 0 or hlen > max_header or hlen + plen > max_frame:
+                if fend > len(buf) and fend - start <= _STAGING_MAX and 0 < hlen <= max_header:
+                    # Still at a frame boundary: move it to the front of an area it fits in, and wait.
+                    if fend - start > len(buf):
+                        self._start = start
+                        self._grow(_STAGING_MAX)
+                    else:
+                        n = end - start
+                        buf[:n] = buf[start:end]
+                        self._start, self._end = 0, n
+                    return
                 break
             raw = view[stop - hlen : stop]
             try:

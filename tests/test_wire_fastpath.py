@@ -290,3 +290,51 @@ def test_a_header_larger_than_the_staging_area_after_an_idle_read(use_uvloop: bo
 
     with asyncio.Runner(loop_factory=factory) as runner:
         assert runner.run(main()) == (10, 300_000, {"ok": 1})
+
+
+def _put_all(dec: FrameDecoder, data: bytes) -> tuple[list[tuple[dict[str, Any], Any]], int]:
+    """Write ``data`` as a transport does, each read filling what get_buffer offers; (frames, reads)."""
+    frames: list[tuple[dict[str, Any], Any]] = []
+    reads = 0
+    while data:
+        buf = dec.get_buffer(-1)
+        n = min(len(buf), len(data))
+        buf[:n] = data[:n]
+        data = data[n:]
+        frames += dec.buffer_updated(n)
+        reads += 1
+    return frames, reads
+
+
+def test_a_frame_over_the_staging_area_is_waited_for_in_a_grown_area_and_decoded_in_one_pass() -> None:
+    from aiodist import wire
+
+    asked: list[int] = []
+    targets: list[memoryview] = []
+
+    def sink(header: dict[str, Any], nbytes: int) -> Any:
+        asked.append(nbytes)
+        targets.append(memoryview(bytearray(nbytes)))
+        return targets[-1]
+
+    dec = FrameDecoder(expect_preamble=False)
+    dec.sink = sink
+    small = bytes(range(256)) * 4
+    mid = bytes(range(256)) * 400  # 100 KiB: more than the first staging area, less than the grown one
+    data = _wire(({"i": 0}, small), ({"i": 1}, mid), ({"i": 2}, small), ({"i": 3}, mid), ({"i": 4}, mid))
+    frames, reads = _put_all(dec, data)
+    assert [(h["i"], bytes(p)) for h, p in frames] == [(0, small), (1, mid), (2, small), (3, mid), (4, mid)]
+    assert asked == [len(small), len(mid), len(small), len(mid), len(mid)]  # each payload asked for once
+    assert all(p is t for (_, p), t in zip(frames, targets))  # and landed in the sink's buffer
+    assert len(dec._buf) == wire._STAGING_MAX  # grown once, then reused (frames straddling its end move to the front)
+    assert reads <= 5  # a mid frame arrives in at most two reads (the first area's fill, then the rest)
+
+
+def test_small_frames_never_grow_the_staging_area() -> None:
+    from aiodist import wire
+
+    dec = FrameDecoder(expect_preamble=False)
+    data = _wire(*[({"i": i}, bytes(1000)) for i in range(300)])  # 300 KB of small frames, read in 64 KiB pieces
+    frames, _ = _put_all(dec, data)
+    assert [h["i"] for h, _ in frames] == list(range(300))
+    assert len(dec._buf) == wire._STAGING_SIZE
