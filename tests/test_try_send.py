@@ -295,6 +295,35 @@ async def test_send_soon_turns_a_closed_error_from_try_send_into_peer_failure_at
             await t.close()
 
 
+async def test_exchange_posts_its_receive_before_it_sends_and_moves_megabytes_both_ways() -> None:
+    """OpChannel.exchange: the receive is posted when the send starts (so a large send that waits for
+    room never waits on a peer waiting for us to read), and 8 MiB each way arrive intact."""
+    ts = await _transports(2)
+    try:
+        chans = [_channel(t, 2) for t in ts]
+        seen: list[bool] = []
+        original = ts[0].send_soon
+
+        def spy(dst: int, header: Any, payload: Any = None, group: Any = None) -> Any:
+            seen.append(any(k[0] == 0 and k[1] == (0, "x") for k in ts[0].router._posted))
+            return original(dst, header, payload, group)
+
+        ts[0].send_soon = spy  # type: ignore[method-assign]
+        data = [np.arange(1 << 20, dtype=np.float64) + r for r in range(2)]  # 8 MiB
+        outs = [np.zeros_like(d) for d in data]
+
+        def step(r: int) -> Any:
+            return chans[r].exchange(1 - r, ("x",), memoryview(data[r]).cast("B"), 1 - r, ("x",),
+                                     memoryview(outs[r]).cast("B"))
+
+        await asyncio.wait_for(asyncio.gather(step(0), step(1)), 20)
+        assert seen == [True]
+        assert np.array_equal(outs[0], data[1]) and np.array_equal(outs[1], data[0])
+    finally:
+        for t in ts:
+            await t.close()
+
+
 # --------------------------------------------------------------------------- simulator
 
 async def read_until_end(conn: Connection) -> list[Any]:
