@@ -120,7 +120,7 @@ def resolve(r: Receive, result: Delivery | BaseException) -> None:
     """Hand ``result`` to the receive's future, or to its ``on_done`` (the receive has ended)."""
     fut = r.fut
     if fut is None:
-        r.on_done(result)
+        r.on_done(result)  # type: ignore[misc]
     elif not fut.done():
         fut.set_result(result)
 
@@ -907,11 +907,7 @@ class Router:
         if r.done:
             return
         r.done = True
-        fut = r.fut
-        if fut is None:
-            r.on_done(result)  # type: ignore[misc]
-        elif not fut.done():
-            fut.set_result(result)
+        resolve(r, result)
 
 
 def _is_member(members: tuple[int, ...], src: int) -> bool:
