@@ -43,6 +43,15 @@ def _wake_future(fut: asyncio.Future[Any]) -> None:
         fut.set_result(None)
 
 
+def _copied(payload: Any) -> tuple[bytearray | None, int]:
+    """A payload's bytes, copied at the send (the sender may reuse its buffer), and their count."""
+    if payload is None:
+        return None, 0
+    mv = as_byte_view(payload)
+    n = mv.nbytes
+    return (bytearray(mv) if n else None), n
+
+
 def _connected(fut: asyncio.Future[Any], conn: SimConnection) -> None:
     if fut.done():
         conn.close()
@@ -59,6 +68,9 @@ class SimConnection(Connection):
     # set_frame_handler (class defaults: no memory per endpoint until used)
     _on_frame: Callable[[Frame], None] | None = None
     _draining = False
+    # send_nowait: frames the window could not take yet (TCP: asyncio's write buffer), and drained() waiters
+    _outbox: deque[tuple[Header, bytearray | None, int]] | tuple[()] = ()
+    _drainers: list[asyncio.Future[None]] | tuple[()] = ()
 
     def __init__(self, fabric: Fabric, host: Host, peer_host: Host, cid: int, max_frame_size: int) -> None:
         self._fabric = fabric
@@ -156,26 +168,17 @@ class SimConnection(Connection):
         if self._exc is not None:
             raise self._exc
         h = wire_header(header)
-        if payload is None:
-            data = None
-            n = 0
-        else:
-            mv = as_byte_view(payload)
-            n = mv.nbytes
-            data = bytearray(mv) if n else None
+        data, n = _copied(payload)
         fabric = self._fabric
         host = self._host
         loop = fabric.loop
         if loop._lane in loop._dead:  # the rest of a step of a process that just crashed
             await loop.create_future()
         peer = self._peer_ep
-        if peer is not None and peer._incoming + peer._kernel_bytes > fabric.socket_buffer:
+        if self._outbox or (peer is not None and peer._incoming + peer._kernel_bytes > fabric.socket_buffer):
             await self._wait_for_room(peer)  # the window is full: bytes in flight or unread in the peer's kernel
         now = loop._now
-        depart = now
-        if fabric._overhead:  # the sender's CPU: one message at a time, o each (LogP)
-            start = now if now > host.cpu_free else host.cpu_free
-            depart = host.cpu_free = start + fabric._overhead * host.factor
+        depart = self._departure()
         self._put(h, data, n, depart)
         if fabric.on_send is not None:
             fabric.on_send(host)
@@ -195,17 +198,117 @@ class SimConnection(Connection):
         fabric = self._fabric
         loop = fabric.loop
         peer = self._peer_ep
-        if (self._exc is not None or fabric._overhead or fabric.on_send is not None or peer is None
+        if (self._exc is not None or fabric._overhead or fabric.on_send is not None or peer is None or self._outbox
                 or peer._incoming + peer._kernel_bytes > fabric.socket_buffer or loop._lane in loop._dead):
             return False
         h = wire_header(header)
-        if payload is None:
-            self._put(h, None, 0, loop._now)
-        else:
-            mv = as_byte_view(payload)
-            n = mv.nbytes
-            self._put(h, bytearray(mv) if n else None, n, loop._now)
+        data, n = _copied(payload)
+        self._put(h, data, n, loop._now)
         return True
+
+    def send_nowait(self, header: Header, payload: Any = None) -> bool:
+        """Queue one frame without waiting, as TCP's does; False: await :meth:`drained` before sending more.
+
+        A frame the window cannot take now waits on this side (TCP: in asyncio's
+        write buffer) and leaves, in order, as the peer reads; so does everything
+        sent after it. False also when the sender's CPU is still busy with it (a
+        per-message overhead). In a crashed process nothing leaves and
+        :meth:`drained` never returns.
+        """
+        if self._exc is not None:
+            raise self._exc
+        h = wire_header(header)
+        data, n = _copied(payload)
+        fabric = self._fabric
+        loop = fabric.loop
+        if loop._lane in loop._dead:
+            return False
+        peer = self._peer_ep
+        if self._outbox or (peer is not None and peer._incoming + peer._kernel_bytes > fabric.socket_buffer):
+            if not self._outbox:
+                self._outbox = deque()
+                self._flush_when_read()
+            self._outbox.append((h, data, n))  # type: ignore[union-attr]
+            return False
+        depart = self._departure()
+        self._put(h, data, n, depart)
+        if fabric.on_send is not None:
+            fabric.on_send(self._host)
+            if loop._lane in loop._dead:
+                return False
+        return depart <= loop._now
+
+    async def drained(self) -> None:
+        """Wait until the frames :meth:`send_nowait` queued have left and the CPU is done with them.
+
+        Raises if the connection broke. Cancellation leaves the queued frames queued.
+        """
+        loop = self._fabric.loop
+        if loop._lane in loop._dead:
+            await loop.create_future()
+        while self._outbox and self._exc is None:
+            fut: asyncio.Future[None] = loop.create_future()
+            if not self._drainers:
+                self._drainers = []
+            self._drainers.append(fut)  # type: ignore[union-attr]
+            try:
+                await fut
+            finally:
+                if fut in self._drainers:
+                    self._drainers.remove(fut)  # type: ignore[union-attr]
+        if self._exc is not None:
+            raise self._exc
+        busy = self._host.cpu_free
+        if busy > loop._now:
+            waiter = loop.create_future()
+            loop.call_in_lane(busy, loop._lane, _wake_future, waiter)
+            await waiter
+
+    def _flush_when_read(self) -> None:
+        """Send the outbox on once the peer reads (a writer's wake-up on the peer's side)."""
+        peer = self._peer_ep
+        assert peer is not None
+        fut = self._fabric.loop.create_future()
+        fut.add_done_callback(self._flush_outbox)
+        if not peer._writers:
+            peer._writers = deque()
+        peer._writers.append(fut)  # type: ignore[union-attr]
+
+    def _flush_outbox(self, _: Any = None) -> None:
+        """Hand queued frames to the link while the window has room; the rest waits for the next read."""
+        outbox = self._outbox
+        fabric = self._fabric
+        loop = fabric.loop
+        peer = self._peer_ep
+        while outbox and self._exc is None:
+            if peer is not None and peer._exc is None and peer._incoming + peer._kernel_bytes > fabric.socket_buffer:
+                self._flush_when_read()
+                return
+            h, data, n = outbox.popleft()  # type: ignore[union-attr]
+            self._put(h, data, n, self._departure())
+            if fabric.on_send is not None:
+                fabric.on_send(self._host)
+                if loop._lane in loop._dead:
+                    return
+        self._outbox = ()
+        self._wake_drainers()
+
+    def _wake_drainers(self) -> None:
+        drainers, self._drainers = self._drainers, ()
+        for w in drainers:
+            if not w.done():
+                w.set_result(None)
+
+    def _departure(self) -> float:
+        """When a frame sent now leaves: now, or once the sender's CPU is done with it (o each, LogP)."""
+        fabric = self._fabric
+        now = fabric.loop._now
+        if not fabric._overhead:
+            return now
+        host = self._host
+        start = now if now > host.cpu_free else host.cpu_free
+        host.cpu_free = start + fabric._overhead * host.factor
+        return host.cpu_free
 
     def _put(self, h: Header, data: bytearray | None, n: int, depart: float) -> None:
         """Hand the frame to the link (it departs at ``depart``)."""
@@ -219,13 +322,13 @@ class SimConnection(Connection):
         self._host.sent += 1
 
     async def _wait_for_room(self, peer: SimConnection) -> None:
-        """Block like a TCP send whose kernel buffer is full, until the peer reads.
+        """Block like a TCP send whose kernel buffer is full (or behind queued frames), until the peer reads.
 
         Cancellation: nothing was queued.
         """
         loop = self._fabric.loop
         limit = self._fabric.socket_buffer
-        while peer._incoming + peer._kernel_bytes > limit and self._exc is None and peer._exc is None:
+        while (self._outbox or peer._incoming + peer._kernel_bytes > limit) and self._exc is None and peer._exc is None:
             fut = loop.create_future()
             if not peer._writers:
                 peer._writers = deque()
@@ -368,6 +471,8 @@ class SimConnection(Connection):
         if w is not None and not w.done():
             w.set_result(None)
         self._wake_writers()
+        if self._drainers:
+            self._wake_drainers()
         if self._closed_fut is not None and not self._closed_fut.done():
             self._closed_fut.set_result(None)
 
@@ -386,8 +491,11 @@ class SimConnection(Connection):
             peer._fail(ConnectionLost(f"connection reset by {self._host.name}: {reason}"))
 
     def _remote_closed(self, reason: str) -> None:
-        if self._kernel and self._exc is None:  # the FIN comes after the data: all of it is readable
-            self._resume(1 << 62)
+        kernel = self._kernel
+        while kernel and self._exc is None:  # the FIN comes after the data: all of it stays readable
+            header, data, n = kernel.popleft()  # (not _resume: it stops at max_unread_frames again)
+            self._kernel_bytes -= n
+            self._take(header, data, n)
         if self._exc is None:
             self._exc = ConnectionLost(f"{self._peer_host.name} closed the connection ({reason})")
             self._fabric.tracer.emit(self._fabric.loop._now, "fin", self._host.name, self._peer_host.name,
@@ -412,6 +520,9 @@ class SimConnection(Connection):
         if self._exc is None:
             self._exc = ConnectionClosedLocally(f"connection to {self.peer} was closed by this side")
             self._frames.clear()
+            outbox, self._outbox = self._outbox, ()
+            for h, data, n in outbox:  # what was queued still leaves, before the FIN (as TCP flushes on close)
+                self._put(h, data, n, self._fabric.loop._now)
         self._send_fin("closed")
         self._host.endpoints.pop(self._id, None)
         self._wake()

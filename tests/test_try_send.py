@@ -469,6 +469,112 @@ def test_sim_a_full_window_refuses_while_send_blocks_and_takes_again_once_the_re
     assert res.rank_results[0] == ["a", "b", "end", "after"]
 
 
+def test_sim_send_nowait_queues_behind_a_full_window_in_order_and_drained_waits_for_the_reader() -> None:
+    """socket_buffer=100, a reader that waits 0.5 s: send_nowait takes every frame (False while they wait on
+    this side), a later send() goes after them, drained() returns only once they left, all in order."""
+
+    async def main() -> Any:
+        if rank() == 0:
+            async def h(conn: Connection) -> list[Any]:
+                await asyncio.sleep(0.5)
+                got = []
+                while not got or got[-1] != "end":
+                    got.append((await conn.recv()).header["i"])
+                return got
+
+            return await serve_once(h)
+        conn = await dial()
+        loop = asyncio.get_running_loop()
+        results = [conn.send_nowait({"i": i}, bytes(200)) for i in range(3)]  # the 2nd and 3rd wait here
+        refused = conn.try_send({"i": "try"}, b"x")  # never overtakes what waits
+        sender = asyncio.ensure_future(conn.send({"i": "send"}, bytes(10)))
+        await conn.drained()
+        drained_at = loop.time()
+        await sender
+        await conn.send({"i": "end"})
+        await asyncio.sleep(1)
+        conn.close()
+        return results, refused, drained_at
+
+    net = sim.Network(socket_buffer=100, max_unread_frames=1)
+    res = ok(sim.run(main, world_size=2, network=net))
+    results, refused, drained_at = res.rank_results[1]
+    assert results == [True, False, False] and refused is False
+    assert drained_at > 0.5  # not before the reader read
+    assert res.rank_results[0] == [0, 1, 2, "send", "end"]
+
+
+def test_sim_send_nowait_with_overhead_is_false_and_drained_waits_for_the_cpu() -> None:
+    """overhead=1 ms: the frame leaves after the sender's CPU (False), drained() returns when the CPU is done."""
+
+    async def main() -> Any:
+        if rank() == 0:
+            return await serve_once(read_until_end)
+        conn = await dial()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        took = conn.send_nowait({"i": "a"}, b"abc")
+        await conn.drained()
+        waited = loop.time() - start
+        await conn.send({"i": "end"})
+        await asyncio.sleep(1)
+        conn.close()
+        return took, waited
+
+    res = ok(sim.run(main, world_size=2, network=sim.Network(overhead=1e-3)))
+    took, waited = res.rank_results[1]
+    assert took is False and waited == pytest.approx(1e-3)
+    assert res.rank_results[0] == ["a", "end"]
+
+
+async def read_late_until_the_end(conn: Connection) -> list[Any]:
+    """Rank 0: start reading after 0.5 s, then the ``i`` of every frame until the connection ends."""
+    await asyncio.sleep(0.5)
+    got = []
+    try:
+        while True:
+            got.append((await conn.recv()).header["i"])
+    except ConnectionLost:
+        return got
+
+
+def test_sim_close_sends_what_send_nowait_queued_before_the_fin() -> None:
+    """Frames still waiting on this side when it closes leave first, as TCP flushes its buffer on close."""
+
+    async def main() -> Any:
+        if rank() == 0:
+            return await serve_once(read_late_until_the_end)
+        conn = await dial()
+        queued = [conn.send_nowait({"i": i}, bytes(200)) for i in range(3)]
+        conn.close()
+        await asyncio.sleep(1)
+        return queued
+
+    res = ok(sim.run(main, world_size=2, network=sim.Network(socket_buffer=100, max_unread_frames=1)))
+    assert res.rank_results[1] == [True, False, False]
+    assert res.rank_results[0] == [0, 1, 2]
+
+
+def test_sim_frames_waiting_in_the_readers_kernel_stay_readable_after_the_fin() -> None:
+    """max_unread_frames=1 and a reader that is 3 frames behind when the sender closes: it still reads all 3.
+
+    (The FIN used to make only one more frame readable: the rest stayed in the simulated kernel, lost.)
+    """
+
+    async def main() -> Any:
+        if rank() == 0:
+            return await serve_once(read_late_until_the_end)
+        conn = await dial()
+        for i in range(4):
+            await conn.send({"i": i}, bytes(10))
+        conn.close()
+        await asyncio.sleep(1)
+        return None
+
+    res = ok(sim.run(main, world_size=2, network=sim.Network(max_unread_frames=1)))
+    assert res.rank_results[0] == [0, 1, 2, 3]
+
+
 # --------------------------------------------------------------------------- determinism
 
 
