@@ -116,9 +116,9 @@ class Host:
     __slots__ = ("name", "num", "rank", "lane", "ctx", "alive", "vanished", "listeners", "endpoints", "tx_free",
                  "rx_free", "cpu_free", "next_port", "sent", "received", "factor", "net")
 
-    def __init__(self, name: str, rank: int | None) -> None:
+    def __init__(self, name: str, rank: int | None, num: int) -> None:
         self.name = name
-        self.num = -1
+        self.num = num  # (its number in the digest: hosts are added in a deterministic order)
         self.rank = rank
         self.lane = -1
         self.ctx: contextvars.Context | None = None
@@ -184,9 +184,7 @@ class Fabric:
     def add_host(self, name: str, rank: int | None = None) -> Host:
         if name in self.hosts:
             raise ValueError(f"host {name!r} exists")
-        host = Host(name, rank)
-        host.num = len(self.hosts)  # (its number in the digest: hosts are added in a deterministic order)
-        self.hosts[name] = host
+        host = self.hosts[name] = Host(name, rank, len(self.hosts))
         host.net.fabric = self
         return host
 

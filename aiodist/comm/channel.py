@@ -96,10 +96,9 @@ def new_receive(
     key: Any = None,
     tag: int | None = None,
     check: Any = None,
-    loop: asyncio.AbstractEventLoop | None = None,
 ) -> tuple[Receive, asyncio.Future[Delivery | BaseException]]:
-    """A receive (global ``src``) and the future it completes (on ``loop``, default: the running one)."""
-    fut: asyncio.Future[Delivery | BaseException] = (loop or asyncio.get_running_loop()).create_future()
+    """A receive (global ``src``) and the future it completes."""
+    fut: asyncio.Future[Delivery | BaseException] = asyncio.get_running_loop().create_future()
     return Receive(comm.gid, src, out, None, key, tag, check, None, False, fut), fut
 
 

@@ -231,21 +231,13 @@ class Router:
     def post_keyed(self, receive: Receive) -> None:
         """Post a receive for (group, key, src); completes at once if the message is here."""
         assert receive.src is not None
-        key = receive.key
-        if type(key) is tuple:  # (freeze's first case, inlined)
-            try:
-                hash(key)
-            except TypeError:
-                key = receive.key = freeze(key)
-        else:
-            key = receive.key = freeze(key)
+        key = receive.key = freeze(receive.key)
         group = receive.group
         slot = (group, key, receive.src)
         seq = key[0] if key else None
         if type(seq) is int and seq > self._top_seq.get(group, -1):
             self._top_seq[group] = seq
-        posted = self._posted
-        if slot in posted:
+        if slot in self._posted:
             self._finish(receive, RuntimeError(f"two receives posted for the same message {slot!r}"))
             return
         if self._arrived:  # (nothing buffered: the usual case, no lookups)
@@ -258,21 +250,13 @@ class Router:
             if err is not None:
                 self._finish(receive, err(receive))
                 return
-        sig = receive.sig
-        if sig is not None and key:
-            idx = (group, seq, slot[2])
-            if self._arrived_sigs:
-                other = self._arrived_sigs.get(idx)
-                if other is not None and other[0] != sig and receive.check is not None:
-                    _, _, header, nbytes = other
-                    self._finish(receive, receive.check(header, receive.src, nbytes) or RuntimeError("mismatch"))
-                    return
-            entry = self._posted_sigs.get(idx)  # (_put_posted, inlined)
-            if entry is None:
-                self._posted_sigs[idx] = [sig, 1]
-            else:
-                entry[1] += 1
-        posted[slot] = receive
+        if receive.sig is not None and key and self._arrived_sigs:
+            other = self._arrived_sigs.get((group, seq, slot[2]))
+            if other is not None and other[0] != receive.sig and receive.check is not None:
+                _, _, header, nbytes = other
+                self._finish(receive, receive.check(header, receive.src, nbytes) or RuntimeError("mismatch"))
+                return
+        self._put_posted(slot, receive)
 
     def post_p2p(self, receive: Receive) -> None:
         """Post a point-to-point receive for (group, tag) from ``src`` (``None``: any source)."""
@@ -560,21 +544,16 @@ class Router:
     def complete(self, m: Match, payload: memoryview | None) -> None:
         """The frame ``m`` was routed for has fully arrived with ``payload``."""
         r = m.receive
-        if r is not None and not m.charged and m.header.get("t") == "m":  # the usual case, inlined
+        if r is not None and not m.charged and m.header.get("t") == "m":  # the usual case, _fill inlined
             if r.done:
                 return
             out = r.out
-            nbytes = m.nbytes
             if out is not None:
-                if nbytes and payload is not out:  # a network that ignored the sink
+                if m.nbytes and payload is not out:  # a network that ignored the sink
                     out[:] = payload  # type: ignore[index]
                 payload = out
             r.done = True
-            fut = r.fut
-            if fut is None:
-                r.on_done(Delivery(m.src, m.header, payload, nbytes))  # type: ignore[misc]
-            elif not fut.done():
-                fut.set_result(Delivery(m.src, m.header, payload, nbytes))
+            resolve(r, Delivery(m.src, m.header, payload, m.nbytes))
             return
         kind = m.header.get("t")
         if kind == "m":

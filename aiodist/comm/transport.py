@@ -414,13 +414,8 @@ class Transport:
             conn = p.ready.result()
         else:
             conn = await self._connection(p, group)
-        try:
-            try_send = getattr(conn, "try_send", None)
-            if try_send is not None and try_send(header, payload):
-                return
-        except ConnectionClosedError:
-            raise self._lost(p) from None
-        await self._send_on(p, conn, header, payload)
+        if not self._sent_now(p, conn, header, payload):
+            await self._send_on(p, conn, header, payload)
 
     def send_soon(self, dst: int, header: Header, payload: Any = None, group: Any = None) -> Awaitable[None] | None:
         """Send one frame now if nothing is in the way (None); else the awaitable that sends it.
@@ -432,15 +427,18 @@ class Transport:
         p = self._peers.get(dst)
         if p is not None and p.failure is None and not self._closed and p.ready.done():
             conn = p.ready.result()
-            try_send = getattr(conn, "try_send", None)
-            if try_send is not None:
-                try:
-                    if try_send(header, payload):
-                        return None
-                except ConnectionClosedError:
-                    raise self._lost(p) from None
-                return self._send_on(p, conn, header, payload)  # (not send(): it would try again)
+            if self._sent_now(p, conn, header, payload):
+                return None
+            return self._send_on(p, conn, header, payload)  # (not send(): it would try again)
         return self.send(dst, header, payload, group=group)
+
+    def _sent_now(self, p: _Peer, conn: Connection, header: Header, payload: Any) -> bool:
+        """Did ``conn`` take the frame at once (its ``try_send``)? A broken connection: ``p`` failed."""
+        try_send = getattr(conn, "try_send", None)
+        try:
+            return try_send is not None and try_send(header, payload)
+        except ConnectionClosedError:
+            raise self._lost(p) from None
 
     async def _send_on(self, p: _Peer, conn: Connection, header: Header, payload: Any) -> None:
         try:

@@ -106,7 +106,6 @@ class TCPStore(Store):
         # Fast path: queue a request without a coroutine per send (await only
         # when the connection's buffer is full).
         self._send_nowait = getattr(conn, "send_nowait", None)
-        self._try_send = getattr(conn, "try_send", None)  # (the simulator's fast path: no send_nowait there)
         set_handler = getattr(conn, "set_frame_handler", None)
         if set_handler is not None:
             # Fast path: replies are dispatched from the connection's frame
@@ -211,9 +210,7 @@ class TCPStore(Store):
         try:
             send_nowait = self._send_nowait
             if send_nowait is None:
-                try_send = self._try_send
-                if try_send is None or not try_send(header, payload):
-                    await self._conn.send(header, payload)
+                await self._conn.send(header, payload)
             elif not send_nowait(header, payload):
                 await self._conn.drained()  # type: ignore[attr-defined]  # found with send_nowait
             self._sent += 1

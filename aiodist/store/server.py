@@ -197,7 +197,6 @@ class StoreServer:
             fast = self._frame_handler(session, loop)
             set_handler(fast)  # requests are now served from the frame callback
         cid = session.cid
-        try_send = getattr(conn, "try_send", None)
         while True:
             # With the frame handler installed, recv() returns only once the
             # handler stepped aside (a reply met a full socket buffer: serve
@@ -216,8 +215,7 @@ class StoreServer:
                     if lost is None:
                         head, payload = self._encode(session, r)
                         try:
-                            if try_send is None or not try_send(head, payload):
-                                await conn.send(head, payload)
+                            await conn.send(head, payload)
                         except ConnectionClosedError as e:
                             lost = e  # still deliver what this request owes other clients
                 else:
