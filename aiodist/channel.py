@@ -50,10 +50,11 @@ class Channel(Protocol):
     ) -> None:
         """``send(dst, send_key, payload)`` and ``recv_into(src, recv_key, out)`` as one awaitable, no task.
 
-        The receive is posted before the send starts, so a send that waits for
+        The receive is posted before the send waits, so a send that waits for
         room (a large payload) never waits on a peer that waits for us to read:
-        the peer's message lands in ``out`` whenever it comes. An implementation
-        may do it with fewer coroutine layers than the two calls.
+        the peer's message lands in ``out`` whenever it comes. (A send that
+        goes at once may go first: nothing arrives before the step yields.) An
+        implementation may do it with fewer coroutine layers than the two calls.
         """
 
     async def recv_bytes(self, peer: int, key: tuple[Any, ...]) -> memoryview:

@@ -79,7 +79,14 @@ class EagerStart(collections.abc.Coroutine):  # type: ignore[type-arg]
             if self.error is not None:
                 raise self.error
             raise StopIteration(self.value)
-        return self._yielded
+        fut = self._yielded
+        self._yielded = None
+        if getattr(fut, "_asyncio_future_blocking", False) and fut.done():
+            # What the first step waits on is done already (a reply that came in before the
+            # task's first turn): carry on now, as the task's wakeup would one iteration later.
+            fut._asyncio_future_blocking = False
+            return self._coro.send(None)
+        return fut
 
     def send(self, value: Any) -> Any:
         if not self._started:

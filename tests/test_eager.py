@@ -59,6 +59,46 @@ async def test_an_error_in_the_first_step_is_the_task_error() -> None:
         await task
 
 
+async def test_a_future_done_before_the_tasks_first_turn_is_taken_in_that_turn() -> None:
+    """A reply that came in before the task's first turn: the task carries on at once (the task's
+    own wakeup would cost one more loop iteration), with the future's result, in its context."""
+    loop = asyncio.get_running_loop()
+    reply = loop.create_future()
+    steps: list[Any] = []
+
+    async def op() -> None:
+        VAR.set("op")
+        steps.append(await reply)
+        steps.append((asyncio.current_task() is task, VAR.get()))
+
+    task, early = start_eager(op(), loop)
+    assert not early.finished and steps == []
+    reply.set_result("pong")
+    await asyncio.sleep(0)  # one iteration: the task's first turn (scheduled before our wakeup)
+    assert steps == ["pong", (True, "op")]
+    await task
+
+
+async def test_an_error_done_before_the_tasks_first_turn_is_raised_in_that_turn() -> None:
+    loop = asyncio.get_running_loop()
+    reply = loop.create_future()
+    seen: list[BaseException] = []
+
+    async def op() -> None:
+        try:
+            await reply
+        except ValueError as e:
+            seen.append(e)
+            raise
+
+    task, _ = start_eager(op(), loop)
+    reply.set_exception(ValueError("peer said no"))
+    await asyncio.sleep(0)
+    assert len(seen) == 1 and task.done()
+    with pytest.raises(ValueError, match="peer said no"):
+        await task
+
+
 async def test_cancelling_before_the_task_ran_reaches_the_suspension_point() -> None:
     cleaned: list[str] = []
     never = asyncio.get_running_loop().create_future()

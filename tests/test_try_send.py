@@ -296,17 +296,26 @@ async def test_send_soon_turns_a_closed_error_from_try_send_into_peer_failure_at
 
 
 async def test_exchange_posts_its_receive_before_it_sends_and_moves_megabytes_both_ways() -> None:
-    """OpChannel.exchange: the receive is posted when the send starts (so a large send that waits for
-    room never waits on a peer waiting for us to read), and 8 MiB each way arrive intact."""
+    """OpChannel.exchange: the receive is posted before a send that must wait starts waiting (so a
+    large send never waits on a peer waiting for us to read), and 8 MiB each way arrive intact."""
     ts = await _transports(2)
     try:
         chans = [_channel(t, 2) for t in ts]
         seen: list[bool] = []
         original = ts[0].send_soon
 
+        def posted() -> bool:
+            return any(k[0] == 0 and k[1] == (0, "x") for k in ts[0].router._posted)
+
         def spy(dst: int, header: Any, payload: Any = None, group: Any = None) -> Any:
-            seen.append(any(k[0] == 0 and k[1] == (0, "x") for k in ts[0].router._posted))
-            return original(dst, header, payload, group)
+            pending = original(dst, header, payload, group)
+            assert pending is not None  # 8 MiB never goes at once
+
+            async def watched() -> None:
+                seen.append(posted())
+                await pending
+
+            return watched()
 
         ts[0].send_soon = spy  # type: ignore[method-assign]
         data = [np.arange(1 << 20, dtype=np.float64) + r for r in range(2)]  # 8 MiB

@@ -167,13 +167,20 @@ class OpChannel:
     async def exchange(
         self, dst: int, send_key: tuple[Any, ...], payload: Any, src: int, recv_key: tuple[Any, ...], out: memoryview
     ) -> None:
-        # One coroutine for a step (see Channel.exchange): the receive is posted first, so the
-        # peer's message lands in ``out`` whenever it comes, even while our send waits for room.
+        # One coroutine for a step (see Channel.exchange). A send that goes at once goes first
+        # (nothing can arrive before this step yields: the peer gets it sooner); otherwise the
+        # receive is posted before the send waits, so the peer's message lands in ``out``
+        # whenever it comes, even while our send waits for room.
         if out.format != "B" or out.ndim != 1:
             out = out.cast("B")
-        r, fut = self._post(src, recv_key, out)
+        pending = self._send_soon(dst, send_key, payload)
         try:
-            pending = self._send_soon(dst, send_key, payload)
+            r, fut = self._post(src, recv_key, out)
+        except BaseException:
+            if pending is not None:
+                pending.close()  # type: ignore[attr-defined]  # (never started: nothing was sent)
+            raise
+        try:
             if pending is not None:
                 await self._sending(dst, pending)
         except BaseException:
