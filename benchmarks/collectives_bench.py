@@ -21,6 +21,7 @@ is faster).
     python benchmarks/collectives_bench.py --quick --no-torch  # a smoke run
     python benchmarks/collectives_bench.py --torch-python /tmp/vt/bin/python --json results.json
     python benchmarks/collectives_bench.py --rounds 3   # alternate the backends; median per case
+    python benchmarks/collectives_bench.py --loopback   # + the machine's own ceiling (plain sockets)
 
 Wall-clock time (``time.perf_counter``) is right here: this is a harness
 outside the runtime, timing real processes.
@@ -307,6 +308,21 @@ def format_table(world: int, plan: list[Case], ours: dict[str, float | None], th
     return "\n".join(lines)
 
 
+def loopback_line(nbytes: int = 64 << 20, reps: int = 5) -> dict[str, float]:
+    """Print (and return) this machine's ceiling from loopback_bench.py: plain sockets, no aiodist."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # (its child process imports it from there too)
+    import loopback_bench
+
+    rates = loopback_bench.measure(nbytes, reps)
+    print(
+        f"# loopback ceiling, plain sockets between two processes, {nbytes >> 20} MiB: one way "
+        f"{rates['one way']:.2f} GB/s, both ways at once {rates['both ways']:.2f} GB/s per direction "
+        "(bounds a 2-rank all_reduce's busbw)",
+        flush=True,
+    )
+    return rates
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-sizes", default="2,4", help="comma-separated (default: 2,4)")
@@ -325,6 +341,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1,
         help="alternate the backends this many times per world size and report each case's median "
         "over the rounds (load on a shared machine then hits both alike)",
+    )
+    parser.add_argument(
+        "--loopback",
+        action="store_true",
+        help="also print this machine's ceiling: plain sockets between two processes (loopback_bench.py)",
     )
     parser.add_argument("--_torch-worker", dest="torch_worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -347,6 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif torch_importable():
             torch_python = sys.executable
     report: dict[str, Any] = {"sizes": size_list, "ops": ops, "worlds": {}}
+    if args.loopback:
+        report["loopback"] = loopback_line()
     for world in [int(w) for w in args.world_sizes.split(",")]:
         plan = make_plan(world, ops, size_list, quick=args.quick)
         our_rounds: list[dict[str, float | None]] = []

@@ -120,6 +120,18 @@ def test_bench_quick_run_prints_a_table() -> None:
         assert float(row[3 if row[0] != "barrier" else 2]) > 0  # a positive time in microseconds
 
 
+def test_loopback_ceiling_moves_bytes_both_ways_between_two_processes() -> None:
+    """benchmarks/loopback_bench.py's bandwidth probe (what collectives_bench --loopback prints): two positive rates."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # (the probe's child process imports it from there too)
+    try:
+        import loopback_bench
+
+        rates = loopback_bench.measure(256 << 10, 2)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert set(rates) == {"one way", "both ways"} and all(r > 0 for r in rates.values())
+
+
 RESTARTED_JOB = """
 import os
 import numpy as np
