@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 _env: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("aiodist_env", default=None)
 _network: contextvars.ContextVar[Network | None] = contextvars.ContextVar("aiodist_network", default=None)
 _scope: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("aiodist_rank_scope", default=None)
+_entropy: contextvars.ContextVar[Callable[[int], bytes] | None] = contextvars.ContextVar("aiodist_entropy", default=None)
 
 # The scope of the one rank a real process is. The simulator gives each virtual
 # rank its own scope dict through ``_scope`` instead.
@@ -44,6 +45,21 @@ def rank_environ() -> Mapping[str, str]:
 def set_rank_environ(env: Mapping[str, str] | None) -> contextvars.Token[Mapping[str, str] | None]:
     """Give the current context its own environment (used by the simulator)."""
     return _env.set(None if env is None else dict(env))
+
+
+def token_bytes(n: int) -> bytes:
+    """``n`` unpredictable bytes for the calling rank (nonces): ``os.urandom`` outside the simulator.
+
+    The simulator gives each virtual rank a generator drawn from the run's
+    seed (:func:`set_token_source`), so a run that authenticates still replays.
+    """
+    source = _entropy.get()
+    return os.urandom(n) if source is None else source(n)
+
+
+def set_token_source(source: Callable[[int], bytes] | None) -> contextvars.Token[Callable[[int], bytes] | None]:
+    """Give the current context its own source of :func:`token_bytes` (used by the simulator)."""
+    return _entropy.set(source)
 
 
 def current_network() -> Network:
