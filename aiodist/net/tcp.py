@@ -1,65 +1,110 @@
-"""The real network: framed connections over asyncio TCP.
+"""The real network: framed connections over asyncio TCP (the default loop and uvloop).
 
 Receiving uses :class:`asyncio.BufferedProtocol` with :class:`~aiodist.wire.FrameDecoder`,
-so large payloads are written by the kernel straight into their destination
-(a caller's array when a payload sink supplies it). Sending writes the header
-and the payload buffer without copying them; small frames sent in the same
-loop iteration are coalesced into one write (see :meth:`TCPConnection.send_nowait`).
-Works on the default asyncio loop and on uvloop (see :mod:`aiodist.eventloop`).
+so a payload is written by the kernel straight into its destination (a
+caller's array when a payload sink supplies one), and memory is only
+allocated as bytes arrive.
 
-Flow control: ``send`` returns only once the transport's buffer is empty again,
-i.e. the payload has been handed to the kernel; the caller may then reuse its
-buffer. Receive-side, reading pauses while too many frames wait unread.
+Sending: a small frame (up to 64 KiB with its header) is copied; the small
+frames sent in one loop iteration are coalesced into one write (see
+:meth:`TCPConnection.send_nowait`). A large payload is not copied: it is
+handed to the kernel in slices no larger than what the socket's send buffer
+takes at once (Linux tells us), so asyncio's transport never holds the
+caller's memory; what is written while the kernel is full is a small copy.
+Frames behind a large one wait, in order, in the connection's own queue. So
+a ``send`` that is cancelled leaves nothing of the caller's behind: a frame
+that had not started is dropped, one that had started is finished from a
+copy of its rest.
+
+Flow control: ``send`` returns once its frame is in the kernel's hands (or
+copied) and the connection's queue is below its bound; receive-side, reading
+pauses while too many frames wait unread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import functools
+import enum
 import ipaddress
 import logging
 import socket
-import types
-from collections.abc import Callable
-from typing import Any
+import struct
+import sys
+from typing import Any, cast
 
 from ..context import getenv
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
 from ..wire import DEFAULT_MAX_FRAME_SIZE, PREAMBLE, FrameDecoder, as_byte_view, encode_frame
-from .base import Address, Connection, ConnectionHandler, Frame, Header, Listener, Network, PayloadSink
+from .base import Address, Connection, ConnectionHandler, Frame, FrameHandler, Header, Listener, Network, PayloadSink
 
 log = logging.getLogger("aiodist.net")
 
-
-def _frame_maker() -> Callable[[Header, memoryview | None], Frame]:
-    """The cheapest way to build a :class:`Frame`, which is done for every frame received.
-
-    ``Frame`` is a frozen, slotted dataclass: its ``__init__`` sets each field
-    through a Python-level ``object.__setattr__`` call, several times slower
-    than setting the slots through their descriptors, as done here. Falls
-    back to the constructor if ``Frame`` ever stops being slotted.
-    """
-    slots = [Frame.__dict__.get(name) for name in ("header", "payload")]
-    if not all(isinstance(d, types.MemberDescriptorType) for d in slots):
-        return Frame
-    new = object.__new__
-    set_header, set_payload = slots[0].__set__, slots[1].__set__  # type: ignore[union-attr]
-
-    def make(header: Header, payload: memoryview | None) -> Frame:
-        frame = new(Frame)
-        set_header(frame, header)
-        set_payload(frame, payload)
-        return frame  # type: ignore[no-any-return]
-
-    return make
-
-
-_make_frame = _frame_maker()
-
-_COALESCE_LIMIT = 1 << 16  # frames up to this size are batched into one write
+_COALESCE_LIMIT = 1 << 16  # frames up to this size (header included) are copied and batched into one write
 _MAX_QUEUED_FRAMES = 4096  # pause reading beyond this many unread frames
+_COPY_SLICE = 1 << 15  # what is copied and written while the kernel's send buffer is (nearly) full
+_MIN_VIEW = 1 << 16  # the least the kernel must take at once for a slice of the caller's memory
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+
+_SO_MEMINFO = 55 if sys.platform == "linux" else None  # (Linux >= 4.6: the socket's memory counters)
+_MEMINFO = struct.Struct("9I")
+
+
+def _kernel_room(sock: Any) -> int | None:
+    """Payload bytes a send on ``sock`` takes at once now, by a safe margin; None if unknown.
+
+    Linux accepts data while the socket's queued memory is below its send
+    buffer; half the difference is taken as room (queued memory counts
+    per-packet overhead too).
+    """
+    if sock is None or _SO_MEMINFO is None:
+        return None
+    try:
+        info = _MEMINFO.unpack(sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, _MEMINFO.size))
+    except (OSError, struct.error):
+        return None
+    sndbuf: int = info[3]
+    queued: int = info[5]
+    return max(0, (sndbuf - queued) // 2)
+
+
+class _Outgoing:
+    """A large frame waiting in the connection's queue, handed to the kernel slice by slice."""
+
+    __slots__ = ("head", "data", "pos", "owned", "sent", "waiter")
+
+    def __init__(self, head: bytes, data: memoryview) -> None:
+        self.head = head  # the encoded prefix and header; b"" once written
+        self.data = data  # the payload: the caller's memory until own()
+        self.pos = 0  # payload bytes handed over
+        self.owned = False
+        self.sent = False  # handed over whole (or owned by a closing connection): it goes out
+        self.waiter: asyncio.Future[None] | None = None  # a send() waiting until it is handed over
+
+    def __repr__(self) -> str:
+        return f"<_Outgoing {self.pos}/{len(self.data)} {'owned' if self.owned else 'caller memory'}>"
+
+    def wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    @property
+    def started(self) -> bool:
+        return not self.head
+
+    def own(self) -> None:
+        """Copy the rest of the payload: the caller's buffer is then free."""
+        if not self.owned:
+            self.data = memoryview(bytes(self.data[self.pos :]))
+            self.pos = 0
+            self.owned = True
+
+
+class _State(enum.Enum):
+    CONNECTING = "connecting"
+    OPEN = "open"
+    CLOSING = "closing"  # close() was called: what is queued still goes out, then end-of-stream
+    CLOSED = "closed"
 
 
 class TCPConnection(Connection, asyncio.BufferedProtocol):
@@ -70,17 +115,22 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         # Fast path: the transport calls the decoder's get_buffer directly (one
         # Python call less per read); the method below documents it.
         self.get_buffer = self._decoder.get_buffer  # type: ignore[method-assign]
+        self._state = _State.CONNECTING
         self._transport: asyncio.Transport | None = None
+        self._sock: Any = None  # (to ask the kernel how much room its send buffer has)
         self._peer = peer
         self._frames: collections.deque[Frame] = collections.deque()
         self._recv_waiter: asyncio.Future[None] | None = None
         self._exc: ConnectionClosedError | None = None
         self._closed_fut: asyncio.Future[None] | None = None
-        self._paused_writing = False
+        self._paused_writing = False  # the transport holds bytes the kernel did not take yet
+        self._exposed = False  # ... and some of them are the caller's memory (see _write_slices)
         self._paused_reading = False
-        self._deferred = False  # a payload whose destination the sink has not named yet
         self._reading = True
         self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Frames that could not be handed to the transport yet, in order: large ones
+        # (_Outgoing) and, behind them, small ones copied into bytearrays.
+        self._outq: collections.deque[_Outgoing | bytearray] = collections.deque()
         self._wbuf = bytearray()
         self._flush_scheduled = False
         # Coalescing state (see send_nowait): a frame went straight to the
@@ -89,16 +139,21 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._delivering = False  # handing a batch of received frames to the frame handler
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._on_frame: Callable[[Frame], None] | None = None
+        self._on_frame: FrameHandler | None = None
 
     def __repr__(self) -> str:
-        state = "closed" if self._exc is not None else "open"
-        return f"<TCPConnection {self._peer} {state} queued={len(self._frames)}>"
+        return (f"<TCPConnection {self._peer} {self._state.value} unread={len(self._frames)} "
+                f"queued={len(self._outq)}>")
 
     # -- asyncio protocol callbacks ----------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport subclass
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, base)  # (uvloop's is not an asyncio.Transport subclass)
+        if self._state is not _State.CONNECTING:  # closed before it was made
+            transport.abort()
+            return
+        self._transport = transport
+        self._state = _State.OPEN
         self._loop = asyncio.get_running_loop()
         self._closed_fut = self._loop.create_future()
         sock = transport.get_extra_info("socket")
@@ -107,11 +162,13 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            if _kernel_room(sock) is not None:
+                self._sock = sock
         peername = transport.get_extra_info("peername")
         if peername:
             self._peer = f"{peername[0]}:{peername[1]}"
         # Limits of 0: pause_writing whenever anything is left unsent, so that
-        # resume_writing tells us the buffer is empty (send() then returns).
+        # resume_writing tells us the transport's buffer is empty.
         transport.set_write_buffer_limits(high=0, low=0)
         transport.write(PREAMBLE)
 
@@ -141,9 +198,6 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         if self._handshake_timer is not None and decoder.handshake_done:
             self._handshake_timer.cancel()
             self._handshake_timer = None
-        if decoder.awaiting_target and not self._deferred:
-            self._deferred = True  # stop reading until resume_payload() names the payload's destination
-            self._update_reading()
         if not frames:
             return
         on_frame = self._on_frame
@@ -152,22 +206,17 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             # the handler; a reply it sends goes straight out (see send_nowait).
             header, payload = frames[0]
             try:
-                on_frame(_make_frame(header, payload))
+                on_frame(Frame(header, payload))
             except Exception as e:  # a local bug in the handler: never kill the loop
                 self._handler_failed(e)
             return
         self._deliver(frames)
 
-    def _decode(self, step: Callable[[Any], list[tuple[Header, memoryview | None]]], arg: Any) -> list[tuple[Header, memoryview | None]] | None:
-        """Run one decoder step; on bad bytes (or a failing payload sink) fail the connection and return None."""
-        try:
-            return step(arg)
-        except Exception as e:
-            self._decode_failed(e)
-        return None
-
     def _decode_failed(self, e: Exception) -> None:
         """The decoder raised: bad bytes from the peer, or a payload sink that failed (a local bug)."""
+        frames, self._decoder.completed = self._decoder.completed, []
+        if frames:  # the frames before the bad one were fine: they are delivered
+            self._deliver(frames)
         if isinstance(e, ProtocolError):
             log.info("closing connection from %s: %s", self._peer, e)
             self._fail(ConnectionLost(f"protocol error from {self._peer}: {e}"))
@@ -180,7 +229,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         t = self._transport
         if t is None or self._exc is not None:
             return
-        want = not self._deferred and not self._paused_reading
+        want = not self._paused_reading
         if want != self._reading:
             self._reading = want
             if want:
@@ -188,36 +237,17 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             else:
                 t.pause_reading()
 
-    def resume_payload(self, target: memoryview | None) -> None:
-        """Name the destination of a payload the sink deferred (``None``: a new buffer) and read on.
-
-        The sink returned :data:`~aiodist.wire.DEFER` for it; reading stopped
-        meanwhile. A no-op if the connection closed.
-        """
-        if self._exc is not None or not self._decoder.awaiting_target:
-            return
-        frames = self._decode(self._decoder.provide_target, target)
-        if frames is None:
-            return
-        self._deferred = self._decoder.awaiting_target
-        self._update_reading()
-        if frames:
-            self._deliver(frames)
-
     def _deliver(self, frames: list[tuple[Header, memoryview | None]]) -> None:
         if self._on_frame is None:
             self._enqueue(frames)
             return
         if len(frames) == 1:
-            # The usual case of request/reply traffic: no batching needed; a
-            # reply the handler sends goes straight out (see send_nowait).
             if self._exc is None:
                 header, payload = frames[0]
                 self._handle_frame(header, payload)
             return
         # Several frames at once: replies sent by the handler are collected
         # and written together when the batch is done.
-        outer = self._delivering  # True when a handler made us deliver again (resume_payload)
         self._delivering = True
         try:
             for i, (header, payload) in enumerate(frames):
@@ -229,20 +259,19 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 if not self._handle_frame(header, payload):
                     return
         finally:
-            self._delivering = outer
-            if not outer:
-                if self._wbuf and self._exc is None:
-                    self._write_buffered()
-                # Many frames at once (pipelined replies) usually wake many
-                # senders: batch their frames until the next iteration.
-                self._wrote_now()
+            self._delivering = False
+            if self._wbuf and self._exc is None:
+                self._write_buffered()
+            # Many frames at once (pipelined replies) usually wake many
+            # senders: batch their frames until the next iteration.
+            self._wrote_now()
 
     def _handle_frame(self, header: Header, payload: memoryview | None) -> bool:
-        """Hand one frame to the frame handler; False if the handler failed (the connection is then closed)."""
+        """Hand one frame to the frame handler; False if the handler failed (the connection is then broken)."""
         on_frame = self._on_frame
         assert on_frame is not None
         try:
-            on_frame(_make_frame(header, payload))
+            on_frame(Frame(header, payload))
         except Exception as e:  # a local bug in the handler: never kill the loop
             self._handler_failed(e)
             return False
@@ -255,7 +284,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
     def _enqueue(self, frames: list[tuple[Header, memoryview | None]]) -> None:
         """Queue frames for recv()."""
         for header, payload in frames:
-            self._frames.append(_make_frame(header, payload))
+            self._frames.append(Frame(header, payload))
         if len(self._frames) > _MAX_QUEUED_FRAMES and not self._paused_reading:
             self._paused_reading = True
             self._update_reading()
@@ -270,11 +299,10 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             self._set_exc(ConnectionLost(f"{self._peer} closed the connection"))
         else:
             self._set_exc(ConnectionLost(f"connection to {self._peer} broke: {exc}"))
-        if self._handshake_timer is not None:
-            self._handshake_timer.cancel()
-            self._handshake_timer = None
+        self._state = _State.CLOSED
         self._paused_writing = False
-        self._wake_drainers()
+        self._drop_sending()
+        self._release()
         if self._closed_fut is not None and not self._closed_fut.done():
             self._closed_fut.set_result(None)
 
@@ -283,7 +311,13 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._paused_writing = False
-        self._wake_drainers()
+        self._exposed = False
+        if self._outq:
+            self._pump()
+        elif self._state is _State.CLOSING:
+            self._finish_closing()
+        if not self._paused_writing and not self._outq:
+            self._wake_drainers()
 
     # -- Connection interface -------------------------------------------------
 
@@ -296,15 +330,15 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         return self._exc is not None
 
     def set_payload_sink(self, sink: PayloadSink | None) -> None:
-        self._decoder.sink = sink
+        if self._exc is None:
+            self._decoder.sink = sink
 
-    def set_frame_handler(self, handler: Callable[[Frame], None] | None) -> None:
-        """Deliver frames by calling ``handler(frame)`` as they complete, instead of through :meth:`recv`.
+    def set_max_frame_size(self, n: int) -> None:
+        self._decoder.set_max_frame_size(n)
 
-        An optional fast path (no task wake-up and future per frame): frames
-        already queued are handed over first, in order. :meth:`recv` then
-        only reports the end of the connection (it raises once it closes).
-        """
+    def set_frame_handler(self, handler: FrameHandler | None) -> None:
+        if self._exc is not None and handler is not None:
+            return  # (closed: nothing will arrive, and the handler must not be kept alive)
         self._on_frame = handler
         while handler is not None and self._frames and self._exc is None and self._on_frame is handler:
             handler(self._frames.popleft())
@@ -313,16 +347,56 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             self._update_reading()
 
     async def send(self, header: Header, payload: Any = None) -> None:
-        if not self.send_nowait(header, payload):
+        if self.send_nowait(header, payload):
+            return
+        last = self._outq[-1] if self._outq else None
+        if isinstance(last, _Outgoing) and last.waiter is None and not last.owned:
+            await self._until_handed(last)
+        else:
             await self._drain()
 
+    async def _until_handed(self, item: _Outgoing) -> None:
+        """Wait until ``item`` (our frame, of the caller's memory) is in the kernel's hands.
+
+        Cancellation: a frame that has not started is taken out of the queue
+        (not sent at all); one that has is finished from a copy of its rest.
+        Either way the caller's buffer is free when this raises.
+        """
+        assert self._loop is not None
+        fut = item.waiter = self._loop.create_future()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self._give_back(item)
+            raise
+        finally:
+            item.waiter = None
+        if not item.sent:
+            assert self._exc is not None
+            raise self._exc
+
+    def _give_back(self, item: _Outgoing) -> None:
+        """A send() gave up waiting for ``item``: make sure nothing keeps referring to its payload."""
+        if item.sent or item not in self._outq:
+            return  # handed over (or dropped) already
+        if not item.started:
+            self._outq.remove(item)
+            item.data = memoryview(b"")  # (the cancelled task's traceback may keep the item alive)
+        elif self._exposed and self._outq[0] is item:
+            # The kernel refused part of a slice it said it had room for: the transport
+            # still reads the caller's memory. Resetting is the only way to let go of it.
+            log.warning("resetting connection to %s: a cancelled send's payload was still being read", self._peer)
+            self.abort()
+        else:
+            item.own()
+
     def try_send(self, header: Header, payload: Any = None) -> bool:
-        """Queue one small frame (a copy) if the buffer has room: True; else queue nothing: False.
+        """Queue one small frame (a copy) if nothing waits: True; else queue nothing: False.
 
         A large payload (more than the coalescing limit, written without a
         copy) is never taken here: :meth:`send` waits until it is safe to reuse.
         """
-        if self._exc is not None or self._paused_writing:
+        if self._exc is not None or self._paused_writing or self._outq:
             return False
         if payload is not None:
             payload = as_byte_view(payload)
@@ -340,9 +414,8 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
     def send_nowait(self, header: Header, payload: Any = None) -> bool:
         """Queue one frame without waiting; False: the buffer is full, wait before sending more.
 
-        Unlike :meth:`send`, a large payload may still be referenced by the
-        transport when this returns False: keep it unchanged until a later
-        ``send`` (or :meth:`drained`) returns.
+        After False, a large payload may still be read: keep it unchanged
+        until a later ``send`` (or :meth:`drained`) returns.
 
         Coalescing: the first small frame of a loop iteration is written at
         once (no added latency). Further frames sent in the same iteration
@@ -361,15 +434,24 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             return self._queue_small(head)
         if len(head) + body.nbytes <= _COALESCE_LIMIT:
             return self._queue_small(head + body)
-        # Large: written without copying, after whatever is batched.
+        # Large: queued behind whatever is batched, handed to the kernel slice by slice.
         if self._wbuf:
             self._write_buffered()
-        self._transport.writelines((head, body))  # type: ignore[union-attr]
+        self._outq.append(_Outgoing(head, body))
+        if not self._paused_writing and len(self._outq) == 1:
+            self._pump()
         self._wrote_now()
-        return not self._paused_writing
+        return not self._paused_writing and not self._outq
 
     def _queue_small(self, data: bytes) -> bool:
         """Write ``data`` now, or batch it for the end of this loop iteration (see :meth:`send_nowait`)."""
+        if self._outq:  # behind a large frame still on its way
+            last = self._outq[-1]
+            if isinstance(last, bytearray):
+                last += data
+            else:
+                self._outq.append(bytearray(data))
+            return False
         if not (self._wrote or self._delivering or self._paused_writing or self._wbuf):
             self._transport.write(data)  # type: ignore[union-attr]
             self._wrote_now()
@@ -395,19 +477,80 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         """At the start of the next iteration: write the frames batched during the last one."""
         self._flush_scheduled = False
         self._wrote = False
-        if self._wbuf and self._exc is None and self._transport is not None:
+        if self._wbuf and self._transport is not None and self._state is _State.OPEN:
             self._write_buffered()
 
     def _write_buffered(self) -> None:
         data, self._wbuf = self._wbuf, bytearray()
-        self._transport.write(data)  # type: ignore[union-attr]
+        if self._outq:  # (a large frame went first meanwhile: stay behind it)
+            self._outq.append(data)
+        else:
+            self._transport.write(data)  # type: ignore[union-attr]
+
+    def _pump(self) -> None:
+        """Hand queued frames to the transport, in order, while it takes them without holding on."""
+        q = self._outq
+        t = self._transport
+        assert t is not None
+        while q and not self._paused_writing:
+            item = q[0]
+            if type(item) is bytearray:
+                q.popleft()
+                t.write(item)
+                continue
+            assert isinstance(item, _Outgoing)
+            if not self._write_slices(t, item):
+                break
+            q.popleft()
+            item.sent = True
+            item.wake()
+        if not q:
+            if self._state is _State.CLOSING:
+                self._finish_closing()
+            elif not self._paused_writing:
+                self._wake_drainers()
+
+    def _write_slices(self, t: asyncio.Transport, item: _Outgoing) -> bool:
+        """Write ``item`` while the kernel takes it; True once all of it is in the kernel's hands or copied.
+
+        A slice of the caller's memory is only written when the kernel has
+        room for all of it (else asyncio's transport would keep referring to
+        it); otherwise a small copy, whose leftover the transport keeps
+        (``pause_writing``) until the kernel has room again (``resume_writing``).
+        """
+        data = item.data
+        n = len(data)
+        while item.pos < n:
+            if self._paused_writing:
+                return False
+            pos = item.pos
+            if item.owned:  # (the connection's own copy: the transport may keep it)
+                if item.head:
+                    t.write(item.head)
+                t.write(data[pos:])
+                item.head, item.pos = b"", n
+                break
+            room = _kernel_room(self._sock) if not item.head else None
+            if room is not None and room >= _MIN_VIEW:
+                k = min(n - pos, room)
+                t.write(data[pos : pos + k])
+                if self._paused_writing:  # the kernel did not take all of it after all
+                    self._exposed = True
+            else:  # the header with the payload's first bytes, or the kernel is (nearly) full: a copy
+                k = min(n - pos, _COPY_SLICE)
+                t.write(item.head + data[pos : pos + k])
+                item.head = b""
+            item.pos = pos + k
+        # Done, unless the transport still holds part of a slice of the caller's memory (then
+        # the frame stays first in the queue until the transport let go of it: resume_writing).
+        return not self._exposed
 
     async def drained(self) -> None:
-        """Wait until everything queued was handed to the kernel (raises if the connection broke)."""
-        if self._paused_writing:
-            await self._drain()
-        elif self._exc is not None:
+        """Wait until everything queued was handed to the kernel (raises if the connection closed or broke)."""
+        if self._exc is not None:
             raise self._exc
+        if self._paused_writing or self._outq:
+            await self._drain()
 
     async def _drain(self) -> None:
         assert self._loop is not None
@@ -455,20 +598,77 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._wake_drainers()
 
     def _fail(self, exc: ConnectionClosedError) -> None:
+        """Break the connection (a protocol error, a local bug in a handler): reset, drop everything."""
         self._set_exc(exc)
+        self._state = _State.CLOSED
+        self._drop_sending()
+        self._release()
         if self._transport is not None:
             self._transport.abort()
+
+    def _drop_sending(self) -> None:
+        """Nothing more goes out: wake every sender (they raise) and forget their payloads."""
+        self._wbuf = bytearray()
+        outq, self._outq = self._outq, collections.deque()
+        for item in outq:
+            if isinstance(item, _Outgoing):
+                item.wake()
+        self._wake_drainers()
+
+    def _release(self) -> None:
+        """Drop the receive buffers, the sink and the handler at once (they may refer back to us)."""
+        self._decoder.release()
+        self._on_frame = None
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
 
     def close(self) -> None:
         if self._exc is None:
             self._exc = ConnectionClosedLocally(f"connection to {self._peer} was closed by this side")
-            self._frames.clear()
+        self._frames.clear()
+        self._release()
         self._wake_reader()
-        self._wake_drainers()
-        if self._transport is not None and not self._transport.is_closing():
+        if self._state is _State.OPEN:
+            self._state = _State.CLOSING
             if self._wbuf:
                 self._write_buffered()  # frames batched in this iteration still go out
-            self._transport.close()
+            for i, item in enumerate(self._outq):  # they still go out, but no longer from their senders' memory
+                if isinstance(item, _Outgoing):
+                    item.own()
+                    if i or not self._exposed:  # (else once the transport let go of the caller's memory)
+                        item.sent = True
+                        item.wake()
+            if not self._outq:
+                self._finish_closing()
+        elif self._state is _State.CONNECTING:
+            self._state = _State.CLOSED
+        self._wake_drainers()
+
+    def _finish_closing(self) -> None:
+        """Everything queued was handed to the transport: it sends the rest, then end-of-stream."""
+        t = self._transport
+        if t is not None and not t.is_closing():
+            t.close()
+
+    def abort(self) -> None:
+        was = self._state
+        if self._exc is None or was is _State.CLOSING:
+            self._exc = ConnectionClosedLocally(f"connection to {self._peer} was aborted by this side")
+        self._frames.clear()
+        self._state = _State.CLOSED
+        self._drop_sending()
+        self._release()
+        self._wake_reader()
+        t = self._transport
+        if t is not None and (was is _State.OPEN or was is _State.CLOSING):
+            sock = t.get_extra_info("socket")
+            if sock is not None:
+                try:  # a reset (RST), not an orderly end: the kernel drops what it still holds
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                except (OSError, ValueError):
+                    pass
+            t.abort()
 
     async def wait_closed(self) -> None:
         if self._closed_fut is not None:
@@ -531,16 +731,17 @@ class TCPListener(Listener):
             await self._server.wait_closed()
 
 
-@functools.lru_cache(maxsize=16)
-def local_address_toward(peer: str | None) -> str:
+async def local_address_toward(peer: str | None) -> str:
     """This machine's address on the route to ``peer`` (loopback for a local or missing peer).
 
-    Uses a UDP socket's ``connect``, which picks a route without sending anything.
+    The name is looked up with the loop's resolver (never blocking the loop);
+    the route is found with a UDP socket's ``connect``, which sends nothing.
     """
     if not peer or peer == "localhost":
         return "127.0.0.1"
     try:
-        infos = socket.getaddrinfo(peer, None, socket.AF_INET, socket.SOCK_DGRAM)
+        infos = await asyncio.get_running_loop().getaddrinfo(peer, None, family=socket.AF_INET,
+                                                             type=socket.SOCK_DGRAM)
         addr = infos[0][4][0]
         if ipaddress.ip_address(addr).is_loopback:
             return "127.0.0.1"
@@ -553,15 +754,16 @@ def local_address_toward(peer: str | None) -> str:
 
 
 class TCPNetwork(Network):
-    """asyncio TCP. Stateless: one instance serves every rank of a process."""
+    """asyncio TCP. One instance serves every rank of a process."""
 
     def __init__(self, *, host: str | None = None) -> None:
         self._host = host
+        self._toward: dict[str, str] = {}  # MASTER_ADDR -> local_address_toward(MASTER_ADDR)
 
     def __repr__(self) -> str:
         return "<TCPNetwork>"
 
-    def default_host(self) -> str:
+    async def default_host(self) -> str:
         """The address this host's listeners are published under.
 
         ``127.0.0.1`` for a single-machine job; when the rank's MASTER_ADDR is
@@ -571,21 +773,29 @@ class TCPNetwork(Network):
         """
         if self._host:
             return self._host
-        return local_address_toward(getenv("MASTER_ADDR"))
+        master = getenv("MASTER_ADDR") or ""
+        found = self._toward.get(master)
+        if found is None:
+            found = self._toward[master] = await local_address_toward(master)
+        return found
 
     async def connect(
-        self, address: Address, *, timeout: float | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+        self, address: Address, *, timeout: float | None = None, max_frame_size: int | None = None
     ) -> Connection:
         host, port = address
         loop = asyncio.get_running_loop()
-        conn = TCPConnection(max_frame_size=max_frame_size, peer=f"{host}:{port}")
+        conn = TCPConnection(max_frame_size=max_frame_size or DEFAULT_MAX_FRAME_SIZE, peer=f"{host}:{port}")
         try:
             async with asyncio.timeout(timeout):
                 await loop.create_connection(lambda: conn, host, port)
         except TimeoutError:
+            conn.abort()
             raise TimeoutError(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
         except OSError as e:
             raise ConnectionLost(f"could not connect to {host}:{port}: {e.strerror or e}") from None
+        except BaseException:
+            conn.abort()
+            raise
         return conn
 
     async def listen(
@@ -601,8 +811,7 @@ class TCPNetwork(Network):
         mfs = max_frame_size or DEFAULT_MAX_FRAME_SIZE
 
         def factory() -> TCPConnection:
-            conn = _ServerConnection(listener, handshake_timeout, max_frame_size=mfs)
-            return conn
+            return _ServerConnection(listener, handshake_timeout, max_frame_size=mfs)
 
         loop = asyncio.get_running_loop()
         try:
@@ -618,10 +827,12 @@ class TCPNetwork(Network):
 class _ServerConnection(TCPConnection):
     def __init__(self, listener: TCPListener, handshake_timeout: float | None, **kw: Any) -> None:
         super().__init__(**kw)
-        self._listener = listener
+        self._listener: TCPListener | None = listener
         self._handshake_timeout = handshake_timeout
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.start_handshake_timer(self._handshake_timeout)
-        self._listener._accepted(self)
+        listener, self._listener = self._listener, None
+        assert listener is not None
+        listener._accepted(self)
