@@ -19,15 +19,18 @@ caller-supplied buffer from a :data:`~aiodist.net.base.PayloadSink`), so the
 bytes are written once, by the kernel, where they belong.
 
 Memory follows bytes: nothing is allocated from what a prefix *claims*. A
-payload with no destination of its own is received into memory that grows
-with the bytes that actually arrive (:data:`PAYLOAD_CHUNK` at a time, joined
-once complete), and a header larger than the staging area grows it as its
-bytes arrive; both stay within ``max_frame_size``.
+payload with no destination of its own and larger than :data:`PAYLOAD_CHUNK`
+is received into an anonymous memory mapping, whose pages the kernel provides
+one by one as the bytes are written (address space is reserved for the claim,
+memory only for what arrives); a header larger than the staging area grows
+the staging area as its bytes arrive. Both stay within ``max_frame_size``.
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -55,9 +58,22 @@ payload then arrives in one read and is decoded in one pass (two reads and two d
 cost more than copying it out of the staging area). Connections of small frames never grow."""
 
 PAYLOAD_CHUNK = 1 << 20
-"""A payload with no sink buffer and larger than this is received in chunks of
-this size (each allocated once the previous one is full) and joined once when
-complete; a smaller one gets its buffer at once."""
+"""A payload with no sink buffer up to this size gets its buffer at once; a
+larger one gets memory as its bytes arrive (see :func:`grown_buffer`)."""
+
+_MAP_NORESERVE = 0x4000 if sys.platform == "linux" else 0  # (not charged to the commit limit up front)
+
+
+def grown_buffer(nbytes: int) -> memoryview:
+    """A writable buffer of ``nbytes`` whose memory is provided as it is written, page by page.
+
+    An anonymous private mapping: the claim reserves address space only; the
+    kernel supplies zeroed pages on first write, so resident memory follows
+    the bytes that actually arrive. Freed (unmapped) with its last reference.
+    """
+    if not hasattr(mmap, "MAP_PRIVATE"):  # pragma: no cover - Windows
+        return memoryview(mmap.mmap(-1, nbytes))
+    return memoryview(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE))
 
 DEFER: Any = object()
 """Transitional, honoured by nothing: :mod:`aiodist.comm.transport` still imports the name
@@ -161,13 +177,8 @@ class FrameDecoder:
         self._hlen = 0
         self._plen = 0
         self._header: dict[str, Any] = {}
-        # The payload being received: written into ``_target`` (the sink's buffer, or the current
-        # chunk of a payload without one) up to ``_tlen``; full chunks wait in ``_chunks``.
-        self._target: memoryview | None = None
+        self._target: memoryview | None = None  # where the payload being received goes
         self._pos = 0
-        self._tlen = 0
-        self._chunks: list[bytearray] | None = None
-        self._got = 0  # payload bytes in full chunks
         self.completed: Frames = []
         """After :meth:`buffer_updated` raised: the frames it had completed before the failure."""
 
@@ -195,7 +206,6 @@ class FrameDecoder:
         self._start = self._end = 0
         self._header = {}
         self._target = None
-        self._chunks = None
 
     # -- BufferedProtocol-style interface ---------------------------------
 
@@ -226,8 +236,8 @@ class FrameDecoder:
         try:
             if state == _ST_PAYLOAD:
                 self._pos += nbytes
-                if self._pos == self._tlen:
-                    self._target_full(frames)
+                if self._pos == self._plen:
+                    self._finish_payload(frames)
                 return frames
             end = self._end + nbytes
             self._end = end
@@ -384,48 +394,25 @@ class FrameDecoder:
         """The header is decoded: ask the sink where the payload goes, take what is staged, go on."""
         plen = self._plen
         target = self.sink(self._header, plen) if self.sink is not None else None
-        staged = min(self._end - self._start, plen)
         if target is not None:
             target = self._usable(target, plen)
-            self._chunks = None
         elif plen <= PAYLOAD_CHUNK:
             target = memoryview(bytearray(plen))
-            self._chunks = None
-        else:  # memory as the bytes arrive: a chunk now (or what is staged), the next when it is full
-            target = memoryview(bytearray(max(staged, PAYLOAD_CHUNK)))
-            self._chunks = []
-            self._got = 0
+        else:
+            target = grown_buffer(plen)
         self._target = target
-        self._tlen = len(target)
+        staged = min(self._end - self._start, plen)
         if staged:
             target[:staged] = self._view[self._start : self._start + staged]
             self._start += staged
         self._pos = staged
-        self._state = _ST_PAYLOAD
-        if staged == self._tlen:
-            self._target_full(frames)
-
-    def _target_full(self, frames: Frames) -> None:
-        """The payload's buffer (or its current chunk) is full: finish the frame, or start the next chunk."""
-        chunks = self._chunks
-        if chunks is None:
-            payload = self._target
+        if staged == plen:
+            self._finish_payload(frames)
         else:
-            target = self._target
-            assert target is not None
-            chunks.append(target.obj)  # type: ignore[arg-type]
-            self._got += self._tlen
-            left = self._plen - self._got
-            if left:
-                self._target = memoryview(bytearray(min(left, PAYLOAD_CHUNK)))
-                self._tlen = len(self._target)
-                self._pos = 0
-                return
-            joined = bytearray().join(chunks)
-            chunks.clear()
-            self._chunks = None
-            payload = memoryview(joined)
-        frames.append((self._header, payload))
+            self._state = _ST_PAYLOAD
+
+    def _finish_payload(self, frames: Frames) -> None:
+        frames.append((self._header, self._target))
         self._header = {}
         self._target = None
         self._pos = 0

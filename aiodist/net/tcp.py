@@ -33,7 +33,7 @@ import struct
 import sys
 from typing import Any, cast
 
-from ..context import getenv
+from ..rankenv import getenv
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
 from ..wire import DEFAULT_MAX_FRAME_SIZE, PREAMBLE, FrameDecoder, as_byte_view, encode_frame
 from .base import Address, Connection, ConnectionHandler, Frame, FrameHandler, Header, Listener, Network, PayloadSink
@@ -45,27 +45,47 @@ _MAX_QUEUED_FRAMES = 4096  # pause reading beyond this many unread frames
 _COPY_SLICE = 1 << 15  # what is copied and written while the kernel's send buffer is (nearly) full
 _MIN_VIEW = 1 << 16  # the least the kernel must take at once for a slice of the caller's memory
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+_LINGER = 5.0  # after an orderly close: how long to wait for the peer's end of stream (see _finish_closing)
 
-_SO_MEMINFO = 55 if sys.platform == "linux" else None  # (Linux >= 4.6: the socket's memory counters)
+_SO_MEMINFO = 55 if sys.platform == "linux" else None  # (Linux >= 4.6: a socket's memory counters)
 _MEMINFO = struct.Struct("9I")
 
 
-def _kernel_room(sock: Any) -> int | None:
-    """Payload bytes a send on ``sock`` takes at once now, by a safe margin; None if unknown.
+class _KernelRoom:
+    """How many bytes a send on a socket takes at once, now (Linux; elsewhere unknown: None).
 
-    Linux accepts data while the socket's queued memory is below its send
-    buffer; half the difference is taken as room (queued memory counts
-    per-packet overhead too).
+    The kernel accepts data while the memory its send queue holds is below
+    the socket's send buffer (``SO_MEMINFO``); three quarters of the
+    difference are taken as room, as queued memory counts per-packet overhead
+    too. (The kernel wakes a writer once a third of the buffer is free: the
+    room then is about a megabyte on loopback.)
     """
-    if sock is None or _SO_MEMINFO is None:
-        return None
-    try:
-        info = _MEMINFO.unpack(sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, _MEMINFO.size))
-    except (OSError, struct.error):
-        return None
-    sndbuf: int = info[3]
-    queued: int = info[5]
-    return max(0, (sndbuf - queued) // 2)
+
+    __slots__ = ("_sock",)
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+
+    def room(self) -> int:
+        """Bytes a send takes at once (0 if that cannot be known any more: the socket is closing)."""
+        try:
+            info = _MEMINFO.unpack(self._sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, _MEMINFO.size))
+        except (OSError, ValueError, struct.error):
+            return 0
+        sndbuf: int = info[3]
+        queued: int = info[5]
+        return (sndbuf - queued) * 3 // 4
+
+    @classmethod
+    def of(cls, sock: Any) -> _KernelRoom | None:
+        """The room of ``sock``'s send buffer, if this system tells it."""
+        if sock is None or _SO_MEMINFO is None:
+            return None
+        try:
+            _MEMINFO.unpack(sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, _MEMINFO.size))
+        except (OSError, ValueError, struct.error):
+            return None
+        return cls(sock)
 
 
 class _Outgoing:
@@ -117,7 +137,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self.get_buffer = self._decoder.get_buffer  # type: ignore[method-assign]
         self._state = _State.CONNECTING
         self._transport: asyncio.Transport | None = None
-        self._sock: Any = None  # (to ask the kernel how much room its send buffer has)
+        self._room: _KernelRoom | None = None
         self._peer = peer
         self._frames: collections.deque[Frame] = collections.deque()
         self._recv_waiter: asyncio.Future[None] | None = None
@@ -138,6 +158,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._wrote = False
         self._delivering = False  # handing a batch of received frames to the frame handler
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_frame: FrameHandler | None = None
 
@@ -162,8 +183,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-            if _kernel_room(sock) is not None:
-                self._sock = sock
+            self._room = _KernelRoom.of(sock)
         peername = transport.get_extra_info("peername")
         if peername:
             self._peer = f"{peername[0]}:{peername[1]}"
@@ -303,6 +323,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._paused_writing = False
         self._drop_sending()
         self._release()
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         if self._closed_fut is not None and not self._closed_fut.done():
             self._closed_fut.set_result(None)
 
@@ -530,7 +553,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 t.write(data[pos:])
                 item.head, item.pos = b"", n
                 break
-            room = _kernel_room(self._sock) if not item.head else None
+            room = self._room.room() if self._room is not None and not item.head else None
             if room is not None and room >= _MIN_VIEW:
                 k = min(n - pos, room)
                 t.write(data[pos : pos + k])
@@ -646,10 +669,32 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._wake_drainers()
 
     def _finish_closing(self) -> None:
-        """Everything queued was handed to the transport: it sends the rest, then end-of-stream."""
+        """Everything queued was handed to the transport: it sends the rest, then end-of-stream.
+
+        A lingering close: only our direction is shut (FIN after the data); we
+        read on (and drop what comes) until the peer's end of stream, or for
+        at most ``_LINGER`` seconds. Closing the socket at once would make the
+        kernel answer data still arriving with a reset, and a reset can make
+        the peer lose the last frames we sent.
+        """
         t = self._transport
-        if t is not None and not t.is_closing():
+        if t is None or t.is_closing() or self._linger is not None:
+            return
+        if not t.can_write_eof():
             t.close()
+            return
+        try:
+            t.write_eof()
+        except OSError:  # (the peer is gone already)
+            t.abort()
+            return
+        assert self._loop is not None
+        self._linger = self._loop.call_later(_LINGER, self._linger_expired)
+
+    def _linger_expired(self) -> None:
+        self._linger = None
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.abort()
 
     def abort(self) -> None:
         was = self._state

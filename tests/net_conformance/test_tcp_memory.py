@@ -1,7 +1,7 @@
 """TCP: memory follows the bytes that arrive, never what a header claims; a closed connection frees it at once.
 
 Real sockets on 127.0.0.1, one listener in this process; memory measured as
-the process's resident set (Linux ``/proc/self/statm``) and with tracemalloc.
+the process's resident set (Linux ``/proc/self/statm``).
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ import os
 import socket
 import struct
 import sys
-import tracemalloc
 from typing import Any
 
 import pytest
 
 from aiodist.net.base import Connection
 from aiodist.net.tcp import TCPNetwork
-from aiodist.wire import PAYLOAD_CHUNK, PREAMBLE, encode_header
+from aiodist.wire import PREAMBLE, encode_header
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/statm")
 
@@ -78,9 +77,9 @@ def test_eight_sockets_announcing_huge_payloads_take_no_memory_for_them() -> Non
 
 
 def test_a_payload_without_a_sink_grows_with_the_bytes_that_arrived() -> None:
-    """3 MiB of an announced 512 MiB arrive: the connection holds about that much, not the claim."""
+    """3 MiB of an announced 512 MiB arrive: the listener grows by about that much, not by the claim."""
 
-    async def main() -> tuple[int, int]:
+    async def main() -> int:
         net = TCPNetwork()
         started = asyncio.Event()
 
@@ -89,20 +88,18 @@ def test_a_payload_without_a_sink_grows_with_the_bytes_that_arrived() -> None:
             await conn.recv()
 
         async with await net.listen(("127.0.0.1", 0), handler) as lis:
-            tracemalloc.start()
-            try:
-                s = socket.create_connection(lis.address)
-                s.sendall(announce(CLAIM) + bytes(3 << 20))
-                await asyncio.wait_for(started.wait(), 10)
-                await _settle(asyncio.get_running_loop())
-                current, peak = tracemalloc.get_traced_memory()
-            finally:
-                tracemalloc.stop()
+            gc.collect()
+            before = rss()
+            s = socket.create_connection(lis.address)
+            s.sendall(announce(CLAIM) + bytes(3 << 20))
+            await asyncio.wait_for(started.wait(), 10)
+            await _settle(asyncio.get_running_loop())
+            grown = rss() - before
             s.close()
-            return current, peak
+            return grown
 
-    current, peak = asyncio.run(main())
-    assert peak <= (3 << 20) + 2 * PAYLOAD_CHUNK + 2 * MB, f"peak {peak / MB:.1f} MB for 3 MiB received"
+    grown = asyncio.run(main())
+    assert grown <= (3 << 20) + 12 * MB, f"grew by {grown / MB:.1f} MB for 3 MiB received"
 
 
 def test_a_closed_connection_frees_a_half_received_payload_at_once_without_the_garbage_collector() -> None:
@@ -111,7 +108,7 @@ def test_a_closed_connection_frees_a_half_received_payload_at_once_without_the_g
     With the collector disabled, closing the connection must free those 40 MiB at once.
     """
 
-    async def main() -> tuple[int, int, int]:
+    async def main() -> tuple[int, int]:
         net = TCPNetwork()
         accepted: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
 
@@ -137,26 +134,22 @@ def test_a_closed_connection_frees_a_half_received_payload_at_once_without_the_g
             s.setblocking(False)
             conn = await asyncio.wait_for(accepted, 10)
             loop = asyncio.get_running_loop()
-            tracemalloc.start()
+            gc.collect()
+            start = rss()
+            await loop.sock_sendall(s, announce(64 << 20) + bytes(40 << 20))
+            await _settle(loop)
+            gc.disable()
             try:
-                await loop.sock_sendall(s, announce(64 << 20) + bytes(40 << 20))
+                before = rss()
+                conn.close()
+                del conn
                 await _settle(loop)
-                gc.collect()
-                gc.disable()
-                try:
-                    before, _ = tracemalloc.get_traced_memory()
-                    conn.close()
-                    del conn
-                    await _settle(loop)
-                    after, _ = tracemalloc.get_traced_memory()
-                    garbage = gc.collect()
-                finally:
-                    gc.enable()
+                after = rss()
             finally:
-                tracemalloc.stop()
+                gc.enable()
             s.close()
-            return before, after, garbage
+            return before - start, before - after
 
-    before, after, _ = asyncio.run(main())
-    assert before >= 40 * MB, f"only {before / MB:.1f} MB were held for the 40 MiB received"
-    assert after <= 4 * MB, f"{after / MB:.1f} MB still held after close"
+    held, freed = asyncio.run(main())
+    assert held >= 35 * MB, f"only {held / MB:.1f} MB were held for the 40 MiB received"
+    assert freed >= 35 * MB, f"closing freed only {freed / MB:.1f} MB of the {held / MB:.1f} MB held"
