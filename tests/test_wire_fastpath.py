@@ -137,7 +137,7 @@ async def test_request_reply_writes_each_frame_at_once_without_a_deferred_flush(
     writes: list[int] = []
     flushes: list[int] = []
     original_write = conn._transport.write
-    original_flush = conn._flush
+    original_flush = conn._outbox._flush
 
     def spy_write(data: Any) -> None:
         writes.append(len(data))
@@ -148,7 +148,7 @@ async def test_request_reply_writes_each_frame_at_once_without_a_deferred_flush(
         original_flush()
 
     conn._transport.write = spy_write
-    conn._flush = spy_flush  # call_soon(self._flush) would find this one
+    conn._outbox._flush = spy_flush  # call_soon(self._flush) would find this one
     for i in range(20):
         assert conn.send_nowait({"i": i})
         assert await asyncio.wait_for(replies.get(), 5) == i
@@ -221,9 +221,9 @@ async def test_a_frame_sent_in_a_later_iteration_goes_out_at_once() -> None:
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert conn.send_nowait({"i": 1})
-    assert not conn._wbuf  # written, not batched
+    assert not conn._outbox._wbuf  # written, not batched
     assert conn.send_nowait({"i": 2})  # the same iteration: this one is batched
-    assert conn._wbuf
+    assert conn._outbox._wbuf
     for _ in range(200):
         if len(frames) == 3:
             break

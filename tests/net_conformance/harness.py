@@ -25,7 +25,7 @@ import pytest
 
 import sim
 from aiodist.context import current_network
-from aiodist.net import tcp
+from aiodist.net import tcp, tcp_connection
 from aiodist.net.base import Connection, Listener, Network
 
 T = TypeVar("T")
@@ -66,14 +66,14 @@ class Impl:
             factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
         else:
             factory = asyncio.new_event_loop
-        saved = tcp._MAX_QUEUED_FRAMES
+        saved = tcp_connection._MAX_QUEUED_FRAMES
         if max_unread_frames is not None:
-            tcp._MAX_QUEUED_FRAMES = max_unread_frames
+            tcp_connection._MAX_QUEUED_FRAMES = max_unread_frames
         try:
             with asyncio.Runner(loop_factory=factory) as runner:
                 return runner.run(asyncio.wait_for(body(tcp.TCPNetwork()), timeout))
         finally:
-            tcp._MAX_QUEUED_FRAMES = saved
+            tcp_connection._MAX_QUEUED_FRAMES = saved
 
     def _run_sim(self, body: Body[T], max_unread_frames: int | None, timeout: float, seed: int) -> T:
         network = sim.Network(max_unread_frames=max_unread_frames or 4096)
