@@ -107,8 +107,9 @@ def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
     """``tb`` without the leading frames of the bootstrap, runpy and asyncio's runner (what ``python prog.py`` shows)."""
     t = tb
     while t is not None:
-        path = os.path.abspath(t.tb_frame.f_code.co_filename)
-        if path not in _OWN_FILES and not path.startswith(_OWN_DIRS):
+        name = t.tb_frame.f_code.co_filename
+        path = os.path.abspath(name)
+        if not name.startswith("<frozen ") and path not in _OWN_FILES and not path.startswith(_OWN_DIRS):
             return t
         t = t.tb_next
     return tb

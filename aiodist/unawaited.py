@@ -72,7 +72,7 @@ def _internal(filename: str) -> bool:
     hit = _INTERNAL.get(filename)
     if hit is None:
         path = os.path.abspath(filename)
-        hit = path.startswith(_AIODIST_DIR) or path.startswith(_ASYNCIO_DIR)
+        hit = path.startswith(_AIODIST_DIR) or path.startswith(_ASYNCIO_DIR) or filename.startswith("<frozen ")
         if len(_INTERNAL) < 4096:
             _INTERNAL[filename] = hit
     return hit

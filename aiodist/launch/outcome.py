@@ -50,6 +50,8 @@ def _user_frame(exc: BaseException) -> str | None:
     """``"train.py:41"``: the innermost traceback frame outside aiodist, asyncio and runpy."""
     where = None
     for fs in traceback.extract_tb(exc.__traceback__):
+        if fs.filename.startswith("<frozen "):
+            continue
         path = os.path.abspath(fs.filename)
         if not path.startswith(_INTERNAL_DIRS):
             where = f"{os.path.basename(fs.filename)}:{fs.lineno}"
@@ -161,6 +163,19 @@ def _raised(rank: int, rec: Mapping[str, Any]) -> str:
     return f"rank {rank} {raised_text(rec)}"
 
 
+def _blame_chain(rank: int, consequences: Mapping[int, Mapping[str, Any]]) -> int | None:
+    """Follow "rank r lost rank b" from ``rank`` to the first rank that is not itself a consequence."""
+    seen = {rank}
+    b = consequences[rank].get("blames")
+    while isinstance(b, int) and b in consequences and b not in seen:
+        seen.add(b)
+        nxt = consequences[b].get("blames")
+        if not isinstance(nxt, int):
+            break
+        b = nxt
+    return b if isinstance(b, int) else None
+
+
 def root_cause(
     exits: Sequence[tuple[int, int]], records: Mapping[int, Mapping[str, Any]], *, stopped: Sequence[int] = ()
 ) -> Blame | None:
@@ -188,16 +203,18 @@ def root_cause(
                 own.append((when, order[r], Blame(r, "exit", f"rank {r} exited with code {code}")))
         elif rec.get("kind") == "exit":
             own.append((when, order[r], Blame(r, "exit", f"rank {r} exited with code {rec.get('code', code)}")))
-        elif rec.get("kind") == "raised" and "blames" not in rec:
-            own.append((when, order[r], Blame(r, "raised", _raised(r, rec))))
+    for r, rec in records.items():  # an own exception counts from its record on, exited or not yet
+        if rec.get("kind") == "raised" and "blames" not in rec:
+            when = float(rec["time"]) if isinstance(rec.get("time"), (int, float)) else float("inf")
+            own.append((when, order.get(r, len(order)), Blame(r, "raised", _raised(r, rec))))
     if own:
         own.sort(key=lambda t: (t[0], t[1]))
         return own[0][2]
     # 2. a rank the others blame: it returned early, or it is still missing
     votes: dict[int, list[int]] = {}
-    for r, rec in sorted(consequences.items()):
-        b = rec.get("blames")
-        if isinstance(b, int):
+    for r in sorted(consequences):
+        b = _blame_chain(r, consequences)  # rank 0 lost rank 1, which lost rank 3: rank 0 waits on rank 3 too
+        if b is not None:
             votes.setdefault(b, []).append(r)
     if votes:
         culprit = max(sorted(votes), key=lambda b: len(votes[b]))

@@ -403,8 +403,10 @@ class _Attempt:
         deadline = loop.time() + limit
         while True:
             blame = self.blame()
-            if (blame is not None and blame.kind in ("raised", "signal", "exit")) or not self.running_count:
+            if not self.running_count:
                 return blame
+            if blame is not None and blame.kind in ("raised", "signal", "exit") and self.exit_of(blame.rank):
+                return blame  # (a rank that recorded its error is on its way out: its exit status is its own)
             left = deadline - loop.time()
             if left <= 0:
                 return blame
@@ -607,8 +609,11 @@ async def _run_attempts(
                 say(f"also: {other.message}")
         if index < config.max_restarts and state.signal is None:
             say(f"restarting the job (restart {index + 1} of {config.max_restarts})")
+    code = launcher_exit_code(failures[0].returncode)
+    if blame is not None and blame.kind == "raised" and (failures[0].rank != blame.rank or failures[0].returncode < 0):
+        code = 1  # it recorded its exception but was stopped before it exited
     return LaunchResult(
-        exit_code=launcher_exit_code(failures[0].returncode),
+        exit_code=code,
         attempts=config.max_restarts + 1,
         failures=failures,
         root_cause=blame,
