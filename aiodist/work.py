@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
+from .collectives.buffers import TASKS as STAGING, UNCLAIMED, claim, register_task, release
 from .errors import GroupError
 from .unawaited import UnawaitedOperationError, call_site, clear_unawaited, ledger, unawaited_operations
 
@@ -58,7 +59,13 @@ class OpRecord:
         return f"<OpRecord {self.op} seq={self.seq} {state}>"
 
     def finish(self, value: Any = None, error: BaseException | None = None) -> None:
-        """Record the outcome and hand it to the awaiters' futures (once, in order)."""
+        """Record the outcome and hand it to the awaiters' futures (once, in order).
+
+        Staging copies of the operation's arrays (:mod:`aiodist.collectives.buffers`)
+        are written back first, so an awaiter sees the result in its own objects.
+        """
+        if STAGING and self.task in STAGING:
+            release(self.task, ok=error is None)
         self.finished = True
         self.value = value
         self.error = error
@@ -108,7 +115,10 @@ class Work(Generic[T]):
         self.seq = seq
         self.group = group
         if record is None:
+            register_task(task)  # (a point-to-point operation may stage its arrays in its task too)
             task.add_done_callback(_mark_retrieved)
+        if UNCLAIMED and claim(task) and record is not None and record.finished:
+            release(task, ok=record.error is None)  # it finished in its eager first step
         book = self._book = ledger()
         code, line = call_site(1)
         self._key = book.note((op, seq, group, code, line))
@@ -172,12 +182,14 @@ class Work(Generic[T]):
     def _await_task(self) -> Generator[Any, None, T]:
         task = self._task
         if task.done() and not task.cancelled():  # finished already: no shield, no loop pass
+            _mark_retrieved(task)
             return self._result(task.result())
         try:
             value = yield from asyncio.shield(task).__await__()
         except asyncio.CancelledError:
             self._raise_if_operation_cancelled()
             raise
+        _mark_retrieved(task)
         return self._result(value)
 
     def _recorded(self) -> T:
@@ -201,6 +213,8 @@ class Work(Generic[T]):
         except asyncio.CancelledError:
             self._raise_if_operation_cancelled()
             raise
+        if rec is None:
+            _mark_retrieved(self._task)
         return self._recorded() if rec is not None else self._result(value)
 
     def _raise_if_operation_cancelled(self) -> None:
@@ -220,6 +234,8 @@ class Work(Generic[T]):
         if self.done():
             self._settle()
         if rec is None:
+            if self._task.done():
+                _mark_retrieved(self._task)
             return self._result(self._task.result())
         if not rec.finished:
             raise asyncio.InvalidStateError(f"{self.op} (seq {self.seq}) is still running")
@@ -247,7 +263,11 @@ class Work(Generic[T]):
 
 
 def _mark_retrieved(task: asyncio.Future[Any]) -> None:
-    # An operation nobody awaited must not log "exception was never retrieved":
-    # its error is still raised to whoever awaits the Work later.
-    if not task.cancelled():
-        task.exception()
+    """A task-based operation ended: its staging copies go back (idempotent; also its done callback).
+
+    An operation nobody awaited must not log "exception was never retrieved":
+    its error is still raised to whoever awaits the Work later.
+    """
+    ok = not task.cancelled() and task.exception() is None
+    if task in STAGING:
+        release(task, ok=ok)
