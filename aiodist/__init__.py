@@ -21,6 +21,7 @@ from .api import (
     broadcast,
     broadcast_object_list,
     destroy_process_group,
+    finish_rank,
     gather,
     gather_object,
     get_global_rank,
@@ -71,8 +72,10 @@ from .errors import (
     StoreTimeoutError,
     UnsupportedReduceOpError,
 )
+from .compute import compute
 from .eventloop import run
 from .group import ProcessGroup, Work
+from .unawaited import UnawaitedOperationError, clear_unawaited, unawaited_operations
 from .mesh import DeviceMesh, init_device_mesh
 from .store import MemoryStore, PrefixStore, Store, StoreServer, TCPStore
 
@@ -126,6 +129,7 @@ __all__ = [
     "StoreServer",
     "StoreTimeoutError",
     "TCPStore",
+    "UnawaitedOperationError",
     "UnsupportedReduceOpError",
     "Work",
     "all_gather",
@@ -137,7 +141,10 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object_list",
+    "clear_unawaited",
+    "compute",
     "destroy_process_group",
+    "finish_rank",
     "gather",
     "gather_object",
     "get_global_rank",
@@ -161,4 +168,5 @@ __all__ = [
     "scatter_object_list",
     "send",
     "spawn",
+    "unawaited_operations",
 ]
