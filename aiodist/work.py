@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from .collectives.buffers import TASKS as STAGING, UNCLAIMED, claim, register_task, release
 from .errors import GroupError
-from .unawaited import UnawaitedOperationError, call_site, clear_unawaited, ledger, unawaited_operations
+from .unawaited import MAX_ENTRIES, UnawaitedOperationError, call_site, clear_unawaited, ledger, unawaited_operations
 
 __all__ = ["OpRecord", "UnawaitedOperationError", "Work", "clear_unawaited", "unawaited_operations"]
 
@@ -108,6 +108,7 @@ class Work(Generic[T]):
         record: OpRecord | None = None,
         group: str | None = None,
     ) -> None:
+        self._key: int | None = None  # (first: __del__ reads it even if this raises)
         self._task = task
         self._map = map
         self._rec = record
@@ -119,9 +120,16 @@ class Work(Generic[T]):
             task.add_done_callback(_mark_retrieved)
         if UNCLAIMED and claim(task) and record is not None and record.finished:
             release(task, ok=record.error is None)  # it finished in its eager first step
+        # booked in the rank's ledger until awaited (Ledger.note, inlined: this is on every operation's path)
         book = self._book = ledger()
-        code, line = call_site(1)
-        self._key = book.note((op, seq, group, code, line))
+        live = book.live
+        if len(live) < MAX_ENTRIES:
+            code, line = call_site(1)
+            key = self._key = book.next
+            book.next = key + 1
+            live[key] = (op, seq, group, code, line)
+        else:
+            book.overflow += 1
 
     def __del__(self) -> None:
         key = self._key
@@ -144,6 +152,7 @@ class Work(Generic[T]):
         inner = self._map
         composed = fn if inner is None else (lambda r: fn(inner(r)))
         w: Work[U] = Work.__new__(Work)
+        w._key = None
         w._task, w._map, w._rec = self._task, composed, self._rec
         w.op, w.seq, w.group = self.op, self.seq, self.group
         w._book, w._key = self._book, self._key  # the new Work carries the booking
@@ -159,8 +168,10 @@ class Work(Generic[T]):
         return f"<Work {self.op} seq={self.seq}{of} {state}{'' if self._key is None else ' not awaited'}>"
 
     def __await__(self) -> Generator[Any, None, T]:
-        if self._key is not None:
-            self._settle()
+        key = self._key
+        if key is not None:  # (_settle, inlined)
+            self._key = None
+            self._book.live.pop(key, None)
         rec = self._rec
         if rec is None:
             return (yield from self._await_task())
