@@ -203,8 +203,9 @@ def root_cause(
                 own.append((when, order[r], Blame(r, "exit", f"rank {r} exited with code {code}")))
         elif rec.get("kind") == "exit":
             own.append((when, order[r], Blame(r, "exit", f"rank {r} exited with code {rec.get('code', code)}")))
+    clean = {r for r, code in exits if code == 0}
     for r, rec in records.items():  # an own exception counts from its record on, exited or not yet
-        if rec.get("kind") == "raised" and "blames" not in rec:
+        if rec.get("kind") == "raised" and "blames" not in rec and r not in clean:
             when = float(rec["time"]) if isinstance(rec.get("time"), (int, float)) else float("inf")
             own.append((when, order.get(r, len(order)), Blame(r, "raised", _raised(r, rec))))
     if own:

@@ -42,7 +42,8 @@ async def _main_then_finish(aw: Awaitable[Any], *, always: bool = True) -> Any:
     except BaseException as exc:
         outcome.rank_ended(exc)
         raise
-    outcome.rank_ended(None)
+    if always:  # (a script's asyncio.run: the script may go on; the bootstrap records its end)
+        outcome.rank_ended(None)
     return result
 
 
