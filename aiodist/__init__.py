@@ -76,7 +76,8 @@ if TYPE_CHECKING:
     )
     from .compute import compute
     from .eventloop import run
-    from .group import ProcessGroup, Work
+    from .group import ProcessGroup
+    from .work import Work
     from .unawaited import UnawaitedOperationError, clear_unawaited, unawaited_operations
     from .mesh import DeviceMesh, init_device_mesh
     from .store import MemoryStore, PrefixStore, Store, StoreServer, TCPStore
@@ -120,7 +121,7 @@ _LAZY: dict[str, str] = {
     "TCPStore": "aiodist.store",
     "UnawaitedOperationError": "aiodist.unawaited",
     "UnsupportedReduceOpError": "aiodist.errors",
-    "Work": "aiodist.group",
+    "Work": "aiodist.work",
     "abort": "aiodist.api",
     "all_gather": "aiodist.api",
     "all_gather_into_tensor": "aiodist.api",

@@ -198,10 +198,10 @@ _KEY = "unawaited_ledger"
 def ledger() -> Ledger:
     """The calling rank's ledger (created on first use)."""
     scope = rank_scope()
-    book = scope.get(_KEY)
+    book: Ledger | None = scope.get(_KEY)
     if book is None:
         book = scope[_KEY] = Ledger()
-    return book  # type: ignore[no-any-return]
+    return book
 
 
 def unawaited_operations(*, collected_only: bool = False) -> list[str]:

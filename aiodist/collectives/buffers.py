@@ -43,6 +43,7 @@ __all__ = ["as_flat", "as_flat_list", "byte_view", "claim", "register_task", "re
 EMPTY_OUT = memoryview(bytearray())
 """A writable zero-byte buffer, for receiving empty (barrier) messages."""
 
+_ml: Any
 try:
     import ml_dtypes as _ml
 except ImportError:  # pragma: no cover - a declared dependency; numpy's own dtypes work without it
@@ -73,7 +74,8 @@ def as_flat(arr: Any, argument: str, *, writable: bool) -> np.ndarray:
         raise InvalidArrayError(f"{argument} is read-only but receives the result", argument=argument, reason="read_only")
     if not view.flags.c_contiguous:
         return _stage(arr, view, argument, writable)
-    return view.reshape(-1)
+    flat: np.ndarray = view.reshape(-1)
+    return flat
 
 
 def _shared_view(obj: Any, argument: str) -> np.ndarray:

@@ -39,15 +39,14 @@ __all__ = ["STATUS_DIR_ENV", "Blame", "describe_exception", "load", "raised_text
 STATUS_DIR_ENV = "AIODIST_STATUS_DIR"
 """The directory a launched rank writes its end record into (set by the launcher)."""
 
-_INTERNAL_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-    for m in (__import__("asyncio"), __import__("runpy"), __import__("aiodist"))
-    if getattr(m, "__file__", None)
+_INTERNAL_DIRS = (
+    os.path.dirname(os.path.abspath(os.__file__)) + os.sep,  # the standard library (asyncio, runpy, json, ...)
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # aiodist
 )
 
 
 def _user_frame(exc: BaseException) -> str | None:
-    """``"train.py:41"``: the innermost traceback frame outside aiodist, asyncio and runpy."""
+    """``"train.py:41"``: the innermost traceback frame outside aiodist and the standard library."""
     where = None
     for fs in traceback.extract_tb(exc.__traceback__):
         if fs.filename.startswith("<frozen "):
