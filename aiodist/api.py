@@ -189,8 +189,11 @@ async def finish_rank(*, timeout: float = 30.0) -> None:
     from .work import clear_unawaited, unawaited_operations
 
     if get_default_group() is not None:
-        async with asyncio.timeout(timeout):
-            await destroy_process_group()
+        try:
+            async with asyncio.timeout(timeout):
+                await destroy_process_group()
+        except TimeoutError:
+            await abort()
     ops = unawaited_operations()
     if ops:
         clear_unawaited()

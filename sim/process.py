@@ -16,11 +16,12 @@ process of its own would give it:
 * a nonce source for :func:`aiodist.context.token_bytes` drawn from the seed,
   and an ``AIODIST_SECRET`` derived from the seed (unless the run's ``env``
   chooses the secret), so authentication runs and replays.
-* addresses: the names a program uses for "the machine" it runs on
-  (``127.0.0.1``, ``localhost``, or any name that is not a virtual host)
-  reach the host that listens on that port, preferring the calling host and
-  then the store's host, as on one real machine where ``tcp://127.0.0.1:P``
-  names the one process listening on P.
+* addresses: the names of "this machine" (``127.0.0.1``, ``localhost``,
+  the real machine's host name) reach the host that listens on that port,
+  preferring the calling host and then the store's host, as on one real
+  machine where ``tcp://127.0.0.1:P`` names the one process listening on P.
+  (Without this, ``tcp://127.0.0.1:P`` would mean each virtual host itself
+  and every rank but the store's would wait for a store that is not there.)
 
 :class:`ProcessGlobals` installs the dispatchers for one run and restores
 the module attributes afterwards. The dispatchers look the calling rank up
@@ -36,6 +37,7 @@ import contextvars
 import hashlib
 import os
 import random
+import socket
 import sys
 from collections.abc import Callable, Coroutine, Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -43,13 +45,16 @@ from typing import TYPE_CHECKING, Any
 from aiodist.net.base import Address, Connection, ConnectionHandler, Listener
 from aiodist.net.base import Network as SeamNetwork
 
+from .endpoints import LOCAL_NAMES
+
 if TYPE_CHECKING:
     from .network import Fabric, Host
 
 __all__ = ["RankProcess", "ProcessGlobals", "RankNetwork", "inherited_environment", "current_process",
-           "LOOPBACK_NAMES"]
+           "LOOPBACK_NAMES", "PROCESS"]
 
-_PROCESS: contextvars.ContextVar[RankProcess | None] = contextvars.ContextVar("sim_process", default=None)
+PROCESS: contextvars.ContextVar[RankProcess | None] = contextvars.ContextVar("sim_process", default=None)
+"""The virtual rank process of the code running in a context (None: not a rank)."""
 
 LAUNCHER_VARIABLES = frozenset({
     "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
@@ -57,12 +62,14 @@ LAUNCHER_VARIABLES = frozenset({
 })
 """Variables of the simulator's own process that a virtual rank does not inherit (the launcher sets its own)."""
 
-LOOPBACK_NAMES = frozenset({"", "0.0.0.0", "::", "127.0.0.1", "localhost", "::1"})
+LOOPBACK_NAMES = frozenset({"", "0.0.0.0", "::", "127.0.0.1", "localhost", "::1", "localhost.localdomain",
+                            socket.gethostname()})
+"""The names of "this machine" (what a program started on one real machine may call it)."""
 
 
 def current_process() -> RankProcess | None:
     """The virtual rank process of the calling code (None outside the simulator's ranks)."""
-    return _PROCESS.get()
+    return PROCESS.get()
 
 
 def inherited_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -144,7 +151,7 @@ class RankEnviron(MutableMapping[str, str]):
         self.real = real
 
     def _env(self) -> MutableMapping[str, str]:
-        p = _PROCESS.get()
+        p = PROCESS.get()
         return self.real if p is None else p.environ
 
     def __getitem__(self, key: str) -> str:
@@ -174,7 +181,7 @@ class RankEnviron(MutableMapping[str, str]):
         return dict(self._env())
 
     def __repr__(self) -> str:
-        p = _PROCESS.get()
+        p = PROCESS.get()
         who = "process" if p is None else f"rank {p.rank}"
         return f"environ({who}: {dict(self._env())!r})"
 
@@ -186,7 +193,7 @@ def _dispatcher(name: str, fallback: Any, pick: Callable[[RankProcess], Any]) ->
     original = getattr(fallback, name)
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        p = _PROCESS.get()
+        p = PROCESS.get()
         if p is None:
             return original(*args, **kwargs)
         return getattr(pick(p), name)(*args, **kwargs)
@@ -204,7 +211,7 @@ class _RankRandomState:
         object.__setattr__(self, "_real", real)
 
     def __getattr__(self, name: str) -> Any:
-        p = _PROCESS.get()
+        p = PROCESS.get()
         return getattr(self._real if p is None else p.numpy, name)
 
     def __repr__(self) -> str:
@@ -306,8 +313,11 @@ class ProcessGlobals:
             for name in sorted(vars(random)):
                 if getattr(getattr(random, name), "__self__", None) is inst:
                     patch(random, name, _dispatcher(name, inst, lambda p: p.random))
-            np_random = sys.modules.get("numpy.random")
-            mtrand = sys.modules.get("numpy.random.mtrand")
+            try:
+                import numpy.random as np_random  # (numpy loads it lazily: a program may use it later)
+                from numpy.random import mtrand
+            except ImportError:  # pragma: no cover - numpy is a dependency of aiodist
+                np_random = mtrand = None
             if np_random is not None and mtrand is not None:
                 legacy = mtrand._rand
                 for module in (np_random, mtrand):
@@ -330,7 +340,7 @@ class ProcessGlobals:
 
     def enter_rank(self, process: RankProcess) -> None:
         """Make ``process`` the calling context's process (inside the rank's context)."""
-        _PROCESS.set(process)
+        PROCESS.set(process)
 
     def wrap(self, coro: Coroutine[Any, Any, Any], process: RankProcess | None) -> Coroutine[Any, Any, Any]:
         """A task's coroutine as it should run for ``process`` (wrapped only when torch needs swapping)."""
@@ -345,10 +355,10 @@ class ProcessGlobals:
 class RankNetwork(SeamNetwork):
     """A rank's view of the network with one machine's address names (see the module docstring).
 
-    Virtual host names (``rank3``) are passed through; any other name means
-    "a machine of this job": the host listening on that port, preferring the
-    calling host (loopback) and then ``store_host``. Listening on such a
-    name binds on the calling host.
+    A name of :data:`LOOPBACK_NAMES` reaches the host listening on that port:
+    the calling host if it does, else ``store_host``, else the first host
+    that does (in the order hosts were added). Other names pass through
+    (virtual host names such as ``rank3``; anything else is an unknown host).
     """
 
     def __init__(self, net: SeamNetwork, host: Host, fabric: Fabric, store_host: Callable[[], Host]) -> None:
@@ -364,31 +374,29 @@ class RankNetwork(SeamNetwork):
         return self._net.default_host()
 
     def resolve(self, name: str, port: int) -> str:
-        """The virtual host a connection to ``name:port`` reaches."""
-        hosts = self._fabric.hosts
-        if name in hosts:
+        """The virtual host a connection to ``name:port`` reaches (``name`` itself if not loopback)."""
+        if name not in LOOPBACK_NAMES:
             return name
         me = self._host
-        if name in LOOPBACK_NAMES and port in me.listeners:
+        if port in me.listeners:
             return me.name
         store = self._store_host()
         if port in store.listeners:
             return store.name
-        for host in hosts.values():  # (in the order the hosts were added: deterministic)
+        for host in self._fabric.hosts.values():  # (in the order the hosts were added: deterministic)
             if port in host.listeners:
                 return host.name
-        return me.name if name in LOOPBACK_NAMES else store.name
+        return me.name  # nobody listens (yet): refused, as by this machine
 
     async def connect(self, address: Address, *, timeout: float | None = None, **kwargs: Any) -> Connection:
         host, port = address
-        if str(host) not in self._fabric.hosts:
-            address = (self.resolve(str(host), int(port)), port)
+        if host in LOOPBACK_NAMES:
+            address = (self.resolve(host, int(port)), port)
         return await self._net.connect(address, timeout=timeout, **kwargs)
 
     async def listen(self, address: Address, handler: ConnectionHandler, *, max_frame_size: int | None = None,
                      handshake_timeout: float | None = None) -> Listener:
-        host, port = address
-        if str(host) not in LOOPBACK_NAMES and str(host) not in self._fabric.hosts:
-            address = (self._host.name, port)  # one of "this machine's" names
+        if address[0] in LOOPBACK_NAMES and address[0] not in LOCAL_NAMES:  # (the machine's host name)
+            address = ("", address[1])
         return await self._net.listen(address, handler, max_frame_size=max_frame_size,
                                       handshake_timeout=handshake_timeout)
