@@ -208,6 +208,7 @@ class Simulation:
         keep_trace: bool,
         stop_on_error: bool,
         master_port: int,
+        compute: float | Callable[[Callable[..., Any], tuple[Any, ...]], float] = 0.0,
     ) -> None:
         if world_size < 1:
             raise ValueError("world_size must be >= 1")
@@ -219,6 +220,7 @@ class Simulation:
         self.stop_on_error = stop_on_error
         self.master_port = master_port
         self.loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit, pct_depth=pct_depth)
+        self.loop.executor_cost = compute
         self.globals = ProcessGlobals()
         self.base_env = inherited_environment(os.environ)
         # Every task, by lane, so that a finishing process can cancel what is left of it (as
@@ -613,6 +615,7 @@ def run(
     trace: bool = True,
     stop_on_error: bool = True,
     master_port: int = DEFAULT_MASTER_PORT,
+    compute: float | Callable[[Callable[..., Any], tuple[Any, ...]], float] = 0.0,
 ) -> Result:
     """Run ``main(*args)`` as ``world_size`` virtual ranks; return a :class:`Result`.
 
@@ -621,6 +624,9 @@ def run(
     ``trace=False`` keeps only the digest (for big runs). ``stop_on_error``:
     stop at the first rank exception (like the launcher), reporting where
     the other ranks were. ``env`` adds/overrides environment variables.
+    ``compute``: virtual seconds a call offloaded to a thread (``asyncio.to_thread``,
+    ``loop.run_in_executor``) takes; such calls run inline. A number, or
+    ``compute(func, args) -> seconds``.
     Everything still pending when the run ends is dropped without running.
     """
     thresholds = gc.get_threshold()
@@ -634,7 +640,7 @@ def run(
     sim = Simulation(main, world_size=world_size, seed=seed, network=network or Network(), faults=faults,
                      time_limit=time_limit, env=env, args=args, schedule=schedule, pct_depth=pct_depth,
                      keep_trace=trace,
-                     stop_on_error=stop_on_error, master_port=master_port)
+                     stop_on_error=stop_on_error, master_port=master_port, compute=compute)
     try:
         return sim.run()
     finally:
