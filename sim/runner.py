@@ -66,15 +66,19 @@ class Failure:
     time: float = 0.0
     blocked: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     where: dict[int, str] = field(default_factory=dict)
+    location: str = ""
+    """For an exception: the program's own innermost line it came through (file:line in function)."""
 
     def __str__(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "run"
         lines = [f"[{self.kind}] {who} at t={self.time:.6f}s: {self.message}"]
+        if self.location:
+            lines.append(f"    raised at {_display_path(self.location)}")
         described: list[tuple[int, str]] = []
         for r in sorted(set(self.blocked) | set(self.where)):
             ops = self.blocked.get(r) or []
             desc = "; ".join(_describe_op(op) for op in ops) or "no registered operation"
-            loc = f"  ({self.where[r]})" if r in self.where else ""
+            loc = f"  ({_display_path(self.where[r])})" if r in self.where else ""
             described.append((r, f"{desc}{loc}"))
         if len(described) <= self.MAX_RANK_LINES:
             lines += [f"    rank {r} blocked in: {text}" for r, text in described]
@@ -92,6 +96,16 @@ class Failure:
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _display_path(where: str) -> str:
+    """``file:line in f`` with the file relative to the working directory when it is under it."""
+    path, sep, rest = where.partition(":")
+    if sep and os.path.isabs(path):
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            return rel + sep + rest
+    return where
 
 
 def _shape(text: str) -> str:
@@ -425,7 +439,7 @@ class Simulation:
             text = "".join(tb.format_exception(exc))
             self.tracer.emit(now, "exit", f"rank{inc.rank}", detail=f"raised {type(exc).__name__}")
             self.failures.append(Failure("exception", inc.rank, f"{type(exc).__name__}: {exc}", text, now,
-                                         where={inc.rank: _raise_location(exc)}))
+                                         location=_raise_location(exc)))
             if self.stop_on_error:
                 self._ended += 1
                 self.loop.stop()
@@ -447,7 +461,7 @@ class Simulation:
                 failure = Failure("unawaited", inc.rank, str(e), time=self.loop.time())
             except Exception as e:  # noqa: BLE001 - the rank's own teardown failed: its failure
                 failure = Failure("exception", inc.rank, f"{type(e).__name__} while the rank finished: {e}",
-                                  "".join(tb.format_exception(e)), self.loop.time(), where={inc.rank: _raise_location(e)})
+                                  "".join(tb.format_exception(e)), self.loop.time(), location=_raise_location(e))
         me = asyncio.current_task()
         left = [t for t in self._lane_tasks.get(inc.lane, ()) if t is not me and not t.done()]
         for t in left:
