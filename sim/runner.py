@@ -380,15 +380,15 @@ class Simulation:
                      ) -> asyncio.Task[Any]:
         """``loop.create_task`` that files the task under its lane (and, with torch, swaps its generator)."""
         loop = self.loop
-        ctx = context if context is not None else contextvars.copy_context()
         if self.globals.torch is not None:
-            coro = self.globals.wrap(coro, ctx.get(PROCESS))
+            coro = self.globals.wrap(coro, PROCESS.get() if context is None else context.get(PROCESS))
         task = SimLoop.create_task(loop, coro, name=name, context=context)
         lane = loop._lane if context is None else context.get(LANE, loop._lane)
         tasks = self._lane_tasks.get(lane)
         if tasks is None:
-            tasks = self._lane_tasks[lane] = []
-        elif len(tasks) >= 64 and len(tasks) & (len(tasks) - 1) == 0:  # at powers of two: drop ended ones
+            self._lane_tasks[lane] = [task]
+            return task
+        if len(tasks) >= 64 and len(tasks) & (len(tasks) - 1) == 0:  # at powers of two: drop ended ones
             tasks[:] = [t for t in tasks if not t.done()]
         tasks.append(task)
         return task
