@@ -426,7 +426,7 @@ def _executor(ns: argparse.Namespace) -> tuple[Any, Any]:
         return ex, ex
     if spec.startswith("dask:"):
         try:
-            import distributed
+            distributed: Any = importlib.import_module("distributed")
         except ImportError:
             raise SystemExit("sim: --executor dask:... needs Dask's distributed: pip install 'aiodist[cluster]'")
         where = spec[len("dask:"):]

@@ -39,6 +39,7 @@ import os
 import random
 import socket
 import sys
+import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -291,6 +292,7 @@ class ProcessGlobals:
 
     _depth = 0
     _saved: list[tuple[Any, str, Any]] = []
+    _lock = threading.Lock()  # (runs in several threads of one process share the patches)
 
     def __init__(self) -> None:
         self.torch: _TorchGenerator | None = None
@@ -300,43 +302,47 @@ class ProcessGlobals:
         if torch is not None and hasattr(torch, "default_generator"):
             self.torch = _TorchGenerator(torch)
         cls = ProcessGlobals
-        cls._depth += 1
-        if cls._depth == 1:
-            saved: list[tuple[Any, str, Any]] = []
-
-            def patch(obj: Any, name: str, value: Any) -> None:
-                saved.append((obj, name, getattr(obj, name)))
-                setattr(obj, name, value)
-
-            patch(os, "environ", RankEnviron(os.environ))
-            inst = random._inst  # type: ignore[attr-defined]
-            for name in sorted(vars(random)):
-                if getattr(getattr(random, name), "__self__", None) is inst:
-                    patch(random, name, _dispatcher(name, inst, lambda p: p.random))
-            try:
-                import numpy.random as np_random  # (numpy loads it lazily: a program may use it later)
-                from numpy.random import mtrand
-            except ImportError:  # pragma: no cover - numpy is a dependency of aiodist
-                np_random = mtrand = None
-            if np_random is not None and mtrand is not None:
-                legacy = mtrand._rand
-                for module in (np_random, mtrand):
-                    for name in sorted(vars(module)):
-                        if getattr(getattr(module, name), "__self__", None) is legacy:
-                            patch(module, name, _dispatcher(name, legacy, lambda p: p.numpy))
-                patch(mtrand, "_rand", _RankRandomState(legacy))
-            cls._saved = saved
+        with cls._lock:
+            cls._depth += 1
+            if cls._depth == 1:
+                cls._saved = self._install()
         return self
+
+    @staticmethod
+    def _install() -> list[tuple[Any, str, Any]]:
+        """Patch the module attributes (once per process, while any run is on); return what to restore."""
+        saved: list[tuple[Any, str, Any]] = []
+
+        def patch(obj: Any, name: str, value: Any) -> None:
+            saved.append((obj, name, getattr(obj, name)))
+            setattr(obj, name, value)
+
+        patch(os, "environ", RankEnviron(os.environ))
+        inst = getattr(random, "_inst")  # the instance behind random's module functions
+        for name in sorted(vars(random)):
+            if getattr(getattr(random, name), "__self__", None) is inst:
+                patch(random, name, _dispatcher(name, inst, lambda p: p.random))
+        import numpy.random as np_random  # (numpy loads it lazily: a program may use it later)
+        from numpy.random import mtrand
+
+        legacy = mtrand._rand
+        for module in (np_random, mtrand):
+            for name in sorted(vars(module)):
+                if getattr(getattr(module, name), "__self__", None) is legacy:
+                    patch(module, name, _dispatcher(name, legacy, lambda p: p.numpy))
+        patch(mtrand, "_rand", _RankRandomState(legacy))
+        return saved
 
     def __exit__(self, *exc: Any) -> None:
         if self.torch is not None:
             self.torch.restore()
         cls = ProcessGlobals
-        cls._depth -= 1
-        if cls._depth == 0:
-            for obj, name, value in reversed(cls._saved):
-                setattr(obj, name, value)
-            cls._saved = []
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth == 0:
+                for obj, name, value in reversed(cls._saved):
+                    setattr(obj, name, value)
+                cls._saved = []
 
     def enter_rank(self, process: RankProcess) -> None:
         """Make ``process`` the calling context's process (inside the rank's context)."""
