@@ -78,7 +78,8 @@ if TYPE_CHECKING:
     from .eventloop import run
     from .group import ProcessGroup
     from .work import Work
-    from .unawaited import UnawaitedOperationError, clear_unawaited, unawaited_operations
+    from .errors import UnawaitedOperationError
+    from .unawaited import clear_unawaited, unawaited_operations
     from .mesh import DeviceMesh, init_device_mesh
     from .store import MemoryStore, PrefixStore, Store, StoreServer, TCPStore
 
@@ -119,7 +120,7 @@ _LAZY: dict[str, str] = {
     "StoreServer": "aiodist.store",
     "StoreTimeoutError": "aiodist.errors",
     "TCPStore": "aiodist.store",
-    "UnawaitedOperationError": "aiodist.unawaited",
+    "UnawaitedOperationError": "aiodist.errors",
     "UnsupportedReduceOpError": "aiodist.errors",
     "Work": "aiodist.work",
     "abort": "aiodist.api",

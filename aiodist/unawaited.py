@@ -32,7 +32,7 @@ from types import CodeType
 from typing import Any
 
 from .context import rank_scope
-from .errors import AiodistError
+from .errors import UnawaitedOperationError
 
 __all__ = [
     "UnawaitedOperationError",
@@ -48,19 +48,6 @@ MAX_ENTRIES = 10_000
 _AIODIST_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _ASYNCIO_DIR = os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep
 _INTERNAL: dict[str, bool] = {}  # co_filename -> whether the frame is aiodist's (or asyncio's) own
-
-
-class UnawaitedOperationError(AiodistError):
-    """Operations of this rank were started but never awaited (their results were never looked at).
-
-    ``operations`` lists them, each as ``"all_reduce #7 of world (train.py:41 in step)"``.
-    Raised by ``destroy_process_group()`` of the default group and when a
-    launched rank's ``main`` returns (:func:`aiodist.api.finish_rank`).
-    """
-
-    def __init__(self, message: str, *, operations: list[str]) -> None:
-        super().__init__(message)
-        self.operations = operations
 
 
 Site = tuple[str, "int | None", "str | None", "CodeType | None", int]
