@@ -16,11 +16,11 @@ __all__ = ["add_cli", "configure_parser", "build_command", "resolve_options", "r
 
 _DESCRIPTION = f"""\
 Run a program as N ranks on this node (like torchrun --nproc-per-node N; N
-defaults to {DEFAULT_NPROC}, the same as `python -m sim run`).
+defaults to {DEFAULT_NPROC}).
 Each rank gets RANK, LOCAL_RANK, GROUP_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT/MAX_RESTARTS/RUN_ID and
 AIODIST_RESTART_COUNT/MAX_RESTARTS/RUN_ID; its output lines are prefixed with
-[rankN]: (the format of `python -m sim run` too).
+[rankN]: (torchrun's format).
 
 When a rank fails, the launcher names the rank whose own error started it
 (an exception, a signal, or a clean exit while the others still needed it),
@@ -85,7 +85,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", *_flags("--nproc-per-node"), dest="nproc_per_node", type=_nproc_arg,
                         default=DEFAULT_NPROC, metavar="N",
                         help=f"ranks to start on this node: a number, or auto/cpu for one per CPU "
-                             f"(default: {DEFAULT_NPROC}, as `python -m sim run`)")
+                             f"(default: {DEFAULT_NPROC})")
     parser.add_argument("--nnodes", type=_nnodes_arg, default=1, metavar="N|MIN:MAX",
                         help="number of nodes (default: 1); MIN:MAX: elastic, the nodes meet in rounds at "
                              "--master-addr:--master-port (see aiodist.launch.elastic)")
