@@ -36,3 +36,20 @@ async def test_a_collective_in_flight_finishes_while_compute_runs() -> None:
 
     out = await run_world(2, body)
     assert out == [((42, "0"), 1.0), ((42, "1"), 1.0)]  # the rank's context reaches the thread
+
+
+def test_compute_runs_in_the_simulator_too() -> None:
+    import sim
+
+    async def main() -> Any:
+        await aiodist.init_process_group()
+        x = np.full(4, 1.0)
+        h = aiodist.all_reduce(x)
+        total = await aiodist.compute(lambda a: float(np.sum(a)), np.arange(5.0))
+        await h
+        await aiodist.destroy_process_group()
+        return total, float(x[0])
+
+    res = sim.run(main, world_size=3, seed=1)
+    res.raise_on_failure()
+    assert res.rank_results == [(10.0, 3.0)] * 3
