@@ -376,8 +376,8 @@ class RankNetwork(SeamNetwork):
     def __repr__(self) -> str:
         return f"<sim.RankNetwork {self._host.name}>"
 
-    def default_host(self) -> str:
-        return self._net.default_host()
+    async def default_host(self) -> str:
+        return await self._net.default_host()
 
     def resolve(self, name: str, port: int) -> str:
         """The virtual host a connection to ``name:port`` reaches (``name`` itself if not loopback)."""
