@@ -18,23 +18,22 @@ arriving, ``get_buffer`` hands out the payload's final destination (possibly a
 caller-supplied buffer from a :data:`~aiodist.net.base.PayloadSink`), so the
 bytes are written once, by the kernel, where they belong.
 
-Memory follows bytes: nothing is allocated from what a prefix *claims*. A
-payload with no destination of its own and larger than :data:`PAYLOAD_CHUNK`
-is received into an anonymous memory mapping, whose pages the kernel provides
-one by one as the bytes are written (address space is reserved for the claim,
-memory only for what arrives); a header larger than the staging area grows
-the staging area as its bytes arrive. Both stay within ``max_frame_size``.
+Memory follows bytes: nothing is filled in from what a prefix *claims*. A
+payload with no destination of its own gets uninitialised memory
+(:func:`payload_buffer`), whose pages the kernel provides as the bytes are
+written: address space is reserved for the claim, resident memory only for
+what arrives. A header larger than the staging area grows the staging area as
+its bytes arrive. Both stay within ``max_frame_size``.
 """
 
 from __future__ import annotations
 
-import mmap
 import struct
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from .errors import FrameTooLargeError, ProtocolError
 
@@ -57,23 +56,17 @@ _STAGING_MAX = (1 << 17) + (1 << 12)
 payload then arrives in one read and is decoded in one pass (two reads and two decoder passes
 cost more than copying it out of the staging area). Connections of small frames never grow."""
 
-PAYLOAD_CHUNK = 1 << 20
-"""A payload with no sink buffer up to this size gets its buffer at once; a
-larger one gets memory as its bytes arrive (see :func:`grown_buffer`)."""
+def payload_buffer(nbytes: int) -> memoryview:
+    """A writable buffer of ``nbytes`` for a payload with no destination of its own.
 
-_MAP_NORESERVE = 0x4000 if sys.platform == "linux" else 0  # (not charged to the commit limit up front)
-
-
-def grown_buffer(nbytes: int) -> memoryview:
-    """A writable buffer of ``nbytes`` whose memory is provided as it is written, page by page.
-
-    An anonymous private mapping: the claim reserves address space only; the
-    kernel supplies zeroed pages on first write, so resident memory follows
-    the bytes that actually arrive. Freed (unmapped) with its last reference.
+    Uninitialised (``numpy.empty``): nothing writes the claimed size up front,
+    so the pages of a large buffer (a fresh mapping) become resident only as
+    the received bytes are written into them, and a small one reuses freed
+    memory without clearing it first. The frame is delivered only once every
+    byte was written, so nothing stale is ever seen.
     """
-    if not hasattr(mmap, "MAP_PRIVATE"):  # pragma: no cover - Windows
-        return memoryview(mmap.mmap(-1, nbytes))
-    return memoryview(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE))
+    return np.empty(nbytes, dtype=np.uint8).data
+
 
 DEFER: Any = object()
 """Transitional, honoured by nothing: :mod:`aiodist.comm.transport` still imports the name
@@ -394,12 +387,7 @@ class FrameDecoder:
         """The header is decoded: ask the sink where the payload goes, take what is staged, go on."""
         plen = self._plen
         target = self.sink(self._header, plen) if self.sink is not None else None
-        if target is not None:
-            target = self._usable(target, plen)
-        elif plen <= PAYLOAD_CHUNK:
-            target = memoryview(bytearray(plen))
-        else:
-            target = grown_buffer(plen)
+        target = payload_buffer(plen) if target is None else self._usable(target, plen)
         self._target = target
         staged = min(self._end - self._start, plen)
         if staged:

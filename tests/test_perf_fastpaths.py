@@ -25,7 +25,7 @@ from aiodist.net.tcp import TCPNetwork
 from aiodist.store import MemoryStore
 from aiodist.wire import encode_header
 
-BIG = 1 << 22  # above the wire's PAYLOAD_CHUNK
+BIG = 1 << 22  # a large payload (several MiB)
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from ..wire import as_byte_view, encode_frame
 COALESCE_LIMIT = 1 << 16
 """Frames up to this size (header included) are copied and batched into one write."""
 _COPY_SLICE = 1 << 15  # what is copied and written while the kernel's send buffer is (nearly) full
+_COPY_WHOLE = 1 << 17  # a payload up to this size is copied with its header into one write (cheaper than two)
 _MIN_VIEW = 1 << 16  # the least the kernel must take at once for a slice of the caller's memory
 
 _SO_MEMINFO = 55 if sys.platform == "linux" else None  # (Linux >= 4.6: a socket's memory counters)
@@ -360,7 +361,7 @@ class Outbox:
                 if self.paused:  # the kernel did not take all of it after all
                     self._exposed = True
             else:  # the header with the payload's first bytes, or the kernel is (nearly) full: a copy
-                k = min(n - pos, _COPY_SLICE)
+                k = n - pos if item.head and n <= _COPY_WHOLE else min(n - pos, _COPY_SLICE)
                 t.write(item.head + data[pos : pos + k])
                 item.head = b""
             item.pos = pos + k
