@@ -630,8 +630,11 @@ class HostNetwork(_SeamNetwork):
         return self._host.name
 
     async def connect(self, address: Address, *, timeout: float | None = None,
-                      max_frame_size: int | None = None) -> Connection:
+                      max_frame_size: int | None = None, ssl: Any = None) -> Connection:
         """Open a connection (a round trip). ConnectionLost if refused/unknown; TimeoutError on timeout.
+
+        ``ssl`` is accepted and has no effect: the simulated links run inside
+        one process, with nothing to encrypt.
 
         Cancellation (or the timeout): nothing is left behind; a connection
         the peer accepted meanwhile is closed (the peer sees ConnectionLost).
@@ -652,8 +655,9 @@ class HostNetwork(_SeamNetwork):
         *,
         max_frame_size: int | None = None,
         handshake_timeout: float | None = None,
+        ssl: Any = None,
     ) -> Listener:
-        """Bind ``address`` on this host (port 0 picks a free port); ConnectionLost if taken."""
+        """Bind ``address`` on this host (port 0 picks a free port); ConnectionLost if taken. (``ssl``: as connect.)"""
         fabric = self.fabric
         assert fabric is not None
         host, port = address

@@ -23,6 +23,7 @@ no silent loss on a live connection). Errors say whose fault it is:
 from __future__ import annotations
 
 import abc
+import ssl as _ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -264,14 +265,23 @@ class Network(abc.ABC):
 
     @abc.abstractmethod
     async def connect(
-        self, address: Address, *, timeout: float | None = None, max_frame_size: int | None = None
+        self,
+        address: Address,
+        *,
+        timeout: float | None = None,
+        max_frame_size: int | None = None,
+        ssl: _ssl.SSLContext | None = None,
     ) -> Connection:
         """Open a connection to ``address``.
 
         Raises :class:`~aiodist.errors.ConnectionLost` (refused, unreachable,
-        unknown host) or ``TimeoutError``. ``max_frame_size``: the initial
-        :meth:`Connection.set_max_frame_size` (None: the default, 1 GiB of
-        payload). Cancellation (or the timeout) leaves nothing behind.
+        unknown host, or the TLS handshake failed) or ``TimeoutError``.
+        ``max_frame_size``: the initial :meth:`Connection.set_max_frame_size`
+        (None: the default, 1 GiB of payload). ``ssl``: a client-side context:
+        the connection runs over TLS, the server checked as the context says.
+        (The simulator's links run inside one process: it accepts ``ssl`` and
+        has nothing to encrypt.) Cancellation (or the timeout) leaves nothing
+        behind.
         """
 
     @abc.abstractmethod
@@ -282,13 +292,15 @@ class Network(abc.ABC):
         *,
         max_frame_size: int | None = None,
         handshake_timeout: float | None = None,
+        ssl: _ssl.SSLContext | None = None,
     ) -> Listener:
         """Listen on ``address`` (port 0: pick a free port) and run ``handler`` for each connection.
 
         ``max_frame_size``: the initial limit of every accepted connection.
         ``handshake_timeout``: a peer that sends nothing valid within it is
-        dropped. Raises :class:`~aiodist.errors.ConnectionLost` if the address
-        cannot be bound.
+        dropped. ``ssl``: a server-side context: every connection runs over
+        TLS (a peer without it gets nowhere). Raises
+        :class:`~aiodist.errors.ConnectionLost` if the address cannot be bound.
         """
 
     @abc.abstractmethod

@@ -34,6 +34,7 @@ COALESCE_LIMIT = 1 << 16
 """Frames up to this size (header included) are copied and batched into one write."""
 _COPY_SLICE = 1 << 15  # what is copied and written while the kernel's send buffer is (nearly) full
 _COPY_WHOLE = 1 << 17  # a payload up to this size is copied with its header into one write (cheaper than two)
+_COPY_BLIND = 1 << 20  # what is copied and written at once where the kernel's room is unknown (TLS, not Linux)
 _MIN_VIEW = 1 << 16  # the least the kernel must take at once for a slice of the caller's memory
 
 _SO_MEMINFO = 55 if sys.platform == "linux" else None  # (Linux >= 4.6: a socket's memory counters)
@@ -360,8 +361,11 @@ class Outbox:
                 t.write(data[pos : pos + k])
                 if self.paused:  # the kernel did not take all of it after all
                     self._exposed = True
-            else:  # the header with the payload's first bytes, or the kernel is (nearly) full: a copy
-                k = n - pos if item.head and n <= _COPY_WHOLE else min(n - pos, _COPY_SLICE)
+            else:  # the header with the payload's first bytes, the kernel (nearly) full, or its room unknown: a copy
+                if item.head and n <= _COPY_WHOLE:
+                    k = n - pos
+                else:
+                    k = min(n - pos, _COPY_SLICE if self._room is not None else _COPY_BLIND)
                 t.write(item.head + data[pos : pos + k])
                 item.head = b""
             item.pos = pos + k

@@ -10,6 +10,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import ssl as _ssl
 from typing import Any
 
 from ..errors import ConnectionClosedError, ConnectionLost
@@ -130,17 +131,25 @@ class TCPNetwork(Network):
         return found
 
     async def connect(
-        self, address: Address, *, timeout: float | None = None, max_frame_size: int | None = None
+        self,
+        address: Address,
+        *,
+        timeout: float | None = None,
+        max_frame_size: int | None = None,
+        ssl: _ssl.SSLContext | None = None,
     ) -> Connection:
         host, port = address
         loop = asyncio.get_running_loop()
         conn = TCPConnection(max_frame_size=max_frame_size or DEFAULT_MAX_FRAME_SIZE, peer=f"{host}:{port}")
+        options: dict[str, Any] = {} if ssl is None else {"ssl": ssl}
         try:
             async with asyncio.timeout(timeout):
-                await loop.create_connection(lambda: conn, host, port)
+                await loop.create_connection(lambda: conn, host, port, **options)
         except TimeoutError:
             conn.abort()
             raise TimeoutError(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
+        except _ssl.SSLError as e:  # (an OSError too: say that it was the TLS handshake)
+            raise ConnectionLost(f"could not connect to {host}:{port}: TLS handshake failed: {e}") from None
         except OSError as e:
             raise ConnectionLost(f"could not connect to {host}:{port}: {e.strerror or e}") from None
         except BaseException:
@@ -155,6 +164,7 @@ class TCPNetwork(Network):
         *,
         max_frame_size: int | None = None,
         handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT,
+        ssl: _ssl.SSLContext | None = None,
     ) -> Listener:
         host, port = address
         listener = TCPListener(handler)
@@ -165,7 +175,7 @@ class TCPNetwork(Network):
 
         loop = asyncio.get_running_loop()
         try:
-            server = await loop.create_server(factory, host or None, port, reuse_address=True)
+            server = await loop.create_server(factory, host or None, port, reuse_address=True, ssl=ssl)
         except OSError as e:
             raise ConnectionLost(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         listener._server = server

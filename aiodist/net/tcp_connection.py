@@ -81,16 +81,19 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-        outbox = self._outbox = Outbox(self._loop, transport, KernelRoom.of(sock))
+        # Over TLS the transport encrypts (copies) what it is given, on its own schedule: the kernel's room
+        # says nothing about when it lets go of a slice, so everything is handed over as copies.
+        tls = transport.get_extra_info("ssl_object") is not None
+        outbox = self._outbox = Outbox(self._loop, transport, None if tls else KernelRoom.of(sock))
         # Fast paths: the callers reach the outbox directly (the methods below say what they do).
         self.try_send = outbox.try_send  # type: ignore[method-assign]
         self.send_nowait = outbox.send_nowait  # type: ignore[method-assign]
         peername = transport.get_extra_info("peername")
         if peername:
             self._peer = f"{peername[0]}:{peername[1]}"
-        # Limits of 0: pause_writing whenever anything is left unsent, so that
-        # resume_writing tells us the transport's buffer is empty.
-        transport.set_write_buffer_limits(high=0, low=0)
+        # pause_writing whenever anything is left unsent, so that resume_writing tells us the
+        # transport's buffer is empty. (The TLS transports pause at size >= high, the others at > high.)
+        transport.set_write_buffer_limits(high=1 if tls else 0, low=0)
         transport.write(PREAMBLE)
 
     def start_handshake_timer(self, timeout: float | None) -> None:
