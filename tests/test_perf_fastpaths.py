@@ -1,8 +1,7 @@
 """The hot-path shortcuts of the TCP transport keep their semantics.
 
-* a large keyed payload that arrives before its receive waits in the socket
-  (DEFER) and is then written straight into the receive's buffer; a receive
-  that comes too late still gets it, and frames behind it are not held up;
+* a large keyed payload that arrives before its receive still arrives whole,
+  and frames behind it are not held up;
 * the first frame of a loop iteration is written at once, later ones in the
   same iteration are coalesced, order is kept;
 * the frame-handler fast path delivers queued frames first, in order;
@@ -20,14 +19,13 @@ import numpy as np
 import pytest
 
 from aiodist.comm import GroupComm, OpChannel, Transport
-from aiodist.comm import transport as transport_mod
 from aiodist.comm.router import freeze
 from aiodist.net.base import Frame
 from aiodist.net.tcp import TCPNetwork
 from aiodist.store import MemoryStore
-from aiodist.wire import DEFER, FrameDecoder, encode_frame, encode_header
+from aiodist.wire import encode_header
 
-BIG = 1 << 20  # above DEFER_MIN_BYTES
+BIG = 1 << 22  # a large payload (several MiB)
 
 
 @pytest.fixture
@@ -48,93 +46,18 @@ async def pair() -> AsyncIterator[tuple[list[Transport], OpChannel, OpChannel]]:
         await t.close()
 
 
-def _spy_resume(t: Transport) -> list[Any]:
-    """Record the targets handed to resume_payload on t's connections."""
-    seen: list[Any] = []
-    for p in t._peers.values():
-        conn = p.conn
-        if conn is None:
-            continue
-        original = conn.resume_payload  # type: ignore[attr-defined]
-
-        def spy(target: Any, original: Any = original) -> None:
-            seen.append(target)
-            original(target)
-
-        conn.resume_payload = spy  # type: ignore[attr-defined]
-    return seen
-
-
-async def test_an_early_large_payload_waits_in_the_socket_and_lands_in_place(pair: Any) -> None:
+async def test_an_early_large_payload_arrives_whole_and_frames_behind_it_are_not_held_up(pair: Any) -> None:
+    """A large payload whose receive is not posted yet is taken into memory of the connection's
+    own (as its bytes arrive); a small frame behind it on the same connection is received first."""
     ts, a, b = pair
-    seen = _spy_resume(ts[1])
-    data = np.arange(BIG // 8, dtype=np.float64)
-    send = asyncio.ensure_future(a.send(1, ("big",), data))
-    for _ in range(200):  # until the header has arrived and the payload was deferred
-        await asyncio.sleep(0.001)
-        if ts[1]._deferred:
-            break
-    assert ts[1]._deferred, "the early large payload was not deferred"
-    out = np.zeros_like(data)
-    view = memoryview(out).cast("B")
-    await b.recv_into(0, ("big",), view)
-    await send
-    assert (out == data).all()
-    assert len(seen) == 1 and seen[0] is view  # read straight into the receive's buffer
-    assert not ts[1]._deferred
-
-
-async def test_a_deferred_payload_falls_back_to_a_new_buffer_and_unblocks_what_follows(pair: Any) -> None:
-    ts, a, b = pair
-    seen = _spy_resume(ts[1])
     data = np.arange(BIG // 4, dtype=np.int32)
     await asyncio.gather(a.send(1, ("big",), data), a.send(1, ("small",), np.array([7], np.int32)))
     small = np.zeros(1, np.int32)
-    # The small frame is behind the deferred big one on the same connection: it still arrives.
     await asyncio.wait_for(b.recv_into(0, ("small",), memoryview(small).cast("B")), 5)
     assert small[0] == 7
-    assert seen == [None]  # the fallback: a new buffer after DEFER_TIMEOUT
     out = np.zeros_like(data)
     await b.recv_into(0, ("big",), memoryview(out).cast("B"))
     assert (out == data).all()
-
-
-async def test_closing_with_a_deferred_payload_cancels_its_timer(pair: Any, monkeypatch: Any) -> None:
-    ts, a, b = pair
-    monkeypatch.setattr(transport_mod, "DEFER_TIMEOUT", 60.0)
-    await a.send(1, ("big",), np.zeros(BIG, np.uint8))
-    for _ in range(200):
-        await asyncio.sleep(0.001)
-        if ts[1]._deferred:
-            break
-    timers = [e[3] for e in ts[1]._deferred.values()]
-    assert timers
-    await ts[1].close()
-    assert not ts[1]._deferred and all(t.cancelled() for t in timers)
-
-
-def test_decoder_defers_then_writes_into_the_target_and_goes_on() -> None:
-    asked: list[int] = []
-
-    def sink(header: dict[str, Any], n: int) -> Any:
-        asked.append(n)
-        return DEFER if header.get("defer") else None
-
-    dec = FrameDecoder(expect_preamble=False, sink=sink)
-    payload = bytes(range(256)) * 40
-    raw = b"".join(h + (bytes(p) if p is not None else b"") for h, p in (encode_frame({"defer": 1}, payload), encode_frame({"i": 2}, b"xy")))
-    assert dec.feed(raw[:50]) == []
-    assert dec.awaiting_target
-    rest = dec.feed(raw[50:])  # staged while waiting, nothing decoded past the deferred payload
-    assert rest == [] and dec.awaiting_target
-    target = memoryview(bytearray(len(payload)))
-    frames = dec.provide_target(target)
-    assert [h for h, _ in frames] == [{"defer": 1}, {"i": 2}]
-    assert frames[0][1] is target and bytes(target) == payload
-    assert bytes(frames[1][1]) == b"xy"
-    assert not dec.awaiting_target
-    with pytest.raises(RuntimeError):
-        dec.provide_target(None)
 
 
 def test_a_failed_header_encoding_leaves_the_packer_clean() -> None:

@@ -241,7 +241,7 @@ class Transport:
             timeout=timeout,
             network=net,
         )
-        host = host or getenv("AIODIST_HOST") or net.default_host()
+        host = host or getenv("AIODIST_HOST") or await net.default_host()
         t._listener = await net.listen((host, 0), t._accept)
         t.address = t._listener.address
         try:
