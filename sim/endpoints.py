@@ -527,6 +527,13 @@ class SimConnection(Connection):
         self._host.endpoints.pop(self._id, None)
         self._wake()
 
+    # Stopgap until the seam contract (CONTRACTS.md) lands here: the two methods the peer transport calls.
+    def set_max_frame_size(self, n: int) -> None:
+        self._max_frame_size = n
+
+    def abort(self) -> None:
+        self._abort("reset by this side")
+
     async def wait_closed(self) -> None:
         return None
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiodist import inflight
-from aiodist.context import new_rank_scope, rank_scope, set_network, set_rank_environ
+from aiodist.context import new_rank_scope, rank_scope, set_network, set_rank_environ, set_token_source
 
 from .errors import SimTimeLimitError
 from .faults import Fault, MessageReceived, MessageSent, Trigger, _Block
@@ -327,6 +327,7 @@ class Simulation:
             "TORCHELASTIC_RESTART_COUNT": str(restart_count), "AIODIST_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts), "AIODIST_MAX_RESTARTS": str(self.max_restarts),
             "TORCHELASTIC_RUN_ID": run_id, "AIODIST_RUN_ID": run_id,
+            "AIODIST_SECRET": f"sim-{self.seed}-secret",  # stopgap (peer branch) until the simulator's own secret lands
         }
         env.update(self.extra_env)
         return env
@@ -343,6 +344,7 @@ class Simulation:
         def setup() -> dict[str, Any]:
             set_rank_environ(env)
             set_network(host.net)
+            set_token_source(random.Random(f"{self.seed}:tokens:{rank}:{count}").randbytes)  # stopgap (peer branch)
             new_rank_scope()
             LANE.set(lane)
             return rank_scope()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from aiodist.comm import GroupComm, OpChannel, Transport
+from aiodist.comm import frames
 from aiodist.errors import PeerFailureError, PeerRefusedError
 from aiodist.store import MemoryStore
 
@@ -167,14 +168,14 @@ async def test_a_connection_with_another_world_size_or_rank_is_refused(closing: 
 def count_dials(t: Transport) -> list[int]:
     """Count the connections ``t`` dials (its network's connect calls)."""
     dials: list[int] = []
-    net = t._net
+    net = t._links._net
     connect = net.connect
 
     async def counting(*args: Any, **kwargs: Any) -> Any:
         dials.append(1)
         return await connect(*args, **kwargs)
 
-    t._net = type("CountingNetwork", (), {"connect": staticmethod(counting)})()  # type: ignore[assignment]
+    t._links._net = type("CountingNetwork", (), {"connect": staticmethod(counting)})()  # type: ignore[assignment]
     return dials
 
 
@@ -184,7 +185,7 @@ async def test_a_symmetric_exchange_is_dialed_once_by_the_lower_rank(closing: li
     ts = await start(2, MemoryStore())
     closing.extend(ts)
     for t in ts:
-        t._dial_defer = 5.0  # plenty for rank 0's connection to arrive, however slow the machine
+        t.links.dial_defer = 5.0  # plenty for rank 0's connection to arrive, however slow the machine
     dials = [count_dials(t) for t in ts]
     a, b = (channel(t, 2) for t in ts)
     bufs = [np.empty(8, np.uint8) for _ in range(2)]
@@ -206,7 +207,7 @@ async def test_the_higher_rank_dials_itself_when_the_lower_one_never_does(closin
     """Rank 1 sends to rank 0, which neither sends nor waits yet: after the deferral rank 1 dials."""
     ts = await start(2, MemoryStore())
     closing.extend(ts)
-    ts[1]._dial_defer = 0.2
+    ts[1].links.dial_defer = 0.2
     dials = [count_dials(t) for t in ts]
     a, b = (channel(t, 2) for t in ts)
     loop = asyncio.get_running_loop()
@@ -225,7 +226,7 @@ async def test_a_receive_from_a_higher_rank_dials_it_at_once(closing: list[Trans
     when its receive is posted, so rank 1's send finds the connection and need not wait out its deferral."""
     ts = await start(2, MemoryStore())
     closing.extend(ts)
-    ts[1]._dial_defer = 5.0
+    ts[1].links.dial_defer = 5.0
     dials = [count_dials(t) for t in ts]
     a, b = (channel(t, 2) for t in ts)
     out = np.empty(4, np.uint8)
@@ -246,15 +247,15 @@ async def test_a_receive_from_a_higher_rank_dials_it_at_once(closing: list[Trans
 async def test_a_deferred_dial_to_a_lower_rank_that_is_gone_still_fails_fast(closing: list[Transport]) -> None:
     ts = await start(2, MemoryStore())
     closing.extend(ts)
-    ts[1]._dial_defer = 0.1
+    ts[1].links.dial_defer = 0.1
     await ts[0].close()  # rank 0 is gone: nobody listens at its address
     with pytest.raises(PeerFailureError) as ei:
         await channel(ts[1], 2).send(0, ("z",), b"hi")
     assert ei.value.rank == 0 and "unreachable" in str(ei.value)
 
 
-async def test_heartbeat_watchers_start_only_after_the_first_interval(closing: list[Transport]) -> None:
-    """A connection costs no watcher task during its first heartbeat interval; heartbeats then flow."""
+async def test_heartbeats_cost_no_task_per_connection_and_flow_both_ways(closing: list[Transport]) -> None:
+    """One heartbeat timer per rank, not a watcher task per connection; heartbeat frames flow both ways."""
     ts = await start(2, MemoryStore())
     closing.extend(ts)
     for t in ts:
@@ -262,13 +263,17 @@ async def test_heartbeat_watchers_start_only_after_the_first_interval(closing: l
     a, b = (channel(t, 2) for t in ts)
     await a.send(1, ("hi",), b"")
     await b.recv_into(0, ("hi",), memoryview(bytearray()))
+    beats = {0: 0, 1: 0}
+    for t in ts:
+        original = t._on_control
 
-    def watchers(t: Transport) -> int:
-        return sum(1 for task in t._tasks if "_watch" in task.get_coro().__qualname__)  # type: ignore[union-attr]
+        def spy(p: Any, kind: Any, h: dict[str, Any], original: Any = original, me: int = t.rank) -> None:
+            beats[me] += kind == frames.HEARTBEAT
+            original(p, kind, h)
 
-    assert [watchers(t) for t in ts] == [0, 0]
-    heard = ts[1]._peers[0].last_heard
-    await asyncio.sleep(0.35)
-    assert [watchers(t) for t in ts] == [1, 1]
-    assert ts[1]._peers[0].last_heard > heard  # rank 0's heartbeats arrive
+        t._on_control = spy  # type: ignore[method-assign]
+    tasks = [len(t._links._tasks) for t in ts]
+    await asyncio.sleep(0.45)
+    assert [len(t._links._tasks) for t in ts] == tasks  # (rank 0's dial task reads the connection; nothing else)
+    assert beats[0] >= 2 and beats[1] >= 2, beats
     assert ts[0].failed_peers() == [] and ts[1].failed_peers() == []

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..context import getenv
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
-from ..wire import DEFAULT_MAX_FRAME_SIZE, PREAMBLE, FrameDecoder, as_byte_view, encode_frame
+from ..wire import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADER_SIZE, PREAMBLE, FrameDecoder, as_byte_view, encode_frame
 from .base import Address, Connection, ConnectionHandler, Frame, Header, Listener, Network, PayloadSink
 
 log = logging.getLogger("aiodist.net")
@@ -469,6 +469,21 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             if self._wbuf:
                 self._write_buffered()  # frames batched in this iteration still go out
             self._transport.close()
+
+    # Stopgap until the seam contract (CONTRACTS.md) lands here: the two methods the peer transport calls.
+    def set_max_frame_size(self, n: int) -> None:
+        self._decoder.max_frame_size = n
+        self._decoder.max_header_size = min(DEFAULT_MAX_HEADER_SIZE, n)
+
+    def abort(self) -> None:
+        self._wbuf = bytearray()
+        if self._exc is None:
+            self._exc = ConnectionClosedLocally(f"connection to {self._peer} was reset by this side")
+            self._frames.clear()
+        self._wake_reader()
+        self._wake_drainers()
+        if self._transport is not None:
+            self._transport.abort()
 
     async def wait_closed(self) -> None:
         if self._closed_fut is not None:
