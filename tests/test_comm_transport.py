@@ -277,3 +277,84 @@ async def test_heartbeats_cost_no_task_per_connection_and_flow_both_ways(closing
     assert [len(t._links._tasks) for t in ts] == tasks  # (rank 0's dial task reads the connection; nothing else)
     assert beats[0] >= 2 and beats[1] >= 2, beats
     assert ts[0].failed_peers() == [] and ts[1].failed_peers() == []
+
+
+async def test_a_rank_declared_silent_is_told_before_it_is_hung_up_on(closing: list[Transport]) -> None:
+    """What a stopped rank finds when it resumes: the notice comes before the end of the connection, so
+    it blames itself (EvictedError naming its own rank), not the healthy peer that hung up on it."""
+    ts = await start(2, MemoryStore())
+    closing.extend(ts)
+    a, b = (channel(t, 2) for t in ts)
+    await a.send(1, ("hi",), b"")
+    await b.recv_into(0, ("hi",), memoryview(bytearray()))
+    pending = asyncio.ensure_future(b.recv_into(0, ("never",), memoryview(bytearray(1))))
+    await asyncio.sleep(0.01)
+    ts[0]._links._silent(1, "hung or unreachable: heard nothing for 3.0s")  # (what the detector would decide)
+    with pytest.raises(PeerFailureError) as e:
+        await asyncio.wait_for(pending, 5)
+    assert type(e.value).__name__ == "EvictedError" and e.value.global_rank == 1
+    assert "declared failed by its peers" in str(e.value) and "heard nothing" in str(e.value)
+    assert ts[1].failed_peers() == [0, 1] and ts[0].failed_peers() == [1]
+    assert type(ts[1].peer_error(0)).__name__ == "EvictedError"  # rank 0 hung up because of it
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_cancelled_large_send_leaves_no_reference_to_the_callers_buffer(loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seam promises "queued whole or not at all": a send cancelled while its payload is still queued
+    (the peer does not read) returns only once the connection holds no reference to that payload (the
+    caller may reuse it at once): here the peer never reads, so the connection is reset. (uvloop writes
+    a large payload without copying it; asyncio 3.11 copies what the kernel does not take at once.)"""
+    import gc
+    import weakref
+
+    uvloop = pytest.importorskip("uvloop") if loop == "uvloop" else None
+    monkeypatch.setattr("aiodist.comm.transport.SEND_RELEASE_TIMEOUT", 0.2)
+
+    async def main() -> tuple[bool, list[int]]:
+        ts = await start(2, MemoryStore())
+        try:
+            a, b = (channel(t, 2) for t in ts)
+            await a.send(1, ("hi",), b"")
+            await b.recv_into(0, ("hi",), memoryview(bytearray()))
+            conn = ts[1]._peers[0].conn
+            assert conn is not None
+            conn._transport.pause_reading()  # type: ignore[attr-defined]  # rank 1 stops reading (stopped)
+            data = np.ones(64 << 17)  # 64 MiB: more than the kernel's buffers take
+            ref = weakref.ref(data)
+            pending = ts[0].send_soon(1, {"t": "m", "g": 0, "k": (0, "big"), "o": "test"}, data, 0)
+            assert pending is not None
+            task = asyncio.ensure_future(pending)
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            del data, pending, task
+            for _ in range(5):
+                gc.collect()
+                await asyncio.sleep(0.01)
+            return ref() is None, ts[0].failed_peers()
+        finally:
+            for t in ts:
+                await t.close()
+
+    factory = uvloop.new_event_loop if uvloop is not None else None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        released, failed = runner.run(main())
+    assert released, "the connection still holds the cancelled send's payload"
+    assert failed == [1]  # (the frame could not be withdrawn: the link was reset)
+
+
+async def test_a_mismatch_report_connects_if_needed(closing: list[Transport]) -> None:
+    """report_mismatch is fire and forget, and reaches a rank this one never talked to."""
+    from aiodist.errors import CollectiveMismatchError
+
+    ts = await start(3, MemoryStore())
+    closing.extend(ts)
+    chans = [channel(t, 3) for t in ts]
+    pending = asyncio.ensure_future(chans[2].recv_into(1, ("x",), memoryview(bytearray(1))))  # rank 2 waits on 1
+    await asyncio.sleep(0.01)
+    assert ts[0].connected_peers() == []
+    ts[0].report_mismatch(2, 0, 0, "rank 0 called broadcast", {0: "broadcast", 2: "all_reduce"})
+    with pytest.raises(CollectiveMismatchError) as e:
+        await asyncio.wait_for(pending, 5)
+    assert "reported by rank 0" in str(e.value) and ts[0].connected_peers() == [2]

@@ -4,8 +4,8 @@ The decisions are :mod:`.handshake`'s (what the frames say) and
 :mod:`.links`'s (what to do with a connection that authenticated); these
 coroutines only move the frames, with a timeout on every wait. Before the
 other end has proved the job's secret, frames are limited to
-:data:`.frames.MAX_HANDSHAKE_FRAME` bytes: the acceptor's listener starts its
-connections so, and the dialer lowers its limit as soon as it has connected.
+:data:`.frames.MAX_HANDSHAKE_FRAME` bytes: both the acceptor's listener and
+the dialer's connect start their connections so.
 """
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ async def dial(
     an address that does not parse), AuthenticationError, ProtocolError.
     Any error, or cancellation, closes the connection.
     """
-    conn = await net.connect(parse_address(raw_address), timeout=timeout)
+    conn = await net.connect(parse_address(raw_address), timeout=timeout, max_frame_size=F.MAX_HANDSHAKE_FRAME)
     try:
-        conn.set_max_frame_size(F.MAX_HANDSHAKE_FRAME)
         _send(conn, hs.hello())
         reply = await recv_within(loop, conn, timeout)
         step = hs.on_reply(reply.header)

@@ -50,11 +50,26 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EvictedError, GroupError, PeerFailureError, PeerRefusedError
 from . import frames as F
+from .actions import (
+    Action,
+    Actions,
+    BreakGroups,
+    CancelTimer,
+    Close,
+    Dial,
+    FailReceives,
+    Install,
+    Log,
+    Send,
+    StartTimer,
+    Unwatch,
+    Wake,
+    Watch,
+)
 from .handshake import Outcome, Verdict
 
 
@@ -103,102 +118,6 @@ class Link:
     def __repr__(self) -> str:
         extra = f" ({self.how})" if self.how else ""
         return f"<Link {self.rank} {self.state.value}{extra}>"
-
-
-# --------------------------------------------------------------------------- actions
-
-
-class Action:
-    """Something the driver must do; see the subclasses."""
-
-    __slots__ = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Dial(Action):
-    """Start a dial to ``rank`` (look its address up, connect, shake hands); report how it ended."""
-
-    rank: int
-
-
-@dataclass(frozen=True, slots=True)
-class StartTimer(Action):
-    """Call :meth:`Links.deferral_expired` for ``rank`` in ``delay`` seconds."""
-
-    rank: int
-    delay: float
-
-
-@dataclass(frozen=True, slots=True)
-class CancelTimer(Action):
-    rank: int
-
-
-@dataclass(frozen=True, slots=True)
-class Install(Action):
-    """``conn`` is now the link to ``rank``: route its frames (full frame size), read it until it ends."""
-
-    rank: int
-    conn: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Send(Action):
-    """Queue a control frame on ``conn`` (without waiting; a connection that broke meanwhile is ignored)."""
-
-    conn: Any
-    header: F.Header
-
-
-@dataclass(frozen=True, slots=True)
-class Close(Action):
-    """Close ``conn`` (orderly: frames queued on it, e.g. by a Send just before, still go out)."""
-
-    conn: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Wake(Action):
-    """Wake the sends waiting for the link to ``rank``: with the installed connection, or ``error``."""
-
-    rank: int
-    error: BaseException | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class FailReceives(Action):
-    """Fail the receives expecting anything from ``rank`` (with :meth:`Links.peer_error`)."""
-
-    rank: int
-
-
-@dataclass(frozen=True, slots=True)
-class BreakGroups(Action):
-    """Break every group containing ``rank`` (this rank's own: every group), blaming ``rank``."""
-
-    rank: int
-    how: str
-
-
-@dataclass(frozen=True, slots=True)
-class Watch(Action):
-    """Start watching ``rank``'s heartbeats."""
-
-    rank: int
-
-
-@dataclass(frozen=True, slots=True)
-class Unwatch(Action):
-    rank: int
-
-
-@dataclass(frozen=True, slots=True)
-class Log(Action):
-    level: int
-    message: str
-
-
-Actions = list[Action]
 
 
 # --------------------------------------------------------------------------- the machine
@@ -259,10 +178,8 @@ class Links:
         """A fresh error for an operation that involves ``rank`` (which failed, or this rank was condemned)."""
         link = self._links.get(rank)
         if rank == self.rank or (link is not None and link.after_eviction):
-            how = self.condemned or "unknown"
-            return EvictedError(
-                f"this rank ({self.rank}) was declared failed by its peers: {how}", rank=self.rank, how=how
-            )
+            how = f"declared failed by its peers ({self.condemned or 'why is unknown'})"
+            return EvictedError(f"this rank ({self.rank}) was {how}", rank=self.rank, how=how)
         how = link.how if link is not None and link.how else "unknown"
         if link is not None and link.state is _REFUSED:
             reason = link.reason or ""
@@ -276,8 +193,10 @@ class Links:
     def need(self, rank: int) -> Actions:
         """A send waits for the link to ``rank``: dial, or (as the higher rank) give the lower one a moment."""
         link = self.link(rank)
+        if link.state is _READY or link.state in TERMINAL or self.closing:
+            return []
         link.wanted = True
-        if link.state is _IDLE and not self.closing:
+        if link.state is _IDLE:
             if self.rank > rank and self.dial_defer > 0:
                 link.state = _DEFERRED
                 return [StartTimer(rank, self.dial_defer)]
@@ -470,7 +389,7 @@ class Links:
     def bad_input(self, rank: int, why: str) -> Actions:
         """``rank`` sent something impossible: fail it, tell it why and close its connection (once)."""
         link = self._links[rank]
-        if link.rejected is not None:
+        if link.rejected is not None or link.conn is None:  # (only a connection brings input)
             return []
         link.rejected = why
         how = f"sent bad input: {why}"
@@ -480,10 +399,8 @@ class Links:
         conn = link.conn
         if link.state not in TERMINAL:
             acts += self._fail(link, how, close=False, notify=False)
-        if conn is not None:
-            link.conn = None
-            acts += [Send(conn, F.fail(rank, f"rank {self.rank} closed its connection: {how}")), Close(conn)]
-        return acts
+        link.conn = None
+        return acts + [Send(conn, F.fail(rank, f"rank {self.rank} closed its connection: {how}")), Close(conn)]
 
     def _fail(
         self,
@@ -549,9 +466,9 @@ class Links:
 
     # ------------------------------------------------------------------ this rank ends
 
-    def close(self) -> Actions:
-        """This rank leaves: ``bye`` on every live link (unless it aborted before), then close them all."""
-        orderly = not self.closing
+    def close(self, *, bye: bool = True) -> Actions:
+        """This rank leaves: ``bye`` on every live link (not after :meth:`abort`), then close them all."""
+        orderly = bye and not self.closing
         self.closing = True
         acts: Actions = []
         if orderly:
@@ -575,5 +492,4 @@ class Links:
 
     def abort(self) -> Actions:
         """This rank drops every connection at once, without ``bye`` (what a crash looks like to the peers)."""
-        self.closing = True
-        return [Close(link.conn) for link in self._links.values() if link.conn is not None]
+        return self.close(bye=False)

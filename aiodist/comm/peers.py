@@ -24,6 +24,7 @@ from ..context import token_bytes
 from ..eager import start_eager
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, EvictedError, GroupError, PeerFailureError
 from ..net.base import Address, Connection, Frame, Header, Listener, Network
+from . import actions as A
 from . import connect
 from . import frames as F
 from . import links as L
@@ -131,7 +132,7 @@ class PeerLinks:
                 if self._listener is not None:
                     await self._listener.wait_closed()
                 for a in actions:
-                    if type(a) is L.Close:
+                    if type(a) is A.Close:
                         await a.conn.wait_closed()
         except TimeoutError:
             log.warning("rank %d: connections did not finish closing within %gs", self.rank, BYE_TIMEOUT)
@@ -199,43 +200,43 @@ class PeerLinks:
 
     # ------------------------------------------------------------------ actions
 
-    def do(self, actions: list[L.Action]) -> None:
+    def do(self, actions: list[A.Action]) -> None:
         """Carry out what the link state machine decided, in order."""
         for a in actions:
             match a:
-                case L.Send(conn, header):
+                case A.Send(conn, header):
                     try:
                         conn.send_nowait(header)
                     except ConnectionClosedError:
                         pass
-                case L.Close(conn):
+                case A.Close(conn):
                     conn.close()
-                case L.FailReceives(rank):
+                case A.FailReceives(rank):
                     self._fail_receives(rank)
-                case L.BreakGroups(rank):
+                case A.BreakGroups(rank):
                     self._groups.break_containing(rank, every=rank == self.rank)
-                case L.Wake(rank, error):
+                case A.Wake(rank, error):
                     p = self.peers[rank]
                     waiter, p.waiter = p.waiter, None
                     if waiter is not None and not waiter.done():
                         waiter.set_result(p.link.conn if error is None else error)
-                case L.Install(rank, conn):
+                case A.Install(rank, conn):
                     conn.set_max_frame_size(connect.LINK_MAX_FRAME)
                     conn.set_payload_sink(functools.partial(self._on_payload, self.peers[rank]))
-                case L.Watch(rank):
+                case A.Watch(rank):
                     self.heartbeats.watch(self.peers[rank].watch)
-                case L.Unwatch(rank):
+                case A.Unwatch(rank):
                     self.heartbeats.unwatch(rank)
-                case L.Dial(rank):
+                case A.Dial(rank):
                     self.spawn(self._dial(rank))
-                case L.StartTimer(rank, delay):
+                case A.StartTimer(rank, delay):
                     self.peers[rank].timer = self._loop.call_later(delay, self._deferral_expired, rank)
-                case L.CancelTimer(rank):
+                case A.CancelTimer(rank):
                     p = self.peers[rank]
                     if p.timer is not None:
                         p.timer.cancel()
                         p.timer = None
-                case L.Log(level, message):
+                case A.Log(level, message):
                     log.log(level, "%s", message)
 
     def _deferral_expired(self, rank: int) -> None:
