@@ -4,7 +4,7 @@
 needs a link, our dial ended so, a peer's dial authenticated, a connection
 broke, a peer said bye, another rank reports a failure, a peer was silent too
 long...) and returns :class:`Action` lists for the driver
-(:class:`~aiodist.comm.transport.Transport`) to carry out in order: dial,
+(:class:`~aiodist.comm.peers.PeerLinks`) to carry out in order: dial,
 start or cancel the dial deferral, install a connection, send a control frame,
 close a connection, wake the sends waiting for a link, fail the receives from
 a rank, break the groups containing a rank, start or stop watching a peer's
@@ -12,21 +12,24 @@ heartbeats, log. No I/O, no clock, no asyncio: connections are opaque tokens.
 
 One link per peer rank (:class:`Link`, state :class:`LinkState`)::
 
-                  need (lower rank) / expect (higher rank, speculative)
-        +--------------------------------------------------------+
-        |                                                        v
-      IDLE --need (we are the higher rank)--> DEFERRED --expired--> DIALING
-       ^ ^                                      |                 |  |  |
-       | +------------ dup / lookup failed -----+-----------------+  |  |
-       |               (speculative: any end)   |                    |  |
-       |                                        | accepted           |  | welcome
-       +--accepted (its dial authenticated)-----+--------------------+--+--> READY
-                                                                     |         |
-                            refused ---------------------------------+         | bye
-                              v                                                v
-                           REFUSED      FAILED <--lost / silent / reported / bad input
-                                                                               |
-      (close() moves every link that is not over yet to CLOSED)             LEFT
+               need (we are the higher rank)
+        IDLE ---------------------------------> DEFERRED
+        |  ^                                       |  deferral expired
+        |  | dup / lookup failed                   v
+        |  +-------------------------------------- DIALING ---refused------------> REFUSED
+        |   need (we are the lower rank),          |   |
+        +-- expect (a receive from a higher rank) -+   +--unreachable, not authentic--+
+                                                   |                                  v
+                               welcome, accepted   |                                FAILED
+        IDLE, DEFERRED --------- accepted -------> READY --lost, silent, bad input-----^
+                                                   |
+                                                   +--bye--> LEFT
+
+    besides:  reported by another rank:  IDLE, DEFERRED, DIALING, READY --> FAILED (the connection is kept)
+              refused, "you are condemned":  DIALING --> IDLE (and this rank is condemned)
+              a speculative dial that fails or is refused:  DIALING --> IDLE (no verdict)
+              accepted while DIALING, we being the lower rank:  answered dup (our dial is the one kept)
+              close() / abort():  every state that is not over --> CLOSED
 
 Terminal states: LEFT (the peer left cleanly: only receives still expecting it
 fail), FAILED (``how`` says why; its groups break and the other ranks are

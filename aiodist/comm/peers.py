@@ -201,43 +201,55 @@ class PeerLinks:
     # ------------------------------------------------------------------ actions
 
     def do(self, actions: list[A.Action]) -> None:
-        """Carry out what the link state machine decided, in order."""
+        """Carry out what the link state machine decided, in order (one method per kind of action)."""
         for a in actions:
-            match a:
-                case A.Send(conn, header):
-                    try:
-                        conn.send_nowait(header)
-                    except ConnectionClosedError:
-                        pass
-                case A.Close(conn):
-                    conn.close()
-                case A.FailReceives(rank):
-                    self._fail_receives(rank)
-                case A.BreakGroups(rank):
-                    self._groups.break_containing(rank, every=rank == self.rank)
-                case A.Wake(rank, error):
-                    p = self.peers[rank]
-                    waiter, p.waiter = p.waiter, None
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(p.link.conn if error is None else error)
-                case A.Install(rank, conn):
-                    conn.set_max_frame_size(connect.LINK_MAX_FRAME)
-                    conn.set_payload_sink(functools.partial(self._on_payload, self.peers[rank]))
-                case A.Watch(rank):
-                    self.heartbeats.watch(self.peers[rank].watch)
-                case A.Unwatch(rank):
-                    self.heartbeats.unwatch(rank)
-                case A.Dial(rank):
-                    self.spawn(self._dial(rank))
-                case A.StartTimer(rank, delay):
-                    self.peers[rank].timer = self._loop.call_later(delay, self._deferral_expired, rank)
-                case A.CancelTimer(rank):
-                    p = self.peers[rank]
-                    if p.timer is not None:
-                        p.timer.cancel()
-                        p.timer = None
-                case A.Log(level, message):
-                    log.log(level, "%s", message)
+            self._carry_out[type(a)](self, a)
+
+    def _send(self, a: A.Send) -> None:
+        try:
+            a.conn.send_nowait(a.header)
+        except ConnectionClosedError:
+            pass
+
+    def _close(self, a: A.Close) -> None:
+        a.conn.close()
+
+    def _break_groups(self, a: A.BreakGroups) -> None:
+        self._groups.break_containing(a.rank, every=a.rank == self.rank)
+
+    def _wake(self, a: A.Wake) -> None:
+        p = self.peers[a.rank]
+        waiter, p.waiter = p.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(p.link.conn if a.error is None else a.error)
+
+    def _install(self, a: A.Install) -> None:
+        a.conn.set_max_frame_size(connect.LINK_MAX_FRAME)
+        a.conn.set_payload_sink(functools.partial(self._on_payload, self.peers[a.rank]))
+
+    def _start_timer(self, a: A.StartTimer) -> None:
+        self.peers[a.rank].timer = self._loop.call_later(a.delay, self._deferral_expired, a.rank)
+
+    def _cancel_timer(self, a: A.CancelTimer) -> None:
+        p = self.peers[a.rank]
+        if p.timer is not None:
+            p.timer.cancel()
+            p.timer = None
+
+    _carry_out: dict[type, Callable[[PeerLinks, Any], object]] = {
+        A.Send: _send,
+        A.Close: _close,
+        A.FailReceives: lambda self, a: self._fail_receives(a.rank),
+        A.BreakGroups: _break_groups,
+        A.Wake: _wake,
+        A.Install: _install,
+        A.Watch: lambda self, a: self.heartbeats.watch(self.peers[a.rank].watch),
+        A.Unwatch: lambda self, a: self.heartbeats.unwatch(a.rank),
+        A.Dial: lambda self, a: self.spawn(self._dial(a.rank)),
+        A.StartTimer: _start_timer,
+        A.CancelTimer: _cancel_timer,
+        A.Log: lambda self, a: log.log(a.level, "%s", a.message),
+    }
 
     def _deferral_expired(self, rank: int) -> None:
         self.peers[rank].timer = None

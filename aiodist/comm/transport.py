@@ -17,14 +17,15 @@ ranks and world size, and a mutual proof of the job's secret
 a process that rewrote that address cannot sit in the middle. Before it
 completes, frames are limited to a few KiB.
 
-This module is the driver: it does the I/O and nothing else. What a link's
-events mean is decided by :class:`.links.Links` (a pure state machine: its
-module doc has the state diagram), silence by
-:class:`.detector.FailureDetector`, the groups' bookkeeping by
-:class:`.registry.GroupRegistry`; every wire header is built by
-:mod:`.frames`. Frames are routed through the :class:`.router.Router`:
-payloads of receives posted in time land straight in the caller's buffer;
-others are received into memory and copied when their receive is posted.
+The transport sends and routes frames and keeps the groups' books
+(:class:`.registry.GroupRegistry`); the links are :class:`.peers.PeerLinks`'
+(dialing, accepting, reading: the I/O), whose meaning is decided by
+:class:`.links.Links` (a pure state machine: its module doc has the state
+diagram) and silence by :class:`.detector.FailureDetector`; every wire header
+is built by :mod:`.frames`. Frames are routed through the
+:class:`.router.Router`: payloads of receives posted in time land straight in
+the caller's buffer; others are received into memory as their bytes arrive
+and copied when their receive is posted (the connection never waits for it).
 
 Failure: a connection that breaks makes the peer *failed*: every pending and
 later operation that involves it raises :class:`PeerFailureError` (``how``
@@ -46,11 +47,12 @@ from typing import Any
 
 from ..auth import FROM_ENVIRONMENT, resolve_secret
 from ..context import current_network, getenv
-from ..errors import AiodistError, CollectiveMismatchError, ConnectionClosedError, GroupError, PeerFailureError
+from ..errors import AiodistError, ConnectionClosedError, GroupError, PeerFailureError
 from ..net.base import Address, Connection, Frame, Header, Network
 from ..wire import as_byte_view
 from . import frames as F
 from .links import LinkState
+from .mismatch import apply_report
 from .peers import DESTROYED, Peer, PeerLinks
 from .registry import GroupRegistry
 from .router import Match, Receive, Router, resolve
@@ -416,7 +418,9 @@ class Transport:
         elif kind == F.FAIL:
             self._links.do(self.links.reported(p.rank, h.get(F.RANK), str(h.get(F.HOW, "?"))))
         elif kind == F.MISMATCH:
-            self._on_mismatch_report(p, h)
+            bad = apply_report(self.router, p.rank, h)
+            if bad is not None:
+                self._reject(p, bad)
 
     def _reject(self, p: Peer, why: str) -> None:
         """``p`` sent bad input (``why``): drop what it sent, tell it, close its connection, fail it (once)."""
@@ -432,30 +436,3 @@ class Transport:
                 "duplicates, or the leftovers of a mismatched collective",
                 self.rank, p.rank, h.get(F.GROUP), h.get(F.KEY),
             )
-
-    def _on_mismatch_report(self, reporter: Peer, h: Header) -> None:
-        gid, seq = h.get(F.GROUP), h.get(F.SEQ)
-        bad = self.router.vet(reporter.rank, gid, seq)
-        if bad is not None:
-            self._reject(reporter, f"a mismatch report with {bad}")
-            return
-        if self.router.destroyed(gid):
-            return  # late news of a group destroyed here
-        try:
-            calls = {int(k): v for k, v in h.get(F.CALLS, [])}
-        except (TypeError, ValueError):
-            self._reject(reporter, f"a malformed mismatch report (calls {h.get(F.CALLS)!r})")
-            return
-        message = str(h.get(F.TEXT, "collective mismatch"))
-
-        def factory(r: Receive) -> BaseException:
-            # Global ranks in ``calls``; the group layer restates them.
-            e = CollectiveMismatchError(f"reported by rank {reporter.rank}: {message}", calls=dict(calls), seq=None)
-            e.reported = True  # type: ignore[attr-defined]
-            return e
-
-        # The operation is void on every rank: its receives from every source fail now.
-        self.router.fail_seq(gid, seq, None, factory)
-        # ... and so are the group's later ones (the group is unusable after a mismatch): a rank
-        # whose part of ``seq`` completed unawares (a broadcast root) stops waiting in the next one.
-        self.router.fail_from(gid, seq, factory)  # type: ignore[arg-type]  # (vet() checked it)
