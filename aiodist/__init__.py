@@ -70,6 +70,7 @@ from .errors import (
     StoreError,
     StoreRequestError,
     StoreTimeoutError,
+    UnawaitedOperationError,
     UnsupportedReduceOpError,
 )
 from .eventloop import run
@@ -93,6 +94,7 @@ def spawn(fn: Any, world_size: int, args: tuple[Any, ...] = (), **kwargs: Any) -
 
 __all__ = [
     "AbortedError",
+    "UnawaitedOperationError",
     "ElasticRendezvous",
     "ElasticRound",
     "abort",
