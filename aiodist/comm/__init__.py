@@ -7,7 +7,7 @@
 * :mod:`.detector` / :mod:`.heartbeats` -- the failure detector, and the timer that runs it;
 * :mod:`.frames` -- every frame and wire key of a rank link;
 * :mod:`.router` -- pure matching of incoming messages to posted receives;
-* :mod:`.registry`, :mod:`.mismatch`, :mod:`.settings` -- groups and p2p numbers, mismatch reports, settings;
+* :mod:`.registry`, :mod:`.mismatch_reports`, :mod:`.settings` -- groups and p2p numbers, mismatch reports, settings;
 * :mod:`.channel` -- a group's numbering and the Channel one operation runs over.
 """
 

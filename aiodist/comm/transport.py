@@ -52,7 +52,7 @@ from ..net.base import Address, Connection, Frame, Header, Network
 from ..wire import as_byte_view
 from . import frames as F
 from .links import LinkState
-from .mismatch import apply_report
+from .mismatch_reports import apply_report
 from .peers import DESTROYED, Peer, PeerLinks
 from .registry import GroupRegistry
 from .router import Match, Receive, Router, resolve
