@@ -178,7 +178,7 @@ async def test_insecure_links_still_need_the_handshake_in_order(closing: list[Tr
     closing.append(t)
     assert t.address is not None
     conn = await TCPNetwork().connect(t.address, timeout=5)
-    await conn.send(F.hello("job", 1, 2, {}))
+    await conn.send(F.hello("job", 1, 2, 0, {}))
     challenge = (await asyncio.wait_for(conn.recv(), 5)).header
     assert challenge == {F.KIND: F.CHALLENGE}
     await conn.send(F.answer({}))

@@ -57,8 +57,10 @@ def test_a_relay_between_the_dialer_and_the_real_rank_fails_at_the_dialer() -> N
 
 def test_proofs_are_bound_to_both_ranks() -> None:
     d = dialer(peer_rank=2)  # it believes it dials rank 2 (a stale or swapped address), rank 0 answers
+    hello = d.hello()
+    hello[F.TO] = 0  # (something in between rewrote what the dialer meant to reach)
     with pytest.raises(AuthenticationError):
-        d.on_reply(acceptor().on_hello(d.hello()))
+        d.on_reply(acceptor().on_hello(hello))
 
 
 def test_the_binding_covers_the_address_the_job_and_both_ranks() -> None:
@@ -179,3 +181,11 @@ def test_fuzzed_frames_never_break_either_side(hello: dict[str, Any], answer: di
     except (AuthenticationError, ProtocolError):
         return
     assert isinstance(step, Outcome) and step.verdict is Verdict.REFUSED
+
+
+@pytest.mark.parametrize("secret", [SECRET, None])
+def test_a_stale_address_is_refused_even_without_authentication(secret: bytes | None) -> None:
+    """The dialer names the rank it means to reach; another rank listening there now refuses."""
+    d = dialer(secret, peer_rank=2)
+    reply = acceptor(secret, rank=0).on_hello(d.hello())
+    assert reply[F.KIND] == F.REFUSED and "not rank 2" in reply[F.REASON]

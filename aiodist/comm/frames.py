@@ -5,7 +5,7 @@ the simulator have their own protocols). A frame is a msgpack map (see
 :mod:`aiodist.wire`); its kind is under :data:`KIND`. Schema, by kind::
 
     handshake (in this order; before it completes frames are limited to a few KiB)
-      hello      dialer -> acceptor  {t, job, rank, world, nonce?}
+      hello      dialer -> acceptor  {t, job, rank, world, to: the rank it means to reach, nonce?}
       challenge  acceptor -> dialer  {t, nonce?, proof?}
       answer     dialer -> acceptor  {t, proof?}
       welcome    acceptor -> dialer  {t}                      the link is up
@@ -53,6 +53,7 @@ MISMATCH: Final = "x"
 # handshake keys
 JOB: Final = "job"
 RANK: Final = "rank"
+TO: Final = "to"
 WORLD: Final = "world"
 REASON: Final = "reason"
 CONDEMNED: Final = "condemned"
@@ -86,8 +87,8 @@ def p2p(group: Any, tag: int, number: int) -> Header:
     return {KIND: P2P, GROUP: group, TAG: tag, NUMBER: number}
 
 
-def hello(job: str, rank: int, world: int, auth: Header) -> Header:
-    return {KIND: HELLO, JOB: job, RANK: rank, WORLD: world, **auth}
+def hello(job: str, rank: int, world: int, to: int, auth: Header) -> Header:
+    return {KIND: HELLO, JOB: job, RANK: rank, WORLD: world, TO: to, **auth}
 
 
 def challenge(auth: Header) -> Header:

@@ -3,7 +3,7 @@
 A connection carries four frames before it is a link (see :mod:`.frames`)::
 
     dialer                                             acceptor
-      hello {job, rank, world, nonce}          ->
+      hello {job, rank, world, to, nonce}      ->
                                                <-      challenge {nonce, proof}   (or refused {reason})
       (checks the acceptor's proof)
       answer {proof}                           ->
@@ -105,7 +105,7 @@ class DialHandshake:
     def hello(self) -> F.Header:
         self._expect(Phase.START, "hello")
         self.phase = Phase.HELLO_SENT
-        return F.hello(self.job, self.rank, self.world, self._auth.hello())
+        return F.hello(self.job, self.rank, self.world, self.peer_rank, self._auth.hello())
 
     def on_reply(self, h: F.Header) -> F.Header | Outcome:
         """The acceptor's reply to our hello: the answer to send, or its refusal."""
@@ -232,4 +232,7 @@ class AcceptHandshake:
             return f"rank {rank!r} is out of range for world size {world}"
         if rank == self.rank:
             return f"rank {rank} connected to itself (two processes with rank {rank}?)"
+        to = h.get(F.TO)
+        if to != self.rank:  # (a stale address: another rank listens there now)
+            return f"this is not rank {to!r} (its address in the store is stale?)"
         return None
