@@ -14,7 +14,7 @@ import asyncio
 from typing import Any
 
 from ..errors import ConnectionClosedError
-from ..net.base import Address, Connection, Frame, Header, Network
+from ..net.base import Address, Connection, Header, Network
 from ..wire import DEFAULT_MAX_FRAME_SIZE
 from . import frames as F
 from .handshake import AcceptHandshake, DialHandshake, Outcome, Phase
@@ -36,45 +36,50 @@ def parse_address(raw: bytes) -> Address:
 async def dial(
     net: Network, raw_address: bytes, hs: DialHandshake, timeout: float, loop: asyncio.AbstractEventLoop
 ) -> tuple[Connection, Outcome]:
-    """Connect to ``raw_address`` (as published) and shake hands; the connection and the acceptor's verdict.
+    """Connect to ``raw_address`` (as published) and shake hands within ``timeout``; the connection and
+    the acceptor's verdict.
 
     Raises what connecting raises (ConnectionLost, TimeoutError, ValueError for
     an address that does not parse), AuthenticationError, ProtocolError.
     Any error, or cancellation, closes the connection.
     """
     conn = await net.connect(parse_address(raw_address), timeout=timeout, max_frame_size=F.MAX_HANDSHAKE_FRAME)
+    deadline = _Deadline(loop, conn, timeout)
     try:
         _send(conn, hs.hello())
-        reply = await recv_within(loop, conn, timeout)
-        step = hs.on_reply(reply.header)
+        step = hs.on_reply(await deadline.recv())
         if isinstance(step, Outcome):
             return conn, step
         conn.set_max_frame_size(LINK_MAX_FRAME)  # it proved the secret: its frames may follow the verdict at once
         _send(conn, step)
-        verdict = await recv_within(loop, conn, timeout)
-        return conn, hs.on_verdict(verdict.header)
+        return conn, hs.on_verdict(await deadline.recv())
     except BaseException:
         conn.close()
         raise
+    finally:
+        deadline.cancel()
 
 
 async def accept(conn: Connection, hs: AcceptHandshake, timeout: float, loop: asyncio.AbstractEventLoop) -> int | None:
-    """The acceptor's side up to the dialer's proof: the authenticated dialer's rank, or None.
+    """The acceptor's side up to the dialer's proof (within ``timeout``): the authenticated dialer's rank, or None.
 
     None: the hello could not be taken (refused, see ``hs.problem``) or the
     connection ended or timed out. Raises AuthenticationError for a dialer
     that did not prove the secret (it was refused with nothing more said).
+    Cancellation leaves the connection open.
     """
+    deadline = _Deadline(loop, conn, timeout)
     try:
-        hello = await recv_within(loop, conn, timeout)
-        _send(conn, hs.on_hello(hello.header))
+        _send(conn, hs.on_hello(await deadline.recv()))
         if hs.phase is Phase.FAILED:
             return None
-        answer = await recv_within(loop, conn, timeout)
+        answer = await deadline.recv()
     except (TimeoutError, ConnectionClosedError):
         return None
+    finally:
+        deadline.cancel()
     try:
-        return hs.on_answer(answer.header)
+        return hs.on_answer(answer)
     except Exception:
         _send(conn, F.refused())
         raise
@@ -88,28 +93,36 @@ def _send(conn: Connection, header: Header) -> None:
         pass
 
 
-async def recv_within(loop: asyncio.AbstractEventLoop, conn: Connection, timeout: float) -> Frame:
-    """The next frame of ``conn``; TimeoutError if none comes within ``timeout`` s (``conn`` is closed then).
+class _Deadline:
+    """One timer for a whole handshake: when it fires the connection is closed, and :meth:`recv` says why.
 
-    One timer that closes the connection, instead of ``asyncio.timeout`` (a context
-    manager, a cancellation and its undoing): both sides of every new connection wait
-    here for the handshake. Cancellation leaves the connection open.
+    (Not ``asyncio.timeout``: a context manager, a cancellation and its undoing, on
+    both sides of every new connection.)
     """
-    expired: list[bool] = []
-    timer = loop.call_later(timeout, _expire, conn, expired)
-    try:
-        return await conn.recv()
-    except ConnectionClosedError:
-        if expired:
-            raise TimeoutError(f"no frame from {conn.peer} within {timeout:g}s") from None
-        raise
-    finally:
-        timer.cancel()
 
+    __slots__ = ("conn", "timeout", "expired", "_timer")
 
-def _expire(conn: Connection, expired: list[bool]) -> None:
-    expired.append(True)
-    conn.close()
+    def __init__(self, loop: asyncio.AbstractEventLoop, conn: Connection, timeout: float) -> None:
+        self.conn = conn
+        self.timeout = timeout
+        self.expired = False
+        self._timer = loop.call_later(timeout, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        self.conn.close()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    async def recv(self) -> Header:
+        """The next frame's header; TimeoutError once the deadline passed (the connection is closed then)."""
+        try:
+            return (await self.conn.recv()).header
+        except ConnectionClosedError:
+            if self.expired:
+                raise TimeoutError(f"no handshake from {self.conn.peer} within {self.timeout:g}s") from None
+            raise
 
 
 async def first_of(loop: asyncio.AbstractEventLoop, a: asyncio.Future[Any], b: asyncio.Future[Any] | None) -> None:

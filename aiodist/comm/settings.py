@@ -16,7 +16,7 @@ from ..context import getenv
 log = logging.getLogger("aiodist.comm")
 
 HELLO_TIMEOUT = 30.0
-"""Seconds a new connection may take for its handshake (each frame of it)."""
+"""Seconds a new connection may take for its whole handshake (then it is closed)."""
 
 BYE_TIMEOUT = 2.0
 """Seconds :meth:`Transport.close` waits for its connections to finish closing."""
