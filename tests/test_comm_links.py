@@ -634,5 +634,5 @@ class LinksMachine(RuleBasedStateMachine):
         assert len(self.broken) == len(set(self.broken)), "a rank broke the groups twice"
 
 
-LinksMachine.TestCase.settings = settings(max_examples=500, stateful_step_count=30, deadline=None)
+LinksMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)
 test_random_event_sequences_keep_the_invariants = LinksMachine.TestCase
