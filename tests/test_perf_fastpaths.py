@@ -1,7 +1,9 @@
 """The hot-path shortcuts of the TCP transport keep their semantics.
 
-* a large keyed payload that arrives before its receive still arrives whole,
-  and frames behind it are not held up;
+* a large keyed payload that arrives before its receive is read at once (the
+  connection never pauses for it) and copied into the receive's buffer when it
+  is posted; frames behind it are not held up; a payload whose receive is
+  posted in time lands straight in the receive's buffer;
 * the first frame of a loop iteration is written at once, later ones in the
   same iteration are coalesced, order is kept;
 * the frame-handler fast path delivers queued frames first, in order;
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,13 +22,14 @@ import numpy as np
 import pytest
 
 from aiodist.comm import GroupComm, OpChannel, Transport
+from aiodist.comm import transport as transport_mod
 from aiodist.comm.router import freeze
 from aiodist.net.base import Frame
 from aiodist.net.tcp import TCPNetwork
 from aiodist.store import MemoryStore
 from aiodist.wire import encode_header
 
-BIG = 1 << 22  # a large payload (several MiB)
+BIG = 1 << 20
 
 
 @pytest.fixture
@@ -46,18 +50,61 @@ async def pair() -> AsyncIterator[tuple[list[Transport], OpChannel, OpChannel]]:
         await t.close()
 
 
-async def test_an_early_large_payload_arrives_whole_and_frames_behind_it_are_not_held_up(pair: Any) -> None:
-    """A large payload whose receive is not posted yet is taken into memory of the connection's
-    own (as its bytes arrive); a small frame behind it on the same connection is received first."""
+async def test_an_early_large_payload_is_taken_at_once_and_copied_into_its_receive_later(pair: Any) -> None:
     ts, a, b = pair
+    data = np.arange(BIG // 8, dtype=np.float64)
+    await a.send(1, ("big",), data)
+    for _ in range(500):  # it is read off the connection although nobody waits for it yet
+        if ts[1].router.buffered(0) == (1, BIG):
+            break
+        await asyncio.sleep(0.002)
+    assert ts[1].router.buffered(0) == (1, BIG)
+    out = np.zeros_like(data)
+    await asyncio.wait_for(b.recv_into(0, ("big",), memoryview(out).cast("B")), 5)
+    assert (out == data).all() and ts[1].router.buffered(0) == (0, 0)
+
+
+async def test_frames_behind_an_early_large_payload_are_not_held_up(pair: Any, monkeypatch: Any) -> None:
+    """The connection never pauses for a payload nobody waits for: a small frame behind it arrives at once
+    (the removed deferral waited in the socket for the receive, up to its fallback timer, made long here)."""
+    ts, a, b = pair
+    monkeypatch.setattr(transport_mod, "DEFER_TIMEOUT", 60.0, raising=False)
+    small = np.zeros(1, np.int32)
+    recv = asyncio.ensure_future(b.recv_into(0, ("small",), memoryview(small).cast("B")))
     data = np.arange(BIG // 4, dtype=np.int32)
     await asyncio.gather(a.send(1, ("big",), data), a.send(1, ("small",), np.array([7], np.int32)))
-    small = np.zeros(1, np.int32)
-    await asyncio.wait_for(b.recv_into(0, ("small",), memoryview(small).cast("B")), 5)
+    await asyncio.wait_for(recv, 5)
     assert small[0] == 7
     out = np.zeros_like(data)
     await b.recv_into(0, ("big",), memoryview(out).cast("B"))
     assert (out == data).all()
+
+
+async def test_no_sink_answer_but_a_buffer_or_none(pair: Any) -> None:
+    """The payload sink answers the posted receive's own buffer, or None (the connection allocates)."""
+    ts, a, b = pair
+    answers: list[Any] = []
+    p = ts[1]._peers[0]
+    conn = p.conn
+    assert conn is not None
+    sink = functools.partial(ts[1]._sink, p)
+
+    def spy(header: Any, nbytes: int) -> Any:
+        answers.append(sink(header, nbytes))
+        return answers[-1]
+
+    conn.set_payload_sink(spy)
+    out = np.zeros(BIG // 8, np.float64)
+    view = memoryview(out).cast("B")
+    recv = asyncio.ensure_future(b.recv_into(0, ("posted",), view))
+    await asyncio.sleep(0.01)
+    await a.send(1, ("posted",), np.ones(BIG // 8))
+    await a.send(1, ("early",), np.ones(BIG // 8))
+    await asyncio.wait_for(recv, 5)
+    late = np.zeros(BIG // 8)
+    await b.recv_into(0, ("early",), memoryview(late).cast("B"))
+    assert len(answers) == 2 and answers[0] is view and answers[1] is None
+    assert out.sum() == late.sum() == BIG // 8
 
 
 def test_a_failed_header_encoding_leaves_the_packer_clean() -> None:

@@ -479,6 +479,21 @@ class Router:
         if c[0] <= 0:
             del self._early[src]
 
+    def configure(self, *, check_groups: bool, max_early_frames: int, max_early_bytes: int) -> None:
+        """Vet group ids (see the module doc) or not, and set the per-peer budget of early frames and bytes."""
+        self.check_groups = check_groups
+        self.max_early_frames = max_early_frames
+        self.max_early_bytes = max_early_bytes
+
+    def note_group_id(self, gid: int) -> None:
+        """Group id ``gid`` was allocated here (ids up to :attr:`group_window` beyond the newest are plausible)."""
+        if gid > self.newest_group:
+            self.newest_group = gid
+
+    def late_count(self, src: int) -> int:
+        """How many frames of ``src`` were dropped as late (for operations retired here)."""
+        return self.late_from.get(src, 0)
+
     def buffered(self, src: int) -> tuple[int, int]:
         """(frames, bytes) buffered from ``src`` that no receive took yet."""
         c = self._early.get(src)
