@@ -99,7 +99,7 @@ def new_receive(
 ) -> tuple[Receive, asyncio.Future[Delivery | BaseException]]:
     """A receive (global ``src``) and the future it completes."""
     fut: asyncio.Future[Delivery | BaseException] = asyncio.get_running_loop().create_future()
-    return Receive(comm.gid, src, out, None, key, tag, check, None, False, fut), fut
+    return Receive(group=comm.gid, src=src, out=out, key=key, tag=tag, check=check, fut=fut), fut
 
 
 class OpChannel:
@@ -223,7 +223,7 @@ class OpChannel:
         """Post the receive of ``key`` from ``peer`` (counted as waited for); its future."""
         src = self._ranks[peer] if 0 <= peer < self.size else self._global(peer)
         fut = self.loop.create_future()
-        r = Receive(self.comm.gid, src, out, None, (self.seq, *key), None, self._check, self.sig, False, fut)
+        r = Receive(group=self.comm.gid, src=src, out=out, key=(self.seq, *key), check=self._check, sig=self.sig, fut=fut)
         self.comm.transport.post(r)
         waits = self._recv_waits
         waits[peer] = waits.get(peer, 0) + 1

@@ -1,0 +1,756 @@
+"""The routing tables of one rank, pure: receives and frames in, completions out.
+
+No asyncio, no clock, no callbacks: a method that ends receives marks them
+done and *returns* them as :class:`~.receives.Completion` records (or, for a
+single receive, its result); the :class:`~.router.Router` resolves them once
+the method has returned and the tables are consistent again. So a waiter
+that posts or cancels a receive from its callback never finds the tables
+half-changed.
+
+Two kinds of messages travel between the ranks of a job:
+
+* **keyed** (``"m"``): a collective's message, routed by its *slot* (group,
+  key, source). A slot carries at most one message, so the first receive
+  posted for it gets it, whether it is posted before or after the message
+  arrives. The key starts with the operation's sequence number.
+* **point-to-point** (``"p"``): routed by (group, tag); a receive names a
+  source or accepts any. Receives are matched in the order they were posted,
+  and messages from one source with one tag in the order they were sent
+  (each carries the sender's per-(group, destination, tag) number ``"n"``,
+  so the order holds even if the sender's tasks ran in another order).
+
+Matching happens when a frame's *header* arrives (:meth:`RouteTable.route`),
+so that a receive posted in time gets the payload written straight into its
+buffer; :meth:`RouteTable.complete` finishes the frame once its payload is in.
+Messages nobody waits for yet are buffered, within per-peer budgets, and a
+frame that is impossible is refused (see :mod:`.router` for the rules and
+:mod:`.admission` for the bookkeeping).
+
+The tables, and what ties them together (each kept by one helper):
+
+* ``_posted`` / ``_arrived``: keyed receives waiting, keyed messages waiting
+  (by slot); ``_posted_sigs`` / ``_arrived_sigs`` / ``_arrived_srcs``: the
+  call signatures of both per (group, seq, source), so that "another call at
+  the same seq" is found without a scan (:meth:`_put_posted`,
+  :meth:`_pop_posted`, :meth:`_put_arrived`, :meth:`_pop_arrived`);
+* ``_incoming``: keyed frames routed to be buffered whose payload is on its
+  way, and ``_abandoned``: slots whose receive was withdrawn (their message
+  is dropped when it comes);
+* ``_p2p`` (posted receives and arrived messages per (group, tag)),
+  ``_next_n`` / ``_held``: the next number expected per (group, source, tag)
+  and the messages that came early;
+* the failures that end receives at once (:class:`Failures`);
+* the budgets (:class:`~.admission.Budgets`): every buffered frame is
+  charged to its sender while it is buffered or on its way to be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .admission import Budgets, GroupBook
+from .receives import (
+    Buffered,
+    Completion,
+    ErrorFactory,
+    Header,
+    Match,
+    Receive,
+    Result,
+    delivery,
+    freeze,
+    veto,
+)
+
+Slot = tuple[Any, Any, int]
+"""A keyed message's (group, frozen key, global source rank)."""
+SeqSrc = tuple[Any, Any, int]
+"""(group, seq, global source rank): where call signatures are compared."""
+
+NOTHING: tuple[Completion, ...] = ()
+"""No receive ended."""
+
+_SEQUENCES = (tuple, list)
+
+
+class Signature:
+    """The call signature of the receives posted (or messages buffered) at one (group, seq, source), and how many.
+
+    Buffered messages also keep the first one's ``header`` and size (for the error it causes).
+    No ``__init__``: one is made per posted receive, so it is built without a Python call
+    (``Signature()``, then its fields are set).
+    """
+
+    __slots__ = ("sig", "count", "header", "nbytes")
+
+    sig: Any
+    count: int
+    header: Header | None
+    nbytes: int
+
+    def __repr__(self) -> str:
+        return f"<Signature {self.sig!r} x{self.count}>"
+
+
+class P2PQueue:
+    """The point-to-point receives posted and messages arrived for one (group, tag), oldest first."""
+
+    __slots__ = ("posted", "arrived")
+
+    def __init__(self) -> None:
+        self.posted: list[Receive] = []
+        self.arrived: list[Buffered] = []
+
+    def __repr__(self) -> str:
+        return f"<P2PQueue posted={len(self.posted)} arrived={len(self.arrived)}>"
+
+
+class FailedFrom:
+    """Every keyed receive of a group at ``seq`` or later fails with ``factory``."""
+
+    __slots__ = ("seq", "factory")
+
+    def __init__(self, seq: int, factory: ErrorFactory) -> None:
+        self.seq = seq
+        self.factory = factory
+
+
+class Failures:
+    """What ends a receive at once, now and later: a failed source, group, operation, or group from a seq on."""
+
+    __slots__ = ("source", "group", "seq", "since", "active")
+
+    def __init__(self) -> None:
+        self.source: dict[int, ErrorFactory] = {}
+        self.group: dict[Any, ErrorFactory] = {}
+        self.seq: dict[tuple[Any, Any, int | None], ErrorFactory] = {}  # (group, seq, src or None: any)
+        self.since: dict[Any, FailedFrom] = {}
+        self.active = False  # any of them is set (what a receive posted checks first)
+
+    def add_source(self, src: int, factory: ErrorFactory) -> None:
+        self.source[src] = factory
+        self.active = True
+
+    def add_group(self, group: Any, factory: ErrorFactory) -> None:
+        self.group[group] = factory
+        self.active = True
+
+    def add_seq(self, group: Any, seq: Any, src: int | None, factory: ErrorFactory) -> None:
+        self.seq[(group, seq, src)] = factory
+        self.active = True
+
+    def add_since(self, group: Any, seq: int, factory: ErrorFactory) -> bool:
+        """Fail ``group`` from ``seq`` on; False if it failed from an earlier one already."""
+        cur = self.since.get(group)
+        if cur is not None and cur.seq <= seq:
+            return False
+        self.since[group] = FailedFrom(seq, factory)
+        self.active = True
+        return True
+
+    def __repr__(self) -> str:
+        return f"<Failures sources={list(self.source)} groups={list(self.group)}>"
+
+    def factory_for(self, r: Receive) -> ErrorFactory | None:
+        """How ``r`` fails at once, or None if nothing failed that it depends on."""
+        f = self.group.get(r.group)
+        if f is not None:
+            return f
+        if r.tag is None and r.key:
+            seq = r.key[0]
+            ff = self.since.get(r.group) if self.since else None
+            if ff is not None and type(seq) is int and seq >= ff.seq:
+                return ff.factory
+            if self.seq and r.src is not None:
+                f = self.seq.get((r.group, seq, r.src)) or self.seq.get((r.group, seq, None))
+                if f is not None:
+                    return f
+        if r.src is not None:
+            return self.source.get(r.src)
+        return None
+
+    def forget_group(self, group: Any) -> None:
+        """``group`` was destroyed: forget its operations' failures (a failed group stays failed)."""
+        self.forget_seqs(group, None)
+        self.since.pop(group, None)
+        self.active = bool(self.source or self.group or self.seq or self.since)
+
+    def forget_seqs(self, group: Any, below: int | None) -> None:
+        """Forget the failures of ``group``'s operations below ``below`` (None: all of them)."""
+        for k in [k for k in self.seq if k[0] == group and (below is None or (type(k[1]) is int and k[1] < below))]:
+            del self.seq[k]
+
+
+def _end(r: Receive, result: Result) -> Result | None:
+    """Mark ``r`` ended with ``result``: the result to resolve (None if it had ended already)."""
+    if r.done:
+        return None
+    r.done = True
+    return result
+
+
+def _ended(r: Receive, result: Result, out: list[Completion]) -> None:
+    """Mark ``r`` ended with ``result`` and add it to ``out`` (nothing if it had ended already)."""
+    if not r.done:
+        r.done = True
+        out.append(Completion(r, result))
+
+
+class RouteTable:
+    """The routing tables of one rank, all its groups (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.groups = GroupBook()
+        self.budgets = Budgets()
+        self.failures = Failures()
+        self.check_groups = False  # the transport turns this on: group ids are then vetted
+        self.dropped_destroyed = 0  # frames dropped because their group was destroyed here
+        self.late_from: dict[int, int] = {}  # per peer: frames dropped for operations retired here
+        self._posted: dict[Slot, Receive] = {}
+        self._arrived: dict[Slot, Buffered] = {}
+        self._incoming: dict[Slot, None] = {}
+        self._abandoned: dict[Slot, None] = {}
+        self._posted_sigs: dict[SeqSrc, Signature] = {}
+        self._arrived_sigs: dict[SeqSrc, Signature] = {}
+        self._arrived_srcs: dict[tuple[Any, Any], dict[int, None]] = {}  # (group, seq) -> sources in _arrived_sigs
+        self._p2p: dict[tuple[Any, int], P2PQueue] = {}
+        self._next_n: dict[tuple[Any, int, int], int] = {}
+        self._held: dict[tuple[Any, int, int], dict[int, Buffered]] = {}
+
+    def __repr__(self) -> str:
+        return f"<RouteTable posted={len(self._posted)} arrived={len(self._arrived)} p2p={len(self._p2p)}>"
+
+    # ------------------------------------------------------------------ posting
+
+    def post_keyed(self, r: Receive) -> Result | None:
+        """Post a receive for (group, key, src): its result if it ends at once (its message is here), else None."""
+        assert r.src is not None
+        key = r.key
+        if type(key) is not tuple:
+            key = r.key = freeze(key)
+        group = r.group
+        slot = (group, key, r.src)
+        try:
+            posted_twice = slot in self._posted
+        except TypeError:  # a tuple key with something unhashable inside
+            key = r.key = freeze(key)
+            slot = (group, key, r.src)
+            posted_twice = slot in self._posted
+        seq = key[0] if key else None
+        top = self.groups.top_seq
+        if type(seq) is int and seq > top.get(group, -1):  # this rank reached ``seq``: the window moves
+            top[group] = seq
+        if posted_twice:
+            return _end(r, RuntimeError(f"two receives posted for the same message {slot!r}"))
+        if self._arrived:  # (nothing buffered: the usual case, no lookups)
+            a = self._pop_arrived(slot)
+            if a is not None:
+                return _end(r, self._deliver(r, a.src, a.header, a.payload, a.nbytes))
+        if self.failures.active:
+            f = self.failures.factory_for(r)
+            if f is not None:
+                return _end(r, f(r))
+        if r.sig is not None and key and self._arrived_sigs:
+            other = self._arrived_sigs.get((group, seq, r.src))
+            if other is not None and other.sig != r.sig and r.check is not None:
+                assert other.header is not None
+                return _end(r, r.check(other.header, r.src, other.nbytes) or RuntimeError("mismatch"))
+        self._put_posted(slot, r)
+        return None
+
+    def post_p2p(self, r: Receive) -> Result | None:
+        """Post a point-to-point receive for (group, tag) from ``src`` (None: any): its result if it ends at once."""
+        assert r.tag is not None
+        q = self._p2p.get((r.group, r.tag))
+        if q is None:
+            q = self._p2p[(r.group, r.tag)] = P2PQueue()
+        for i, a in enumerate(q.arrived):
+            if r.src is None or a.src == r.src:
+                del q.arrived[i]
+                self.budgets.refund(a.src, a.nbytes)
+                return _end(r, self._deliver(r, a.src, a.header, a.payload, a.nbytes))
+        f = self.failures.factory_for(r) if self.failures.active else None
+        if f is not None:
+            return _end(r, f(r))
+        q.posted.append(r)
+        return None
+
+    def cancel(self, r: Receive) -> None:
+        """Withdraw a receive (its waiter gave up). A keyed message that comes later is dropped."""
+        if r.done:
+            return
+        r.done = True
+        if r.tag is None:
+            slot = (r.group, r.key, r.src)
+            if self._posted.get(slot) is r:
+                self._pop_posted(slot)
+                self._abandoned[slot] = None
+            # else: matched already; its frame is on its way and is dropped when it completes
+        else:
+            q = self._p2p.get((r.group, r.tag))
+            if q is not None and r in q.posted:
+                q.posted.remove(r)
+
+    # ------------------------------------------------------------------ arrivals
+
+    def route(self, src: int, header: Header, nbytes: int) -> Match:
+        """Decide, when a frame's header arrived, which receive (if any) gets it.
+
+        Receives this frame ends at once (it is another call than they expect) are in ``Match.ended``.
+        """
+        m = Match(src, header, nbytes)
+        kind = header.get("t")
+        if kind == "p":
+            return self._route_p2p(m)
+        if kind != "m":
+            m.drop = True
+            return m
+        g = header.get("g")
+        k = header.get("k")
+        book = self.groups
+        span = book.span.get(g)
+        if (
+            span is None
+            or src not in span
+            or type(k) not in _SEQUENCES
+            or not k
+            or type(k[0]) is not int
+            or not 0 <= k[0] <= book.top_seq.get(g, 0) + book.seq_window
+        ):  # not a known contiguous group with a sane seq within the window: the full vetting
+            bad = book.vet_group(g, src) if self.check_groups else None
+            if bad is None:
+                bad = book.vet_seq(g, k)
+            if bad is not None:
+                return _violate(m, bad)
+            if g in book.destroyed:
+                return self._drop_destroyed(m)
+        if book.floor and k[0] < book.floor.get(g, 0):
+            self.late_from[src] = self.late_from.get(src, 0) + 1
+            m.drop = m.late = True
+            return m
+        slot = m.slot = (g, tuple(k) if type(k) is list else k, src)  # (freeze's common case: a flat key)
+        try:
+            r = self._pop_posted(slot)
+        except TypeError:  # a nested key
+            slot = m.slot = (g, freeze(k), src)
+            r = self._pop_posted(slot)
+        if r is not None:
+            err = veto(r, src, header, nbytes)
+            if err is None:
+                m.receive = r
+            else:
+                _refused(m, r, err)
+        elif slot in self._abandoned:
+            del self._abandoned[slot]
+            m.drop = True
+        elif slot in self._arrived or slot in self._incoming:
+            return _violate(m, f"a second message for {_describe(slot)} (a slot carries one message)")
+        else:
+            if self._posted_sigs:
+                m.ended = self._fail_conflicting(src, header, nbytes) or None
+            if self._admit(m):
+                self._incoming[slot] = None
+        return m
+
+    def _route_p2p(self, m: Match) -> Match:
+        header, src = m.header, m.src
+        g = header.get("g")
+        bad = self.groups.vet_group(g, src) if self.check_groups else None
+        if bad is not None:
+            return _violate(m, bad)
+        tag, n = header.get("tag", 0), header.get("n", None)
+        if type(tag) is not int or (n is not None and type(n) is not int):
+            return _violate(m, f"a point-to-point message of group {g!r} with tag {tag!r}, number {n!r}")
+        if g in self.groups.destroyed:
+            return self._drop_destroyed(m)
+        ck = (g, src, tag)
+        expected = self._next_n.get(ck, 0)
+        if n is None:
+            n = expected
+        if n < expected or n in self._held.get(ck, ()):
+            return _violate(m, f"a duplicate point-to-point message (group {g!r}, tag {tag}, number {n})")
+        window = self.groups.seq_window
+        if n > expected + window:
+            return _violate(
+                m, f"point-to-point number {n} (group {g!r}, tag {tag}) is more than {window} "
+                f"ahead of the next one expected ({expected})")
+        if n != expected:
+            m.in_order = False
+            self._admit(m)
+            return m
+        self._next_n[ck] = expected + 1
+        r = self._take_p2p(g, tag, src)
+        if r is None:
+            self._admit(m)
+            return m
+        err = veto(r, src, header, m.nbytes)
+        if err is None:
+            m.receive = r
+        else:
+            _refused(m, r, err)
+        return m
+
+    def complete(self, m: Match, payload: memoryview | None) -> list[Completion]:
+        """The frame ``m`` was routed for has fully arrived with ``payload``: the receives it ends."""
+        out: list[Completion] = []
+        kind = m.header.get("t")
+        if kind == "m":
+            if m.drop:
+                self._uncharge(m)
+            else:
+                self._complete_keyed(m, payload, out)
+            return out
+        self._uncharge(m)  # (charged again below if it is buffered after all)
+        if kind != "p":
+            return out
+        ck = (m.header.get("g"), m.src, int(m.header.get("tag", 0)))
+        if not m.in_order:
+            if not m.drop:
+                self._held.setdefault(ck, {})[int(m.header["n"])] = Buffered(m.src, m.header, payload, m.nbytes)
+                self.budgets.charge(m.src, m.nbytes)
+            return out
+        if not m.drop:
+            self._complete_p2p(m, payload, out)
+        self._release_held(ck, out)
+        return out
+
+    def release(self, m: Match) -> None:
+        """Forget that ``m`` was to be buffered (it is about to be routed again)."""
+        self._uncharge(m)
+
+    def abort(self, m: Match, exc: BaseException) -> Result | None:
+        """The frame ``m`` will never complete (its connection broke mid-payload): its receive's result, if any."""
+        self._uncharge(m)
+        return _end(m.receive, exc) if m.receive is not None else None
+
+    def _complete_keyed(self, m: Match, payload: memoryview | None, out: list[Completion]) -> None:
+        r = m.receive
+        if r is not None:
+            self._uncharge(m)
+            _ended(r, delivery(r, m.src, m.header, payload, m.nbytes), out)
+            return
+        slot = m.slot if m.slot is not None else _slot_of(m)
+        r = self._pop_posted(slot)  # (posted while the payload was on its way)
+        if r is not None:
+            self._uncharge(m)
+            _ended(r, self._deliver(r, m.src, m.header, payload, m.nbytes), out)
+        elif slot in self._abandoned:
+            self._uncharge(m)
+            del self._abandoned[slot]
+        elif self.groups.floor and slot[1][0] < self.groups.floor.get(slot[0], 0):
+            self._uncharge(m)  # its operation completed here meanwhile (see retire)
+        else:  # buffered: its charge (taken when routed) now counts the buffered message
+            charged, m.charged = m.charged, False
+            if charged:
+                self._incoming.pop(slot, None)
+            self._put_arrived(slot, Buffered(m.src, m.header, payload, m.nbytes), charged=charged)
+
+    def _complete_p2p(self, m: Match, payload: memoryview | None, out: list[Completion]) -> None:
+        r = m.receive
+        if r is not None:
+            _ended(r, delivery(r, m.src, m.header, payload, m.nbytes), out)
+            return
+        g, tag = m.header.get("g"), int(m.header.get("tag", 0))
+        r = self._take_p2p(g, tag, m.src)
+        if r is not None:
+            _ended(r, self._deliver(r, m.src, m.header, payload, m.nbytes), out)
+            return
+        q = self._p2p.get((g, tag))
+        if q is None:
+            q = self._p2p[(g, tag)] = P2PQueue()
+        q.arrived.append(Buffered(m.src, m.header, payload, m.nbytes))
+        self.budgets.charge(m.src, m.nbytes)
+
+    def _release_held(self, ck: tuple[Any, int, int], out: list[Completion]) -> None:
+        """Deliver the held (early-numbered) messages of ``ck`` that are now next in line."""
+        held = self._held.get(ck)
+        while held:
+            nxt = self._next_n.get(ck, 0)
+            a = held.pop(nxt, None)
+            if a is None:
+                break
+            self.budgets.refund(a.src, a.nbytes)
+            self._next_n[ck] = nxt + 1
+            self._complete_p2p(Match(a.src, a.header, a.nbytes), a.payload, out)
+        if held is not None and not held:
+            del self._held[ck]
+
+    # ------------------------------------------------------------------ failures
+
+    def fail_source(self, src: int, factory: ErrorFactory) -> list[Completion]:
+        """Fail every receive waiting for ``src`` now and later (buffered messages still deliver)."""
+        self.failures.add_source(src, factory)
+        out = self._fail_posted(lambda r: r.src == src, factory)
+        for q in self._p2p.values():
+            if any(r.src == src for r in q.posted):
+                failing = [r for r in q.posted if r.src == src]
+                q.posted = [r for r in q.posted if r.src != src]
+                for r in failing:
+                    _ended(r, factory(r), out)
+        return out
+
+    def fail_seq(self, group: Any, seq: Any, src: int | None, factory: ErrorFactory) -> list[Completion]:
+        """Fail the keyed receives of operation ``seq`` of ``group`` from ``src`` (None: every source), now and later."""
+        self.failures.add_seq(group, seq, src, factory)
+        return self._fail_posted(
+            lambda r: r.group == group and (src is None or r.src == src) and bool(r.key) and r.key[0] == seq, factory
+        )
+
+    def fail_from(self, group: Any, seq: int, factory: ErrorFactory) -> list[Completion]:
+        """Fail the keyed receives of every operation of ``group`` at ``seq`` or later, from every source, now and later."""
+        if not self.failures.add_since(group, seq, factory):
+            return []
+        return self._fail_posted(
+            lambda r: r.group == group and bool(r.key) and type(r.key[0]) is int and r.key[0] >= seq, factory
+        )
+
+    def fail_group(self, group: Any, factory: ErrorFactory) -> list[Completion]:
+        """Fail every receive of ``group`` now and later (the group is broken)."""
+        self.failures.add_group(group, factory)
+        out = self._fail_posted(lambda r: r.group == group, factory)
+        for (g, _tag), q in self._p2p.items():
+            if g == group and q.posted:
+                posted, q.posted = q.posted, []
+                for r in posted:
+                    _ended(r, factory(r), out)
+        return out
+
+    def _fail_posted(self, which: Callable[[Receive], bool], factory: ErrorFactory) -> list[Completion]:
+        """End the posted keyed receives ``which`` selects with ``factory``'s error."""
+        out: list[Completion] = []
+        for slot in [s for s, r in self._posted.items() if which(r)]:
+            r = self._pop_posted(slot)
+            assert r is not None
+            _ended(r, factory(r), out)
+        return out
+
+    def _fail_conflicting(self, src: int, header: Header, nbytes: int) -> list[Completion]:
+        """A message no receive waits for: fail the receives of its seq that expect another call."""
+        k = header.get("k")
+        sig = header.get("o")
+        if not k or sig is None:
+            return []
+        seq = k[0]
+        g = header.get("g")
+        posted = self._posted_sigs.get((g, seq if type(seq) is int else freeze(seq), src))
+        if posted is None or posted.sig == sig:
+            return []
+        out: list[Completion] = []
+        for slot in [s for s, r in self._posted.items() if _conflicts(r, src, header)]:
+            r = self._pop_posted(slot)
+            assert r is not None and r.check is not None
+            _ended(r, r.check(header, src, nbytes) or RuntimeError("mismatch"), out)
+        return out
+
+    # ------------------------------------------------------------------ groups
+
+    def know_group(self, group: Any, members: tuple[int, ...] | None) -> None:
+        """``group`` exists here with these members (global ranks; None: do not check senders)."""
+        self.groups.know(group, members)
+
+    def forget_group(self, group: Any, factory: ErrorFactory) -> list[Completion]:
+        """Drop everything of a destroyed group; its pending receives fail with ``factory``."""
+        out = self.fail_group(group, factory)
+        for slot in [s for s in self._arrived if s[0] == group]:
+            self._pop_arrived(slot)
+        for slot in [s for s in self._abandoned if s[0] == group]:
+            del self._abandoned[slot]
+        self.failures.forget_group(group)
+        for k in [k for k in self._p2p if k[0] == group]:
+            for a in self._p2p.pop(k).arrived:
+                self.budgets.refund(a.src, a.nbytes)
+        for k in [k for k in self._held if k[0] == group]:
+            for a in self._held.pop(k).values():
+                self.budgets.refund(a.src, a.nbytes)
+        for k in [k for k in self._next_n if k[0] == group]:
+            del self._next_n[k]
+        self.groups.forget(group)
+        return out
+
+    def retire(self, group: Any, floor: int) -> None:
+        """Every operation of ``group`` below sequence number ``floor`` completed here.
+
+        A later message for one of them is dropped (never buffered) and counted in
+        ``late_from``. What the tables still keep for them goes: withdrawn slots
+        whose message never came, messages nobody took, failures of those seqs.
+        """
+        if not self.groups.retire(group, floor):
+            return
+        below = lambda s: s[0] == group and type(s[1][0]) is int and s[1][0] < floor  # noqa: E731 (a slot)
+        for slot in [s for s in self._abandoned if below(s)]:
+            del self._abandoned[slot]
+        for slot in [s for s in self._arrived if below(s)]:
+            self._pop_arrived(slot)
+        self.failures.forget_seqs(group, floor)
+
+    def discard_source(self, src: int) -> None:
+        """Drop every message buffered from ``src`` (it sent bad input: nothing of it is trusted)."""
+        for slot in [s for s in self._arrived if s[2] == src]:
+            self._pop_arrived(slot)
+        for q in self._p2p.values():
+            for a in q.arrived:
+                if a.src == src:
+                    self.budgets.refund(a.src, a.nbytes)
+            q.arrived = [a for a in q.arrived if a.src != src]
+        for ck in [ck for ck in self._held if ck[1] == src]:
+            for a in self._held.pop(ck).values():
+                self.budgets.refund(a.src, a.nbytes)
+
+    # ------------------------------------------------------------------ queries
+
+    def pending(self) -> list[Receive]:
+        """Receives still waiting, in posting order per kind (for diagnostics)."""
+        out = list(self._posted.values())
+        for q in self._p2p.values():
+            out.extend(q.posted)
+        return out
+
+    def buffered_groups(self, src: int) -> list[tuple[Any, tuple[int, int]]]:
+        """The groups of the messages from ``src`` buffered here: [(group, (frames, bytes))] (for errors only)."""
+        acc: dict[Any, list[int]] = {}
+        every = [a for slot, a in self._arrived.items() if slot[2] == src]
+        every += [a for q in self._p2p.values() for a in q.arrived if a.src == src]
+        every += [a for ck, held in self._held.items() if ck[1] == src for a in held.values()]
+        for a in every:
+            c = acc.setdefault(a.header.get("g"), [0, 0])
+            c[0] += 1
+            c[1] += a.nbytes
+        return sorted(((g, (c[0], c[1])) for g, c in acc.items()), key=repr)
+
+    # ------------------------------------------------------------------ invariants
+
+    def _put_posted(self, slot: Slot, r: Receive) -> None:
+        """Post ``r`` at ``slot`` (and count its signature)."""
+        self._posted[slot] = r
+        if r.sig is not None and r.key:
+            idx = (slot[0], r.key[0], slot[2])
+            entry = self._posted_sigs.get(idx)
+            if entry is None:
+                entry = self._posted_sigs[idx] = Signature()
+                entry.sig, entry.count, entry.header, entry.nbytes = r.sig, 0, None, 0
+            entry.count += 1
+
+    def _pop_posted(self, slot: Slot) -> Receive | None:
+        """Take the receive posted at ``slot`` off the tables (and uncount its signature)."""
+        r = self._posted.pop(slot, None)
+        if r is not None and r.sig is not None and r.key:
+            idx = (slot[0], r.key[0], slot[2])
+            entry = self._posted_sigs.get(idx)
+            if entry is not None:
+                entry.count -= 1
+                if entry.count <= 0:
+                    del self._posted_sigs[idx]
+        return r
+
+    def _put_arrived(self, slot: Slot, a: Buffered, *, charged: bool) -> None:
+        """Buffer ``a`` at ``slot`` (``charged``: it is counted in its sender's budget already)."""
+        if slot in self._arrived:  # (route() refuses a second message for a buffered slot)
+            self._pop_arrived(slot)
+        self._arrived[slot] = a
+        if not charged:
+            self.budgets.charge(slot[2], a.nbytes)
+        sig = a.header.get("o")
+        if sig is not None and slot[1]:
+            idx = (slot[0], slot[1][0], slot[2])
+            entry = self._arrived_sigs.get(idx)
+            if entry is None:
+                entry = self._arrived_sigs[idx] = Signature()
+                entry.sig, entry.count, entry.header, entry.nbytes = sig, 0, a.header, a.nbytes
+                self._arrived_srcs.setdefault(idx[:2], {})[slot[2]] = None
+            entry.count += 1
+
+    def _pop_arrived(self, slot: Slot) -> Buffered | None:
+        """Take the message buffered at ``slot`` off the tables (refunding its sender, uncounting its signature)."""
+        a = self._arrived.pop(slot, None)
+        if a is None:
+            return None
+        self.budgets.refund(slot[2], a.nbytes)
+        if a.header.get("o") is not None and slot[1]:
+            idx = (slot[0], slot[1][0], slot[2])
+            entry = self._arrived_sigs.get(idx)
+            if entry is not None:
+                entry.count -= 1
+                if entry.count <= 0:
+                    del self._arrived_sigs[idx]
+                    srcs = self._arrived_srcs[idx[:2]]
+                    del srcs[idx[2]]
+                    if not srcs:
+                        del self._arrived_srcs[idx[:2]]
+        return a
+
+    def _admit(self, m: Match) -> bool:
+        """``m`` will probably be buffered: charge it to its sender now (its payload is on its way), or refuse it."""
+        if self.budgets.take(m.src, m.nbytes):
+            m.charged = True
+            return True
+        frames, nbytes = self.budgets.of(m.src)
+        where = ", ".join(f"group {g!r}: {f} frames, {b} bytes" for g, (f, b) in self.buffered_groups(m.src))
+        _violate(
+            m, f"too many messages nobody waits for: {frames} frames and {nbytes} bytes buffered "
+            f"(limits {self.budgets.max_frames} frames, {self.budgets.max_bytes} bytes per peer; {where or 'none yet'})")
+        return False
+
+    def _uncharge(self, m: Match) -> None:
+        """``m`` no longer counts in its sender's budget (if it did)."""
+        if not m.charged:
+            return
+        m.charged = False
+        self.budgets.refund(m.src, m.nbytes)
+        if self._incoming and m.header.get("t") == "m":
+            self._incoming.pop(m.slot if m.slot is not None else _slot_of(m), None)
+
+    def _take_p2p(self, group: Any, tag: int, src: int) -> Receive | None:
+        """The oldest point-to-point receive of (group, tag) that takes a message from ``src``, off the queue."""
+        q = self._p2p.get((group, tag))
+        if q is None:
+            return None
+        for i, r in enumerate(q.posted):
+            if r.src is None or r.src == src:
+                del q.posted[i]
+                return r
+        return None
+
+    def _deliver(self, r: Receive, src: int, header: Header, payload: memoryview | None, nbytes: int) -> Result:
+        """What ``r`` ends with for a complete message it did not vet yet: its veto, or the delivery."""
+        err = veto(r, src, header, nbytes)
+        return err if err is not None else delivery(r, src, header, payload, nbytes)
+
+    def _drop_destroyed(self, m: Match) -> Match:
+        self.dropped_destroyed += 1
+        m.drop = True
+        return m
+
+
+def _violate(m: Match, why: str) -> Match:
+    """``m`` is impossible (bad input): it is dropped and its sender is to blame."""
+    m.violation = why
+    m.drop = True
+    m.receive = None
+    return m
+
+
+def _refused(m: Match, r: Receive, err: BaseException) -> None:
+    """Receive ``r`` (taken off the tables) refuses the frame ``m`` with ``err``: it ends, the frame is dropped."""
+    m.drop = True
+    r.done = True
+    m.ended = [Completion(r, err)]
+
+
+def _conflicts(r: Receive, src: int, header: Header) -> bool:
+    """Is ``header`` (from ``src``) another call at the same sequence number as keyed receive ``r``?"""
+    if r.sig is None or r.src != src or r.check is None or header.get("t") != "m":
+        return False
+    if header.get("g") != r.group or header.get("o") == r.sig:
+        return False
+    k = header.get("k")
+    return bool(k) and bool(r.key) and freeze(k[0]) == r.key[0]
+
+
+def _slot_of(m: Match) -> Slot:
+    return (m.header.get("g"), freeze(m.header.get("k")), m.src)
+
+
+def _describe(slot: Slot) -> str:
+    g, k, src = slot
+    return f"group {g!r}, key {k!r} from rank {src}"
