@@ -360,7 +360,11 @@ class ProcessGroup:
                     value = result
             finally:
                 del self._running[seq]  # from here on, the monitor leaves it alone
-            self._check_leftovers(op, seq, sig)
+                hit = self._transport.router.settle(
+                    self.group_id, seq, sig, self._comm.members, next(iter(self._running), self._seq)
+                )
+            if hit is not None:
+                raise self._leftover_mismatch(seq, sig, hit)
         except BaseException as e:
             error = self._failure(rec, me, ch, timeout, e)
             if rec.check is not None:
@@ -449,18 +453,15 @@ class ProcessGroup:
             timeout=timeout,
         )
 
-    def _check_leftovers(self, op: str, seq: int, sig: str) -> None:
-        """Frames of this seq that no receive took, from a peer that called something else: a mismatch.
+    def _leftover_mismatch(self, seq: int, sig: str, hit: tuple[int, str]) -> CollectiveMismatchError:
+        """A frame of this seq that no receive took, from a peer that called something else: a mismatch.
 
         (A call whose part completes without hearing from the mismatched peers, e.g. a broadcast
         whose roots differ, would otherwise leave them behind silently.)
         """
-        hit = self._transport.router.conflicting_arrival(self.group_id, seq, sig, self._comm.members)
-        if hit is None:
-            return
         src, other = hit
         peer = self._comm.group_rank(src)
-        raise CollectiveMismatchError(
+        return CollectiveMismatchError(
             f"collective mismatch in {self.name} at seq {seq}: rank {self.rank} called {sig!r} "
             f"but rank {peer} called {other!r}",
             calls={self.rank: sig, peer: other},

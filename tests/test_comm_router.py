@@ -242,8 +242,11 @@ def test_any_interleaving_of_posts_and_arrivals_delivers_each_message_once(data:
         assert len(sinks[i].results) == 1 and isinstance(sinks[i].results[0], Delivery)
         assert outs[i] == bytes([i, i, i])
     assert router.pending() == []
+    for g in {g for g, _, _ in slots}:  # (the key's first element, its "seq", is g here)
+        assert router.settle(g, g, f"op{g}", None, 0) is None  # every message was taken: no leftovers
     t = router.table
-    assert not t._posted_sigs and not t._arrived_sigs and not t._arrived_srcs  # the mismatch index does not leak
+    assert not t._calls and not t._seqs and not t._arrived  # the mismatch index does not leak
+    assert all(router.buffered(src) == (0, 0) for src in range(4))
 
 
 @settings(max_examples=150, deadline=None)

@@ -79,13 +79,6 @@ class GroupBook:
         self.floor.pop(group, None)
         self.destroyed[group] = None
 
-    def retire(self, group: Any, floor: int) -> bool:
-        """Every operation of ``group`` below ``floor`` completed here; True if the floor rose."""
-        if floor > self.floor.get(group, 0):
-            self.floor[group] = floor
-            return True
-        return False
-
     def vet_group(self, g: Any, src: int) -> str | None:
         """Why a frame from ``src`` for group ``g`` is impossible (None: it is possible)."""
         if g in self.known:

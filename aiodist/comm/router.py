@@ -40,6 +40,7 @@ mismatched or failed call. Neither is ever buffered.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .admission import GROUP_WINDOW, MAX_EARLY_BYTES, MAX_EARLY_FRAMES, SEQ_WINDOW
@@ -82,11 +83,16 @@ class Router:
     """The routing tables of one rank (all its groups) and what resolves what they end.
 
     ``table`` is the :class:`~.routing.RouteTable` itself (read it in tests and
-    diagnostics; change it only through this class).
+    diagnostics; change it only through this class). :meth:`settle
+    <.routing.RouteTable.settle>` is the table's own: an operation ended here
+    (what arrived for it that no receive took is dropped; one of those from a
+    rank that called something else is returned: a mismatch).
     """
 
     def __init__(self) -> None:
         self.table = RouteTable()
+        # (the table's own method: it ends no receive, so there is nothing to resolve; once per operation)
+        self.settle: Callable[[Any, int, str, Any, int], tuple[int, str] | None] = self.table.settle
 
     def __repr__(self) -> str:
         t = self.table
@@ -295,22 +301,11 @@ class Router:
         return self.table.budgets.of(src)
 
     def conflicting_arrival(self, group: Any, seq: Any, sig: str, sources: Any = None) -> tuple[int, str] | None:
-        """A buffered message of ``group`` at ``seq`` from a rank that called something else than ``sig``.
+        """A message of ``group`` at ``seq`` that arrived before its receive, from a rank that called something else.
 
-        Returns (its global rank, its signature), or None; the lowest such rank if several.
-        ``sources``: the ranks to look at (default: all), any container (``in`` is all it
-        needs: pass a dict or a range for a large group). Costs O(messages buffered for
-        that seq), never O(group size).
+        Returns (its global rank, its signature), or None; the lowest such rank in
+        ``sources`` (default: all; any container: a dict or a range for a large group).
+        Costs O(sources that sent early for that seq), never O(group size).
         """
-        t = self.table
-        srcs = t._arrived_srcs.get((group, seq))
-        if not srcs:
-            return None
-        for src in sorted(srcs):
-            if sources is not None and src not in sources:
-                continue
-            entry = t._arrived_sigs[(group, seq, src)]
-            if entry.sig != sig:
-                return src, entry.sig
-        return None
+        return self.table.conflicting_arrival(group, seq, sig, sources)
 

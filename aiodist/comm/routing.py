@@ -26,16 +26,19 @@ Messages nobody waits for yet are buffered, within per-peer budgets, and a
 frame that is impossible is refused (see :mod:`.router` for the rules and
 :mod:`.admission` for the bookkeeping).
 
-The tables, and what ties them together (each kept by one helper):
+The tables, and what ties them together:
 
 * ``_posted`` / ``_arrived``: keyed receives waiting, keyed messages waiting
-  (by slot); ``_posted_sigs`` / ``_arrived_sigs`` / ``_arrived_srcs``: the
-  call signatures of both per (group, seq, source), so that "another call at
-  the same seq" is found without a scan (:meth:`_put_posted`,
-  :meth:`_pop_posted`, :meth:`_put_arrived`, :meth:`_pop_arrived`);
+  (by slot; :meth:`RouteTable._put_arrived`, :meth:`RouteTable._pop_arrived`
+  keep the budgets and the next table);
+* per operation (group, seq), until it is settled (:meth:`RouteTable.settle`)
+  or retired: ``_calls``, the call signature of this rank's receives, and
+  ``_seqs``, what arrived for it (:class:`SeqArrivals`), so that "another
+  call at the same seq" is found without a scan, and what nobody took is
+  dropped when the operation ends;
 * ``_incoming``: keyed frames routed to be buffered whose payload is on its
   way, and ``_abandoned``: slots whose receive was withdrawn (their message
-  is dropped when it comes);
+  is dropped when it comes, or when the floor passes its operation);
 * ``_p2p`` (posted receives and arrived messages per (group, tag)),
   ``_next_n`` / ``_held``: the next number expected per (group, source, tag)
   and the messages that came early;
@@ -65,8 +68,8 @@ from .receives import (
 
 Slot = tuple[Any, Any, int]
 """A keyed message's (group, frozen key, global source rank)."""
-SeqSrc = tuple[Any, Any, int]
-"""(group, seq, global source rank): where call signatures are compared."""
+Op = tuple[Any, Any]
+"""A keyed operation: (group, seq)."""
 
 NOTHING: tuple[Completion, ...] = ()
 """No receive ended."""
@@ -74,23 +77,32 @@ NOTHING: tuple[Completion, ...] = ()
 _SEQUENCES = (tuple, list)
 
 
-class Signature:
-    """The call signature of the receives posted (or messages buffered) at one (group, seq, source), and how many.
+class SeqArrivals:
+    """What arrived for one operation (group, seq) before its receive: kept until the operation is settled.
 
-    Buffered messages also keep the first one's ``header`` and size (for the error it causes).
-    No ``__init__``: one is made per posted receive, so it is built without a Python call
-    (``Signature()``, then its fields are set).
+    ``first``: per source, the first signed message (its header names the
+    sender's call); ``slots``: the slots buffered (those still in the tables
+    when the operation ends were never taken: leftovers).
     """
 
-    __slots__ = ("sig", "count", "header", "nbytes")
+    __slots__ = ("first", "slots")
 
-    sig: Any
-    count: int
-    header: Header | None
-    nbytes: int
+    def __init__(self) -> None:
+        self.first: dict[int, Buffered] = {}
+        self.slots: list[Slot] = []
 
     def __repr__(self) -> str:
-        return f"<Signature {self.sig!r} x{self.count}>"
+        return f"<SeqArrivals sources={sorted(self.first)} slots={len(self.slots)}>"
+
+    def other_call(self, sig: str, sources: Any = None) -> tuple[int, str] | None:
+        """The lowest source (in ``sources``, if given) whose messages name another call than ``sig``."""
+        for src in sorted(self.first):
+            if sources is not None and src not in sources:
+                continue
+            theirs = self.first[src].header.get("o")
+            if theirs != sig:
+                return src, theirs
+        return None
 
 
 class P2PQueue:
@@ -211,9 +223,8 @@ class RouteTable:
         self._arrived: dict[Slot, Buffered] = {}
         self._incoming: dict[Slot, None] = {}
         self._abandoned: dict[Slot, None] = {}
-        self._posted_sigs: dict[SeqSrc, Signature] = {}
-        self._arrived_sigs: dict[SeqSrc, Signature] = {}
-        self._arrived_srcs: dict[tuple[Any, Any], dict[int, None]] = {}  # (group, seq) -> sources in _arrived_sigs
+        self._calls: dict[Op, str] = {}
+        self._seqs: dict[Op, SeqArrivals] = {}
         self._p2p: dict[tuple[Any, int], P2PQueue] = {}
         self._next_n: dict[tuple[Any, int, int], int] = {}
         self._held: dict[tuple[Any, int, int], dict[int, Buffered]] = {}
@@ -251,12 +262,15 @@ class RouteTable:
             f = self.failures.factory_for(r)
             if f is not None:
                 return _end(r, f(r))
-        if r.sig is not None and key and self._arrived_sigs:
-            other = self._arrived_sigs.get((group, seq, r.src))
-            if other is not None and other.sig != r.sig and r.check is not None:
-                assert other.header is not None
-                return _end(r, r.check(other.header, r.src, other.nbytes) or RuntimeError("mismatch"))
-        self._put_posted(slot, r)
+        sig = r.sig
+        if sig is not None and key:
+            if self._seqs:
+                arrivals = self._seqs.get((group, seq))
+                other = arrivals.first.get(r.src) if arrivals is not None else None
+                if other is not None and other.header.get("o") != sig and r.check is not None:
+                    return _end(r, r.check(other.header, r.src, other.nbytes) or RuntimeError("mismatch"))
+            self._calls.setdefault((group, seq), sig)
+        self._posted[slot] = r
         return None
 
     def post_p2p(self, r: Receive) -> Result | None:
@@ -284,7 +298,7 @@ class RouteTable:
         if r.tag is None:
             slot = (r.group, r.key, r.src)
             if self._posted.get(slot) is r:
-                self._pop_posted(slot)
+                del self._posted[slot]
                 self._abandoned[slot] = None
             # else: matched already; its frame is on its way and is dropped when it completes
         else:
@@ -331,10 +345,10 @@ class RouteTable:
             return m
         slot = m.slot = (g, tuple(k) if type(k) is list else k, src)  # (freeze's common case: a flat key)
         try:
-            r = self._pop_posted(slot)
+            r = self._posted.pop(slot, None)
         except TypeError:  # a nested key
             slot = m.slot = (g, freeze(k), src)
-            r = self._pop_posted(slot)
+            r = self._posted.pop(slot, None)
         if r is not None:
             err = veto(r, src, header, nbytes)
             if err is None:
@@ -347,7 +361,7 @@ class RouteTable:
         elif slot in self._arrived or slot in self._incoming:
             return _violate(m, f"a second message for {_describe(slot)} (a slot carries one message)")
         else:
-            if self._posted_sigs:
+            if self._calls:
                 m.ended = self._fail_conflicting(src, header, nbytes) or None
             if self._admit(m):
                 self._incoming[slot] = None
@@ -431,7 +445,7 @@ class RouteTable:
             _ended(r, delivery(r, m.src, m.header, payload, m.nbytes), out)
             return
         slot = m.slot if m.slot is not None else _slot_of(m)
-        r = self._pop_posted(slot)  # (posted while the payload was on its way)
+        r = self._posted.pop(slot, None)  # (posted while the payload was on its way)
         if r is not None:
             self._uncharge(m)
             _ended(r, self._deliver(r, m.src, m.header, payload, m.nbytes), out)
@@ -520,8 +534,7 @@ class RouteTable:
         """End the posted keyed receives ``which`` selects with ``factory``'s error."""
         out: list[Completion] = []
         for slot in [s for s, r in self._posted.items() if which(r)]:
-            r = self._pop_posted(slot)
-            assert r is not None
+            r = self._posted.pop(slot)
             _ended(r, factory(r), out)
         return out
 
@@ -532,14 +545,13 @@ class RouteTable:
         if not k or sig is None:
             return []
         seq = k[0]
-        g = header.get("g")
-        posted = self._posted_sigs.get((g, seq if type(seq) is int else freeze(seq), src))
-        if posted is None or posted.sig == sig:
+        mine = self._calls.get((header.get("g"), seq if type(seq) is int else freeze(seq)))
+        if mine is None or mine == sig:
             return []
         out: list[Completion] = []
         for slot in [s for s, r in self._posted.items() if _conflicts(r, src, header)]:
-            r = self._pop_posted(slot)
-            assert r is not None and r.check is not None
+            r = self._posted.pop(slot)
+            assert r.check is not None
             _ended(r, r.check(header, src, nbytes) or RuntimeError("mismatch"), out)
         return out
 
@@ -556,6 +568,10 @@ class RouteTable:
             self._pop_arrived(slot)
         for slot in [s for s in self._abandoned if s[0] == group]:
             del self._abandoned[slot]
+        for op in [op for op in self._calls if op[0] == group]:
+            del self._calls[op]
+        for op in [op for op in self._seqs if op[0] == group]:
+            del self._seqs[op]
         self.failures.forget_group(group)
         for k in [k for k in self._p2p if k[0] == group]:
             for a in self._p2p.pop(k).arrived:
@@ -568,6 +584,25 @@ class RouteTable:
         self.groups.forget(group)
         return out
 
+    def settle(self, group: Any, seq: int, sig: str, sources: Any, floor: int) -> tuple[int, str] | None:
+        """Operation ``seq`` of ``group`` (this rank called ``sig``) ended here, and so did every one below ``floor``.
+
+        Forgets the operation and drops what arrived for it that no receive took
+        (see :meth:`retire` for the floor). Returns one of those messages that
+        came from a rank that called something else -- (its global rank, its
+        signature), the lowest such rank in ``sources`` (any container) -- or
+        None: a mismatch this rank's part of the call completed without.
+        """
+        op = (group, seq)
+        self._calls.pop(op, None)
+        other = None
+        arrivals = self._seqs.pop(op, None)
+        if arrivals is not None:
+            other = arrivals.other_call(sig, sources)
+            self._drop_leftovers(arrivals)
+        self.retire(group, floor)
+        return other
+
     def retire(self, group: Any, floor: int) -> None:
         """Every operation of ``group`` below sequence number ``floor`` completed here.
 
@@ -575,14 +610,27 @@ class RouteTable:
         ``late_from``. What the tables still keep for them goes: withdrawn slots
         whose message never came, messages nobody took, failures of those seqs.
         """
-        if not self.groups.retire(group, floor):
+        floors = self.groups.floor
+        if floor <= floors.get(group, 0):
             return
-        below = lambda s: s[0] == group and type(s[1][0]) is int and s[1][0] < floor  # noqa: E731 (a slot)
-        for slot in [s for s in self._abandoned if below(s)]:
-            del self._abandoned[slot]
-        for slot in [s for s in self._arrived if below(s)]:
-            self._pop_arrived(slot)
-        self.failures.forget_seqs(group, floor)
+        floors[group] = floor
+        if self._abandoned:
+            for slot in [s for s in self._abandoned if s[0] == group and type(s[1][0]) is int and s[1][0] < floor]:
+                del self._abandoned[slot]
+        if self._seqs:
+            for op in [op for op in self._seqs if op[0] == group and type(op[1]) is int and op[1] < floor]:
+                self._drop_leftovers(self._seqs.pop(op))
+        if self._calls:
+            for op in [op for op in self._calls if op[0] == group and type(op[1]) is int and op[1] < floor]:
+                del self._calls[op]
+        if self.failures.seq:
+            self.failures.forget_seqs(group, floor)
+
+    def _drop_leftovers(self, arrivals: SeqArrivals) -> None:
+        """Drop the messages of a finished operation that no receive took."""
+        for slot in arrivals.slots:
+            if slot in self._arrived:
+                self._pop_arrived(slot)
 
     def discard_source(self, src: int) -> None:
         """Drop every message buffered from ``src`` (it sent bad input: nothing of it is trusted)."""
@@ -606,6 +654,16 @@ class RouteTable:
             out.extend(q.posted)
         return out
 
+    def conflicting_arrival(self, group: Any, seq: Any, sig: str, sources: Any = None) -> tuple[int, str] | None:
+        """A message of ``group`` at ``seq`` that arrived before its receive, from a rank that called something else.
+
+        Returns (its global rank, its signature), or None; the lowest such rank in
+        ``sources`` (default: all; any container). Costs O(sources that sent early
+        for that seq), never O(group size).
+        """
+        arrivals = self._seqs.get((group, seq))
+        return arrivals.other_call(sig, sources) if arrivals is not None else None
+
     def buffered_groups(self, src: int) -> list[tuple[Any, tuple[int, int]]]:
         """The groups of the messages from ``src`` buffered here: [(group, (frames, bytes))] (for errors only)."""
         acc: dict[Any, list[int]] = {}
@@ -620,29 +678,6 @@ class RouteTable:
 
     # ------------------------------------------------------------------ invariants
 
-    def _put_posted(self, slot: Slot, r: Receive) -> None:
-        """Post ``r`` at ``slot`` (and count its signature)."""
-        self._posted[slot] = r
-        if r.sig is not None and r.key:
-            idx = (slot[0], r.key[0], slot[2])
-            entry = self._posted_sigs.get(idx)
-            if entry is None:
-                entry = self._posted_sigs[idx] = Signature()
-                entry.sig, entry.count, entry.header, entry.nbytes = r.sig, 0, None, 0
-            entry.count += 1
-
-    def _pop_posted(self, slot: Slot) -> Receive | None:
-        """Take the receive posted at ``slot`` off the tables (and uncount its signature)."""
-        r = self._posted.pop(slot, None)
-        if r is not None and r.sig is not None and r.key:
-            idx = (slot[0], r.key[0], slot[2])
-            entry = self._posted_sigs.get(idx)
-            if entry is not None:
-                entry.count -= 1
-                if entry.count <= 0:
-                    del self._posted_sigs[idx]
-        return r
-
     def _put_arrived(self, slot: Slot, a: Buffered, *, charged: bool) -> None:
         """Buffer ``a`` at ``slot`` (``charged``: it is counted in its sender's budget already)."""
         if slot in self._arrived:  # (route() refuses a second message for a buffered slot)
@@ -650,33 +685,21 @@ class RouteTable:
         self._arrived[slot] = a
         if not charged:
             self.budgets.charge(slot[2], a.nbytes)
-        sig = a.header.get("o")
-        if sig is not None and slot[1]:
-            idx = (slot[0], slot[1][0], slot[2])
-            entry = self._arrived_sigs.get(idx)
-            if entry is None:
-                entry = self._arrived_sigs[idx] = Signature()
-                entry.sig, entry.count, entry.header, entry.nbytes = sig, 0, a.header, a.nbytes
-                self._arrived_srcs.setdefault(idx[:2], {})[slot[2]] = None
-            entry.count += 1
+        key = slot[1]
+        if key:
+            op = (slot[0], key[0])
+            arrivals = self._seqs.get(op)
+            if arrivals is None:
+                arrivals = self._seqs[op] = SeqArrivals()
+            arrivals.slots.append(slot)
+            if a.header.get("o") is not None and slot[2] not in arrivals.first:
+                arrivals.first[slot[2]] = a
 
     def _pop_arrived(self, slot: Slot) -> Buffered | None:
-        """Take the message buffered at ``slot`` off the tables (refunding its sender, uncounting its signature)."""
+        """Take the message buffered at ``slot`` off the tables (refunding its sender)."""
         a = self._arrived.pop(slot, None)
-        if a is None:
-            return None
-        self.budgets.refund(slot[2], a.nbytes)
-        if a.header.get("o") is not None and slot[1]:
-            idx = (slot[0], slot[1][0], slot[2])
-            entry = self._arrived_sigs.get(idx)
-            if entry is not None:
-                entry.count -= 1
-                if entry.count <= 0:
-                    del self._arrived_sigs[idx]
-                    srcs = self._arrived_srcs[idx[:2]]
-                    del srcs[idx[2]]
-                    if not srcs:
-                        del self._arrived_srcs[idx[:2]]
+        if a is not None:
+            self.budgets.refund(slot[2], a.nbytes)
         return a
 
     def _admit(self, m: Match) -> bool:
