@@ -176,8 +176,51 @@ def delivery(r: Receive, src: int, header: Header, payload: memoryview | None, n
     if out is None:
         return Delivery(src, header, payload, nbytes)
     if nbytes and payload is not out:  # an early arrival, or a network that ignored the sink
-        out[:] = payload  # type: ignore[index]
+        out[:] = payload  # type: ignore[assignment]
     return Delivery(src, header, out, nbytes)
+
+
+def deliver(r: Receive, src: int, header: Header, payload: memoryview | None, nbytes: int) -> Result:
+    """What ``r`` ends with for a complete message it did not vet yet: its veto, or the delivery."""
+    err = veto(r, src, header, nbytes)
+    return err if err is not None else delivery(r, src, header, payload, nbytes)
+
+
+def end(r: Receive, result: Result) -> Result | None:
+    """Mark ``r`` ended with ``result``: the result to resolve (None if it had ended already)."""
+    if r.done:
+        return None
+    r.done = True
+    return result
+
+
+def ended(r: Receive, result: Result, out: list[Completion]) -> None:
+    """Mark ``r`` ended with ``result`` and add it to ``out`` (nothing if it had ended already)."""
+    if not r.done:
+        r.done = True
+        out.append(Completion(r, result))
+
+
+def offer(m: Match, r: Receive) -> None:
+    """Offer the frame ``m`` to receive ``r`` (taken off the tables): ``r`` gets it, or ends with its veto.
+
+    A vetoed frame is dropped; the receive's end is in ``m.ended``.
+    """
+    err = veto(r, m.src, m.header, m.nbytes)
+    if err is None:
+        m.receive = r
+    else:
+        m.drop = True
+        r.done = True
+        m.ended = [Completion(r, err)]
+
+
+def violate(m: Match, why: str) -> Match:
+    """``m`` is impossible (bad input): it is dropped, and its sender is to blame."""
+    m.violation = why
+    m.drop = True
+    m.receive = None
+    return m
 
 
 def veto(r: Receive, src: int, header: Header, nbytes: int) -> BaseException | None:

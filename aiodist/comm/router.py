@@ -95,8 +95,7 @@ class Router:
         self.settle: Callable[[Any, int, str, Any, int], tuple[int, str] | None] = self.table.settle
 
     def __repr__(self) -> str:
-        t = self.table
-        return f"<Router posted={len(t._posted)} arrived={len(t._arrived)} p2p={len(t._p2p)}>"
+        return f"<Router {self.table!r}>"
 
     # ------------------------------------------------------------------ settings
 

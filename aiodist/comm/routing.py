@@ -13,11 +13,8 @@ Two kinds of messages travel between the ranks of a job:
   key, source). A slot carries at most one message, so the first receive
   posted for it gets it, whether it is posted before or after the message
   arrives. The key starts with the operation's sequence number.
-* **point-to-point** (``"p"``): routed by (group, tag); a receive names a
-  source or accepts any. Receives are matched in the order they were posted,
-  and messages from one source with one tag in the order they were sent
-  (each carries the sender's per-(group, destination, tag) number ``"n"``,
-  so the order holds even if the sender's tasks ran in another order).
+* **point-to-point** (``"p"``): routed by (group, tag), in the order they
+  were sent per source (:mod:`.p2p_routing`, which this table drives).
 
 Matching happens when a frame's *header* arrives (:meth:`RouteTable.route`),
 so that a receive posted in time gets the payload written straight into its
@@ -39,10 +36,8 @@ The tables, and what ties them together:
 * ``_incoming``: keyed frames routed to be buffered whose payload is on its
   way, and ``_abandoned``: slots whose receive was withdrawn (their message
   is dropped when it comes, or when the floor passes its operation);
-* ``_p2p`` (posted receives and arrived messages per (group, tag)),
-  ``_next_n`` / ``_held``: the next number expected per (group, source, tag)
-  and the messages that came early;
-* the failures that end receives at once (:class:`Failures`);
+* ``p2p``: the point-to-point receives and messages (:class:`~.p2p_routing.P2PTable`);
+* the failures that end receives at once (:class:`~.failures.Failures`);
 * the budgets (:class:`~.admission.Budgets`): every buffered frame is
   charged to its sender while it is buffered or on its way to be.
 """
@@ -53,6 +48,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .admission import Budgets, GroupBook
+from .failures import Failures
+from .p2p_routing import P2PTable
 from .receives import (
     Buffered,
     Completion,
@@ -61,18 +58,19 @@ from .receives import (
     Match,
     Receive,
     Result,
+    deliver,
     delivery,
+    end,
+    ended,
     freeze,
-    veto,
+    offer,
+    violate,
 )
 
 Slot = tuple[Any, Any, int]
 """A keyed message's (group, frozen key, global source rank)."""
 Op = tuple[Any, Any]
 """A keyed operation: (group, seq)."""
-
-NOTHING: tuple[Completion, ...] = ()
-"""No receive ended."""
 
 _SEQUENCES = (tuple, list)
 
@@ -99,114 +97,10 @@ class SeqArrivals:
         for src in sorted(self.first):
             if sources is not None and src not in sources:
                 continue
-            theirs = self.first[src].header.get("o")
+            theirs = self.first[src].header["o"]  # (only signed messages are kept here)
             if theirs != sig:
                 return src, theirs
         return None
-
-
-class P2PQueue:
-    """The point-to-point receives posted and messages arrived for one (group, tag), oldest first."""
-
-    __slots__ = ("posted", "arrived")
-
-    def __init__(self) -> None:
-        self.posted: list[Receive] = []
-        self.arrived: list[Buffered] = []
-
-    def __repr__(self) -> str:
-        return f"<P2PQueue posted={len(self.posted)} arrived={len(self.arrived)}>"
-
-
-class FailedFrom:
-    """Every keyed receive of a group at ``seq`` or later fails with ``factory``."""
-
-    __slots__ = ("seq", "factory")
-
-    def __init__(self, seq: int, factory: ErrorFactory) -> None:
-        self.seq = seq
-        self.factory = factory
-
-
-class Failures:
-    """What ends a receive at once, now and later: a failed source, group, operation, or group from a seq on."""
-
-    __slots__ = ("source", "group", "seq", "since", "active")
-
-    def __init__(self) -> None:
-        self.source: dict[int, ErrorFactory] = {}
-        self.group: dict[Any, ErrorFactory] = {}
-        self.seq: dict[tuple[Any, Any, int | None], ErrorFactory] = {}  # (group, seq, src or None: any)
-        self.since: dict[Any, FailedFrom] = {}
-        self.active = False  # any of them is set (what a receive posted checks first)
-
-    def add_source(self, src: int, factory: ErrorFactory) -> None:
-        self.source[src] = factory
-        self.active = True
-
-    def add_group(self, group: Any, factory: ErrorFactory) -> None:
-        self.group[group] = factory
-        self.active = True
-
-    def add_seq(self, group: Any, seq: Any, src: int | None, factory: ErrorFactory) -> None:
-        self.seq[(group, seq, src)] = factory
-        self.active = True
-
-    def add_since(self, group: Any, seq: int, factory: ErrorFactory) -> bool:
-        """Fail ``group`` from ``seq`` on; False if it failed from an earlier one already."""
-        cur = self.since.get(group)
-        if cur is not None and cur.seq <= seq:
-            return False
-        self.since[group] = FailedFrom(seq, factory)
-        self.active = True
-        return True
-
-    def __repr__(self) -> str:
-        return f"<Failures sources={list(self.source)} groups={list(self.group)}>"
-
-    def factory_for(self, r: Receive) -> ErrorFactory | None:
-        """How ``r`` fails at once, or None if nothing failed that it depends on."""
-        f = self.group.get(r.group)
-        if f is not None:
-            return f
-        if r.tag is None and r.key:
-            seq = r.key[0]
-            ff = self.since.get(r.group) if self.since else None
-            if ff is not None and type(seq) is int and seq >= ff.seq:
-                return ff.factory
-            if self.seq and r.src is not None:
-                f = self.seq.get((r.group, seq, r.src)) or self.seq.get((r.group, seq, None))
-                if f is not None:
-                    return f
-        if r.src is not None:
-            return self.source.get(r.src)
-        return None
-
-    def forget_group(self, group: Any) -> None:
-        """``group`` was destroyed: forget its operations' failures (a failed group stays failed)."""
-        self.forget_seqs(group, None)
-        self.since.pop(group, None)
-        self.active = bool(self.source or self.group or self.seq or self.since)
-
-    def forget_seqs(self, group: Any, below: int | None) -> None:
-        """Forget the failures of ``group``'s operations below ``below`` (None: all of them)."""
-        for k in [k for k in self.seq if k[0] == group and (below is None or (type(k[1]) is int and k[1] < below))]:
-            del self.seq[k]
-
-
-def _end(r: Receive, result: Result) -> Result | None:
-    """Mark ``r`` ended with ``result``: the result to resolve (None if it had ended already)."""
-    if r.done:
-        return None
-    r.done = True
-    return result
-
-
-def _ended(r: Receive, result: Result, out: list[Completion]) -> None:
-    """Mark ``r`` ended with ``result`` and add it to ``out`` (nothing if it had ended already)."""
-    if not r.done:
-        r.done = True
-        out.append(Completion(r, result))
 
 
 class RouteTable:
@@ -225,12 +119,10 @@ class RouteTable:
         self._abandoned: dict[Slot, None] = {}
         self._calls: dict[Op, str] = {}
         self._seqs: dict[Op, SeqArrivals] = {}
-        self._p2p: dict[tuple[Any, int], P2PQueue] = {}
-        self._next_n: dict[tuple[Any, int, int], int] = {}
-        self._held: dict[tuple[Any, int, int], dict[int, Buffered]] = {}
+        self.p2p = P2PTable(self.budgets, self.failures)
 
     def __repr__(self) -> str:
-        return f"<RouteTable posted={len(self._posted)} arrived={len(self._arrived)} p2p={len(self._p2p)}>"
+        return f"<RouteTable posted={len(self._posted)} arrived={len(self._arrived)} {self.p2p!r}>"
 
     # ------------------------------------------------------------------ posting
 
@@ -253,42 +145,29 @@ class RouteTable:
         if type(seq) is int and seq > top.get(group, -1):  # this rank reached ``seq``: the window moves
             top[group] = seq
         if posted_twice:
-            return _end(r, RuntimeError(f"two receives posted for the same message {slot!r}"))
+            return end(r, RuntimeError(f"two receives posted for the same message {slot!r}"))
         if self._arrived:  # (nothing buffered: the usual case, no lookups)
             a = self._pop_arrived(slot)
             if a is not None:
-                return _end(r, self._deliver(r, a.src, a.header, a.payload, a.nbytes))
+                return end(r, deliver(r, a.src, a.header, a.payload, a.nbytes))
         if self.failures.active:
             f = self.failures.factory_for(r)
             if f is not None:
-                return _end(r, f(r))
+                return end(r, f(r))
         sig = r.sig
         if sig is not None and key:
             if self._seqs:
                 arrivals = self._seqs.get((group, seq))
                 other = arrivals.first.get(r.src) if arrivals is not None else None
                 if other is not None and other.header.get("o") != sig and r.check is not None:
-                    return _end(r, r.check(other.header, r.src, other.nbytes) or RuntimeError("mismatch"))
+                    return end(r, r.check(other.header, r.src, other.nbytes) or RuntimeError("mismatch"))
             self._calls.setdefault((group, seq), sig)
         self._posted[slot] = r
         return None
 
     def post_p2p(self, r: Receive) -> Result | None:
         """Post a point-to-point receive for (group, tag) from ``src`` (None: any): its result if it ends at once."""
-        assert r.tag is not None
-        q = self._p2p.get((r.group, r.tag))
-        if q is None:
-            q = self._p2p[(r.group, r.tag)] = P2PQueue()
-        for i, a in enumerate(q.arrived):
-            if r.src is None or a.src == r.src:
-                del q.arrived[i]
-                self.budgets.refund(a.src, a.nbytes)
-                return _end(r, self._deliver(r, a.src, a.header, a.payload, a.nbytes))
-        f = self.failures.factory_for(r) if self.failures.active else None
-        if f is not None:
-            return _end(r, f(r))
-        q.posted.append(r)
-        return None
+        return self.p2p.post(r)
 
     def cancel(self, r: Receive) -> None:
         """Withdraw a receive (its waiter gave up). A keyed message that comes later is dropped."""
@@ -296,15 +175,14 @@ class RouteTable:
             return
         r.done = True
         if r.tag is None:
+            assert r.src is not None
             slot = (r.group, r.key, r.src)
             if self._posted.get(slot) is r:
                 del self._posted[slot]
                 self._abandoned[slot] = None
             # else: matched already; its frame is on its way and is dropped when it completes
         else:
-            q = self._p2p.get((r.group, r.tag))
-            if q is not None and r in q.posted:
-                q.posted.remove(r)
+            self.p2p.cancel(r)
 
     # ------------------------------------------------------------------ arrivals
 
@@ -316,12 +194,12 @@ class RouteTable:
         m = Match(src, header, nbytes)
         kind = header.get("t")
         if kind == "p":
-            return self._route_p2p(m)
+            return self._route_p2p(m, header.get("g"))
         if kind != "m":
             m.drop = True
             return m
         g = header.get("g")
-        k = header.get("k")
+        k: Any = header.get("k")
         book = self.groups
         span = book.span.get(g)
         if (
@@ -336,7 +214,7 @@ class RouteTable:
             if bad is None:
                 bad = book.vet_seq(g, k)
             if bad is not None:
-                return _violate(m, bad)
+                return violate(m, bad)
             if g in book.destroyed:
                 return self._drop_destroyed(m)
         if book.floor and k[0] < book.floor.get(g, 0):
@@ -350,16 +228,12 @@ class RouteTable:
             slot = m.slot = (g, freeze(k), src)
             r = self._posted.pop(slot, None)
         if r is not None:
-            err = veto(r, src, header, nbytes)
-            if err is None:
-                m.receive = r
-            else:
-                _refused(m, r, err)
+            offer(m, r)
         elif slot in self._abandoned:
             del self._abandoned[slot]
             m.drop = True
         elif slot in self._arrived or slot in self._incoming:
-            return _violate(m, f"a second message for {_describe(slot)} (a slot carries one message)")
+            return violate(m, f"a second message for {_describe(slot)} (a slot carries one message)")
         else:
             if self._calls:
                 m.ended = self._fail_conflicting(src, header, nbytes) or None
@@ -367,42 +241,15 @@ class RouteTable:
                 self._incoming[slot] = None
         return m
 
-    def _route_p2p(self, m: Match) -> Match:
-        header, src = m.header, m.src
-        g = header.get("g")
-        bad = self.groups.vet_group(g, src) if self.check_groups else None
+    def _route_p2p(self, m: Match, g: Any) -> Match:
+        bad = self.groups.vet_group(g, m.src) if self.check_groups else None
         if bad is not None:
-            return _violate(m, bad)
-        tag, n = header.get("tag", 0), header.get("n", None)
-        if type(tag) is not int or (n is not None and type(n) is not int):
-            return _violate(m, f"a point-to-point message of group {g!r} with tag {tag!r}, number {n!r}")
+            return violate(m, bad)
         if g in self.groups.destroyed:
             return self._drop_destroyed(m)
-        ck = (g, src, tag)
-        expected = self._next_n.get(ck, 0)
-        if n is None:
-            n = expected
-        if n < expected or n in self._held.get(ck, ()):
-            return _violate(m, f"a duplicate point-to-point message (group {g!r}, tag {tag}, number {n})")
-        window = self.groups.seq_window
-        if n > expected + window:
-            return _violate(
-                m, f"point-to-point number {n} (group {g!r}, tag {tag}) is more than {window} "
-                f"ahead of the next one expected ({expected})")
-        if n != expected:
-            m.in_order = False
+        self.p2p.route(m, self.groups.seq_window)
+        if m.receive is None and not m.drop:
             self._admit(m)
-            return m
-        self._next_n[ck] = expected + 1
-        r = self._take_p2p(g, tag, src)
-        if r is None:
-            self._admit(m)
-            return m
-        err = veto(r, src, header, m.nbytes)
-        if err is None:
-            m.receive = r
-        else:
-            _refused(m, r, err)
         return m
 
     def complete(self, m: Match, payload: memoryview | None) -> list[Completion]:
@@ -415,18 +262,9 @@ class RouteTable:
             else:
                 self._complete_keyed(m, payload, out)
             return out
-        self._uncharge(m)  # (charged again below if it is buffered after all)
-        if kind != "p":
-            return out
-        ck = (m.header.get("g"), m.src, int(m.header.get("tag", 0)))
-        if not m.in_order:
-            if not m.drop:
-                self._held.setdefault(ck, {})[int(m.header["n"])] = Buffered(m.src, m.header, payload, m.nbytes)
-                self.budgets.charge(m.src, m.nbytes)
-            return out
-        if not m.drop:
-            self._complete_p2p(m, payload, out)
-        self._release_held(ck, out)
+        self._uncharge(m)  # (charged again if it is buffered after all)
+        if kind == "p":
+            self.p2p.complete(m, payload, out)
         return out
 
     def release(self, m: Match) -> None:
@@ -436,19 +274,19 @@ class RouteTable:
     def abort(self, m: Match, exc: BaseException) -> Result | None:
         """The frame ``m`` will never complete (its connection broke mid-payload): its receive's result, if any."""
         self._uncharge(m)
-        return _end(m.receive, exc) if m.receive is not None else None
+        return end(m.receive, exc) if m.receive is not None else None
 
     def _complete_keyed(self, m: Match, payload: memoryview | None, out: list[Completion]) -> None:
         r = m.receive
         if r is not None:
             self._uncharge(m)
-            _ended(r, delivery(r, m.src, m.header, payload, m.nbytes), out)
+            ended(r, delivery(r, m.src, m.header, payload, m.nbytes), out)
             return
         slot = m.slot if m.slot is not None else _slot_of(m)
         r = self._posted.pop(slot, None)  # (posted while the payload was on its way)
         if r is not None:
             self._uncharge(m)
-            _ended(r, self._deliver(r, m.src, m.header, payload, m.nbytes), out)
+            ended(r, deliver(r, m.src, m.header, payload, m.nbytes), out)
         elif slot in self._abandoned:
             self._uncharge(m)
             del self._abandoned[slot]
@@ -460,48 +298,13 @@ class RouteTable:
                 self._incoming.pop(slot, None)
             self._put_arrived(slot, Buffered(m.src, m.header, payload, m.nbytes), charged=charged)
 
-    def _complete_p2p(self, m: Match, payload: memoryview | None, out: list[Completion]) -> None:
-        r = m.receive
-        if r is not None:
-            _ended(r, delivery(r, m.src, m.header, payload, m.nbytes), out)
-            return
-        g, tag = m.header.get("g"), int(m.header.get("tag", 0))
-        r = self._take_p2p(g, tag, m.src)
-        if r is not None:
-            _ended(r, self._deliver(r, m.src, m.header, payload, m.nbytes), out)
-            return
-        q = self._p2p.get((g, tag))
-        if q is None:
-            q = self._p2p[(g, tag)] = P2PQueue()
-        q.arrived.append(Buffered(m.src, m.header, payload, m.nbytes))
-        self.budgets.charge(m.src, m.nbytes)
-
-    def _release_held(self, ck: tuple[Any, int, int], out: list[Completion]) -> None:
-        """Deliver the held (early-numbered) messages of ``ck`` that are now next in line."""
-        held = self._held.get(ck)
-        while held:
-            nxt = self._next_n.get(ck, 0)
-            a = held.pop(nxt, None)
-            if a is None:
-                break
-            self.budgets.refund(a.src, a.nbytes)
-            self._next_n[ck] = nxt + 1
-            self._complete_p2p(Match(a.src, a.header, a.nbytes), a.payload, out)
-        if held is not None and not held:
-            del self._held[ck]
-
     # ------------------------------------------------------------------ failures
 
     def fail_source(self, src: int, factory: ErrorFactory) -> list[Completion]:
         """Fail every receive waiting for ``src`` now and later (buffered messages still deliver)."""
         self.failures.add_source(src, factory)
         out = self._fail_posted(lambda r: r.src == src, factory)
-        for q in self._p2p.values():
-            if any(r.src == src for r in q.posted):
-                failing = [r for r in q.posted if r.src == src]
-                q.posted = [r for r in q.posted if r.src != src]
-                for r in failing:
-                    _ended(r, factory(r), out)
+        self.p2p.fail(lambda r: r.src == src, factory, out)
         return out
 
     def fail_seq(self, group: Any, seq: Any, src: int | None, factory: ErrorFactory) -> list[Completion]:
@@ -523,11 +326,7 @@ class RouteTable:
         """Fail every receive of ``group`` now and later (the group is broken)."""
         self.failures.add_group(group, factory)
         out = self._fail_posted(lambda r: r.group == group, factory)
-        for (g, _tag), q in self._p2p.items():
-            if g == group and q.posted:
-                posted, q.posted = q.posted, []
-                for r in posted:
-                    _ended(r, factory(r), out)
+        self.p2p.fail(lambda r: r.group == group, factory, out)
         return out
 
     def _fail_posted(self, which: Callable[[Receive], bool], factory: ErrorFactory) -> list[Completion]:
@@ -535,7 +334,7 @@ class RouteTable:
         out: list[Completion] = []
         for slot in [s for s, r in self._posted.items() if which(r)]:
             r = self._posted.pop(slot)
-            _ended(r, factory(r), out)
+            ended(r, factory(r), out)
         return out
 
     def _fail_conflicting(self, src: int, header: Header, nbytes: int) -> list[Completion]:
@@ -552,7 +351,7 @@ class RouteTable:
         for slot in [s for s, r in self._posted.items() if _conflicts(r, src, header)]:
             r = self._posted.pop(slot)
             assert r.check is not None
-            _ended(r, r.check(header, src, nbytes) or RuntimeError("mismatch"), out)
+            ended(r, r.check(header, src, nbytes) or RuntimeError("mismatch"), out)
         return out
 
     # ------------------------------------------------------------------ groups
@@ -573,14 +372,7 @@ class RouteTable:
         for op in [op for op in self._seqs if op[0] == group]:
             del self._seqs[op]
         self.failures.forget_group(group)
-        for k in [k for k in self._p2p if k[0] == group]:
-            for a in self._p2p.pop(k).arrived:
-                self.budgets.refund(a.src, a.nbytes)
-        for k in [k for k in self._held if k[0] == group]:
-            for a in self._held.pop(k).values():
-                self.budgets.refund(a.src, a.nbytes)
-        for k in [k for k in self._next_n if k[0] == group]:
-            del self._next_n[k]
+        self.p2p.forget_group(group)
         self.groups.forget(group)
         return out
 
@@ -636,23 +428,13 @@ class RouteTable:
         """Drop every message buffered from ``src`` (it sent bad input: nothing of it is trusted)."""
         for slot in [s for s in self._arrived if s[2] == src]:
             self._pop_arrived(slot)
-        for q in self._p2p.values():
-            for a in q.arrived:
-                if a.src == src:
-                    self.budgets.refund(a.src, a.nbytes)
-            q.arrived = [a for a in q.arrived if a.src != src]
-        for ck in [ck for ck in self._held if ck[1] == src]:
-            for a in self._held.pop(ck).values():
-                self.budgets.refund(a.src, a.nbytes)
+        self.p2p.discard_source(src)
 
     # ------------------------------------------------------------------ queries
 
     def pending(self) -> list[Receive]:
         """Receives still waiting, in posting order per kind (for diagnostics)."""
-        out = list(self._posted.values())
-        for q in self._p2p.values():
-            out.extend(q.posted)
-        return out
+        return [*self._posted.values(), *self.p2p.pending()]
 
     def conflicting_arrival(self, group: Any, seq: Any, sig: str, sources: Any = None) -> tuple[int, str] | None:
         """A message of ``group`` at ``seq`` that arrived before its receive, from a rank that called something else.
@@ -668,8 +450,7 @@ class RouteTable:
         """The groups of the messages from ``src`` buffered here: [(group, (frames, bytes))] (for errors only)."""
         acc: dict[Any, list[int]] = {}
         every = [a for slot, a in self._arrived.items() if slot[2] == src]
-        every += [a for q in self._p2p.values() for a in q.arrived if a.src == src]
-        every += [a for ck, held in self._held.items() if ck[1] == src for a in held.values()]
+        every += self.p2p.buffered_from(src)
         for a in every:
             c = acc.setdefault(a.header.get("g"), [0, 0])
             c[0] += 1
@@ -709,7 +490,7 @@ class RouteTable:
             return True
         frames, nbytes = self.budgets.of(m.src)
         where = ", ".join(f"group {g!r}: {f} frames, {b} bytes" for g, (f, b) in self.buffered_groups(m.src))
-        _violate(
+        violate(
             m, f"too many messages nobody waits for: {frames} frames and {nbytes} bytes buffered "
             f"(limits {self.budgets.max_frames} frames, {self.budgets.max_bytes} bytes per peer; {where or 'none yet'})")
         return False
@@ -723,41 +504,10 @@ class RouteTable:
         if self._incoming and m.header.get("t") == "m":
             self._incoming.pop(m.slot if m.slot is not None else _slot_of(m), None)
 
-    def _take_p2p(self, group: Any, tag: int, src: int) -> Receive | None:
-        """The oldest point-to-point receive of (group, tag) that takes a message from ``src``, off the queue."""
-        q = self._p2p.get((group, tag))
-        if q is None:
-            return None
-        for i, r in enumerate(q.posted):
-            if r.src is None or r.src == src:
-                del q.posted[i]
-                return r
-        return None
-
-    def _deliver(self, r: Receive, src: int, header: Header, payload: memoryview | None, nbytes: int) -> Result:
-        """What ``r`` ends with for a complete message it did not vet yet: its veto, or the delivery."""
-        err = veto(r, src, header, nbytes)
-        return err if err is not None else delivery(r, src, header, payload, nbytes)
-
     def _drop_destroyed(self, m: Match) -> Match:
         self.dropped_destroyed += 1
         m.drop = True
         return m
-
-
-def _violate(m: Match, why: str) -> Match:
-    """``m`` is impossible (bad input): it is dropped and its sender is to blame."""
-    m.violation = why
-    m.drop = True
-    m.receive = None
-    return m
-
-
-def _refused(m: Match, r: Receive, err: BaseException) -> None:
-    """Receive ``r`` (taken off the tables) refuses the frame ``m`` with ``err``: it ends, the frame is dropped."""
-    m.drop = True
-    r.done = True
-    m.ended = [Completion(r, err)]
 
 
 def _conflicts(r: Receive, src: int, header: Header) -> bool:
@@ -766,7 +516,7 @@ def _conflicts(r: Receive, src: int, header: Header) -> bool:
         return False
     if header.get("g") != r.group or header.get("o") == r.sig:
         return False
-    k = header.get("k")
+    k: Any = header.get("k")
     return bool(k) and bool(r.key) and freeze(k[0]) == r.key[0]
 
 
