@@ -113,6 +113,9 @@ class Router:
         """How many frames of ``src`` were dropped for operations retired here."""
         return self.table.late_from.get(src, 0)
 
+    # The settings as attributes too (what the transport and some tests set directly; configure(),
+    # note_group_id() and late_count() are the interface).
+
     @property
     def check_groups(self) -> bool:
         return self.table.check_groups

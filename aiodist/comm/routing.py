@@ -392,7 +392,11 @@ class RouteTable:
         if arrivals is not None:
             other = arrivals.other_call(sig, sources)
             self._drop_leftovers(arrivals)
-        self.retire(group, floor)
+        floors = self.groups.floor
+        if floor > floors.get(group, 0):  # (retire(), without a call when there is nothing to forget)
+            floors[group] = floor
+            if self._abandoned or self._seqs or self._calls or self.failures.seq:
+                self._forget_below(group, floor)
         return other
 
     def retire(self, group: Any, floor: int) -> None:
@@ -403,9 +407,12 @@ class RouteTable:
         whose message never came, messages nobody took, failures of those seqs.
         """
         floors = self.groups.floor
-        if floor <= floors.get(group, 0):
-            return
-        floors[group] = floor
+        if floor > floors.get(group, 0):
+            floors[group] = floor
+            self._forget_below(group, floor)
+
+    def _forget_below(self, group: Any, floor: int) -> None:
+        """Forget what the tables keep for the operations of ``group`` below ``floor`` (see :meth:`retire`)."""
         if self._abandoned:
             for slot in [s for s in self._abandoned if s[0] == group and type(s[1][0]) is int and s[1][0] < floor]:
                 del self._abandoned[slot]
