@@ -124,7 +124,7 @@ class OpRunner:
         task, _ = start_eager(self._run(rec, body, args, result, t, loop), loop)
         if not rec.finished:
             self.tasks[task] = None  # (_run forgets it as it ends)
-        return Work(task, op=op, seq=seq, record=rec)
+        return Work(task, op=op, seq=seq, record=rec, group=self.name)
 
     def spawn(self, coro: Awaitable[T], *, op: str) -> Work[T]:
         """Run a point-to-point operation (no sequence number) as a task owned here."""
@@ -133,7 +133,7 @@ class OpRunner:
             task.add_done_callback(lambda t: coro.close() if t.cancelled() else None)
         self.tasks[task] = None
         task.add_done_callback(self._forget)
-        return Work(task, op=op, seq=None)
+        return Work(task, op=op, seq=None, group=self.name)
 
     def _forget(self, task: asyncio.Future[Any]) -> None:
         self.tasks.pop(task, None)
