@@ -237,13 +237,17 @@ class OpChannel:
             self.comm.transport.router.cancel(r)  # a receive cut short by a timeout was still waiting
             raise
         self._untrack(self._recv_waits, peer)
-        if isinstance(result, PeerFailureError):
-            raise self.comm.localize(result, op=self.op, seq=self.seq) from None
-        if isinstance(result, CollectiveMismatchError):
-            raise self._mismatch(result, peer, r.src, r.out) from None  # type: ignore[arg-type]
         if isinstance(result, BaseException):
-            raise result
+            raise self._failed(result, peer, r) from None
         return result  # type: ignore[no-any-return]
+
+    def _failed(self, e: BaseException, peer: int, r: Receive) -> BaseException:
+        """What a receive from ``peer`` that ended with ``e`` raises: in this group's numbering."""
+        if isinstance(e, PeerFailureError):
+            return self.comm.localize(e, op=self.op, seq=self.seq)
+        if isinstance(e, CollectiveMismatchError):
+            return self._mismatch(e, peer, r.src, r.out)  # type: ignore[arg-type]
+        return e
 
     async def _recv(self, peer: int, key: tuple[Any, ...], out: memoryview | None) -> Delivery:
         r, fut = self._post(peer, key, out)

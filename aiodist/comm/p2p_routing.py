@@ -21,7 +21,21 @@ from typing import Any
 
 from .admission import Budgets
 from .failures import Failures
-from .receives import Buffered, Completion, ErrorFactory, Match, Receive, Result, deliver, delivery, end, ended, offer, violate
+from .receives import (
+    Buffered,
+    Completion,
+    ErrorFactory,
+    Match,
+    Receive,
+    Result,
+    deliver,
+    delivery,
+    end,
+    ended,
+    refused,
+    veto,
+    violate,
+)
 
 Stream = tuple[Any, int, int]
 """(group, global source rank, tag): one ordered stream of point-to-point messages."""
@@ -112,7 +126,11 @@ class P2PTable:
         self._next_n[stream] = expected + 1
         r = self._take(g, tag, src)
         if r is not None:
-            offer(m, r)
+            err = veto(r, src, header, m.nbytes)
+            if err is None:
+                m.receive = r
+            else:
+                refused(m, r, err)
         return m
 
     def complete(self, m: Match, payload: memoryview | None, out: list[Completion]) -> None:

@@ -201,18 +201,14 @@ def ended(r: Receive, result: Result, out: list[Completion]) -> None:
         out.append(Completion(r, result))
 
 
-def offer(m: Match, r: Receive) -> None:
-    """Offer the frame ``m`` to receive ``r`` (taken off the tables): ``r`` gets it, or ends with its veto.
+def refused(m: Match, r: Receive, err: BaseException) -> None:
+    """Receive ``r`` (taken off the tables) vetoed the frame ``m`` (``err``): it ends, the frame is dropped.
 
-    A vetoed frame is dropped; the receive's end is in ``m.ended``.
+    The receive's end is in ``m.ended``.
     """
-    err = veto(r, m.src, m.header, m.nbytes)
-    if err is None:
-        m.receive = r
-    else:
-        m.drop = True
-        r.done = True
-        m.ended = [Completion(r, err)]
+    m.drop = True
+    r.done = True
+    m.ended = [Completion(r, err)]
 
 
 def violate(m: Match, why: str) -> Match:

@@ -303,11 +303,11 @@ class Router:
         return self.table.budgets.of(src)
 
     def conflicting_arrival(self, group: Any, seq: Any, sig: str, sources: Any = None) -> tuple[int, str] | None:
-        """A message of ``group`` at ``seq`` that arrived before its receive, from a rank that called something else.
+        """A message of ``group`` at ``seq`` buffered here (no receive took it), from a rank that called something else.
 
         Returns (its global rank, its signature), or None; the lowest such rank in
         ``sources`` (default: all; any container: a dict or a range for a large group).
-        Costs O(sources that sent early for that seq), never O(group size).
+        Costs O(messages that came early for that seq), never O(group size).
         """
         return self.table.conflicting_arrival(group, seq, sig, sources)
 

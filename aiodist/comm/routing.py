@@ -63,7 +63,8 @@ from .receives import (
     end,
     ended,
     freeze,
-    offer,
+    refused,
+    veto,
     violate,
 )
 
@@ -78,29 +79,20 @@ _SEQUENCES = (tuple, list)
 class SeqArrivals:
     """What arrived for one operation (group, seq) before its receive: kept until the operation is settled.
 
-    ``first``: per source, the first signed message (its header names the
-    sender's call); ``slots``: the slots buffered (those still in the tables
-    when the operation ends were never taken: leftovers).
+    ``slots``: the slots buffered (those still in the tables when the operation
+    ends were never taken: leftovers); ``first``: per source, the slot of its
+    first signed message (its header names the sender's call). Slots only: a
+    message's payload goes with the message when a receive takes it.
     """
 
     __slots__ = ("first", "slots")
 
     def __init__(self) -> None:
-        self.first: dict[int, Buffered] = {}
+        self.first: dict[int, Slot] = {}
         self.slots: list[Slot] = []
 
     def __repr__(self) -> str:
         return f"<SeqArrivals sources={sorted(self.first)} slots={len(self.slots)}>"
-
-    def other_call(self, sig: str, sources: Any = None) -> tuple[int, str] | None:
-        """The lowest source (in ``sources``, if given) whose messages name another call than ``sig``."""
-        for src in sorted(self.first):
-            if sources is not None and src not in sources:
-                continue
-            theirs = self.first[src].header["o"]  # (only signed messages are kept here)
-            if theirs != sig:
-                return src, theirs
-        return None
 
 
 class RouteTable:
@@ -158,7 +150,8 @@ class RouteTable:
         if sig is not None and key:
             if self._seqs:
                 arrivals = self._seqs.get((group, seq))
-                other = arrivals.first.get(r.src) if arrivals is not None else None
+                first = arrivals.first.get(r.src) if arrivals is not None else None
+                other = self._arrived.get(first) if first is not None else None  # (None: taken, by the same call)
                 if other is not None and other.header.get("o") != sig and r.check is not None:
                     return end(r, r.check(other.header, r.src, other.nbytes) or RuntimeError("mismatch"))
             self._calls.setdefault((group, seq), sig)
@@ -228,7 +221,11 @@ class RouteTable:
             slot = m.slot = (g, freeze(k), src)
             r = self._posted.pop(slot, None)
         if r is not None:
-            offer(m, r)
+            err = veto(r, src, header, nbytes)
+            if err is None:
+                m.receive = r
+            else:
+                refused(m, r, err)
         elif slot in self._abandoned:
             del self._abandoned[slot]
             m.drop = True
@@ -390,7 +387,7 @@ class RouteTable:
         other = None
         arrivals = self._seqs.pop(op, None)
         if arrivals is not None:
-            other = arrivals.other_call(sig, sources)
+            other = self._other_call(arrivals, sig, sources)
             self._drop_leftovers(arrivals)
         floors = self.groups.floor
         if floor > floors.get(group, 0):  # (retire(), without a call when there is nothing to forget)
@@ -444,14 +441,26 @@ class RouteTable:
         return [*self._posted.values(), *self.p2p.pending()]
 
     def conflicting_arrival(self, group: Any, seq: Any, sig: str, sources: Any = None) -> tuple[int, str] | None:
-        """A message of ``group`` at ``seq`` that arrived before its receive, from a rank that called something else.
+        """A message of ``group`` at ``seq`` buffered here (no receive took it), from a rank that called something else.
 
         Returns (its global rank, its signature), or None; the lowest such rank in
-        ``sources`` (default: all; any container). Costs O(sources that sent early
+        ``sources`` (default: all; any container). Costs O(messages that came early
         for that seq), never O(group size).
         """
         arrivals = self._seqs.get((group, seq))
-        return arrivals.other_call(sig, sources) if arrivals is not None else None
+        return self._other_call(arrivals, sig, sources) if arrivals is not None else None
+
+    def _other_call(self, arrivals: SeqArrivals, sig: str, sources: Any) -> tuple[int, str] | None:
+        """The lowest source (in ``sources``, if given) of a message still buffered in ``arrivals`` whose call is not ``sig``."""
+        other: tuple[int, str] | None = None
+        for slot in arrivals.slots:
+            a = self._arrived.get(slot)
+            if a is None or (sources is not None and a.src not in sources):
+                continue
+            theirs = a.header.get("o")
+            if theirs is not None and theirs != sig and (other is None or a.src < other[0]):
+                other = (a.src, theirs)
+        return other
 
     def buffered_groups(self, src: int) -> list[tuple[Any, tuple[int, int]]]:
         """The groups of the messages from ``src`` buffered here: [(group, (frames, bytes))] (for errors only)."""
@@ -481,7 +490,7 @@ class RouteTable:
                 arrivals = self._seqs[op] = SeqArrivals()
             arrivals.slots.append(slot)
             if a.header.get("o") is not None and slot[2] not in arrivals.first:
-                arrivals.first[slot[2]] = a
+                arrivals.first[slot[2]] = slot
 
     def _pop_arrived(self, slot: Slot) -> Buffered | None:
         """Take the message buffered at ``slot`` off the tables (refunding its sender)."""
