@@ -151,7 +151,8 @@ class RouteTable:
             if self._seqs:
                 arrivals = self._seqs.get((group, seq))
                 first = arrivals.first.get(r.src) if arrivals is not None else None
-                other = self._arrived.get(first) if first is not None else None  # (None: taken, by the same call)
+                # (taken already: by a receive of the same call, or one that failed on it)
+                other = self._arrived.get(first) if first is not None else None
                 if other is not None and other.header.get("o") != sig and r.check is not None:
                     return end(r, r.check(other.header, r.src, other.nbytes) or RuntimeError("mismatch"))
             self._calls.setdefault((group, seq), sig)
