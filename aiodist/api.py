@@ -12,6 +12,7 @@ The default group is per rank (kept in the rank scope of
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ from .errors import GroupError, InvalidRankError
 from .group import WORLD_GROUP_ID, ProcessGroup, Work
 from .rendezvous import Rendezvous, leave, rendezvous
 from .unawaited import raise_if_unawaited
+
+log = logging.getLogger(__name__)
 
 _GROUPS = "aiodist_groups"
 STORE_LEAVE_WAIT = 10.0
@@ -159,8 +162,8 @@ async def init_process_group(
         for close in reversed(rdzv.owned):
             try:
                 await close()
-            except Exception:
-                pass
+            except Exception as e:  # the job is over for this rank: what is left to close is not its concern
+                log.debug("rank %d: closing %r at the end of the job failed: %r", rdzv.rank, close, e)
 
     pg._on_destroy.append(teardown)
     _registry().clear()

@@ -276,7 +276,7 @@ async def test_exchange_posts_its_receive_before_it_sends_and_moves_megabytes_bo
         original = ts[0].send_soon
 
         def posted() -> bool:
-            return any(k[0] == 0 and k[1] == (0, "x") for k in ts[0].router._posted)
+            return any(k[0] == 0 and k[1] == (0, "x") for k in ts[0].router.table._posted)
 
         def spy(dst: int, header: Any, payload: Any = None, group: Any = None) -> Any:
             pending = original(dst, header, payload, group)

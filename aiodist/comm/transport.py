@@ -323,8 +323,9 @@ class Transport:
         try:
             async with asyncio.timeout(REPORT_GRACE):
                 await self.send(dst, header)
-        except (AiodistError, TimeoutError):
-            pass
+        except (AiodistError, TimeoutError) as e:  # it failed, or cannot be reached: it learns otherwise
+            log.debug("rank %d: could not report the mismatch at seq %s of group %r to rank %d: %r",
+                      self.rank, header.get(F.SEQ), header.get(F.GROUP), dst, e)
 
     # ------------------------------------------------------------------ receiving (hot path)
 
