@@ -172,7 +172,7 @@ class SimConnection(Connection):
         fabric = self._fabric
         host = self._host
         loop = fabric.loop
-        if loop._lane in loop._dead:  # the rest of a step of a process that just crashed
+        if loop.in_dead_lane():  # the rest of a step of a process that just crashed
             await loop.create_future()
         peer = self._peer_ep
         if self._outbox or (peer is not None and peer._incoming + peer._kernel_bytes > fabric.socket_buffer):
@@ -182,11 +182,11 @@ class SimConnection(Connection):
         self._put(h, data, n, depart)
         if fabric.on_send is not None:
             fabric.on_send(host)
-            if loop._lane in loop._dead:
+            if loop.in_dead_lane():
                 await loop.create_future()
         if depart > now:
             waiter = loop.create_future()
-            loop.call_in_lane(depart, loop._lane, _wake_future, waiter)
+            loop.schedule(depart, loop.current_lane, _wake_future, (waiter,), fabric.kernel_ctx)
             await waiter
 
     def try_send(self, header: Header, payload: Any = None) -> bool:
@@ -199,7 +199,7 @@ class SimConnection(Connection):
         loop = fabric.loop
         peer = self._peer_ep
         if (self._exc is not None or fabric._overhead or fabric.on_send is not None or peer is None or self._outbox
-                or peer._incoming + peer._kernel_bytes > fabric.socket_buffer or loop._lane in loop._dead):
+                or peer._incoming + peer._kernel_bytes > fabric.socket_buffer or loop.in_dead_lane()):
             return False
         h = wire_header(header)
         data, n = _copied(payload)
@@ -221,7 +221,7 @@ class SimConnection(Connection):
         data, n = _copied(payload)
         fabric = self._fabric
         loop = fabric.loop
-        if loop._lane in loop._dead:
+        if loop.in_dead_lane():
             return False
         peer = self._peer_ep
         if self._outbox or (peer is not None and peer._incoming + peer._kernel_bytes > fabric.socket_buffer):
@@ -234,7 +234,7 @@ class SimConnection(Connection):
         self._put(h, data, n, depart)
         if fabric.on_send is not None:
             fabric.on_send(self._host)
-            if loop._lane in loop._dead:
+            if loop.in_dead_lane():
                 return False
         return depart <= loop._now
 
@@ -244,7 +244,7 @@ class SimConnection(Connection):
         Raises if the connection broke. Cancellation leaves the queued frames queued.
         """
         loop = self._fabric.loop
-        if loop._lane in loop._dead:
+        if loop.in_dead_lane():
             await loop.create_future()
         while self._outbox and self._exc is None:
             fut: asyncio.Future[None] = loop.create_future()
@@ -261,7 +261,7 @@ class SimConnection(Connection):
         busy = self._host.cpu_free
         if busy > loop._now:
             waiter = loop.create_future()
-            loop.call_in_lane(busy, loop._lane, _wake_future, waiter)
+            loop.schedule(busy, loop.current_lane, _wake_future, (waiter,), self._fabric.kernel_ctx)
             await waiter
 
     def _flush_when_read(self) -> None:
@@ -288,7 +288,7 @@ class SimConnection(Connection):
             self._put(h, data, n, self._departure())
             if fabric.on_send is not None:
                 fabric.on_send(self._host)
-                if loop._lane in loop._dead:
+                if loop.in_dead_lane():
                     return
         self._outbox = ()
         self._wake_drainers()
@@ -616,7 +616,7 @@ class HostNetwork(_SeamNetwork):
         """
         assert self.fabric is not None
         loop = self.fabric.loop
-        if loop._lane in loop._dead:
+        if loop.in_dead_lane():
             await loop.create_future()
         return await self.fabric.connect(self._host, address, timeout)
 

@@ -33,7 +33,6 @@ import asyncio
 import contextvars
 import random
 from collections import deque
-from heapq import heappush
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,9 +43,6 @@ from aiodist.wire import DEFAULT_MAX_FRAME_SIZE
 
 from .endpoints import LOCAL_NAMES, HostNetwork, SimConnection, SimListener, _connected, _fail_future
 from .latency import Constant, Exponential, LatencyModel, Uniform, as_model
-from .loop import _Event
-
-_new_event = object.__new__
 
 if TYPE_CHECKING:
     from .loop import SimLoop
@@ -276,8 +272,8 @@ class Fabric:
                 blocker = self.blocked(ep._host, ep._peer_host)
                 breaks = (blocker is not None and blocker.breaks) or (peer is not None and peer._vanished)
                 if breaks and self.config.retransmit_timeout is not None:
-                    self.loop.call_in_lane(now + self.config.retransmit_timeout, -1, self._give_up, ep,
-                                           ep._held, context=self.kernel_ctx)
+                    self.loop.schedule(now + self.config.retransmit_timeout, -1, self._give_up, (ep, ep._held),
+                                       self.kernel_ctx)
             ep._held.append((header, data, n))
             return
         self._schedule(ep, header, data, n, now)
@@ -324,7 +320,7 @@ class Fabric:
         assert peer is not None
         loop = self.loop
         if header is None:
-            loop.call_in_lane(t, dst.lane, peer._remote_closed, ep._fin_reason, context=dst.ctx)
+            loop.schedule(t, dst.lane, peer._remote_closed, (ep._fin_reason,), dst.ctx)
             return
         msg = self._next_msg = self._next_msg + 1
         tracer = self.tracer
@@ -335,17 +331,7 @@ class Fabric:
             buf.append((now, src.num, dst.num, n, msg, header))
             if len(buf) >= 2048:
                 tracer._flush()
-        event = _new_event(_Event)  # _Event.__init__ inlined
-        event._context = dst.ctx if dst.ctx is not None else contextvars.copy_context()
-        event._callback = peer._deliver
-        event._args = (header, data, n, msg)
-        if t <= loop._now:
-            event._scheduled = False
-            loop._push(dst.lane, event)  # type: ignore[arg-type]
-        else:  # SimLoop.post inlined
-            event._scheduled = True
-            heappush(loop._heap if t < loop._bound else loop._far,  # type: ignore[arg-type]
-                     (t, next(loop._seq), dst.lane, event))
+        loop.schedule(t, dst.lane, peer._deliver, (header, data, n, msg), dst.ctx)
 
     def release(self) -> None:
         """Re-check held links and connects after a partition/clog ended."""
@@ -386,15 +372,17 @@ class Fabric:
         now = loop.time()
         self.tracer.emit(now, "connect", src.name, str(host), detail=str(port))
         if dst is None:
-            loop.call_in_lane(now + 2 * self._latency.mean, loop.current_lane, _fail_future, fut,
-                              ConnectionLost(f"could not connect to {host}:{port}: unknown host"))
+            loop.schedule(now + 2 * self._latency.mean, loop.current_lane, _fail_future,
+                          (fut, ConnectionLost(f"could not connect to {host}:{port}: unknown host")),
+                          self.kernel_ctx)
         else:
             p = _Pending(src, dst, int(port), fut, loop.current_lane)
             if self.blocks and (self.blocked(src, dst) or self.blocked(dst, src)):
                 self._pending.append(p)
                 if self.config.retransmit_timeout is not None:
-                    loop.call_in_lane(now + self.config.retransmit_timeout, loop.current_lane, _fail_future, fut,
-                                      ConnectionLost(f"could not connect to {host}:{port}: unreachable"))
+                    loop.schedule(now + self.config.retransmit_timeout, loop.current_lane, _fail_future,
+                                  (fut, ConnectionLost(f"could not connect to {host}:{port}: unreachable")),
+                                  self.kernel_ctx)
             else:
                 self._syn(p)
         # The timeout as one timer failing ``fut`` (what ``asyncio.timeout`` does, minus its context
@@ -416,22 +404,24 @@ class Fabric:
 
     def _syn(self, p: _Pending) -> None:
         lat = self.latency(p.src, p.dst)
-        self.loop.call_in_lane(self.loop.time() + lat, -1, self._syn_arrived, p, context=self.kernel_ctx)
+        self.loop.schedule(self.loop.time() + lat, -1, self._syn_arrived, (p,), self.kernel_ctx)
 
     def _syn_arrived(self, p: _Pending) -> None:
         now = self.loop.time()
         dst, src = p.dst, p.src
         if dst.vanished:  # nobody answers: the caller's timeout, or TCP's, ends the wait
             if self.config.retransmit_timeout is not None:
-                self.loop.call_in_lane(now + self.config.retransmit_timeout, p.lane, _fail_future, p.fut,
-                                       ConnectionLost(f"could not connect to {dst.name}:{p.port}: no answer"))
+                self.loop.schedule(now + self.config.retransmit_timeout, p.lane, _fail_future,
+                                   (p.fut, ConnectionLost(f"could not connect to {dst.name}:{p.port}: no answer")),
+                                   self.kernel_ctx)
             return
         back = now + self.latency(dst, src)
         listener = dst.listeners.get(p.port) if dst.alive else None
         if listener is None or listener._closing or not src.alive:
             self.tracer.emit(now, "refused", dst.name, src.name, detail=str(p.port))
-            self.loop.call_in_lane(back, p.lane, _fail_future, p.fut,
-                                   ConnectionLost(f"could not connect to {dst.name}:{p.port}: connection refused"))
+            self.loop.schedule(back, p.lane, _fail_future,
+                               (p.fut, ConnectionLost(f"could not connect to {dst.name}:{p.port}: connection refused")),
+                               self.kernel_ctx)
             return
         self._next_conn += 1
         cid = self._next_conn
@@ -444,4 +434,4 @@ class Fabric:
         self.tracer.emit(now, "accept", dst.name, src.name, detail=str(p.port))
         assert dst.ctx is not None
         dst.ctx.run(listener._accept, server)
-        self.loop.call_in_lane(back, p.lane, _connected, p.fut, client)
+        self.loop.schedule(back, p.lane, _connected, (p.fut, client), self.kernel_ctx)

@@ -233,7 +233,7 @@ class Simulation:
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` in the simulator kernel at virtual time ``t``."""
-        self.loop.call_in_lane(t, -1, fn, context=self.kernel)
+        self.loop.schedule(t, -1, fn, (), self.kernel)
 
     def when(self, trigger: Trigger, fn: Callable[[], None]) -> None:
         """Run ``fn`` (synchronously, inside the triggering step) when ``trigger`` fires."""

@@ -9,6 +9,7 @@ them) and must keep the kernel's cost per delivery bounded.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 from typing import Any
 
@@ -145,8 +146,8 @@ def test_kernel_events_run_in_time_then_posting_order_among_cancelled_timers() -
     order: list[Any] = []
     timers = [loop.call_at(1.0 + i * 1e-3, order.append, ("timer", i)) for i in range(600)]
     for i in range(5):
-        loop.call_in_lane(2.0, 0, order.append, ("event", i))
-    loop.call_in_lane(0.5, 0, order.append, ("early", 0))
+        loop.schedule(2.0, 0, order.append, (("event", i),), contextvars.Context())
+    loop.schedule(0.5, 0, order.append, (("early", 0),), contextvars.Context())
     for t in timers[:590]:
         t.cancel()  # enough to make the loop compact its heap, with kernel events in it
     loop.run_until_idle_or_stopped()
