@@ -9,26 +9,16 @@ simulated network), :mod:`sim.faults` and :mod:`sim.runner`.
 """
 
 from .errors import SimDeadlockError, SimLivelockError, SimTimeLimitError, SimulationError, SimUnsupportedError
-from .faults import (
-    Chaos,
-    Clog,
-    Crash,
-    CrashStore,
-    MessageReceived,
-    MessageSent,
-    Partition,
-    ResetConnection,
-    Restart,
-    Straggler,
-)
-from .latency import Constant, Exponential, Uniform
+from .faults import Chaos, Clog, Crash, CrashStore, Partition, ResetConnection, Restart, Straggler
+from .latency import Constant, Exponential, Tail, Uniform
 from .loop import SimLoop
 from .network import Network
 from .runner import Failure, Result, run
 from .trace import TraceEvent
+from .triggers import MessageReceived, MessageSent
 
 __all__ = [
-    "run", "Result", "Failure", "Network", "Constant", "Uniform", "Exponential", "SimLoop", "TraceEvent",
+    "run", "Result", "Failure", "Network", "Constant", "Uniform", "Exponential", "Tail", "SimLoop", "TraceEvent",
     "Chaos", "Crash", "Restart", "Straggler", "CrashStore", "Partition", "Clog", "ResetConnection",
     "MessageSent", "MessageReceived",
     "SimulationError", "SimUnsupportedError", "SimDeadlockError", "SimTimeLimitError", "SimLivelockError",

@@ -11,36 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from .triggers import MessageReceived, MessageSent, Trigger
+
 if TYPE_CHECKING:
     from .runner import Simulation
 
 
-# --------------------------------------------------------------------------- triggers
-
-
-@dataclass(frozen=True)
-class MessageSent:
-    """Fires when ``rank`` hands its ``n``-th message (1-based) to the network; it still goes out."""
-
-    rank: int
-    n: int
-
-    def to_cli(self) -> str:
-        return f"sent:{self.n}"
-
-
-@dataclass(frozen=True)
-class MessageReceived:
-    """Fires when ``rank`` has received its ``n``-th message (1-based)."""
-
-    rank: int
-    n: int
-
-    def to_cli(self) -> str:
-        return f"recv:{self.n}"
-
-
-Trigger = MessageSent | MessageReceived
+# --------------------------------------------------------------------------- faults
 
 
 class Fault(Protocol):

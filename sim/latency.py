@@ -1,7 +1,8 @@
 """Latency models: how long a message's first byte takes to cross a link.
 
 Each model samples from the generator it is given (the run's seeded "net"
-stream), never from the global one.
+stream), never from the global one. :class:`Tail` is not a model of its own:
+it adds a rare long delay on top of whichever model a link has.
 """
 
 from __future__ import annotations
@@ -55,6 +56,34 @@ class Exponential:
 
 
 LatencyModel = Constant | Uniform | Exponential
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """With probability ``p`` a message is delayed by an extra log-uniform amount in [``low``, ``high``] seconds.
+
+    Real latency has a tail (scheduling, a GC pause, a retransmission): a
+    band such as ``Uniform(50e-6, 150e-6)`` never reorders two events more
+    than its width apart, a tail does. Log-uniform: each decade between
+    ``low`` and ``high`` is as likely as the next.
+    """
+
+    p: float
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p <= 1.0 or not 0.0 < self.low <= self.high:
+            raise ValueError(f"Tail needs 0 <= p <= 1 and 0 < low <= high, got {self!r}")
+
+    def to_cli(self) -> str:
+        return f"{self.p!r}:{self.low!r}:{self.high!r}"
+
+    @classmethod
+    def parse(cls, spec: str) -> Tail:
+        """``P:LOW:HIGH`` (seconds)."""
+        p, low, high = (float(x) for x in spec.split(":"))
+        return cls(p, low, high)
 
 
 def as_model(value: float | LatencyModel) -> LatencyModel:

@@ -128,7 +128,7 @@ _KERNEL_CONTEXT = contextvars.Context()
 """The context of the loop's own kernel events (resuming a paused lane)."""
 
 
-_read_now = operator.attrgetter("_now")
+_read_now = operator.attrgetter("now")
 _read_debug = operator.attrgetter("_debug")
 
 
@@ -155,7 +155,8 @@ class SimLoop(asyncio.AbstractEventLoop):
         time_limit: float | None = None,
         max_steps_per_instant: int = 20_000_000,
     ) -> None:
-        self._now = 0.0
+        self.now = 0.0
+        """The virtual clock (read-only): what :meth:`time` returns, without a call."""
         # time() and create_future() run several times per simulated message: as C callables
         # (no Python frame) they shadow the methods below, which say what they do.
         self.time = functools.partial(_read_now, self)  # type: ignore[method-assign]
@@ -173,8 +174,11 @@ class SimLoop(asyncio.AbstractEventLoop):
         self._far: list[tuple[float, int, int, Any]] = []
         self._bound = NEAR
         self._ncancelled = 0
-        self._lane = -1
-        self._dead: set[int] = set()
+        self.lane = -1
+        """The lane of the callback running now (-1: the simulator kernel, or nothing running). Read-only."""
+        self.dead_lanes: set[int] = set()
+        """Killed lanes (read-only). ``loop.lane in loop.dead_lanes``: the rest of a step of a process
+        that was just killed runs (it must have no effect)."""
         self._stopped: set[int] = set()  # dead or paused lanes: the run loop diverts their callbacks
         self._paused: dict[int, list[Any]] = {}  # paused lane -> its callbacks held until it resumes
         self._resume_at: dict[int, float] = {}
@@ -197,13 +201,13 @@ class SimLoop(asyncio.AbstractEventLoop):
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running" if self._running else "idle"
-        return f"<SimLoop {state} t={self._now:.6f}s {self.strategy} ready={len(self._ready)}>"
+        return f"<SimLoop {state} t={self.now:.6f}s {self.strategy} ready={len(self._ready)}>"
 
     # ------------------------------------------------------------------ clock
 
     def time(self) -> float:
         """Virtual seconds since the loop was created."""
-        return self._now
+        return self.now
 
     # ------------------------------------------------------------------ the way in
 
@@ -219,7 +223,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         event._context = context
         event._callback = callback
         event._args = args
-        if when <= self._now:
+        if when <= self.now:
             event._scheduled = False
             self._push(lane, event)
         else:
@@ -228,7 +232,7 @@ class SimLoop(asyncio.AbstractEventLoop):
 
     def _enqueue(self, when: float, lane: int, handle: Any) -> None:
         """A handle into the ready queue (due now) or the timers."""
-        if when <= self._now:
+        if when <= self.now:
             self._push(lane, handle)
         else:
             handle._scheduled = True
@@ -242,10 +246,10 @@ class SimLoop(asyncio.AbstractEventLoop):
                 return asyncio.Handle(callback, args, self, context)
             raise RuntimeError("Event loop is closed")
         if context is None:
-            lane = self._lane
+            lane = self.lane
             context = contextvars.copy_context()
         else:
-            lane = context.get(LANE, self._lane)
+            lane = context.get(LANE, self.lane)
         handle = _new_handle(_Handle)  # _Handle.__init__ inlined: the loop's most frequent allocation
         handle._context = context
         handle._loop = self
@@ -264,9 +268,9 @@ class SimLoop(asyncio.AbstractEventLoop):
             if self._discarding:
                 return asyncio.TimerHandle(when, callback, args, self, context)
             raise RuntimeError("Event loop is closed")
-        lane = self._lane if context is None else context.get(LANE, self._lane)
-        if self._stretch and callback is _sleep_callback and lane in self._stretch and when > self._now:
-            when = self._now + (when - self._now) * self._stretch[lane]
+        lane = self.lane if context is None else context.get(LANE, self.lane)
+        if self._stretch and callback is _sleep_callback and lane in self._stretch and when > self.now:
+            when = self.now + (when - self.now) * self._stretch[lane]
         handle = _TimerHandle(when, callback, args, self, context)
         self._enqueue(when, lane, handle)
         return handle
@@ -274,7 +278,7 @@ class SimLoop(asyncio.AbstractEventLoop):
     def call_later(
         self, delay: float, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
     ) -> asyncio.TimerHandle:
-        return self.call_at(self._now + delay, callback, *args, context=context)
+        return self.call_at(self.now + delay, callback, *args, context=context)
 
     def call_soon_threadsafe(
         self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
@@ -307,17 +311,8 @@ class SimLoop(asyncio.AbstractEventLoop):
 
     # ------------------------------------------------------------------ lanes
 
-    @property
-    def current_lane(self) -> int:
-        """The lane of the callback running now (-1: the simulator kernel, or nothing running)."""
-        return self._lane
-
     def lane_alive(self, lane: int) -> bool:
-        return lane not in self._dead
-
-    def in_dead_lane(self) -> bool:
-        """True while the rest of a step of a lane that was just killed runs (it must have no effect)."""
-        return self._lane in self._dead
+        return lane not in self.dead_lanes
 
     def kill_lane(self, lane: int) -> None:
         """Drop every pending and future callback of ``lane`` (a crashed process).
@@ -326,7 +321,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         mid-run, so no ``finally`` of theirs runs at a random moment) until
         :meth:`discard`.
         """
-        self._dead.add(lane)
+        self.dead_lanes.add(lane)
         self._stopped.add(lane)
         held = self._paused.pop(lane, None)
         if held:
@@ -343,7 +338,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         and deliveries to it wait, in order, and run after it resumes (its
         timers fire late). Pausing a paused lane extends the pause.
         """
-        if lane < 0 or lane in self._dead or until <= self._now:
+        if lane < 0 or lane in self.dead_lanes or until <= self.now:
             return
         if lane in self._paused:
             if until <= self._resume_at[lane]:
@@ -358,7 +353,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         return lane in self._paused
 
     def _resume_lane(self, lane: int) -> None:
-        if lane not in self._paused or self._resume_at[lane] > self._now:
+        if lane not in self._paused or self._resume_at[lane] > self.now:
             return  # killed meanwhile, or the pause was extended
         held = self._paused.pop(lane)
         del self._resume_at[lane]
@@ -429,10 +424,10 @@ class SimLoop(asyncio.AbstractEventLoop):
             self._bring_near(self._far[0][0] + NEAR)  # nothing near: the next far timers become near
         when, _, lane, handle = heap[0]
         if self.time_limit is not None and when > self.time_limit:
-            self._now = max(self._now, self.time_limit)
+            self.now = max(self.now, self.time_limit)
             raise SimTimeLimitError(self.time_limit)
-        if when > self._now:
-            self._now = when
+        if when > self.now:
+            self.now = when
         if when + NEAR > self._bound:  # keep the near window ahead of the clock, a window at a time
             self._bring_near(when + 2 * NEAR)
         pop(heap)
@@ -491,21 +486,21 @@ class SimLoop(asyncio.AbstractEventLoop):
                 if ready:
                     lane, handle = pop()
                 else:
-                    before = self._now
+                    before = self.now
                     due = self._advance()
-                    if self._now != before:
+                    if self.now != before:
                         deadline = steps + limit
                     if due is None:
                         continue
                     lane, handle = due  # the only callback due at this instant: run it without queueing
                 if steps >= deadline:
-                    raise SimLivelockError(limit, self._now)
+                    raise SimLivelockError(limit, self.now)
                 if handle._cancelled:
                     continue
                 if lane in stopped:
                     self._divert(lane, handle)
                     continue
-                self._lane = lane
+                self.lane = lane
                 try:  # Handle._run, inlined
                     handle._context.run(handle._callback, *handle._args)
                 except (SystemExit, KeyboardInterrupt):
@@ -515,7 +510,7 @@ class SimLoop(asyncio.AbstractEventLoop):
                 steps += 1
         finally:
             self.steps = steps
-            self._lane = -1
+            self.lane = -1
 
     def run_forever(self) -> None:
         """Run until :meth:`stop`. Raises SimTimeLimitError; returns when idle is impossible.
@@ -554,7 +549,7 @@ class SimLoop(asyncio.AbstractEventLoop):
             fut.remove_done_callback(self._stop_cb)
         if not fut.done():
             raise SimDeadlockError(
-                f"deadlock at virtual time {self._now:.6f}s: nothing is ready, no timer is pending, "
+                f"deadlock at virtual time {self.now:.6f}s: nothing is ready, no timer is pending, "
                 "and the awaited work is not done"
             )
         return fut.result()
@@ -612,7 +607,7 @@ class SimLoop(asyncio.AbstractEventLoop):
             task = factory(self, coro, context=context) if context is not None else factory(self, coro)
             if name is not None:
                 task.set_name(name)
-        self._task_lane[task] = self._lane if context is None else context.get(LANE, self._lane)
+        self._task_lane[task] = self.lane if context is None else context.get(LANE, self.lane)
         return task
 
     def set_task_factory(self, factory: Callable[..., Any] | None) -> None:

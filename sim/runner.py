@@ -30,10 +30,11 @@ from aiodist import inflight
 from aiodist.context import new_rank_scope, rank_scope, set_network, set_rank_environ
 
 from .errors import SimTimeLimitError
-from .faults import Fault, MessageReceived, MessageSent, Trigger, _Block
+from .faults import Fault, _Block
 from .loop import LANE, SimLoop
 from .network import Fabric, Host, Network
 from .trace import TraceEvent, Tracer
+from .triggers import Trigger, Watches
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -214,8 +215,7 @@ class Simulation:
         self._started = 0  # incarnations started ...
         self._ended = 0  # ... and ended (returned, raised or crashed)
         self._next_lane = world_size
-        self._watch_sent: dict[int, list[tuple[int, Callable[[], None]]]] = {}
-        self._watch_recv: dict[int, list[tuple[int, Callable[[], None]]]] = {}
+        self.watches = Watches(self.fabric.links)
         self.faults: list[Fault] = []  # every concrete fault installed (Chaos expanded)
         self.max_restarts = sum(1 for f in faults if type(f).__name__ == "Restart")
         for fault in faults:
@@ -237,29 +237,7 @@ class Simulation:
 
     def when(self, trigger: Trigger, fn: Callable[[], None]) -> None:
         """Run ``fn`` (synchronously, inside the triggering step) when ``trigger`` fires."""
-        table = self._watch_sent if isinstance(trigger, MessageSent) else self._watch_recv
-        if not isinstance(trigger, (MessageSent, MessageReceived)):
-            raise TypeError(f"unknown trigger {trigger!r}")
-        table.setdefault(trigger.rank, []).append((trigger.n, fn))
-        if self._watch_sent:
-            self.fabric.on_send = self._on_send
-        if self._watch_recv:
-            self.fabric.on_recv = self._on_recv
-
-    def _on_send(self, host: Host) -> None:
-        self._fire(self._watch_sent, host, host.sent)
-
-    def _on_recv(self, host: Host) -> None:
-        self._fire(self._watch_recv, host, host.received)
-
-    def _fire(self, table: dict[int, list[tuple[int, Callable[[], None]]]], host: Host, count: int) -> None:
-        watches = table.get(host.rank) if host.rank is not None else None
-        if not watches:
-            return
-        for n, fn in list(watches):
-            if n == count:
-                watches.remove((n, fn))
-                fn()
+        self.watches.add(self.hosts[trigger.rank], trigger, fn)
 
     def host_names(self, hosts: Iterable[int | str]) -> frozenset[str]:
         return frozenset(f"rank{h}" if isinstance(h, int) else h for h in hosts)
@@ -303,13 +281,13 @@ class Simulation:
             self.tracer.emit(self.loop.time(), "fault", addr, detail="CrashStore: no store listening")
 
     def add_block(self, block: _Block) -> None:
-        self.fabric.blocks.append(block)
+        self.fabric.links.add_block(block)
         self.tracer.emit(self.loop.time(), "fault", "net", detail=f"begin {block!r}")
 
     def remove_block(self, block: _Block) -> None:
-        if block in self.fabric.blocks:
-            self.fabric.blocks.remove(block)
+        if block in self.fabric.links.blocks:
             self.tracer.emit(self.loop.time(), "fault", "net", detail=f"end {block!r}")
+            self.fabric.links.remove_block(block)
             self.fabric.release()
 
     def reset_connections(self, a: int | str, b: int | str) -> None:
@@ -441,7 +419,7 @@ class Simulation:
             failures=self.failures,
             trace=self.tracer.events,
             steps=self.loop.steps,
-            messages=self.fabric._next_msg,
+            messages=self.fabric.messages,
             crashed=crashed,
             restarts=dict(self.restarts),
             unhandled=unhandled,
