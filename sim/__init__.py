@@ -9,7 +9,9 @@ simulated network), :mod:`sim.faults` and :mod:`sim.runner`.
 """
 
 from .errors import SimDeadlockError, SimLivelockError, SimTimeLimitError, SimulationError, SimUnsupportedError
-from .faults import Chaos, Clog, Crash, CrashStore, Partition, ResetConnection, Restart, Straggler
+from .chaos import Chaos
+from .explore import Exploration
+from .faults import Clog, Crash, CrashStore, FaultError, Partition, Pause, ResetConnection, Restart, Straggler
 from .latency import Constant, Exponential, Tail, Uniform
 from .loop import SimLoop
 from .network import Network
@@ -19,7 +21,8 @@ from .triggers import MessageReceived, MessageSent
 
 __all__ = [
     "run", "Result", "Failure", "Network", "Constant", "Uniform", "Exponential", "Tail", "SimLoop", "TraceEvent",
-    "Chaos", "Crash", "Restart", "Straggler", "CrashStore", "Partition", "Clog", "ResetConnection",
+    "Chaos", "Crash", "Restart", "Pause", "Straggler", "CrashStore", "Partition", "Clog", "ResetConnection",
+    "FaultError", "Exploration",
     "MessageSent", "MessageReceived",
     "SimulationError", "SimUnsupportedError", "SimDeadlockError", "SimTimeLimitError", "SimLivelockError",
 ]

@@ -33,7 +33,8 @@ from typing import Any
 
 from aiodist.context import getenv
 
-from . import faults as F
+from .chaos import parse_chaos
+from .fault_flags import FAULT_FLAGS
 from .loop import LANE
 from .latency import Constant, Exponential, LatencyModel, Uniform
 from .network import Network
@@ -85,17 +86,9 @@ def parse_seeds(spec: str) -> list[int]:
 
 
 _FAULT_FLAGS: list[tuple[str, Callable[[str], Any], str]] = [
-    ("--crash", F.parse_crash, "RANK@TIME | RANK@sent:N | RANK@recv:N: kill a rank"),
-    ("--vanish", lambda s: F.parse_crash(s, silent=True), "RANK@TIME | RANK@sent:N: the rank's machine vanishes"),
-    ("--restart", F.parse_restart, "RANK@TIME[+DELAY]: kill a rank and start it again"),
-    ("--partition", F.parse_partition, "A,B/C,D@START[:HEAL]: cut hosts A,B from C,D"),
-    ("--one-way-partition", lambda s: F.parse_partition(s, one_way=True), "A/B@START[:HEAL]: cut A->B only"),
-    ("--clog", F.parse_clog, "SRC-DST@START:END: hold messages on one link"),
-    ("--straggler", F.parse_straggler, "RANKxFACTOR[@TIME]: slow a rank down"),
-    ("--reset", F.parse_reset, "A-B@TIME: reset connections between two hosts"),
-    ("--crash-store", F.parse_crash_store, "TIME: kill the store service at MASTER_ADDR:MASTER_PORT"),
-    ("--chaos", F.parse_chaos, "crashes=N,partitions=N,clogs=N,resets=N,stragglers=N,window=A:B: random faults "
-                               "drawn from the seed"),
+    *FAULT_FLAGS,
+    ("--chaos", parse_chaos, "crashes=N,partitions=N,clogs=N,resets=N,stragglers=N,window=A:B: random faults "
+                             "drawn from the seed"),
 ]
 
 

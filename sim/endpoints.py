@@ -192,7 +192,7 @@ class SimConnection(Connection):
         loop = links.loop
         peer = self._peer_ep
         host = self._host
-        if (self._exc is not None or links.overhead or host.sent + 1 >= host.watch_sent or peer is None
+        if (self._exc is not None or links.overhead or host.sent + 1 >= host.watch_fatal or peer is None
                 or self._outbox or peer._incoming + peer._kernel_bytes > links.socket_buffer or loop.lane in loop.dead_lanes):
             return False
         h = wire_header(header)
@@ -315,7 +315,7 @@ class SimConnection(Connection):
         host = self._host
         host.sent += 1
         if host.sent >= host.watch_sent:
-            links.on_send(host)
+            links.on_send(host, out.dst)
 
     async def _wait_for_room(self, peer: SimConnection) -> None:
         """Block like a TCP send whose kernel buffer is full (or behind queued frames), until the peer reads.

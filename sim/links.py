@@ -20,7 +20,8 @@ The model (all times virtual):
   one of its own connection, and nothing orders two connections' frames.
 * Latency is the configured model (per-link overrides win), times the
   sender's straggler factor, plus, when a :class:`~sim.latency.Tail` is set,
-  a rare long extra delay (retransmissions, scheduling).
+  a rare long extra delay (retransmissions, scheduling: the network's, so
+  not scaled by the straggler factor).
 * Blocks (partitions, clogs) hold a stream's frames in order until released;
   one that breaks TCP gives up after ``retransmit_timeout`` (the sending end
   sees ConnectionLost, the receiving end a reset once the link heals).
@@ -51,11 +52,12 @@ class Host:
     ``listeners`` and ``endpoints`` hold the seam objects of :mod:`sim.endpoints`
     (typed loosely: this module does not know them). ``sent``/``received`` count
     frames; ``watch_sent``/``watch_recv`` are the next counts at which the
-    simulation wants to hear of it (a fault trigger).
+    simulation wants to hear of it (a fault trigger), ``watch_fatal`` the next
+    one that may kill it.
     """
 
     __slots__ = ("name", "num", "rank", "lane", "ctx", "alive", "vanished", "listeners", "endpoints", "tx_free",
-                 "rx_busy", "cpu_busy", "cpu_free", "next_port", "sent", "received", "watch_sent", "watch_recv",
+                 "rx_busy", "cpu_busy", "cpu_free", "next_port", "sent", "received", "watch_sent", "watch_fatal", "watch_recv",
                  "factor", "net")
 
     def __init__(self, name: str, rank: int | None, num: int) -> None:
@@ -76,6 +78,7 @@ class Host:
         self.sent = 0
         self.received = 0
         self.watch_sent = NEVER
+        self.watch_fatal = NEVER  # (the next watched send whose action may kill this host)
         self.watch_recv = NEVER
         self.factor = 1.0
         self.net: Any = None
@@ -198,7 +201,7 @@ class Links:
         self.max_unread_frames: int = config.max_unread_frames or NEVER
         self.socket_buffer: int = config.socket_buffer if config.socket_buffer is not None else NEVER
         # Called when a host's frame count reaches its watch_sent / watch_recv (fault triggers).
-        self.on_send: Callable[[Host], None] = _ignore
+        self.on_send: Callable[[Host, Host], None] = _ignore2
         self.on_recv: Callable[[Host], None] = _ignore
         self.blocks: list[Block] = []
         self._holding: dict[int, Stream] = {}
@@ -208,14 +211,17 @@ class Links:
 
     def latency(self, src: Host, dst: Host) -> float:
         """One latency draw for a frame (or a connection handshake) from ``src`` to ``dst``."""
-        model = self._links.get((src.name, dst.name)) if self._links else None
-        lat = (model or self.latency_model).sample(self.rng)
+        lat = self._base_latency(src, dst)
         p = self._tail_p
         if p:
             u = self._random()
             if u < p:
                 lat += self._tail_low * self._tail_ratio ** (u / p)
         return lat
+
+    def _base_latency(self, src: Host, dst: Host) -> float:
+        model = self._links.get((src.name, dst.name)) if self._links else None
+        return (model or self.latency_model).sample(self.rng)
 
     @property
     def mean_latency(self) -> float:
@@ -296,19 +302,18 @@ class Links:
         elif self._lat_const is not None:
             lat = self._lat_const
         else:
-            model = self._links.get((src.name, dst.name)) if self._links else None
-            lat = (model or self.latency_model).sample(self.rng)
-        p = self._tail_p
-        if p:
-            u = self._random()
-            if u < p:
-                lat += self._tail_low * self._tail_ratio ** (u / p)
+            lat = self._base_latency(src, dst)
         bw = self.bandwidth
         tx = n / bw if (bw and n) else 0.0
         factor = src.factor
         if factor != 1.0:
             lat *= factor
             tx *= factor
+        p = self._tail_p  # (latency()'s tail, inlined: the network's, not slowed by a straggler)
+        if p:
+            u = self._random()
+            if u < p:
+                lat += self._tail_low * self._tail_ratio ** (u / p)
         if tx and self.contention:
             start = now if now > src.tx_free else src.tx_free
             src.tx_free = start + tx
@@ -329,6 +334,10 @@ class Links:
 
 
 def _ignore(host: Host) -> None:
+    return None
+
+
+def _ignore2(host: Host, peer: Host) -> None:
     return None
 
 

@@ -69,13 +69,16 @@ class FifoReady:
 class RandomReady:
     """A FIFO per lane; ``pop`` picks a random lane among those with something ready."""
 
-    __slots__ = ("_lanes", "_active", "_rand", "any")
+    __slots__ = ("_lanes", "_active", "_rand", "any", "_change_points")
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, depth: int = 3, steps: int = 100_000) -> None:
         self._lanes: dict[int, deque[Handle]] = {}
         self._active: list[int] = []  # lanes with a non-empty queue, in no particular order
         self.any = self._active
         self._rand = rng.random
+        # PCT's change points (only PctReady uses them): drawn by both, so that the "random" and
+        # "pct" schedules of one seed pick lanes from the same generator state.
+        self._change_points = sorted(rng.randrange(max(1, steps)) for _ in range(max(1, depth) - 1))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {len(self)} ready in {len(self._active)} lanes>"
@@ -133,14 +136,13 @@ class RandomReady:
 class PctReady(RandomReady):
     """PCT: the highest-priority ready lane runs; ``depth - 1`` change points demote the running lane."""
 
-    __slots__ = ("_prio", "_depth", "_change_points", "_pops", "_rng")
+    __slots__ = ("_prio", "_depth", "_pops", "_rng")
 
     def __init__(self, rng: random.Random, depth: int, steps: int) -> None:
-        super().__init__(rng)
+        super().__init__(rng, depth, steps)
         self._rng = rng
         self._depth = max(1, depth)
         self._prio: dict[int, float] = {}
-        self._change_points = sorted(rng.randrange(max(1, steps)) for _ in range(self._depth - 1))
         self._pops = 0
 
     def _new_lane(self, lane: int) -> deque[Handle]:
@@ -177,7 +179,7 @@ def new_ready(schedule: str, rng: random.Random, *, pct_depth: int = 3, pct_step
     if schedule == "fifo":
         return FifoReady()
     if schedule == "random":
-        return RandomReady(rng)
+        return RandomReady(rng, pct_depth, pct_steps)
     if schedule == "pct":
         return PctReady(rng, pct_depth, pct_steps)
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")

@@ -22,17 +22,20 @@ import os
 import random
 import re
 import traceback as tb
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiodist import inflight
-from aiodist.context import new_rank_scope, rank_scope, set_network, set_rank_environ
+from aiodist.context import get_default_group, new_rank_scope, rank_scope, set_network, set_rank_environ
 
 from .errors import SimTimeLimitError
-from .faults import Fault, _Block
+from .explore import Exploration, Explorer, TimingPlan, env_detector
+from .faults import Block, Fault, HostRef
 from .loop import LANE, SimLoop
 from .network import Fabric, Host, Network
+from .plan import World, expand, validate
+from .storehost import STORE_HOST, StoreHost
 from .trace import TraceEvent, Tracer
 from .triggers import Trigger, Watches
 
@@ -132,7 +135,11 @@ class Result:
     restarts: dict[int, int] = field(default_factory=dict)
     unhandled: list[str] = field(default_factory=list)
     faults: list[Any] = field(default_factory=list)
-    """Every fault of the run, ``Chaos`` expanded into the concrete faults it drew."""
+    """Every fault of the run, ``Chaos`` and ``Swarm`` expanded into the concrete faults they drew."""
+    explored: list[Any] = field(default_factory=list)
+    """The timing perturbations exploration applied, as concrete faults (see :mod:`sim.explore`)."""
+    timing: TimingPlan | None = None
+    """What exploration drew for this seed (None: ``explore=False``)."""
     ops: dict[int, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     """Per rank, its last operations from aiodist's flight recorder (start/end virtual times)."""
 
@@ -142,6 +149,9 @@ class Result:
         lines = [head]
         if self.faults:
             lines.append("  faults: " + "; ".join(f.to_cli().lstrip("-") for f in self.faults))
+        if self.timing is not None:
+            lines.append(f"  explored: {self.timing.describe()}"
+                         + "".join(f"; {f.to_cli().lstrip('-')}" for f in self.explored))
         if len(self.failures) <= Failure.MAX_RANK_LINES:
             lines += [str(f) for f in self.failures]
         else:  # a big run: failures that differ only in numbers (ranks, times) share one entry
@@ -165,13 +175,14 @@ class Result:
 
 
 class _Incarnation:
-    __slots__ = ("rank", "count", "lane", "ctx", "scope", "task", "state", "result")
+    __slots__ = ("rank", "count", "lane", "ctx", "scope", "task", "state", "result", "env")
 
     def __init__(self, rank: int, count: int, lane: int, ctx: contextvars.Context, scope: dict[str, Any]) -> None:
         self.rank, self.count, self.lane, self.ctx, self.scope = rank, count, lane, ctx, scope
         self.task: Any = None
         self.state = "running"  # running | done | failed | crashed
         self.result: Any = None
+        self.env: Mapping[str, str] = {}
 
 
 class Simulation:
@@ -193,9 +204,13 @@ class Simulation:
         keep_trace: bool,
         stop_on_error: bool,
         master_port: int,
+        explore: bool | Exploration = True,
+        store_host: str = "rank0",
     ) -> None:
         if world_size < 1:
             raise ValueError("world_size must be >= 1")
+        if store_host not in ("rank0", "separate"):
+            raise ValueError(f"store_host must be 'rank0' or 'separate', got {store_host!r}")
         self.main = main
         self.world_size = world_size
         self.seed = seed
@@ -203,11 +218,20 @@ class Simulation:
         self.extra_env = dict(env or {})
         self.stop_on_error = stop_on_error
         self.master_port = master_port
+        self.store_separate = store_host == "separate"
+        world = World(seed, world_size, self.store_separate, env_detector(self.extra_env))
+        concrete = expand(faults, world)
+        validate(concrete, world)
+        self.timing: TimingPlan | None = None
+        if explore:
+            self.timing = (explore if isinstance(explore, Exploration) else Exploration()).draw(seed, world.budget)
+            network = Explorer.network(network, self.timing)
         self.loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit, pct_depth=pct_depth)
         self.tracer = Tracer(keep=keep_trace)
         self.fabric = Fabric(network, self.loop, random.Random(f"{seed}:net"), self.tracer)
         self.kernel = self.fabric.kernel_ctx
         self.hosts = [self.fabric.add_host(f"rank{r}", r) for r in range(world_size)]
+        self.store: StoreHost | None = None
         self.current: list[_Incarnation | None] = [None] * world_size
         self.restarts: dict[int, int] = {}
         self.pending_restarts: dict[int, int] = {}
@@ -216,18 +240,20 @@ class Simulation:
         self._ended = 0  # ... and ended (returned, raised or crashed)
         self._next_lane = world_size
         self.watches = Watches(self.fabric.links)
-        self.faults: list[Fault] = []  # every concrete fault installed (Chaos expanded)
-        self.max_restarts = sum(1 for f in faults if type(f).__name__ == "Restart")
-        for fault in faults:
-            if type(fault).__name__ == "Chaos":
-                fault.install(self)
-            else:
-                self.add_fault(fault)
+        if self.store_separate:
+            self.store = StoreHost(self, self.fabric.add_host(STORE_HOST), master_port)
+        self.faults: list[Fault] = []  # every concrete fault installed (Chaos and Swarm expanded)
+        self.max_restarts = sum(1 for f in concrete if type(f).__name__ == "Restart")
+        for fault in concrete:
+            self.add_fault(fault)
+        self.explorer = Explorer(self, self.timing, seed) if self.timing is not None else None
+        if self.explorer is not None:
+            self.explorer.install(self.hosts)
 
-    # -- fault API ----------------------------------------------------------------
+    # -- fault API (what faults do to the run; see sim.faults) ------------------------
 
     def add_fault(self, fault: Fault) -> None:
-        """Install one concrete fault (also used by ``Chaos`` for the faults it draws)."""
+        """Install one concrete fault."""
         self.faults.append(fault)
         fault.install(self)
 
@@ -235,16 +261,26 @@ class Simulation:
         """Run ``fn`` in the simulator kernel at virtual time ``t``."""
         self.loop.schedule(t, -1, fn, (), self.kernel)
 
-    def when(self, trigger: Trigger, fn: Callable[[], None]) -> None:
-        """Run ``fn`` (synchronously, inside the triggering step) when ``trigger`` fires."""
-        self.watches.add(self.hosts[trigger.rank], trigger, fn)
+    def after(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in the simulator kernel ``delay`` seconds from now."""
+        self.at(self.loop.time() + delay, fn)
 
-    def host_names(self, hosts: Iterable[int | str]) -> frozenset[str]:
+    def when(self, trigger: Trigger, fn: Callable[[], None], *, fatal: bool = False) -> None:
+        """Run ``fn`` (synchronously, inside the triggering step) when ``trigger`` fires (``fatal``: it may kill)."""
+        self.watches.add(self.hosts[trigger.rank], trigger, fn, fatal=fatal)
+
+    def host_names(self, hosts: Iterable[HostRef]) -> frozenset[str]:
         return frozenset(f"rank{h}" if isinstance(h, int) else h for h in hosts)
 
-    def _host(self, h: int | str) -> Host:
+    def _host(self, h: HostRef) -> Host:
         name = f"rank{h}" if isinstance(h, int) else h
         return self.fabric.hosts[name]
+
+    def crash_host(self, ref: HostRef, reason: str, *, silent: bool = False) -> None:
+        if isinstance(ref, int):
+            self.crash_rank(ref, reason, silent=silent)
+        elif self.store is not None and ref == STORE_HOST:
+            self.store.crash(reason, silent=silent)
 
     def crash_rank(self, rank: int, reason: str, *, silent: bool = False) -> None:
         inc = self.current[rank]
@@ -255,8 +291,31 @@ class Simulation:
         self.fabric.crash(self.hosts[rank], reason, silent=silent)
         self._maybe_finish()
 
-    def expect_restart(self, rank: int) -> None:
-        self.pending_restarts[rank] = self.pending_restarts.get(rank, 0) + 1
+    def expect_restart(self, ref: HostRef, at: float | None) -> None:
+        """A restart at ``at`` is coming: the run does not end before it (one on a trigger counts once it fires)."""
+        if at is not None and isinstance(ref, int):
+            self.pending_restarts[ref] = self.pending_restarts.get(ref, 0) + 1
+
+    def restart_host(self, ref: HostRef, delay: float, *, counted: bool = False) -> None:
+        """Crash ``ref`` now (if it still runs) and start it again ``delay`` later.
+
+        ``counted``: :meth:`expect_restart` counted it already (a restart at a time).
+        """
+        if not isinstance(ref, int):
+            if self.store is not None and ref == STORE_HOST:
+                self.store.crash("Restart fault")
+                self.after(delay, self.store.start)
+            return
+        inc = self.current[ref]
+        if inc is not None and inc.state in ("done", "failed"):
+            if counted:
+                self.pending_restarts[ref] -= 1  # it finished before the restart: nothing to restart
+            self._maybe_finish()
+            return
+        if not counted:
+            self.pending_restarts[ref] = self.pending_restarts.get(ref, 0) + 1
+        self.crash_rank(ref, "Restart fault")
+        self.after(delay, lambda: self.restart_rank(ref))
 
     def restart_rank(self, rank: int) -> None:
         self.pending_restarts[rank] -= 1
@@ -268,30 +327,59 @@ class Simulation:
         self.tracer.emit(self.loop.time(), "restart", f"rank{rank}", detail=f"restart {self.restarts[rank]}")
         self._start_rank(rank)
 
-    def set_straggler(self, rank: int, factor: float) -> None:
+    def pause_host(self, ref: HostRef, duration: float) -> None:
+        """Stop ``ref``'s process for ``duration`` seconds (SIGSTOP, then SIGCONT); nothing if it is not running."""
+        host = self._host(ref)
+        if host.alive:
+            self.loop.pause_lane(host.lane, self.loop.time() + duration)
+            self.tracer.emit(self.loop.time(), "fault", host.name, detail=f"pause {duration:g}s")
+
+    def set_straggler(self, rank: int, factor: float, duration: float | None = None) -> None:
         host = self.hosts[rank]
         host.factor = factor
         self.loop.stretch_sleeps(host.lane, factor)
         self.tracer.emit(self.loop.time(), "fault", host.name, detail=f"straggler x{factor:g}")
+        if duration is not None:
+            self.after(duration, lambda: self._end_straggler(host, factor))
+
+    def _end_straggler(self, host: Host, factor: float) -> None:
+        if host.factor == factor:
+            host.factor = 1.0
+            self.loop.stretch_sleeps(host.lane, 1.0)
+            self.tracer.emit(self.loop.time(), "fault", host.name, detail="straggler ends")
 
     def crash_store(self) -> None:
+        if self.store is not None:
+            self.store.crash("CrashStore fault")
+            return
         addr = self.rank_env(0, 0)["MASTER_ADDR"]
         host = self.fabric.hosts.get(addr)
         if host is None or not self.fabric.crash_listener(host, self.master_port, "CrashStore fault"):
             self.tracer.emit(self.loop.time(), "fault", addr, detail="CrashStore: no store listening")
 
-    def add_block(self, block: _Block) -> None:
+    def add_block(self, block: Block) -> None:
         self.fabric.links.add_block(block)
         self.tracer.emit(self.loop.time(), "fault", "net", detail=f"begin {block!r}")
 
-    def remove_block(self, block: _Block) -> None:
+    def remove_block(self, block: Block) -> None:
         if block in self.fabric.links.blocks:
             self.tracer.emit(self.loop.time(), "fault", "net", detail=f"end {block!r}")
             self.fabric.links.remove_block(block)
             self.fabric.release()
 
-    def reset_connections(self, a: int | str, b: int | str) -> None:
+    def reset_connections(self, a: HostRef, b: HostRef) -> None:
         self.fabric.reset(self._host(a), self._host(b))
+
+    def live_ranks(self) -> Iterator[tuple[Mapping[str, str], Any]]:
+        """(environment, default group or None) of every running rank."""
+        for inc in self.current:
+            if inc is not None and inc.state == "running":
+                yield inc.env, inc.ctx.copy().run(get_default_group)  # (a copy: this one may be running)
+
+    def new_lane(self) -> int:
+        lane = self._next_lane
+        self._next_lane += 1
+        return lane
 
     # -- ranks ----------------------------------------------------------------------
 
@@ -301,19 +389,19 @@ class Simulation:
         env = {
             "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
             "WORLD_SIZE": n, "LOCAL_WORLD_SIZE": n, "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": n,
-            "MASTER_ADDR": "rank0", "MASTER_PORT": str(self.master_port),
+            "MASTER_ADDR": STORE_HOST if self.store_separate else "rank0", "MASTER_PORT": str(self.master_port),
             "TORCHELASTIC_RESTART_COUNT": str(restart_count), "AIODIST_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts), "AIODIST_MAX_RESTARTS": str(self.max_restarts),
             "TORCHELASTIC_RUN_ID": run_id, "AIODIST_RUN_ID": run_id,
         }
+        if self.store_separate:  # (the store runs on its own host: rank 0 does not start one)
+            env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
         env.update(self.extra_env)
         return env
 
     def _start_rank(self, rank: int) -> None:
         count = self.restarts.get(rank, 0)
-        lane = rank if count == 0 else self._next_lane
-        if count:
-            self._next_lane += 1
+        lane = rank if count == 0 else self.new_lane()
         host = self.hosts[rank]
         env = self.rank_env(rank, count)
         ctx = contextvars.copy_context()
@@ -327,6 +415,7 @@ class Simulation:
 
         scope = ctx.run(setup)
         inc = _Incarnation(rank, count, lane, ctx, scope)
+        inc.env = env
         self._started += 1
         self.current[rank] = inc
         self.fabric.boot(host, lane, ctx)
@@ -383,6 +472,8 @@ class Simulation:
         return ops, where
 
     def run(self) -> Result:
+        if self.store is not None:
+            self.store.start()
         for r in range(self.world_size):
             self._start_rank(r)
         idle = False
@@ -424,6 +515,8 @@ class Simulation:
             restarts=dict(self.restarts),
             unhandled=unhandled,
             faults=list(self.faults),
+            explored=list(self.timing.explored) if self.timing is not None else [],
+            timing=self.timing,
             ops={inc.rank: inc.ctx.run(inflight.recent) for inc in self.current if inc is not None},
         )
 
@@ -472,8 +565,17 @@ def run(
     trace: bool = True,
     stop_on_error: bool = True,
     master_port: int = DEFAULT_MASTER_PORT,
+    explore: bool | Exploration = True,
+    store_host: str = "rank0",
 ) -> Result:
     """Run ``main(*args)`` as ``world_size`` virtual ranks; return a :class:`Result`.
+
+    ``explore`` (default on): draw this seed's timing perturbations, each
+    short enough for a correct program to tolerate (see :mod:`sim.explore`);
+    False: fixed timing. ``store_host="separate"``: the store runs on a host
+    of its own (``"store"``), so faults can hit it apart from rank 0.
+    Faults naming a rank or host the world does not have raise
+    :class:`~sim.faults.FaultError` before anything runs.
 
     ``schedule``: "fifo", "random" (default) or "pct" with ``pct_depth`` - 1
     priority change points (see :mod:`sim.loop`).
@@ -501,8 +603,8 @@ def run(
     gc.set_threshold(max(thresholds[0], 400_000, 1000 * world_size), *thresholds[1:])
     sim = Simulation(main, world_size=world_size, seed=seed, network=network or Network(), faults=faults,
                      time_limit=time_limit, env=env, args=args, schedule=schedule, pct_depth=pct_depth,
-                     keep_trace=trace,
-                     stop_on_error=stop_on_error, master_port=master_port)
+                     keep_trace=trace, stop_on_error=stop_on_error, master_port=master_port, explore=explore,
+                     store_host=store_host)
     try:
         return sim.run()
     finally:

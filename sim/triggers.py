@@ -57,19 +57,26 @@ class Watches:
     """
 
     def __init__(self, links: Links) -> None:
-        self._sent: dict[str, list[tuple[int, int, Callable[[], None]]]] = {}
-        self._recv: dict[str, list[tuple[int, int, Callable[[], None]]]] = {}
+        self._sent: dict[str, list[tuple[int, int, Callable[[], None], bool]]] = {}
+        self._recv: dict[str, list[tuple[int, int, Callable[[], None], bool]]] = {}
         self._seq = 0
+        self.last_peer: Host | None = None
+        """While a send trigger's action runs: the host the counted frame went to."""
         links.on_send = self._on_send
         links.on_recv = self._on_recv
 
-    def add(self, host: Host, trigger: Trigger, action: Callable[[], None]) -> None:
-        """Run ``action`` when ``host`` reaches the trigger's count (at once if it already has)."""
+    def add(self, host: Host, trigger: Trigger, action: Callable[[], None], *, fatal: bool = False) -> None:
+        """Run ``action`` when ``host`` reaches the trigger's count (on its next frame if it already has).
+
+        ``fatal``: the action may kill the sender, so the frame that fires it
+        must be sent by a path that can stop the rest of its step
+        (``try_send`` refuses it).
+        """
         sent = isinstance(trigger, MessageSent)
         table = self._sent if sent else self._recv
         pending = table.setdefault(host.name, [])
         self._seq += 1
-        bisect.insort(pending, (trigger.n, self._seq, action), key=lambda w: (w[0], w[1]))
+        bisect.insort(pending, (trigger.n, self._seq, action, fatal), key=lambda w: (w[0], w[1]))
         self._arm(host, sent)
 
     def _arm(self, host: Host, sent: bool) -> None:
@@ -77,10 +84,12 @@ class Watches:
         nxt = pending[0][0] if pending else NEVER
         if sent:
             host.watch_sent = nxt
+            host.watch_fatal = min((w[0] for w in pending if w[3]), default=NEVER) if pending else NEVER
         else:
             host.watch_recv = nxt
 
-    def _on_send(self, host: Host) -> None:
+    def _on_send(self, host: Host, peer: Host) -> None:
+        self.last_peer = peer
         self._fire(host, True, host.sent)
 
     def _on_recv(self, host: Host) -> None:
@@ -89,6 +98,6 @@ class Watches:
     def _fire(self, host: Host, sent: bool, count: int) -> None:
         pending = (self._sent if sent else self._recv).get(host.name)
         while pending and pending[0][0] <= count:
-            _, _, action = pending.pop(0)
+            action = pending.pop(0)[2]
             action()  # (it may add watches: they are in ``pending`` already when due)
         self._arm(host, sent)

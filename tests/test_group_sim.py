@@ -120,6 +120,7 @@ def test_a_reset_connection_fails_every_rank_fast_and_names_one_of_its_ends() ->
                 seed=seed,
                 faults=[sim.ResetConnection(a, b, at=0.003)],
                 stop_on_error=False,
+                explore=False,  # (fixed timing: the reset lands after the rendezvous, as connections are made)
             )
             assert res.ok, res.summary()
             assert res.virtual_time < 1.0, (seed, a, b)
