@@ -357,8 +357,8 @@ class SimConnection(Connection):
             links.on_recv(host)
             if self._exc is not None:
                 return
-            if loop.lane_paused(host.lane):  # the program reads it once it runs again
-                loop.schedule(loop.now, host.lane, self._arrived, (header, data, n), host.ctx)  # type: ignore[arg-type]
+            if loop.lane_paused(host.lane):  # the program reads it first thing once it runs again
+                loop.first_on_resume(host.lane, self._arrived, (header, data, n), host.ctx)  # type: ignore[arg-type]
                 return
         if self._paused:  # our protocol stopped reading: the bytes wait in the kernel
             self._buffer(header, data, n)

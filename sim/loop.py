@@ -182,6 +182,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         self._stopped: set[int] = set()  # dead or paused lanes: the run loop diverts their callbacks
         self._paused: dict[int, list[Any]] = {}  # paused lane -> its callbacks held until it resumes
         self._resume_at: dict[int, float] = {}
+        self._firsts: dict[int, int] = {}  # paused lane -> how many held callbacks go before the others
         self._stretch: dict[int, float] = {}
         self._closed = False
         self._discarding = False
@@ -345,6 +346,7 @@ class SimLoop(asyncio.AbstractEventLoop):
                 return
         else:
             self._paused[lane] = []
+            self._firsts.pop(lane, None)
             self._stopped.add(lane)
         self._resume_at[lane] = until
         self.schedule(until, -1, self._resume_lane, (lane,), _KERNEL_CONTEXT)
@@ -352,11 +354,28 @@ class SimLoop(asyncio.AbstractEventLoop):
     def lane_paused(self, lane: int) -> bool:
         return lane in self._paused
 
+    def first_on_resume(self, lane: int, callback: Callable[..., Any], args: tuple[Any, ...],
+                        context: contextvars.Context) -> None:
+        """The rest of the running step of ``lane``, which was just paused: it runs first when the lane resumes.
+
+        (Before the lane's callbacks that were due meanwhile, even those already ready at this
+        instant: a receive that paused its process is read before anything that came after it.)
+        """
+        event = _new_handle(_Event)
+        event._context = context
+        event._callback = callback
+        event._args = args
+        event._scheduled = False
+        held = self._paused[lane]
+        held.insert(self._firsts.get(lane, 0), event)
+        self._firsts[lane] = self._firsts.get(lane, 0) + 1
+
     def _resume_lane(self, lane: int) -> None:
         if lane not in self._paused or self._resume_at[lane] > self.now:
             return  # killed meanwhile, or the pause was extended
         held = self._paused.pop(lane)
         del self._resume_at[lane]
+        self._firsts.pop(lane, None)
         self._stopped.discard(lane)
         if held:
             self._ready.requeue_front(lane, held)
