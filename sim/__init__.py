@@ -16,13 +16,15 @@ from .latency import Constant, Exponential, Tail, Uniform
 from .loop import SimLoop
 from .network import Network
 from .runner import Failure, Result, run
+from .shrink import Shrunk, shrink, signature
+from .swarm import Swarm
 from .trace import TraceEvent
 from .triggers import MessageReceived, MessageSent
 
 __all__ = [
     "run", "Result", "Failure", "Network", "Constant", "Uniform", "Exponential", "Tail", "SimLoop", "TraceEvent",
     "Chaos", "Crash", "Restart", "Pause", "Straggler", "CrashStore", "Partition", "Clog", "ResetConnection",
-    "FaultError", "Exploration",
+    "FaultError", "Exploration", "Swarm", "shrink", "Shrunk", "signature",
     "MessageSent", "MessageReceived",
     "SimulationError", "SimUnsupportedError", "SimDeadlockError", "SimTimeLimitError", "SimLivelockError",
 ]

@@ -33,6 +33,7 @@ from typing import Any
 
 from aiodist.context import getenv
 
+from . import replay
 from .chaos import parse_chaos
 from .fault_flags import FAULT_FLAGS
 from .loop import LANE
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true")
     for flag, parse, help_text in _FAULT_FLAGS:
         p.add_argument(flag, type=parse, action="append", default=[], help=help_text, dest=flag[2:].replace("-", "_"))
+    replay.add_plan_options(p)  # exploration, swarm, store host, shrinking (sim/replay.py)
     return parser
 
 
@@ -136,6 +138,7 @@ def _network(ns: argparse.Namespace) -> Network:
         kw["bandwidth"] = ns.bandwidth
     kw["overhead"] = ns.overhead
     kw["contention"] = not ns.no_contention
+    kw["tail"] = ns.latency_tail
     return Network(**kw)
 
 
@@ -154,8 +157,8 @@ def _latency_cli(m: LatencyModel) -> str:
     return f"exp:{m.mean_extra!r}:{m.minimum!r}"
 
 
-def replay_command(ns: argparse.Namespace, seed: int) -> str:
-    """The exact command line that replays ``seed`` with the same options."""
+def replay_command(ns: argparse.Namespace, seed: int, result: Result | None = None) -> str:
+    """The exact command line that replays ``seed`` with the same options (and ``result``'s plan, spelled out)."""
     parts = ["python", "-m", "sim", "run", "-n", str(ns.world_size), ns.program,
              "--seed", str(seed)]
     if ns.schedule != "random":
@@ -178,8 +181,10 @@ def replay_command(ns: argparse.Namespace, seed: int) -> str:
         parts.append("--keep-going")
     if ns.master_port != DEFAULT_MASTER_PORT:
         parts += ["--master-port", str(ns.master_port)]
-    for fault in _faults(ns):
-        parts += shlex.split(fault.to_cli())
+    if not replay.explicit(ns, result):
+        for fault in _faults(ns):
+            parts += shlex.split(fault.to_cli())
+    parts += replay.plan_args(ns, result)
     cmd = " ".join(shlex.quote(p) for p in parts)
     if ns.args:
         cmd += " -- " + " ".join(shlex.quote(a) for a in ns.args)
@@ -288,9 +293,10 @@ def _run_once(ns: argparse.Namespace, main: Callable[..., Awaitable[Any]], seed:
     logs = RankLogCollector()
     try:
         with contextlib.redirect_stdout(out), logs.capture():
-            return run(main, world_size=ns.world_size, seed=seed, network=_network(ns), faults=_faults(ns),
-                       time_limit=ns.time_limit, schedule=ns.schedule, pct_depth=ns.pct_depth, trace=keep,
-                       master_port=ns.master_port, env=env, stop_on_error=not ns.keep_going)
+            return run(main, world_size=ns.world_size, seed=seed, network=_network(ns),
+                       faults=_faults(ns) + replay.extra_faults(ns), time_limit=ns.time_limit,
+                       schedule=ns.schedule, pct_depth=ns.pct_depth, trace=keep, master_port=ns.master_port,
+                       env=env, stop_on_error=not ns.keep_going, **replay.run_kwargs(ns))
     finally:
         out.flush()
         sys.argv = saved
@@ -301,7 +307,7 @@ def _run_once(ns: argparse.Namespace, main: Callable[..., Awaitable[Any]], seed:
 def _check_determinism(ns: argparse.Namespace, result: Result, seed: int) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         dump = os.path.join(tmp, "events.json")
-        argv = [sys.executable, "-m", "sim", *shlex.split(replay_command(ns, seed))[3:]]
+        argv = [sys.executable, "-m", "sim", *shlex.split(replay_command(ns, seed, result))[3:]]
         at = argv.index("--") if "--" in argv else len(argv)
         argv[at:at] = ["--dump-events", dump, "--quiet"]
         env = dict(os.environ)
@@ -359,7 +365,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if ns.check_determinism and not _check_determinism(ns, result, ns.seed):
             ok = False
         if not ok:
-            print(f"FAILED seed {ns.seed}. Replay with:\n  {replay_command(ns, ns.seed)}")
+            print(f"FAILED seed {ns.seed}. Replay with:\n  {replay_command(ns, ns.seed, result)}")
+            if ns.shrink and not result.ok:
+                kw = dict(world_size=ns.world_size, time_limit=ns.time_limit, schedule=ns.schedule,
+                          pct_depth=ns.pct_depth, master_port=ns.master_port, stop_on_error=not ns.keep_going,
+                          store_host=ns.store_host)
+                replay.shrink_and_report(ns, main, result, _network(ns), kw, replay_command)
             return 1
         return 0
     failing: list[int] = []

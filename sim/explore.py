@@ -233,7 +233,7 @@ class Explorer:
         if self.events_left <= 0 or self.seconds_left < MIN_SPAN:
             return
         wait = -math.log(1.0 - self.rng.random()) / self.plan.pause_clock
-        self.sim.after(wait, lambda: self._fire(host, None))
+        self.sim.after(wait, lambda: self._fire(host, None), daemon=True)  # (it keeps no run alive)
 
     def _gap(self, rate: float) -> int:
         if rate >= 1:
@@ -259,16 +259,18 @@ class Explorer:
         sent = isinstance(on, MessageSent)
         if self.quiet_until.get(host.name, 0.0) <= now and host.alive and host.factor == 1.0:
             budget, interval = budget_of(self._detector())
+            # After a send: a pause, a clog or a straggler spell, as their rates say; else a pause.
             pick = self.rng.random() * self.send_rate if sent else 0.0
+            kind = ("pause" if not sent or pick < self.plan.pause_rate else
+                    "clog" if pick < self.plan.pause_rate + self.plan.clog_rate else "straggle")
             span = _log_uniform(self.rng, 5e-4, 1.0)  # a fraction of the budget, log-uniform
-            share = CLOG_SHARE if self.plan.pause_rate <= pick < self.plan.pause_rate + self.plan.clog_rate else PAUSE_SHARE
-            d = _round(min(span * share * budget, self.seconds_left))
+            d = _round(min(span * (CLOG_SHARE if kind == "clog" else PAUSE_SHARE) * budget, self.seconds_left))
             fault: Fault | None = None
             if d < MIN_SPAN:
                 pass  # the run's budget is spent
-            elif pick < self.plan.pause_rate:
+            elif kind == "pause":
                 fault = Pause(rank, at=now if on is None else None, duration=d, on=on)
-            elif pick < self.plan.pause_rate + self.plan.clog_rate:
+            elif kind == "clog":
                 peer = sim.watches.last_peer
                 if peer is not None and peer is not host:
                     fault = Clog((rank, _ref(peer)), on=on, duration=d)

@@ -173,6 +173,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         self._heap: list[tuple[float, int, int, Any]] = []
         self._far: list[tuple[float, int, int, Any]] = []
         self._bound = NEAR
+        self._daemons: list[tuple[float, int, int, Any]] = []  # (see schedule(daemon=True))
         self._ncancelled = 0
         self.lane = -1
         """The lane of the callback running now (-1: the simulator kernel, or nothing running). Read-only."""
@@ -213,17 +214,23 @@ class SimLoop(asyncio.AbstractEventLoop):
     # ------------------------------------------------------------------ the way in
 
     def schedule(self, when: float, lane: int, callback: Callable[..., Any], args: tuple[Any, ...],
-                 context: contextvars.Context) -> None:
+                 context: contextvars.Context, *, daemon: bool = False) -> None:
         """Run ``callback(*args)`` in ``context`` at virtual time ``when``, as a callback of ``lane``.
 
         The simulator's own way in (deliveries, fault actions, wake-ups): the
         event is not cancellable and costs less than a TimerHandle. Lane -1 is
-        the simulator kernel (never killed, never paused).
+        the simulator kernel (never killed, never paused). A ``daemon`` event
+        does not keep the run going: when nothing else is left it never runs
+        (the loop is idle, as without it).
         """
         event = _new_handle(_Event)  # _Event.__init__ inlined (a delivery each)
         event._context = context
         event._callback = callback
         event._args = args
+        if daemon:
+            event._scheduled = True
+            heapq.heappush(self._daemons, (max(when, self.now), next(self._seq), lane, event))
+            return
         if when <= self.now:
             event._scheduled = False
             self._push(lane, event)
@@ -441,10 +448,19 @@ class SimLoop(asyncio.AbstractEventLoop):
             if not self._far:
                 raise _Idle
             self._bring_near(self._far[0][0] + NEAR)  # nothing near: the next far timers become near
-        when, _, lane, handle = heap[0]
+        when, seq, lane, handle = heap[0]
         if self.time_limit is not None and when > self.time_limit:
             self.now = max(self.now, self.time_limit)
             raise SimTimeLimitError(self.time_limit)
+        daemons = self._daemons
+        if daemons and daemons[0][:2] < (when, seq):  # a daemon comes first (only while there is a next event)
+            when, _, lane, handle = pop(daemons)
+            handle._scheduled = False
+            if when > self.now:
+                self.now = when
+            if self._note_lane is not None:
+                self._note_lane(lane)
+            return lane, handle
         if when > self.now:
             self.now = when
         if when + NEAR > self._bound:  # keep the near window ahead of the clock, a window at a time
@@ -599,6 +615,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         self._closed = True
         self._heap.clear()
         self._far.clear()
+        self._daemons.clear()
         self._ready.clear()
 
     async def shutdown_asyncgens(self) -> None:

@@ -235,6 +235,7 @@ class Simulation:
         self.current: list[_Incarnation | None] = [None] * world_size
         self.restarts: dict[int, int] = {}
         self.pending_restarts: dict[int, int] = {}
+        self._starting: set[int] = set()  # ranks whose restart's start is due
         self.failures: list[Failure] = []
         self._started = 0  # incarnations started ...
         self._ended = 0  # ... and ended (returned, raised or crashed)
@@ -261,9 +262,9 @@ class Simulation:
         """Run ``fn`` in the simulator kernel at virtual time ``t``."""
         self.loop.schedule(t, -1, fn, (), self.kernel)
 
-    def after(self, delay: float, fn: Callable[[], None]) -> None:
-        """Run ``fn`` in the simulator kernel ``delay`` seconds from now."""
-        self.at(self.loop.time() + delay, fn)
+    def after(self, delay: float, fn: Callable[[], None], *, daemon: bool = False) -> None:
+        """Run ``fn`` in the simulator kernel ``delay`` seconds from now (``daemon``: only if the run goes on)."""
+        self.loop.schedule(self.loop.time() + delay, -1, fn, (), self.kernel, daemon=daemon)
 
     def when(self, trigger: Trigger, fn: Callable[[], None], *, fatal: bool = False) -> None:
         """Run ``fn`` (synchronously, inside the triggering step) when ``trigger`` fires (``fatal``: it may kill)."""
@@ -299,30 +300,39 @@ class Simulation:
     def restart_host(self, ref: HostRef, delay: float, *, counted: bool = False) -> None:
         """Crash ``ref`` now (if it still runs) and start it again ``delay`` later.
 
-        ``counted``: :meth:`expect_restart` counted it already (a restart at a time).
+        A rank that finished, or whose start is already due (an earlier
+        restart), is left alone: one process per rank at a time. ``counted``:
+        :meth:`expect_restart` counted it already (a restart at a time).
         """
         if not isinstance(ref, int):
-            if self.store is not None and ref == STORE_HOST:
+            if self.store is not None and ref == STORE_HOST and not self.store.starting:
                 self.store.crash("Restart fault")
+                self.store.starting = True
                 self.after(delay, self.store.start)
             return
         inc = self.current[ref]
-        if inc is not None and inc.state in ("done", "failed"):
+        if (inc is not None and inc.state in ("done", "failed")) or ref in self._starting:
             if counted:
-                self.pending_restarts[ref] -= 1  # it finished before the restart: nothing to restart
+                self.pending_restarts[ref] -= 1  # nothing to restart
             self._maybe_finish()
             return
         if not counted:
             self.pending_restarts[ref] = self.pending_restarts.get(ref, 0) + 1
         self.crash_rank(ref, "Restart fault")
+        self._starting.add(ref)
         self.after(delay, lambda: self.restart_rank(ref))
 
     def restart_rank(self, rank: int) -> None:
+        self._starting.discard(rank)
         self.pending_restarts[rank] -= 1
         inc = self.current[rank]
-        if inc is not None and inc.state in ("done", "failed"):
+        others = [o for o in self.current if o is not None and o.rank != rank]
+        if (inc is not None and inc.state in ("done", "failed")) or (
+                others and all(o.state != "running" for o in others)):
+            # It finished before the restart was due, or the job is over (every other rank ended):
+            # nothing to restart, as a launcher would not restart a worker of a finished job.
             self._maybe_finish()
-            return  # it finished before the restart was due: nothing to restart
+            return
         self.restarts[rank] = self.restarts.get(rank, 0) + 1
         self.tracer.emit(self.loop.time(), "restart", f"rank{rank}", detail=f"restart {self.restarts[rank]}")
         self._start_rank(rank)
@@ -452,6 +462,21 @@ class Simulation:
     def _maybe_finish(self) -> None:
         if self._running_count == 0 and not any(self.pending_restarts.values()):
             self.loop.stop()
+        elif self._job_finished():
+            # What still runs are restarted ranks whose job is over: every other rank returned.
+            # (A launcher tears a finished job down; left alone, they would wait for a store
+            # and peers that are gone.)
+            for inc in self.current:
+                if inc is not None and inc.state == "running":
+                    self.tracer.emit(self.loop.time(), "exit", f"rank{inc.rank}",
+                                     detail="stopped: the job finished (every other rank returned)")
+            self.loop.stop()
+
+    def _job_finished(self) -> bool:
+        running = [inc for inc in self.current if inc is not None and inc.state == "running"]
+        others = [inc for inc in self.current if inc is not None and inc.state != "running"]
+        return bool(running) and bool(others) and all(inc.count > 0 for inc in running) and all(
+            inc.state == "done" for inc in others)
 
     @property
     def _running_count(self) -> int:

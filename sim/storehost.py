@@ -34,6 +34,7 @@ class StoreHost:
         self.host = host
         self.port = port
         self.incarnation = 0
+        self.starting = False  # a restart's start is due
         self.task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
@@ -41,6 +42,7 @@ class StoreHost:
 
     def start(self) -> None:
         """Boot (again): an empty store listening on ``store:MASTER_PORT``."""
+        self.starting = False
         sim = self.sim
         lane = sim.new_lane()
         ctx = contextvars.copy_context()

@@ -39,13 +39,18 @@ class BugClass:
     world_size: int
     swarm: frozenset[str] | None = None  # the fault kinds it needs (None: timing alone finds it)
     store_host: str = "rank0"
+    symptom: str = "AssertionError"  # how the bug shows: the first failure's exception type
+
+    def is_the_bug(self, result: Any) -> bool:
+        """The run failed, and the way this bug fails (not, say, because a swarm crashed the store)."""
+        return bool(result.failures) and result.failures[0].message.startswith(self.symptom)
 
 
 CATALOG = [
     BugClass("lost_update", lost_update.buggy, lost_update.fixed, 3),
     BugClass("check_then_act", check_then_act.buggy, check_then_act.fixed, 4),
     BugClass("lease_without_fencing", lease.buggy, lease.fixed, 3),
-    BugClass("lost_wakeup", lost_wakeup.buggy, lost_wakeup.fixed, 2),
+    BugClass("lost_wakeup", lost_wakeup.buggy, lost_wakeup.fixed, 2, symptom="StoreTimeoutError"),
     BugClass("causal_order", causal_order.buggy, causal_order.fixed, 3),
     BugClass("any_source_order", any_source.buggy, any_source.fixed, 3),
     BugClass("tight_receive_timeout", tight_timeout.buggy, tight_timeout.fixed, 2),

@@ -34,10 +34,9 @@ async def _run(durable: bool) -> int:
                 await store.add(f"progress/{rank}", 1)
             else:
                 await store.add("results", 1)
-        await store.add("finished", 1)
+        await store.set(f"finished/{rank}", "1")  # (a key per rank: a restart may say it twice)
         if rank == 0:
-            while int(await store.add("finished", 0)) < n:
-                await asyncio.sleep(0.01)
+            await store.wait([f"finished/{r}" for r in range(n)], timeout=60)
             if durable:
                 total = sum([await store.check([f"result/{r}/{j}"]) for r in range(n) for j in range(JOBS)])
             else:
@@ -45,12 +44,14 @@ async def _run(durable: bool) -> int:
             if total != n * JOBS:
                 raise AssertionError(f"{total} results for {n * JOBS} jobs: work was done twice")
             await store.set("checked", "1")
-        await store.wait(["checked"], timeout=60)
+            await store.wait([f"left/{r}" for r in range(1, n)], timeout=60)  # the store lives here
+        else:
+            await store.wait(["checked"], timeout=60)
+            await store.set(f"left/{rank}", "1")
         return rank
     finally:
         await store.close()
         if server is not None:
-            await asyncio.sleep(0.05)  # (the others are still reading "checked")
             await server.close()
 
 

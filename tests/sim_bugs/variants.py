@@ -145,16 +145,16 @@ async def _journal(durable: bool) -> int:
                         continue
                 await store.append("journal", f"{rank}:{nxt},")
                 nxt += 1
-            await store.add("workers_done", 1)
+            await store.set(f"done/{rank}", "1")  # (a key per worker: a restart may say it twice)
             await store.wait(["checked"], timeout=60)
+            await store.set(f"left/{rank}", "1")
             return rank
-        while int(await store.add("workers_done", 0)) < n - 1:
-            await asyncio.sleep(0.01)
+        await store.wait([f"done/{r}" for r in range(1, n)], timeout=60)
         entries = [e for e in (await store.get("journal")).decode().split(",") if e]
         if len(entries) != len(set(entries)):
             raise AssertionError(f"chunks appended twice: {sorted(e for e in entries if entries.count(e) > 1)}")
         await store.set("checked", "1")
-        await asyncio.sleep(0.05)
+        await store.wait([f"left/{r}" for r in range(1, n)], timeout=60)  # the store lives here
         return len(entries)
     finally:
         await store.close()
