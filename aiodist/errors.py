@@ -289,3 +289,15 @@ class InvalidRankError(GroupError, ValueError):
 
 class AbortedError(GroupError):
     """The operation's process group was aborted (``aiodist.abort``) while it ran, or before it started."""
+
+
+class UnawaitedOperationError(AiodistError):
+    """Operations this rank started were never awaited (``.operations``: one line each, with the user's call site).
+
+    Raised by :func:`aiodist.api.finish_rank` (the end of a launched or
+    simulated rank) and ``destroy_process_group()``; see :mod:`aiodist.unawaited`.
+    """
+
+    def __init__(self, message: str, *, operations: Sequence[str]) -> None:
+        super().__init__(message)
+        self.operations = list(operations)

@@ -18,11 +18,13 @@ from .network import Network
 from .runner import Failure, Result, run
 from .shrink import Shrunk, shrink, signature
 from .swarm import Swarm
+from .sweep import SweepReport, sweep
 from .trace import TraceEvent
 from .triggers import MessageReceived, MessageSent
 
 __all__ = [
-    "run", "Result", "Failure", "Network", "Constant", "Uniform", "Exponential", "Tail", "SimLoop", "TraceEvent",
+    "run", "sweep", "SweepReport", "Result", "Failure", "Network", "Constant", "Uniform", "Exponential", "Tail",
+    "SimLoop", "TraceEvent",
     "Chaos", "Crash", "Restart", "Pause", "Straggler", "CrashStore", "Partition", "Clog", "ResetConnection",
     "FaultError", "Exploration", "Swarm", "shrink", "Shrunk", "signature",
     "MessageSent", "MessageReceived",

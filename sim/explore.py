@@ -77,6 +77,7 @@ class Exploration:
     """
 
     band: float = 0.5
+    slow_links: float = 0.4
     tail: float = 0.6
     pauses: float = 0.7
     clogs: float = 0.35
@@ -85,18 +86,23 @@ class Exploration:
     max_events: int = 32
     max_seconds: float = 4.0
 
-    def draw(self, seed: int | str, detector: float) -> TimingPlan:
+    def draw(self, seed: int | str, detector: float, world_size: int) -> TimingPlan:
         """The plan of ``seed`` (pure); ``detector``: the failure detector's budget in seconds."""
         rng = random.Random(f"{seed}:explore")
         band = None
         if rng.random() < self.band:  # a wider band of base latencies (the default network's only)
             band = Uniform(DEFAULT_BAND.low, _round(_log_uniform(rng, DEFAULT_BAND.high, 2e-3)))
+        slow: tuple[tuple[int, int, float], ...] = ()
+        if rng.random() < self.slow_links:  # a link or two much slower than the others (a host's own included)
+            slow = tuple((int(rng.random() * world_size), int(rng.random() * world_size),
+                          _round(_log_uniform(rng, 4.0, 40.0))) for _ in range(1 + int(rng.random() < 0.4)))
         tail = None
         if rng.random() < self.tail:
             low = _log_uniform(rng, 5e-4, 3e-3)
             cap = TAIL_SHARE * detector
             high = _log_uniform(rng, min(10 * low, cap), cap)
-            tail = Tail(_round(_log_uniform(rng, 0.005, 0.1)), _round(low), _round(max(high, low)))
+            tail = Tail(_round(_log_uniform(rng, 0.005, 0.1)), _round(low), _round(max(high, low)),
+                        budget=_round(_log_uniform(rng, 0.05, self.max_seconds / 2)))
         rates = {}
         for kind, share, lo, hi in (("pause", self.pauses, 0.01, 0.3), ("clog", self.clogs, 0.002, 0.05),
                                     ("straggle", self.stragglers, 0.002, 0.03), ("clock", self.pauses, 0.3, 10.0)):
@@ -109,7 +115,7 @@ class Exploration:
         if rng.random() < self.focus:  # swarm-style: some seeds perturb one or two ranks only
             focus = (rng.random(), rng.random() if rng.random() < 0.5 else None)
         return TimingPlan(band, tail, rates["pause"], rates["clog"], rates["straggle"], events, seconds, focus,
-                          rates["clock"])
+                          rates["clock"], slow)
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,8 @@ class TimingPlan:
     pause_clock: float = 0.0
     """Pauses per second of virtual time per rank, besides those after frames (a rank that computes
     or sleeps sends nothing, and may still be stopped there)."""
+    slow: tuple[tuple[int, int, float], ...] = ()
+    """Slow links: (src rank, dst rank, latency multiplier)."""
     explored: list[Fault] = field(default_factory=list, compare=False)
 
     def focused(self, world_size: int) -> list[int] | None:
@@ -144,6 +152,7 @@ class TimingPlan:
 
     def describe(self) -> str:
         parts = [f"latency {self.band.low:g}..{self.band.high:g}s" if self.band else "default latency",
+                 *(f"link {a}->{b} x{f:g}" for a, b, f in self.slow),
                  f"tail {self.tail.p:g} x {self.tail.low:g}..{self.tail.high:g}s" if self.tail else "no tail"]
         for name, rate in (("pauses", self.pause_rate), ("clogs", self.clog_rate), ("stragglers", self.straggle_rate)):
             if rate:
@@ -215,6 +224,8 @@ class Explorer:
             changes["latency"] = plan.band
         if plan.tail is not None and config.tail is None:
             changes["tail"] = plan.tail
+        if plan.slow and not config.slow:
+            changes["slow"] = {(a, b): f for a, b, f in plan.slow}
         return replace(config, **changes) if changes else config
 
     def install(self, hosts: list[Host]) -> None:
@@ -257,7 +268,7 @@ class Explorer:
         rank = host.rank
         assert rank is not None
         sent = isinstance(on, MessageSent)
-        if self.quiet_until.get(host.name, 0.0) <= now and host.alive and host.factor == 1.0:
+        if self.events_left > 0 and self.quiet_until.get(host.name, 0.0) <= now and host.alive and host.factor == 1.0:
             budget, interval = budget_of(self._detector())
             # After a send: a pause, a clog or a straggler spell, as their rates say; else a pause.
             pick = self.rng.random() * self.send_rate if sent else 0.0
@@ -272,7 +283,7 @@ class Explorer:
                 fault = Pause(rank, at=now if on is None else None, duration=d, on=on)
             elif kind == "clog":
                 peer = sim.watches.last_peer
-                if peer is not None and peer is not host:
+                if peer is not None:
                     fault = Clog((rank, _ref(peer)), on=on, duration=d)
             else:
                 _, misses = self._detector() or (0.0, HEARTBEAT_MISSES)

@@ -341,6 +341,8 @@ class Clog:
     """Hold every message on the link ``link = (src, dst)`` from ``at`` (or ``on``) until ``until`` / for ``duration``.
 
     Never breaks the link: held messages are delivered, in order, when it ends.
+    ``src == dst`` clogs the host's connections to itself (a client of a
+    service on its own machine).
     """
 
     link: tuple[HostRef, HostRef]
@@ -356,8 +358,6 @@ class Clog:
             raise FaultError(self, "needs exactly one of until= (a time) or duration=")
         if self.until is not None and (self.at is None or self.until < self.at):
             raise FaultError(self, "until needs at= and comes after it (or give duration= instead)")
-        if self.link[0] == self.link[1]:
-            raise FaultError(self, "a link needs two different hosts")
 
     def hosts(self) -> tuple[HostRef, ...]:
         return (*self.link, *_trigger_hosts(self.on))

@@ -97,11 +97,12 @@ class Stream:
     is told when the end-of-stream arrives.
     """
 
-    __slots__ = ("id", "src", "dst", "last", "held", "vanished", "deliver", "end", "broke", "fin_reason")
+    __slots__ = ("id", "src", "dst", "last", "held", "vanished", "deliver", "end", "broke", "fin_reason", "slow")
 
     def __init__(self, cid: int, src: Host, dst: Host, deliver: Callable[[Any, Any, int, int], None],
-                 end: Callable[[str], None], broke: Callable[[str], None], now: float) -> None:
+                 end: Callable[[str], None], broke: Callable[[str], None], now: float, slow: float = 1.0) -> None:
         self.id = cid
+        self.slow = slow  # the link's latency multiplier (Network.slow)
         self.src = src
         self.dst = dst
         self.last = now  # the latest arrival scheduled so far: later frames never arrive earlier
@@ -182,6 +183,7 @@ class Links:
         self._random = rng.random
         self.latency_model: LatencyModel = as_model(config.latency)
         self._links = {(_host_name(a), _host_name(b)): as_model(m) for (a, b), m in config.links.items()}
+        self._slow = {(_host_name(a), _host_name(b)): float(f) for (a, b), f in config.slow.items()}
         lm = self.latency_model
         # Per-message constants of _schedule: the default model's draw inlined; a constant
         # latency needs no draw at all.
@@ -193,6 +195,7 @@ class Links:
         self._tail_p = tail.p if tail is not None else 0.0
         self._tail_low = tail.low if tail is not None else 0.0
         self._tail_ratio = tail.high / tail.low if tail is not None else 1.0
+        self._tail_left = tail.budget if tail is not None and tail.budget is not None else float("inf")
         self.bandwidth: float | None = config.bandwidth
         self.overhead: float = config.overhead
         self.contention: bool = config.contention
@@ -216,12 +219,26 @@ class Links:
         if p:
             u = self._random()
             if u < p:
-                lat += self._tail_low * self._tail_ratio ** (u / p)
+                lat += self._tail(u / p)
         return lat
+
+    def _tail(self, v: float) -> float:
+        """The tail's extra delay for a uniform draw ``v``, within what is left of its budget."""
+        extra = self._tail_low * self._tail_ratio ** v
+        if extra > self._tail_left:
+            extra = max(self._tail_left, 0.0)
+        self._tail_left -= extra
+        if self._tail_left <= 0.0:
+            self._tail_p = 0.0  # spent: no more tails (nor draws for them)
+        return extra
 
     def _base_latency(self, src: Host, dst: Host) -> float:
         model = self._links.get((src.name, dst.name)) if self._links else None
-        return (model or self.latency_model).sample(self.rng)
+        return (model or self.latency_model).sample(self.rng) * self.slowness(src, dst)
+
+    def slowness(self, src: Host, dst: Host) -> float:
+        """The latency multiplier of the link ``src`` -> ``dst`` (1.0 unless ``Network.slow`` names it)."""
+        return self._slow.get((src.name, dst.name), 1.0) if self._slow else 1.0
 
     @property
     def mean_latency(self) -> float:
@@ -299,10 +316,12 @@ class Links:
         uniform = self._lat_uniform
         if uniform is not None:  # the default model, inlined (the same draw as Uniform.sample)
             lat = uniform[0] + uniform[1] * self._random()
+            if stream.slow != 1.0:
+                lat *= stream.slow
         elif self._lat_const is not None:
-            lat = self._lat_const
+            lat = self._lat_const * stream.slow
         else:
-            lat = self._base_latency(src, dst)
+            lat = self._base_latency(src, dst)  # (the link's slowness included)
         bw = self.bandwidth
         tx = n / bw if (bw and n) else 0.0
         factor = src.factor
@@ -313,7 +332,7 @@ class Links:
         if p:
             u = self._random()
             if u < p:
-                lat += self._tail_low * self._tail_ratio ** (u / p)
+                lat += self._tail(u / p)
         if tx and self.contention:
             start = now if now > src.tx_free else src.tx_free
             src.tx_free = start + tx

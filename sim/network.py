@@ -57,6 +57,8 @@ class Network:
     each direction (see :mod:`sim.links`).
     ``links``: per-link latency overrides, keyed by (src, dst) host names or
     rank numbers (directional; add both directions for a symmetric link).
+    ``slow``: per-link latency multipliers, keyed the same way (a slow link;
+    ``(0, 0)``: rank 0's connections to itself).
     ``retransmit_timeout``: a message held by a partition longer than this
     breaks its connection (as TCP gives up); None: wait forever.
     ``max_unread_frames`` / ``socket_buffer``: flow control as in
@@ -73,6 +75,7 @@ class Network:
     overhead: float = 0.0
     contention: bool = True
     links: Mapping[tuple[str | int, str | int], float | LatencyModel] = field(default_factory=dict)
+    slow: Mapping[tuple[str | int, str | int], float] = field(default_factory=dict)
     retransmit_timeout: float | None = 60.0
     max_unread_frames: int | None = 4096
     socket_buffer: int | None = 4 * 1024 * 1024
@@ -160,16 +163,31 @@ class Fabric:
         """
         if not host.alive:
             return
-        host.alive = False
-        host.vanished = silent
         self.loop.kill_lane(host.lane)
         self.tracer.emit(self.loop.time(), "crash", host.name, detail=reason + (" (silent)" if silent else ""))
+        self._down(host, f"{host.name} crashed ({reason})", silent=silent)
+
+    def exit(self, host: Host) -> None:
+        """The process on ``host`` exited (its lane is over): the OS closes its sockets and listeners.
+
+        A connection still holding data the process never read is reset (as
+        TCP does on close with unread data); the others deliver what was sent,
+        then a FIN.
+        """
+        if host.alive:
+            self._down(host, f"{host.name} exited", silent=False, reset_unread=True)
+
+    def _down(self, host: Host, reason: str, *, silent: bool, reset_unread: bool = False) -> None:
+        host.alive = False
+        host.vanished = silent
         host.listeners = {}
         for ep in list(host.endpoints.values()):
             if silent:
                 ep._vanish(f"{host.name} vanished")
+            elif reset_unread and (ep._frames or ep._kernel):
+                ep._abort(f"{reason} leaving data unread")
             else:
-                ep._die(f"{host.name} crashed ({reason})")
+                ep._die(reason)
         host.endpoints = {}
         self._pending = [p for p in self._pending if p.src is not host]
 
@@ -275,8 +293,10 @@ class Fabric:
         client = SimConnection(links, src, dst, cid * 2, DEFAULT_MAX_FRAME_SIZE)
         server = SimConnection(links, dst, src, cid * 2 + 1, listener._max_frame_size)
         client._peer_ep, server._peer_ep = server, client
-        client._out = Stream(client._id, src, dst, server._deliver, server._remote_closed, client._broke, now)
-        server._out = Stream(server._id, dst, src, client._deliver, client._remote_closed, server._broke, now)
+        client._out = Stream(client._id, src, dst, server._deliver, server._remote_closed, client._broke, now,
+                             links.slowness(src, dst))
+        server._out = Stream(server._id, dst, src, client._deliver, client._remote_closed, server._broke, now,
+                             links.slowness(dst, src))
         src.endpoints[client._id] = client
         dst.endpoints[server._id] = server
         self.tracer.emit(now, "accept", dst.name, src.name, detail=str(p.port))

@@ -32,10 +32,31 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
                         "('store', which faults can name)")
     p.add_argument("--swarm", nargs="?", const="all", default=None, type=parse_swarm, metavar="KINDS",
                    help=f"draw a destructive fault plan per seed (from KINDS: {','.join(KINDS)}; default all)")
-    p.add_argument("--latency-tail", type=Tail.parse, default=None, metavar="P:LOW:HIGH",
-                   help="with probability P a message takes LOW..HIGH seconds (log-uniform) more")
+    p.add_argument("--latency-tail", type=Tail.parse, default=None, metavar="P:LOW:HIGH[:BUDGET]",
+                   help="with probability P a message takes LOW..HIGH seconds (log-uniform) more "
+                        "(BUDGET seconds of it at most)")
+    p.add_argument("--slow-link", type=parse_slow_link, action="append", default=[], metavar="SRC-DSTxFACTOR",
+                   help="the link SRC->DST's latency times FACTOR (SRC-SRC: a host's connections to itself)")
     p.add_argument("--shrink", action="store_true",
                    help="on a failing seed: find the smallest plan that fails the same way, print its replay")
+
+
+def parse_slow_link(spec: str) -> tuple[int | str, int | str, float]:
+    """``SRC-DSTxFACTOR``."""
+    link, _, factor = spec.rpartition("x")
+    src, _, dst = link.partition("-")
+    if not src or not dst or not factor:
+        raise argparse.ArgumentTypeError(f"--slow-link {spec!r}: expected SRC-DSTxFACTOR")
+
+    def host(h: str) -> int | str:
+        return int(h) if h.isdigit() else h
+
+    return host(src), host(dst), float(factor)
+
+
+def network_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
+    """What these options add to the run's :class:`~sim.network.Network`."""
+    return {"tail": ns.latency_tail, "slow": {(a, b): f for a, b, f in ns.slow_link}}
 
 
 def run_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
@@ -73,6 +94,8 @@ def plan_args(ns: argparse.Namespace, result: Result | None) -> list[str]:
             out += shlex.split(ns.swarm.to_cli())
         if ns.latency_tail is not None:
             out += ["--latency-tail", ns.latency_tail.to_cli()]
+        for a, b, f in ns.slow_link:
+            out += ["--slow-link", f"{a}-{b}x{f!r}"]
         return out
     assert result is not None
     out.append("--no-explore")
@@ -81,6 +104,9 @@ def plan_args(ns: argparse.Namespace, result: Result | None) -> list[str]:
     tail = ns.latency_tail or (result.timing.tail if result.timing is not None else None)
     if tail is not None:
         out += ["--latency-tail", tail.to_cli()]
+    slow = ns.slow_link or (result.timing.slow if result.timing is not None else ())
+    for a, b, f in slow:
+        out += ["--slow-link", f"{a}-{b}x{f!r}"]
     for fault in [*result.faults, *result.explored]:
         out += shlex.split(fault.to_cli())
     return out
@@ -102,7 +128,8 @@ def shrink_and_report(ns: argparse.Namespace, main: Any, result: Result, network
         sys.argv = saved
     kind, exc, where = small.signature
     print(f"shrunk in {small.runs} runs to {len(small.faults)} fault(s)"
-          f"{', the latency band' if small.band else ''}{', the latency tail' if small.tail else ''}; "
+          f"{', the latency band' if small.band else ''}{', the latency tail' if small.tail else ''}"
+          f"{', slow links' if small.slow else ''}; "
           f"it still fails the same way ({exc or kind}{' at ' + where if where else ''}):")
     for fault in small.faults:
         print(f"  {fault.to_cli().lstrip('-')}")
@@ -110,6 +137,7 @@ def shrink_and_report(ns: argparse.Namespace, main: Any, result: Result, network
     minimal.no_explore, minimal.swarm, minimal.shrink = True, None, False
     minimal.latency = small.band if small.band is not None else ns.latency
     minimal.latency_tail = small.tail if small.tail is not None else ns.latency_tail
+    minimal.slow_link = list(small.slow) if small.slow else ns.slow_link
     for flag in FLAG_DESTS:
         setattr(minimal, flag, [])
     for fault in small.faults:

@@ -64,6 +64,7 @@ class Shrunk:
     faults: list[Fault]
     band: Uniform | None
     tail: Tail | None
+    slow: tuple[tuple[int, int, float], ...]
     runs: int
     result: Result
     signature: Signature
@@ -71,6 +72,7 @@ class Shrunk:
 
 _BAND = "latency band"
 _TAIL = "latency tail"
+_SLOW = "slow links"
 
 
 def shrink(main: Callable[..., Awaitable[Any]], failing: Result, *, network: Network | None = None,
@@ -88,11 +90,14 @@ def shrink(main: Callable[..., Awaitable[Any]], failing: Result, *, network: Net
     timing = failing.timing
     band = timing.band if timing is not None else None
     tail = timing.tail if timing is not None else None
+    slow = timing.slow if timing is not None else ()
     items: list[Any] = [*failing.faults, *failing.explored]
     if band is not None:
         items.append(_BAND)
     if tail is not None:
         items.append(_TAIL)
+    if slow:
+        items.append(_SLOW)
     runs = 0
     last: Result = failing
     for key in ("seed", "faults", "explore", "network"):
@@ -103,9 +108,10 @@ def shrink(main: Callable[..., Awaitable[Any]], failing: Result, *, network: Net
         if runs >= max_runs:
             return False
         runs += 1
-        faults = [f for f in chosen if f not in (_BAND, _TAIL)]
+        faults = [f for f in chosen if f not in (_BAND, _TAIL, _SLOW)]
         plan = dataclasses.replace(timing, band=band if _BAND in chosen else None,
-                                   tail=tail if _TAIL in chosen else None) if timing is not None else None
+                                   tail=tail if _TAIL in chosen else None,
+                                   slow=slow if _SLOW in chosen else ()) if timing is not None else None
         net = Explorer.network(base, plan) if plan is not None else base
         res = run(main, seed=failing.seed, network=net, faults=faults, explore=False, trace=False, **run_kwargs)
         if signature(res) == want:
@@ -114,12 +120,12 @@ def shrink(main: Callable[..., Awaitable[Any]], failing: Result, *, network: Net
         return False
 
     if not attempt(items):  # the explicit plan must fail the same way before anything is dropped
-        return Shrunk(list(failing.faults) + list(failing.explored), band, tail, runs, failing, want)
+        return Shrunk(list(failing.faults) + list(failing.explored), band, tail, slow, runs, failing, want)
     kept = _ddmin(items, attempt)
     kept = _shorten(kept, attempt)
     attempt(kept)  # (the run ``result`` reports: the last one that failed may have been a bigger plan)
-    return Shrunk([f for f in kept if f not in (_BAND, _TAIL)], band if _BAND in kept else None,
-                  tail if _TAIL in kept else None, runs, last, want)
+    return Shrunk([f for f in kept if f not in (_BAND, _TAIL, _SLOW)], band if _BAND in kept else None,
+                  tail if _TAIL in kept else None, slow if _SLOW in kept else (), runs, last, want)
 
 
 def _ddmin(items: list[Any], fails: Callable[[Sequence[Any]], bool]) -> list[Any]:

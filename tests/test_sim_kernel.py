@@ -166,7 +166,8 @@ PINGS = 200
 
 def test_a_delivery_costs_at_most_two_loop_steps() -> None:
     """Deterministic guard for the kernel's hot path: deliver + wake the reader, nothing more."""
-    res = sim.run(sim_pingpong.main, world_size=4, seed=1, trace=False, schedule="fifo", args=(PINGS,))
+    res = sim.run(sim_pingpong.main, world_size=4, seed=1, trace=False, schedule="fifo", args=(PINGS,),
+                  explore=False)  # (counts steps)
     assert res.ok, res.summary()
     assert res.messages == 4 * PINGS
     assert res.steps <= 2 * res.messages + 100  # setup, connect, close and exits: a few dozen steps
