@@ -10,7 +10,7 @@ simulated network), :mod:`sim.faults` and :mod:`sim.runner`.
 
 from .errors import SimDeadlockError, SimLivelockError, SimTimeLimitError, SimulationError, SimUnsupportedError
 from .chaos import Chaos
-from .explore import Exploration
+from .explore import Exploration, replay_plan
 from .faults import Clog, Crash, CrashStore, FaultError, Partition, Pause, ResetConnection, Restart, Straggler
 from .latency import Constant, Exponential, Tail, Uniform
 from .loop import SimLoop
@@ -26,7 +26,7 @@ __all__ = [
     "run", "sweep", "SweepReport", "Result", "Failure", "Network", "Constant", "Uniform", "Exponential", "Tail",
     "SimLoop", "TraceEvent",
     "Chaos", "Crash", "Restart", "Pause", "Straggler", "CrashStore", "Partition", "Clog", "ResetConnection",
-    "FaultError", "Exploration", "Swarm", "shrink", "Shrunk", "signature",
+    "FaultError", "Exploration", "replay_plan", "Swarm", "shrink", "Shrunk", "signature",
     "MessageSent", "MessageReceived",
     "SimulationError", "SimUnsupportedError", "SimDeadlockError", "SimTimeLimitError", "SimLivelockError",
 ]

@@ -39,6 +39,7 @@ from aiodist.launch.conventions import DEFAULT_NPROC, rank_tag
 from . import replay
 from .chaos import parse_chaos
 from .fault_flags import FAULT_FLAGS
+from .faults import FaultError
 from .loop import LANE
 from .latency import Constant, Exponential, LatencyModel, Uniform
 from .network import Network
@@ -504,5 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     ns.args = prog_args
     if ns.command == "run":
-        return cmd_run(ns)
+        try:
+            return cmd_run(ns)
+        except FaultError as e:  # a fault this world cannot have: the command line's mistake
+            print(f"sim: {e}", file=sys.stderr)
+            return 2
     return 2  # pragma: no cover - argparse enforces the command

@@ -310,6 +310,21 @@ class Explorer:
         return best
 
 
+def replay_plan(result: Any, network: Network | None = None) -> dict[str, Any]:
+    """``sim.run`` keywords that replay ``result`` (run with ``network``) with its plan spelled out.
+
+    Exploration off, the plan's latency band, slow links and tail in the
+    network, and every fault the run had (given, drawn by a swarm, applied by
+    the exploration): with the same ``main``, seed and other keywords, the
+    same run (same digest).
+    """
+    from .network import Network
+
+    base = network or Network()
+    net = Explorer.network(base, result.timing) if result.timing is not None else base
+    return {"network": net, "faults": [*result.faults, *result.explored], "explore": False}
+
+
 def _group_heartbeat(group: Any) -> tuple[float, int] | None:
     config: tuple[float, int] | None = group.transport.heartbeat
     return config
@@ -319,4 +334,4 @@ def _ref(host: Host) -> int | str:
     return host.rank if host.rank is not None else host.name
 
 
-__all__ = ["Exploration", "TimingPlan", "Explorer", "env_detector", "budget_of"]
+__all__ = ["Exploration", "TimingPlan", "Explorer", "env_detector", "budget_of", "replay_plan"]
