@@ -376,7 +376,7 @@ class SimConnection(Connection):
     def _buffer(self, header: Header, data: bytearray | None, n: int) -> None:
         if not self._kernel:
             self._kernel = deque()
-        self._kernel.append((header, data, n))  # type: ignore[union-attr]
+        self._kernel.append((header, data, n))
         self._kernel_bytes += n
 
     def _take(self, header: Header, data: bytearray | None, n: int) -> None:

@@ -166,7 +166,7 @@ class TimingPlan:
 def _log_uniform(rng: random.Random, lo: float, hi: float) -> float:
     if hi <= lo:
         return lo
-    return lo * (hi / lo) ** rng.random()
+    return float(lo * (hi / lo) ** rng.random())
 
 
 def _round(x: float) -> float:

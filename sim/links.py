@@ -224,7 +224,7 @@ class Links:
 
     def _tail(self, v: float) -> float:
         """The tail's extra delay for a uniform draw ``v``, within what is left of its budget."""
-        extra = self._tail_low * self._tail_ratio ** v
+        extra = float(self._tail_low * self._tail_ratio ** v)
         if extra > self._tail_left:
             extra = max(self._tail_left, 0.0)
         self._tail_left -= extra
@@ -349,7 +349,7 @@ class Links:
             return
         msg = self.messages = self.messages + 1
         self._trace_message(now, t, src, dst, n, msg, header)
-        self._schedule_event(t, dst.lane, stream.deliver, (header, data, n, msg), dst.ctx)
+        self._schedule_event(t, dst.lane, stream.deliver, (header, data, n, msg), dst.ctx)  # type: ignore[arg-type]
 
 
 def _ignore(host: Host) -> None:

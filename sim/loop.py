@@ -62,7 +62,7 @@ NEAR = 1e-3
 """Seconds ahead of the clock that count as "near" (see :meth:`SimLoop._advance`): message
 deliveries land there, long timers (timeouts, sleeps) beyond it."""
 
-_sleep_callback = futures._set_result_unless_cancelled  # what asyncio.sleep schedules
+_sleep_callback = futures._set_result_unless_cancelled  # type: ignore[attr-defined]  # what asyncio.sleep schedules
 _new_handle = object.__new__
 
 
@@ -248,7 +248,7 @@ class SimLoop(asyncio.AbstractEventLoop):
             handle._scheduled = True
             heapq.heappush(self._heap if when < self._bound else self._far, (when, next(self._seq), lane, handle))
 
-    def call_soon(
+    def call_soon(  # type: ignore[override]  # (any callback, as asyncio's own loop takes)
         self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
     ) -> asyncio.Handle:
         if self._closed:
@@ -271,7 +271,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         self._push(lane, handle)  # (_enqueue's due-now case)
         return handle
 
-    def call_at(
+    def call_at(  # type: ignore[override]  # (any callback, as asyncio's own loop takes)
         self, when: float, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
     ) -> asyncio.TimerHandle:
         if self._closed:
@@ -285,12 +285,12 @@ class SimLoop(asyncio.AbstractEventLoop):
         self._enqueue(when, lane, handle)
         return handle
 
-    def call_later(
+    def call_later(  # type: ignore[override]  # (any callback, as asyncio's own loop takes)
         self, delay: float, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
     ) -> asyncio.TimerHandle:
         return self.call_at(self.now + delay, callback, *args, context=context)
 
-    def call_soon_threadsafe(
+    def call_soon_threadsafe(  # type: ignore[override]  # (any callback, as asyncio's own loop takes)
         self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
     ) -> asyncio.Handle:
         if self._thread_id is not None and threading.get_ident() != self._thread_id:
@@ -428,7 +428,7 @@ class SimLoop(asyncio.AbstractEventLoop):
                 continue
             coro = task.get_coro()
             try:
-                coro.close()  # type: ignore[union-attr]
+                coro.close()
             except BaseException:  # noqa: BLE001 - a closed world: nothing can observe it
                 pass
 
@@ -636,7 +636,7 @@ class SimLoop(asyncio.AbstractEventLoop):
     executor_cost: float | Callable[[Callable[..., Any], tuple[Any, ...]], float] = 0.0
     """Virtual seconds an offloaded call takes: a number, or ``cost(func, args)`` (see run_in_executor)."""
 
-    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:  # type: ignore[override]
         """Run ``func(*args)`` now, inline, and resolve the future ``executor_cost`` virtual seconds later.
 
         What a thread pool (``asyncio.to_thread``, any ``executor``) would do,
@@ -666,7 +666,7 @@ class SimLoop(asyncio.AbstractEventLoop):
     def create_future(self) -> asyncio.Future[Any]:
         return asyncio.Future(loop=self)
 
-    def create_task(
+    def create_task(  # type: ignore[override]  # (a coroutine, as asyncio's own loop takes)
         self, coro: Coroutine[Any, Any, Any], *, name: str | None = None, context: contextvars.Context | None = None
     ) -> asyncio.Task[Any]:
         if self._closed:
@@ -755,7 +755,7 @@ def run(main: Coroutine[Any, Any, Any], *, seed: int | str = 0, schedule: str = 
     Raises SimDeadlockError / SimTimeLimitError; remaining tasks are left
     unscheduled (never resumed) when the loop closes.
     """
-    loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit)
+    loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit)  # type: ignore[abstract]  # (see _UNSUPPORTED)
     try:
         return loop.run_until_complete(main)
     finally:

@@ -259,7 +259,7 @@ class Simulation:
             self.timing = (explore if isinstance(explore, Exploration) else Exploration()).draw(
                 seed, world.budget, world_size)
             network = Explorer.network(network, self.timing)
-        self.loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit, pct_depth=pct_depth)
+        self.loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit, pct_depth=pct_depth)  # type: ignore[abstract]
         self.loop.executor_cost = compute
         self.globals = ProcessGlobals()
         self.base_env = inherited_environment(os.environ)
