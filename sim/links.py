@@ -336,7 +336,13 @@ class Links:
         if tx and self.contention:
             start = now if now > src.tx_free else src.tx_free
             src.tx_free = start + tx
-            t = book(dst.rx_busy, start + lat, tx, self.loop.now)
+            busy = dst.rx_busy
+            arrive = start + lat
+            if not busy or (busy[-1] <= arrive and busy[-1] <= self.loop.now):  # book()'s usual case, inlined:
+                busy[:] = (arrive, arrive + tx)  # the receiving NIC is idle from the arrival on
+                t = arrive + tx
+            else:
+                t = book(busy, arrive, tx, self.loop.now)
         else:
             t = now + lat + tx
         if self.overhead:  # the receiver's CPU handles one message at a time

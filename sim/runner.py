@@ -582,6 +582,8 @@ class Simulation:
             self.loop.stop()
 
     def _job_finished(self) -> bool:
+        if not self.restarts:  # (only restarted ranks can outlive their job)
+            return False
         running = [inc for inc in self.current if inc is not None and inc.alive]
         others = [inc for inc in self.current if inc is not None and not inc.alive]
         return bool(running) and bool(others) and all(inc.count > 0 for inc in running) and all(
