@@ -65,5 +65,10 @@ VARIANTS = [
     BugClass("check_then_act/lock", variants.lock_buggy, variants.lock_fixed, 3),
     BugClass("any_source_order/gather", variants.gather_buggy, variants.gather_fixed, 4),
     BugClass("restart_amnesia/appends", variants.journal_buggy, variants.journal_fixed, 4, frozenset({"restart"})),
+    BugClass("lost_wakeup/remote", variants.remote_wakeup_buggy, variants.remote_wakeup_fixed, 3,
+             symptom="StoreTimeoutError"),
+    BugClass("tight_receive_timeout/ask", variants.ask_buggy, variants.ask_fixed, 2),
+    BugClass("split_brain/store", variants.store_leader_buggy, variants.store_leader_fixed, 3,
+             frozenset({"partition"})),
 ]
 """Second programs of a few classes, written differently, to check that the exploration is not tuned to CATALOG."""

@@ -168,3 +168,162 @@ async def journal_buggy() -> int:
 
 async def journal_fixed() -> int:
     return await _journal(durable=True)
+
+
+# --------------------------------------------------------------------------- lost wake-up: a remote consumer
+
+
+async def _remote_wakeup(clear_first: bool) -> int:
+    """Rank 0 only hosts the store; rank 1 consumes what rank 2 produces, waking on a flag it clears."""
+    pg = await aiodist.init_process_group()
+    store = pg.store
+    await aiodist.barrier()
+    got = 0
+    if pg.rank == 1:
+        while got < 5:
+            if clear_first:
+                await store.delete_key("ring")
+            produced = int(await store.add("n", 0))
+            if not clear_first:
+                await store.delete_key("ring")  # a ring between the count and here is lost
+            if produced > got:
+                got = produced
+                continue
+            await store.wait(["ring"], timeout=10)
+    elif pg.rank == 2:
+        for _ in range(5):
+            await asyncio.sleep(0.004)
+            await store.add("n", 1)
+            await store.set("ring", "1")
+    await aiodist.barrier()
+    await aiodist.destroy_process_group()
+    return got
+
+
+async def remote_wakeup_buggy() -> int:
+    return await _remote_wakeup(clear_first=False)
+
+
+async def remote_wakeup_fixed() -> int:
+    return await _remote_wakeup(clear_first=True)
+
+
+# --------------------------------------------------------------------------- tight timeout: request and reply
+
+
+async def _ask(numbered: bool) -> list[int]:
+    """Rank 0 asks rank 1 a question per round and waits 30 ms for the answer, else asks the next one;
+    rank 1 looks the answer up in the store first. A late answer is taken for the next question's."""
+    pg = await aiodist.init_process_group()
+    store = pg.store
+    if pg.rank == 1:
+        await store.set("table", "ok")
+    await aiodist.barrier()
+    answers: list[int] = []
+    buf = np.zeros(1)
+    for q in range(6):
+        if pg.rank == 0:
+            await aiodist.send(np.full(1, float(q)), dst=1, tag=1)
+            while True:
+                try:
+                    await aiodist.recv(buf, src=1, tag=2, timeout=0.03)
+                except TimeoutError:
+                    answers.append(-1)
+                    break
+                if numbered and int(buf[0]) != q:
+                    continue  # a late answer to an earlier question: skip it
+                if int(buf[0]) != q:
+                    raise AssertionError(f"question {q} got the answer to question {int(buf[0])}")
+                answers.append(q)
+                break
+        else:
+            await aiodist.recv(buf, src=0, tag=1)
+            await store.get("table")
+            await aiodist.send(buf.copy(), dst=0, tag=2)
+    await aiodist.barrier()
+    await aiodist.destroy_process_group()
+    return answers
+
+
+async def ask_buggy() -> list[int]:
+    return await _ask(numbered=False)
+
+
+async def ask_fixed() -> list[int]:
+    return await _ask(numbered=True)
+
+
+# --------------------------------------------------------------------------- split brain: heartbeats in the store
+
+
+async def _store_leader(fenced: bool) -> str:
+    """Rank 1 leads, beating a counter in the store; rank 2 takes over after 0.35 s without a beat.
+    Both append to a log; with ``fenced`` a takeover bumps the log's epoch and the old leader's
+    appends are refused."""
+    pg = await aiodist.init_process_group()
+    store = pg.store
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 2.0
+    if pg.rank == 0:
+        await store.set("log", "1|")
+    await aiodist.barrier()
+
+    async def append(me: int, epoch: int) -> bool:
+        while True:
+            current = (await store.get("log")).decode()
+            head, _, entries = current.partition("|")
+            if fenced and int(head) > epoch:
+                return False
+            new = f"{head if not fenced else epoch}|{entries} {me}"
+            if (await store.compare_set("log", current, new)).decode() == new:
+                return True
+
+    if pg.rank == 1:
+        beat = 0
+        while loop.time() < end and await append(1, 1):
+            beat += 1
+            await store.set("beat", str(beat))
+            await asyncio.sleep(0.1)
+    elif pg.rank == 2:
+        last, seen_at = b"", loop.time()
+        while loop.time() < end:
+            await asyncio.sleep(0.1)
+            beat = await store.get("beat") if await store.check(["beat"]) else b""
+            if beat != last:
+                last, seen_at = beat, loop.time()
+            elif loop.time() - seen_at > 0.35:  # silence: take over
+                epoch = 2
+                if fenced:
+                    while True:
+                        current = (await store.get("log")).decode()
+                        head, _, entries = current.partition("|")
+                        if (await store.compare_set("log", current, f"{epoch}|{entries}")).decode() == f"{epoch}|{entries}":
+                            break
+                while loop.time() < end and await append(2, epoch):
+                    await asyncio.sleep(0.1)
+                break
+    await store.add("done", 1)
+    log = ""
+    if pg.rank == 0:
+        await store.wait(["done"], timeout=60)
+        while int(await store.add("done", 0)) < pg.size:
+            await asyncio.sleep(0.05)
+        log = (await store.get("log")).decode().partition("|")[2]
+        writers = log.split()
+        if "2" in writers and "1" in writers[writers.index("2"):]:
+            raise AssertionError(f"two leaders wrote: the old one after the new one ({log.strip()})")
+        await store.set("checked", "1")
+        await store.wait([f"left/{r}" for r in range(1, pg.size)], timeout=60)
+    else:
+        await store.wait(["checked"], timeout=60)
+        await store.set(f"left/{pg.rank}", "1")
+    await aiodist.destroy_process_group()
+    return log
+
+
+async def store_leader_buggy() -> str:
+    return await _store_leader(fenced=False)
+
+
+async def store_leader_fixed() -> str:
+    return await _store_leader(fenced=True)
