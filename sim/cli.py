@@ -416,6 +416,8 @@ class CliSeed:
             main = _loaded[ns.program] = load_main(ns.program)
         result = _run_once(ns, main, seed, keep=False, logs=False)
         extra = {}
+        if not result.ok:
+            extra["replay"] = replay_command(ns, seed, result)  # (its plan spelled out: sim/replay.py)
         if not result.ok and ns.trace:
             again = _run_once(ns, main, seed, keep=True, logs=False)
             stem, ext = os.path.splitext(ns.trace)
@@ -488,11 +490,12 @@ def _report_sweep(ns: argparse.Namespace, report: SweepReport) -> int:
         return 0
     shown = " ".join(str(s) for s in failing[:50]) + (" ..." if len(failing) > 50 else "")
     print(f"{len(failing)} of {len(report.records)} seeds failed: {shown}")
-    print("\n".join(report.group_lines(replay=lambda seed: replay_command(ns, seed))))
+    replays = {rec["seed"]: rec["replay"] for rec in report.records if rec.get("replay")}
+    print("\n".join(report.group_lines(replay=lambda seed: replays.get(seed) or replay_command(ns, seed))))
     for rec in report.records:
         if rec.get("trace"):
             print(f"trace of seed {rec['seed']}: {rec['trace']}")
-    print(f"Replay the first with:\n  {replay_command(ns, failing[0])}")
+    print(f"Replay the first with:\n  {replays.get(failing[0]) or replay_command(ns, failing[0])}")
     return 1
 
 

@@ -126,11 +126,9 @@ def shrink_and_report(ns: argparse.Namespace, main: Any, result: Result, network
             small = shrink(main, result, network=network, **run_kwargs)
     finally:
         sys.argv = saved
-    kind, exc, where = small.signature
     print(f"shrunk in {small.runs} runs to {len(small.faults)} fault(s)"
           f"{', the latency band' if small.band else ''}{', the latency tail' if small.tail else ''}"
-          f"{', slow links' if small.slow else ''}; "
-          f"it still fails the same way ({exc or kind}{' at ' + where if where else ''}):")
+          f"{', slow links' if small.slow else ''}; it still fails the same way ({small.signature}):")
     for fault in small.faults:
         print(f"  {fault.to_cli().lstrip('-')}")
     minimal = argparse.Namespace(**vars(ns))

@@ -3,9 +3,9 @@
 A failing seed's plan may hold a dozen faults and perturbations (a swarm's,
 the exploration's) where two matter. :func:`shrink` replays the seed with
 explicit plans (exploration off, so nothing new is drawn), and keeps a
-smaller one whenever it still fails *the same way*: the same kind of
-failure, the same exception type, raised from the same line of the user's
-program (:func:`signature`). It
+smaller one whenever it still fails *the same way* (:func:`signature`, as a
+sweep groups failures: the same exception type raised from the same line of
+the program; a deadlock blocked in the same places). It
 
 1. drops faults and perturbations with ddmin (Zeller and Hildebrandt, 2002:
    halves, then quarters, ... of the list, and their complements), the
@@ -20,8 +20,6 @@ runs. What it returns replays exactly (``Shrunk.result`` is that run).
 from __future__ import annotations
 
 import dataclasses
-import os
-import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,30 +29,11 @@ from .faults import Fault
 from .latency import Tail, Uniform
 from .network import Network
 from .runner import Result, run
+from .sweep import signature as failure_signature
 
-_SIM_DIR = os.path.dirname(os.path.abspath(__file__))
-_LIB_DIRS = (os.path.dirname(traceback.__file__), _SIM_DIR,
-             os.path.join(os.path.dirname(_SIM_DIR), "aiodist"))
-
-Signature = tuple[str, str, str]
-
-
-def signature(result: Result) -> Signature:
-    """(failure kind, exception type, the user's innermost frame ``file:line``) of the first failure."""
-    if not result.failures:
-        return ("ok", "", "")
-    first = result.failures[0]
-    if first.kind != "exception":
-        return (first.kind, "", "")
-    exc_type = first.message.split(":", 1)[0]
-    frame = ""
-    for line in first.traceback.splitlines():
-        line = line.strip()
-        if line.startswith('File "'):
-            path = line[6:line.index('"', 6)]
-            if not path.startswith(_LIB_DIRS) and "/asyncio/" not in path:
-                frame = path + ":" + line.split(", line ", 1)[1].split(",", 1)[0] if ", line " in line else path
-    return (first.kind, exc_type, frame)
+def signature(result: Result) -> str:
+    """How ``result`` failed, as a sweep groups failures (:func:`sim.sweep.signature` of its first); "ok" if it did not."""
+    return failure_signature(result.failures[0]) if result.failures else "ok"
 
 
 @dataclass
@@ -67,7 +46,7 @@ class Shrunk:
     slow: tuple[tuple[int, int, float], ...]
     runs: int
     result: Result
-    signature: Signature
+    signature: str
 
 
 _BAND = "latency band"
@@ -84,7 +63,7 @@ def shrink(main: Callable[..., Awaitable[Any]], failing: Result, *, network: Net
     (taken from ``failing``). At most ``max_runs`` replays.
     """
     want = signature(failing)
-    if want[0] == "ok":
+    if want == "ok":
         raise ValueError("shrink needs a failing run")
     base = network or Network()
     timing = failing.timing

@@ -81,3 +81,15 @@ def test_the_store_host_option_and_a_crash_of_it(capsys: pytest.CaptureFixture[s
     assert "--store-host separate" in replay and "--crash store@0.002" in replay
     code = main(["run", "-n", "3", RACE, "--seed", "0", "--crash", "store@0.002"])
     assert code == 2 and "exists only with store_host='separate'" in capsys.readouterr().err
+
+
+def test_a_sweeps_replay_lines_spell_the_plan_out_and_replay_the_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = cli(capsys, "run", "-n", "4", RACE, "--seeds", "0:12", "-q")
+    assert code == 1
+    argv = shlex.split(out.split("Replay the first with:")[1].strip().splitlines()[0])
+    assert "--no-explore" in argv
+    seed = int(argv[argv.index("--seed") + 1])
+    code2, out2 = cli(capsys, *argv[3:])
+    code3, out3 = cli(capsys, "run", "-n", "4", RACE, "--seed", str(seed))
+    assert code2 == code3 == 1
+    assert out2.split("digest ")[1].split()[0] == out3.split("digest ")[1].split()[0]
