@@ -164,14 +164,6 @@ def _faults(ns: argparse.Namespace) -> list[Any]:
     return out
 
 
-def _latency_cli(m: LatencyModel) -> str:
-    if isinstance(m, Constant):
-        return f"const:{m.value!r}"
-    if isinstance(m, Uniform):
-        return f"uniform:{m.low!r}:{m.high!r}"
-    return f"exp:{m.mean_extra!r}:{m.minimum!r}"
-
-
 def replay_command(ns: argparse.Namespace, seed: int, result: Result | None = None) -> str:
     """The exact command line that replays ``seed`` with the same options (and ``result``'s plan, spelled out)."""
     parts = ["python", "-m", "sim", "run", "-n", str(ns.world_size), ns.program,
@@ -181,7 +173,7 @@ def replay_command(ns: argparse.Namespace, seed: int, result: Result | None = No
     if ns.pct_depth != 3:
         parts += ["--pct-depth", str(ns.pct_depth)]
     if ns.latency is not None:
-        parts += ["--latency", _latency_cli(ns.latency)]
+        parts += ["--latency", replay.latency_spec(ns.latency)]
     if ns.infinite_bandwidth:
         parts.append("--infinite-bandwidth")
     elif ns.bandwidth is not None:

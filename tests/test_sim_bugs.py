@@ -5,8 +5,9 @@ bugs must be found under plain ``sim.run`` defaults, restart amnesia and
 split brain under ``faults=[sim.Swarm()]``, within 200 seeds; a fixed twin
 must pass every seed, under the defaults and under a swarm of the fault kind
 it was fixed for. ``benchmarks/sim_findrate.py`` measures the rates over 200
-seeds (twins over 100); here, to keep CI short, a search stops at the first
-find, and twins run 30 seeds (the benchmark's 100 and more have all passed).
+seeds (twins over 100; the table is in sim/README.md: rates from 5% to all
+seeds); here, to keep CI short, a search stops at the first find, and twins
+run 30 seeds (the benchmark's 100 have all passed).
 """
 
 from __future__ import annotations

@@ -446,14 +446,6 @@ def test_sim_try_send_refuses_the_frame_that_fires_a_crash_trigger_and_send_cras
     took: list[bool] = []
     after: list[str] = []
 
-    async def read_until_lost(conn: Connection) -> list[Any]:
-        got = []
-        try:
-            while True:
-                got.append((await conn.recv()).header["i"])
-        except ConnectionLost:
-            return got
-
     async def main() -> Any:
         if rank() == 0:
             return await serve_once(read_until_lost)
@@ -567,15 +559,20 @@ def test_sim_send_nowait_with_overhead_is_false_and_drained_waits_for_the_cpu() 
     assert res.rank_results[0] == ["a", "end"]
 
 
-async def read_late_until_the_end(conn: Connection) -> list[Any]:
-    """Rank 0: start reading after 0.5 s, then the ``i`` of every frame until the connection ends."""
-    await asyncio.sleep(0.5)
+async def read_until_lost(conn: Connection) -> list[Any]:
+    """Rank 0: the ``i`` of every frame until the connection ends."""
     got = []
     try:
         while True:
             got.append((await conn.recv()).header["i"])
     except ConnectionLost:
         return got
+
+
+async def read_late_until_the_end(conn: Connection) -> list[Any]:
+    """Rank 0: start reading after 0.5 s, then the ``i`` of every frame until the connection ends."""
+    await asyncio.sleep(0.5)
+    return await read_until_lost(conn)
 
 
 def test_sim_close_sends_what_send_nowait_queued_before_the_fin() -> None:
