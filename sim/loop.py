@@ -51,6 +51,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .errors import SimDeadlockError, SimLivelockError, SimTimeLimitError, SimUnsupportedError
+from .handles import KernelEvent, LoopHandle, LoopTimerHandle
 from .ready import SCHEDULES, PctReady, new_ready
 
 LANE: contextvars.ContextVar[int] = contextvars.ContextVar("sim_lane", default=-1)
@@ -64,62 +65,6 @@ deliveries land there, long timers (timeouts, sleeps) beyond it."""
 
 _sleep_callback = futures._set_result_unless_cancelled  # type: ignore[attr-defined]  # what asyncio.sleep schedules
 _new_handle = object.__new__
-
-
-class _Handle(asyncio.Handle):
-    """An asyncio.Handle built without the debug-mode check (the hot path)."""
-
-    __slots__ = ()
-
-    def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...], loop: SimLoop,
-                 context: contextvars.Context | None) -> None:
-        self._context = context if context is not None else contextvars.copy_context()
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
-
-
-class _TimerHandle(asyncio.TimerHandle):
-    """An asyncio.TimerHandle built without the debug-mode check (the hot path)."""
-
-    __slots__ = ()
-
-    def __init__(self, when: float, callback: Callable[..., Any], args: tuple[Any, ...], loop: SimLoop,
-                 context: contextvars.Context | None) -> None:
-        self._context = context if context is not None else contextvars.copy_context()
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
-        self._when = when
-        self._scheduled = False
-
-
-class _Event:
-    """A simulator-internal callback (message delivery, wake-up): a handle without asyncio's extras.
-
-    The loop only reads ``_cancelled``, ``_context``, ``_callback`` and
-    ``_args`` and writes ``_scheduled``; these are never cancelled and never
-    handed to user code, so they skip TimerHandle's bookkeeping.
-    """
-
-    __slots__ = ("_context", "_callback", "_args", "_scheduled")
-    _cancelled = False
-
-    def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...],
-                 context: contextvars.Context) -> None:
-        self._context = context
-        self._callback = callback
-        self._args = args
-        self._scheduled = False
-
-    def __repr__(self) -> str:
-        return f"<sim event {getattr(self._callback, '__qualname__', self._callback)!r}>"
 
 
 class _Idle(Exception):
@@ -225,7 +170,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         does not keep the run going: when nothing else is left it never runs
         (the loop is idle, as without it).
         """
-        event = _new_handle(_Event)  # _Event.__init__ inlined (a delivery each)
+        event = _new_handle(KernelEvent)  # KernelEvent.__init__ inlined (a delivery each)
         event._context = context
         event._callback = callback
         event._args = args
@@ -260,7 +205,7 @@ class SimLoop(asyncio.AbstractEventLoop):
             context = contextvars.copy_context()
         else:
             lane = context.get(LANE, self.lane)
-        handle = _new_handle(_Handle)  # _Handle.__init__ inlined: the loop's most frequent allocation
+        handle = _new_handle(LoopHandle)  # LoopHandle.__init__ inlined: the loop's most frequent allocation
         handle._context = context
         handle._loop = self
         handle._callback = callback
@@ -281,7 +226,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         lane = self.lane if context is None else context.get(LANE, self.lane)
         if self._stretch and callback is _sleep_callback and lane in self._stretch and when > self.now:
             when = self.now + (when - self.now) * self._stretch[lane]
-        handle = _TimerHandle(when, callback, args, self, context)
+        handle = LoopTimerHandle(when, callback, args, self, context)
         self._enqueue(when, lane, handle)
         return handle
 
@@ -375,7 +320,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         (Before the lane's callbacks that were due meanwhile, even those already ready at this
         instant: a receive that paused its process is read before anything that came after it.)
         """
-        event = _new_handle(_Event)
+        event = _new_handle(KernelEvent)
         event._context = context
         event._callback = callback
         event._args = args
