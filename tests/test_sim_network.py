@@ -91,12 +91,12 @@ def test_alpha_beta_timing_and_nic_contention() -> None:
 
     # 1 MB at 1 MB/s with 1 ms latency: alpha + n*beta = 1.001 s after the send.
     net = sim.Network(latency=1e-3, bandwidth=1e6, contention=False)
-    res = ok(sim.run(main, world_size=2, network=net))
+    res = ok(sim.run(main, world_size=2, network=net, explore=False))
     assert res.rank_results[0][0] - res.rank_results[1] == pytest.approx(1.001, rel=1e-9)
     assert len(res.rank_results[0]) == 1
     # Two senders into one receiver: its incoming link serializes them.
     net = sim.Network(latency=1e-3, bandwidth=1e6, contention=True)
-    res = ok(sim.run(main, world_size=3, network=net))
+    res = ok(sim.run(main, world_size=3, network=net, explore=False))
     first, second = sorted(res.rank_results[0])
     assert first - res.rank_results[1] == pytest.approx(1.001, rel=1e-6)
     assert second - first == pytest.approx(1.0, rel=1e-6)
@@ -115,7 +115,7 @@ def test_connect_refused_and_unknown_host_raise_connection_lost() -> None:
             await current_network().connect(("rank1", 1234), timeout=0.0001)
         return rtt
 
-    assert ok(sim.run(main, world_size=2, network=sim.Network(latency=0.01))).rank_results[0] == pytest.approx(0.02)
+    assert ok(sim.run(main, world_size=2, network=sim.Network(latency=0.01), explore=False)).rank_results[0] == pytest.approx(0.02)
 
 
 def test_listen_twice_on_a_port_fails_and_port_zero_picks_one() -> None:
@@ -159,7 +159,7 @@ def test_per_link_latency_override() -> None:
         return loop.time() - t0
 
     net = sim.Network(latency=1e-3, links={(2, 0): 0.05, (0, 2): 0.05})
-    res = ok(sim.run(main, world_size=3, network=net))
+    res = ok(sim.run(main, world_size=3, network=net, explore=False))
     assert res.rank_results[1] == pytest.approx(2e-3)
     assert res.rank_results[2] == pytest.approx(0.1)
 
@@ -181,7 +181,7 @@ def test_cpu_overhead_is_logp_and_serialized_per_host() -> None:
         return t0, returned
 
     net = sim.Network(latency=1e-3, bandwidth=None, overhead=1e-4)
-    res = ok(sim.run(main, world_size=2, network=net))
+    res = ok(sim.run(main, world_size=2, network=net, explore=False))
     t0, returned = res.rank_results[1]
     first, second = res.rank_results[0]
     assert returned == pytest.approx(2e-4)  # 2 o of sender CPU

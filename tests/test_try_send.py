@@ -387,11 +387,12 @@ def test_sim_try_send_is_exactly_send_without_the_wait() -> None:
     "network, faults",
     [
         pytest.param(sim.Network(overhead=1e-5), [], id="overhead"),
-        pytest.param(None, [sim.Crash(0, on=sim.MessageSent(0, 10_000))], id="send-trigger"),
+        pytest.param(None, [sim.Restart(1, on=sim.MessageSent(1, 10_000))], id="far-send-trigger"),
     ],
 )
 def test_sim_try_send_refuses_and_sends_nothing_when_send_would_wait(network: Any, faults: list[Any]) -> None:
-    """A per-message overhead or an installed send trigger: try_send is False and the peer gets nothing from it."""
+    """A per-message overhead: try_send is False and the peer gets nothing from it (a fatal send trigger
+    due at a later frame does not stand in the way: see the next test)."""
 
     async def main() -> Any:
         if rank() == 0:
@@ -405,9 +406,31 @@ def test_sim_try_send_refuses_and_sends_nothing_when_send_would_wait(network: An
         conn.close()
         return took
 
-    res = ok(sim.run(main, world_size=2, network=network, faults=faults))
-    assert res.rank_results[1] is False
-    assert res.rank_results[0] == ["send", "end"]
+    res = ok(sim.run(main, world_size=2, network=network, faults=faults, explore=False))
+    assert res.rank_results[1] is (not network)
+    assert res.rank_results[0] == (["try", "send", "end"] if not network else ["send", "end"])
+
+
+def test_sim_try_send_refuses_the_frame_that_fires_a_crash_trigger_and_send_crashes_after_it() -> None:
+    """A crash on the sender's next frame: try_send is False (it could not stop the rest of its step);
+    ``send`` sends the frame, then the rank is dead and the rest of its step never runs."""
+    took: list[bool] = []
+    after: list[str] = []
+
+    async def main() -> Any:
+        if rank() == 0:
+            return await serve_once(read_until_lost)
+        conn = await dial()
+        took.append(conn.try_send({"i": "try"}, b"abc"))
+        await conn.send({"i": "send"}, b"abc")
+        after.append("ran on")  # never: the trigger killed this process inside send
+        return None
+
+    res = ok(sim.run(main, world_size=2, faults=[sim.Crash(1, on=sim.MessageSent(1, 1))], explore=False,
+                     stop_on_error=False))
+    assert took == [False] and after == []
+    assert res.crashed == [1]
+    assert res.rank_results[0] == ["send"]
 
 
 def test_sim_a_full_window_refuses_while_send_blocks_and_takes_again_once_the_reader_reads() -> None:
@@ -507,15 +530,20 @@ def test_sim_send_nowait_with_overhead_is_false_and_drained_waits_for_the_cpu() 
     assert res.rank_results[0] == ["a", "end"]
 
 
-async def read_late_until_the_end(conn: Connection) -> list[Any]:
-    """Rank 0: start reading after 0.5 s, then the ``i`` of every frame until the connection ends."""
-    await asyncio.sleep(0.5)
+async def read_until_lost(conn: Connection) -> list[Any]:
+    """Rank 0: the ``i`` of every frame until the connection ends."""
     got = []
     try:
         while True:
             got.append((await conn.recv()).header["i"])
     except ConnectionLost:
         return got
+
+
+async def read_late_until_the_end(conn: Connection) -> list[Any]:
+    """Rank 0: start reading after 0.5 s, then the ``i`` of every frame until the connection ends."""
+    await asyncio.sleep(0.5)
+    return await read_until_lost(conn)
 
 
 def test_sim_close_sends_what_send_nowait_queued_before_the_fin() -> None:
