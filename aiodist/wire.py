@@ -53,12 +53,14 @@ DEFAULT_MAX_FRAME_SIZE = (1 << 30) + (1 << 20)
 
 DEFAULT_MAX_HEADER_SIZE = 1 << 20
 
+_FIRST_ASK_STEP = 1 << 12
 _ASK_STEP = 1 << 16
 _ASK_STEPS = 8
-"""A payload the sink had no buffer for is read in chunks, the sink asked again after each: the
-first _ASK_STEPS chunks are _ASK_STEP bytes (a receive may be posted a few loop turns after the
-payload began to arrive), then each is as large as what arrived before it (a handful of asks in
-all, however large the payload)."""
+"""A payload the sink had no buffer for is read in chunks, the sink asked again after each: first
+_FIRST_ASK_STEP bytes (a receive posted in the loop turn right after the header came then takes all
+but those and the bytes staged with the header), then _ASK_STEPS chunks of _ASK_STEP bytes (it may
+be posted a few loop turns later), then each as large as what arrived before it (a handful of asks
+in all, however large the payload)."""
 
 _STAGING_SIZE = 1 << 16
 _STAGING_MAX = (1 << 17) + (1 << 12)
@@ -406,7 +408,7 @@ class FrameDecoder:
             target = payload_buffer(plen)
             if self.sink is not None:  # asked again at chunk boundaries
                 self._own = True
-                self._ask_at = min(plen, self._end - self._start + _ASK_STEP)
+                self._ask_at = min(plen, self._end - self._start + _FIRST_ASK_STEP)
                 self.declined = True  # (and before the first chunk)
         else:
             target = self._usable(target, plen)
@@ -429,7 +431,7 @@ class FrameDecoder:
             return
         target = self.sink(self._header, plen, received)
         if target is None:
-            self._ask_at = min(plen, received + max(_ASK_STEP, received if received > _ASK_STEPS * _ASK_STEP else 0))
+            self._ask_at = min(plen, received + (received if received > _ASK_STEPS * _ASK_STEP else _ASK_STEP))
             self.declined = True
             return
         target = self._usable(target, plen)
