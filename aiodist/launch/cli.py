@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 
+from ..auth import SecretFileError
 from ..errors import LaunchError
 from .program import ProgramKind, classify_source
+from .security import add_security_options, job_environment
 from .supervisor import LaunchConfig, launch
 
 __all__ = ["add_cli", "configure_parser", "build_command", "run_command", "main"]
@@ -63,6 +66,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="stop the job and exit 124 if it runs longer than this (default: no limit)")
     parser.add_argument("--no-prefix", dest="prefix", action="store_false",
                         help="do not prefix output lines with the rank (ranks share the launcher's stdout/stderr)")
+    add_security_options(parser)
     parser.add_argument("-m", "--module", action="store_true",
                         help="treat the program as a module name, as with `python -m`")
     parser.add_argument("program", help="the program file (or module name with -m)")
@@ -107,6 +111,8 @@ def run_command(args: argparse.Namespace) -> int:
         min_nodes, max_nodes = parse_nnodes(args.nnodes) if isinstance(args.nnodes, str) else (
             args.nnodes if isinstance(args.nnodes, tuple) else (args.nnodes, args.nnodes))
         elastic = min_nodes != max_nodes
+        env = job_environment(os.environ, secret_file=args.secret_file, insecure=args.insecure,
+                              store_limits=args.store_limits, single_node=not elastic and min_nodes == 1)
         config = LaunchConfig(
             command=build_command(args.program, args.program_args, module=args.module),
             nproc_per_node=args.nproc_per_node,
@@ -119,8 +125,9 @@ def run_command(args: argparse.Namespace) -> int:
             grace_period=args.grace_period,
             timeout=args.timeout,
             prefix_output=args.prefix,
+            env=env,
         )
-    except ValueError as exc:
+    except (ValueError, SecretFileError) as exc:
         print(f"aiodist run: error: {exc}", file=sys.stderr)
         return 2
     try:

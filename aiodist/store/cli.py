@@ -1,4 +1,11 @@
-"""``aiodist store serve``: run a standalone store server until Ctrl-C or SIGTERM."""
+"""``aiodist store serve``: run a standalone store server until Ctrl-C or SIGTERM.
+
+Clients must prove the secret: by default the one the environment gives
+(``AIODIST_SECRET``, ``AIODIST_SECRET_FILE``, else the user's own secret
+file, see :func:`aiodist.auth.resolve_secret`), or the one in
+``--secret-file`` (which must not be readable by other users);
+``--insecure`` switches authentication off.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +16,9 @@ import signal
 import sys
 from typing import Any
 
-from .server import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT, StoreServer
-from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
+from .. import auth
+from .limits import StoreLimits, parse_size
+from .server import StoreServer
 
 
 def add_cli(subparsers: Any) -> None:
@@ -20,12 +28,38 @@ def add_cli(subparsers: Any) -> None:
     serve = sub.add_parser("serve", help="run a standalone store server")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=29500, help="port (default: 29500; 0 picks a free one)")
-    serve.add_argument("--max-value-bytes", type=int, default=DEFAULT_MAX_VALUE_BYTES)
-    serve.add_argument("--max-key-bytes", type=int, default=DEFAULT_MAX_KEY_BYTES)
-    serve.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT, help="seconds; 0 disables")
-    serve.add_argument("--handshake-timeout", type=float, default=DEFAULT_HANDSHAKE_TIMEOUT)
+    security = serve.add_mutually_exclusive_group()
+    security.add_argument("--secret-file", metavar="PATH",
+                          help="the secret clients must prove (a file readable by its owner only); "
+                               "default: AIODIST_SECRET / AIODIST_SECRET_FILE / the user's own secret file")
+    security.add_argument("--insecure", action="store_true",
+                          help="no authentication: any process that reaches the port may read and change "
+                               "every key (debugging only)")
+    d = StoreLimits()
+    size = _size_arg
+    serve.add_argument("--max-value-bytes", type=size, default=d.max_value_bytes, metavar="SIZE")
+    serve.add_argument("--max-key-bytes", type=size, default=d.max_key_bytes, metavar="SIZE")
+    serve.add_argument("--max-connections", type=int, default=d.max_connections, metavar="N",
+                       help=f"connections open at once (default: {d.max_connections})")
+    serve.add_argument("--max-client-bytes", type=size, default=d.max_client_bytes, metavar="SIZE",
+                       help="keys and values one connection may keep stored (default: 1G; 'none': no quota)")
+    serve.add_argument("--max-total-bytes", type=size, default=d.max_total_bytes, metavar="SIZE",
+                       help="keys and values stored in total (default: 4G; 'none': no quota)")
+    serve.add_argument("--max-outbox-bytes", type=size, default=d.max_outbox_bytes, metavar="SIZE",
+                       help="replies waiting for one client before it is cut off (default: twice the frame limit)")
+    serve.add_argument("--send-timeout", type=float, default=d.send_timeout, metavar="SECONDS",
+                       help=f"how long a client may leave its replies unread (default: {d.send_timeout:g}; 0 disables)")
+    serve.add_argument("--idle-timeout", type=float, default=d.idle_timeout, help="seconds; 0 disables")
+    serve.add_argument("--handshake-timeout", type=float, default=d.handshake_timeout)
     serve.set_defaults(func=serve_main)
     store.set_defaults(func=lambda args: (store.print_help(), 2)[1])
+
+
+def _size_arg(raw: str) -> int | None:
+    try:
+        return parse_size(raw)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def serve_main(args: argparse.Namespace) -> int:
@@ -41,18 +75,37 @@ def serve_main(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace) -> int:
     try:
-        server = await StoreServer.start(
-            args.host,
-            args.port,
+        secret: Any = auth.FROM_ENVIRONMENT
+        if args.insecure:
+            secret = None
+        elif args.secret_file:
+            secret = auth.read_secret_file(args.secret_file)
+        limits = StoreLimits(
+            max_connections=args.max_connections,
             max_key_bytes=args.max_key_bytes,
             max_value_bytes=args.max_value_bytes,
-            handshake_timeout=args.handshake_timeout,
+            max_client_bytes=args.max_client_bytes,
+            max_total_bytes=args.max_total_bytes,
+            max_outbox_bytes=args.max_outbox_bytes,
+            send_timeout=args.send_timeout or None,
             idle_timeout=args.idle_timeout or None,
+            handshake_timeout=args.handshake_timeout,
         )
+    except (ValueError, TypeError, auth.SecretFileError) as e:
+        print(f"aiodist store: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        server = await StoreServer.start(args.host, args.port, secret=secret, limits=limits)
+    except auth.SecretFileError as e:
+        print(f"aiodist store: error: {e}", file=sys.stderr)
+        return 2
     except Exception as e:
         print(f"aiodist store: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1
     print(f"aiodist store: listening on {server.host}:{server.port}", flush=True)
+    if not server.authenticated:
+        print("aiodist store: WARNING: no authentication (--insecure): anyone who reaches the port can read "
+              "and change every key", file=sys.stderr, flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     installed: list[int] = []

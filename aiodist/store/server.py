@@ -3,15 +3,19 @@
 It listens through ``aiodist.context.current_network()`` (never raw asyncio
 sockets), so the simulator runs this very server on its virtual network.
 
-Per connection: a handshake within ``handshake_timeout``, then requests in any
-number, answered in completion order. A request that violates the protocol
-(unknown op, wrong types, missing fields) is answered with an error when its id
-can be read, then THAT connection is closed and one line is logged on the
-``aiodist.store`` logger; every other client keeps being served. A connection
-with no waiting request that sends nothing for ``idle_timeout`` seconds is
-closed (clients learn the limit in the handshake reply and ping). Timeouts of
-blocking requests run here, on the loop clock, so a value is either delivered
-or timed out, never both.
+Per connection: admission against the connection limit, the authenticated
+handshake within ``handshake_timeout`` (see :mod:`.admission`), then requests
+in any number, answered in completion order. A request that violates the
+protocol (unknown op, wrong types, missing fields) is answered with an error
+when its id can be read, then THAT connection is closed and one line is
+logged on the ``aiodist.store`` logger; every other client keeps being
+served. A connection with no waiting request that sends nothing for
+``idle_timeout`` seconds is closed (clients learn the limit in the handshake
+reply and ping). A client that leaves its replies unread past
+``send_timeout``, or lets more than ``max_outbox_bytes`` of them pile up, is
+cut off. Timeouts of blocking requests run here, on the loop clock, so a
+value is either delivered or timed out, never both. Every limit is in
+:class:`~aiodist.store.limits.StoreLimits`.
 """
 
 from __future__ import annotations
@@ -20,20 +24,23 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
+from .. import auth, tls
 from ..context import current_network
-from ..errors import ConnectionClosedError
+from ..errors import ConnectionClosedError, ConnectionLost
 from ..net.base import Connection, Listener
 from . import protocol as P
-from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Failure, Reply, StoreState
+from .admission import Admission, lift_limit, limit_frames, send_quietly, server_handshake
+from .limits import StoreLimits
+from .state import Failure, Reply, StoreState
 
 log = logging.getLogger("aiodist.store")
 
 _INF = float("inf")
 
-DEFAULT_HANDSHAKE_TIMEOUT = 10.0
-DEFAULT_IDLE_TIMEOUT = 120.0
+DEFAULT_HANDSHAKE_TIMEOUT = StoreLimits.handshake_timeout
+DEFAULT_IDLE_TIMEOUT = StoreLimits.idle_timeout
 
 _Handler = Callable[["_Session", dict[str, Any], "memoryview | None"], list[Reply]]
 
@@ -46,33 +53,39 @@ class _Session:
     task, so one slow client never stalls another.
     """
 
-    __slots__ = ("cid", "conn", "timers", "outbox", "writer", "wake", "last", "idle_timer")
+    __slots__ = ("cid", "conn", "timers", "outbox", "outbox_bytes", "writer", "wake", "last", "idle_timer")
 
     def __init__(self, cid: int, conn: Connection) -> None:
         self.cid = cid
         self.conn = conn
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self.outbox: deque[Reply | dict[str, Any]] = deque()
+        self.outbox_bytes = 0  # what the outbox holds, as :func:`_size` estimates it
         self.writer: asyncio.Task[None] | None = None
         self.wake: asyncio.Event | None = None
         self.last = 0.0
         self.idle_timer: asyncio.TimerHandle | None = None
 
+    def __repr__(self) -> str:
+        return f"<_Session {self.cid} {self.conn.peer} outbox={len(self.outbox)}/{self.outbox_bytes}B waiting={len(self.timers)}>"
+
 
 class StoreServer:
     """A key-value store server. Create with :meth:`start`; stop with :meth:`close`."""
 
-    def __init__(
-        self,
-        *,
-        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
-    ) -> None:
-        self.state = StoreState(max_key_bytes=max_key_bytes, max_value_bytes=max_value_bytes)
-        self.handshake_timeout = handshake_timeout
-        self.idle_timeout = idle_timeout
+    def __init__(self, *, limits: StoreLimits, secret: bytes | None) -> None:
+        self.limits = limits
+        self.state = StoreState(
+            max_key_bytes=limits.max_key_bytes,
+            max_value_bytes=limits.max_value_bytes,
+            max_client_bytes=limits.max_client_bytes,
+            max_total_bytes=limits.max_total_bytes,
+        )
+        self.handshake_timeout = limits.handshake_timeout
+        self.idle_timeout = limits.idle_timeout
+        self.authenticated = secret is not None
+        self._secret = secret
+        self._admission = Admission(limits, "?")
         self._listener: Listener | None = None
         self._sessions: dict[int, _Session] = {}
         self._next_cid = 0
@@ -102,33 +115,44 @@ class StoreServer:
         host: str = "127.0.0.1",
         port: int = 0,
         *,
-        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+        secret: Any = auth.FROM_ENVIRONMENT,
+        ssl: Any = None,
+        limits: StoreLimits | None = None,
+        **options: Any,
     ) -> StoreServer:
         """Listen on ``host:port`` (port 0: a free port, see ``.port``) and serve.
 
-        ``idle_timeout`` (``None``: never) closes connections that wait for
-        nothing and stay silent that long; ``handshake_timeout`` bounds the
-        wait for a new connection's handshake.
+        ``secret`` (default: from the environment, see
+        :func:`aiodist.auth.resolve_secret`; ``None``: no authentication, with
+        a warning) is what every client must prove it knows. ``ssl`` (an
+        :class:`ssl.SSLContext` for the server side, or an :class:`aiodist.tls.TLS`) adds TLS. ``limits`` and
+        keyword ``options`` named like its fields (``max_connections=``,
+        ``idle_timeout=``, ...; ``None`` switches one off where allowed) set
+        the limits (see :class:`~aiodist.store.limits.StoreLimits`).
         """
-        server = cls(
-            max_key_bytes=max_key_bytes,
-            max_value_bytes=max_value_bytes,
-            handshake_timeout=handshake_timeout,
-            idle_timeout=idle_timeout,
-        )
-        # Largest legitimate frame: a value at the limit plus its key and header.
-        max_frame = max_value_bytes * 2 + max_key_bytes + (1 << 20)
+        limits = (limits or StoreLimits()).replace(**options) if options else (limits or StoreLimits())
+        server = cls(limits=limits, secret=auth.resolve_secret(secret))
+        listen_options: dict[str, Any] = {}
+        context = tls.server_side(ssl)
+        if context is not None:
+            listen_options["ssl"] = context
         server._listener = await current_network().listen(
-            (host, port), server._serve, max_frame_size=max_frame, handshake_timeout=handshake_timeout
+            (host, port),
+            server._serve,
+            max_frame_size=limits.frame_bytes,
+            handshake_timeout=limits.handshake_timeout,
+            **listen_options,
         )
         server.host, server.port = server._listener.address
+        server._admission = Admission(limits, f"{server.host}:{server.port}")
         return server
 
     def __repr__(self) -> str:
-        return f"<StoreServer {self.host}:{self.port} clients={len(self._sessions)} keys={len(self.state)}>"
+        auth_mode = "authenticated" if self.authenticated else "INSECURE"
+        return (
+            f"<StoreServer {self.host}:{self.port} {auth_mode} clients={len(self._sessions)}"
+            f" connections={self._admission.open} keys={len(self.state)}>"
+        )
 
     @property
     def address(self) -> tuple[str, int]:
@@ -143,8 +167,11 @@ class StoreServer:
         if self._closed:
             return
         self._closed = True
-        if self._listener is not None:
-            await self._listener.aclose()
+        try:
+            if self._listener is not None:
+                await self._listener.aclose()
+        finally:
+            self._admission.close()
 
     async def __aenter__(self) -> StoreServer:
         return self
@@ -155,20 +182,27 @@ class StoreServer:
     # ------------------------------------------------------------ connections
 
     async def _serve(self, conn: Connection) -> None:
+        admission = self._admission
+        if not admission.enter(conn.peer):
+            await send_quietly(conn, P.busy())
+            return
+        try:
+            await self._serve_admitted(conn)
+        finally:
+            admission.leave()
+
+    async def _serve_admitted(self, conn: Connection) -> None:
+        limit_frames(conn)
         try:
             async with asyncio.timeout(self.handshake_timeout):
-                frame = await conn.recv()
+                if not await server_handshake(conn, self._secret, self._admission):
+                    return
         except TimeoutError:
-            log.info("closing store connection from %s: no handshake within %gs", conn.peer, self.handshake_timeout)
+            self._admission.unauthenticated(conn.peer, f"no complete handshake within {self.handshake_timeout:g}s")
             return
         except ConnectionClosedError:
             return
-        try:
-            P.check_hello(frame.header)
-        except P.BadMessage as e:
-            log.info("closing store connection from %s: %s", conn.peer, e)
-            await _send_quietly(conn, P.error_frame(e.code, str(e)))
-            return
+        lift_limit(conn)
         await conn.send(
             P.hello_reply(idle=self.idle_timeout, max_key=self.state.max_key_bytes, max_value=self.state.max_value_bytes)
         )
@@ -191,11 +225,8 @@ class StoreServer:
 
     async def _requests(self, session: _Session, loop: asyncio.AbstractEventLoop) -> None:
         conn = session.conn
-        set_handler = getattr(conn, "set_frame_handler", None)
-        fast: Callable[[Any], None] | None = None
-        if set_handler is not None and getattr(conn, "send_nowait", None) is not None:
-            fast = self._frame_handler(session, loop)
-            set_handler(fast)  # requests are now served from the frame callback
+        fast = self._frame_handler(session, loop)
+        conn.set_frame_handler(fast)  # requests are now served from the frame callback
         cid = session.cid
         while True:
             # With the frame handler installed, recv() returns only once the
@@ -207,7 +238,7 @@ class StoreServer:
                 replies = self._handle(session, frame.header, frame.payload)
             except P.BadMessage as e:
                 log.info("closing store connection from %s: %s", conn.peer, e)
-                await _send_quietly(conn, P.error_frame(e.code, str(e), request=e.request))
+                await send_quietly(conn, P.error_frame(e.code, str(e), request=e.request))
                 return
             lost: ConnectionClosedError | None = None
             for r in replies:
@@ -215,15 +246,15 @@ class StoreServer:
                     if lost is None:
                         head, payload = self._encode(session, r)
                         try:
-                            await conn.send(head, payload)
+                            await self._send(session, head, payload)
                         except ConnectionClosedError as e:
                             lost = e  # still deliver what this request owes other clients
                 else:
                     self._post(r)
             if lost is not None:
                 raise lost
-            if fast is not None and not conn.closed:
-                set_handler(fast)  # the socket buffer drained (send returned): back to the fast path
+            if not conn.closed:
+                conn.set_frame_handler(fast)  # the socket buffer drained (send returned): back to the fast path
 
     def _handle(self, session: _Session, header: dict[str, Any], payload: Any) -> list[Any]:
         """Run one request through its handler; raises P.BadMessage for a bad one."""
@@ -250,14 +281,19 @@ class StoreServer:
         handlers = self._handlers
         special = self._special
         now = loop.time
-        send_nowait = conn.send_nowait  # type: ignore[attr-defined]
+        send_nowait = conn.send_nowait
+
+        def step_aside() -> None:
+            # Queued, but the socket buffer is full (the client does not
+            # read): stop serving from the callback; the session task serves
+            # with awaited sends until it drained, and the writer watches
+            # that it drains within the send timeout.
+            conn.set_frame_handler(None)
+            self._post_frame(session, _DRAIN)
 
         def write(head: dict[str, Any], payload: Any) -> None:
             if not send_nowait(head, payload):
-                # Queued, but the socket buffer is full (the client does not
-                # read): stop serving from the callback; the session task
-                # serves with awaited sends until it drained.
-                conn.set_frame_handler(None)  # type: ignore[attr-defined]
+                step_aside()
 
         def on_frame(frame: Any) -> None:
             # _handle and write inlined: this runs once per request.
@@ -272,9 +308,9 @@ class StoreServer:
                     replies = special(session, h, frame.payload)
             except P.BadMessage as e:
                 log.info("closing store connection from %s: %s", conn.peer, e)
-                conn.set_frame_handler(None)  # type: ignore[attr-defined]
+                conn.set_frame_handler(None)
                 try:
-                    write(P.error_frame(e.code, str(e), request=e.request), None)
+                    send_nowait(P.error_frame(e.code, str(e), request=e.request), None)
                 except ConnectionClosedError:
                     pass
                 conn.close()  # flushes the error reply; the session task sees the close and cleans up
@@ -284,7 +320,7 @@ class StoreServer:
                     head, payload = encode(session, r)
                     try:
                         if not send_nowait(head, payload):
-                            conn.set_frame_handler(None)  # type: ignore[attr-defined]  # see write()
+                            step_aside()
                     except ConnectionClosedError:
                         pass  # the session task sees the close; other clients' replies still go out
                 else:
@@ -378,8 +414,17 @@ class StoreServer:
             self._post_frame(session, r)
 
     def _post_frame(self, session: _Session, item: Reply | dict[str, Any]) -> None:
-        """Queue a reply or a raw header for ``session``'s writer task, starting it if needed."""
+        """Queue a reply or a raw header for ``session``'s writer task, starting it if needed.
+
+        Over the outbox limit the client is cut off instead.
+        """
+        if session.conn.closed:
+            return
         session.outbox.append(item)
+        session.outbox_bytes += _size(item)
+        if session.outbox_bytes > self.limits.outbox_bytes:
+            self._cut_off(session, f"{session.outbox_bytes} bytes of replies wait for it (max_outbox_bytes)")
+            return
         if session.writer is None:
             session.wake = asyncio.Event()
             session.writer = asyncio.get_running_loop().create_task(self._write_loop(session))
@@ -389,20 +434,45 @@ class StoreServer:
 
     async def _write_loop(self, session: _Session) -> None:
         assert session.wake is not None
-        conn = session.conn
+        outbox = session.outbox
         try:
             while True:
-                while session.outbox:
-                    r = session.outbox.popleft()
-                    if type(r) is dict:
-                        await conn.send(r)
-                        continue
-                    head, payload = self._encode(session, r)  # type: ignore[arg-type]
-                    await conn.send(head, payload)
+                while outbox:
+                    r = outbox.popleft()
+                    session.outbox_bytes -= _size(r)
+                    if r is _DRAIN:
+                        await self._drained(session)
+                    elif type(r) is dict:
+                        await self._send(session, r)  # type: ignore[arg-type]
+                    else:
+                        head, payload = self._encode(session, r)  # type: ignore[arg-type]
+                        await self._send(session, head, payload)
                 session.wake.clear()
                 await session.wake.wait()
         except ConnectionClosedError:
             pass
+
+    async def _send(self, session: _Session, head: dict[str, Any], payload: Any = None) -> None:
+        """Send one frame; if the socket buffer is full, wait until it drains, at most the send timeout."""
+        if not session.conn.send_nowait(head, payload):
+            await self._drained(session)
+
+    async def _drained(self, session: _Session) -> None:
+        """Wait until what was sent to ``session`` left; cut it off if that takes longer than the send timeout."""
+        timeout = self.limits.send_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                await session.conn.drained()
+        except TimeoutError:
+            self._cut_off(session, f"it left its replies unread for {timeout:g}s (send_timeout)")
+            raise ConnectionLost(f"store client {session.conn.peer} was cut off") from None
+
+    def _cut_off(self, session: _Session, why: str) -> None:
+        """Drop a client that does not read: reset its connection, free its replies (the session task ends it)."""
+        self._admission.cut_off(session.conn.peer, why)
+        session.outbox.clear()
+        session.outbox_bytes = 0
+        session.conn.close()
 
     # ------------------------------------------------------------ blocking helpers
 
@@ -522,10 +592,17 @@ def _timeout_failure(message: str, keys: list[str]) -> Failure:
     return Failure(P.TIMEOUT, message, keys[0] if len(keys) == 1 else None)
 
 
-async def _send_quietly(conn: Connection, header: dict[str, Any]) -> None:
-    """Best-effort goodbye frame before closing (the peer may already be gone)."""
-    try:
-        async with asyncio.timeout(1.0):
-            await conn.send(header)
-    except (ConnectionClosedError, TimeoutError):
-        pass
+_DRAIN: Final[dict[str, Any]] = {}
+"""Outbox marker: the fast path met a full socket buffer; the writer waits for it to drain (bounded)."""
+
+
+def _size(item: Reply | dict[str, Any]) -> int:
+    """What an outbox entry holds, roughly: its value bytes plus a frame's overhead."""
+    if type(item) is dict:
+        return 64
+    value = item.value  # type: ignore[union-attr]
+    if type(value) is bytes:
+        return 64 + len(value)
+    if type(value) is list:
+        return 64 + sum(len(v) for v in value)
+    return 64

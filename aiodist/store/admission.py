@@ -1,0 +1,207 @@
+"""Who gets into the store server: the connection limit and the authenticated handshake.
+
+:class:`Admission` counts open connections against ``max_connections`` and
+logs refusals once per interval (a count of what it did not log one by one,
+never a silent drop). :func:`server_handshake` runs the store's hello
+exchange with the mutual authentication of :mod:`aiodist.auth` on a fresh
+connection; :func:`client_handshake` is the client's side. Before a
+connection has authenticated, its frames are limited to
+:data:`~aiodist.store.limits.PRE_AUTH_MAX_FRAME` bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from .. import auth
+from ..context import token_bytes
+from ..errors import ConnectionClosedError, FrameTooLargeError, StoreError
+from ..net.base import Connection, Header
+from . import protocol as P
+from .limits import PRE_AUTH_MAX_FRAME, StoreLimits
+
+log = logging.getLogger("aiodist.store")
+
+
+class RateLog:
+    """Log an event at once, then at most once per ``interval`` seconds with the count since (loop clock).
+
+    A burst's tail is logged by a timer at the end of the interval, so the
+    count is never lost; :meth:`close` cancels it.
+    """
+
+    def __init__(self, logger: logging.Logger, level: int, interval: float) -> None:
+        self._log = logger
+        self._level = level
+        self._interval = interval
+        self._next = -float("inf")
+        self._count = 0
+        self._last = ""
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __repr__(self) -> str:
+        return f"<RateLog pending={self._count} timer={'armed' if self._timer else 'idle'}>"
+
+    def event(self, message: str) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._last = message
+        if now >= self._next and self._timer is None:
+            self._log.log(self._level, "%s", message)
+            self._next = now + self._interval
+            return
+        self._count += 1
+        if self._timer is None:
+            self._timer = loop.call_at(self._next, self._flush)
+
+    def _flush(self) -> None:
+        self._timer = None
+        if self._count:
+            n, self._count = self._count, 0
+            self._log.log(self._level, "%s (and %d more like it in the last %gs)", self._last, n - 1, self._interval)
+            self._next = asyncio.get_running_loop().time() + self._interval
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._count:
+            n, self._count = self._count, 0
+            self._log.log(self._level, "%s (and %d more like it)", self._last, n - 1)
+
+
+class Admission:
+    """Connections open at once, against ``limits.max_connections``."""
+
+    def __init__(self, limits: StoreLimits, address: str) -> None:
+        self.limit = limits.max_connections
+        self.open = 0
+        self.refused = 0
+        self._address = address
+        self._busy = RateLog(log, logging.WARNING, limits.log_interval)
+        self._refusals = RateLog(log, logging.INFO, limits.log_interval)
+        self._cutoffs = RateLog(log, logging.WARNING, limits.log_interval)
+
+    def __repr__(self) -> str:
+        return f"<Admission open={self.open}/{self.limit} refused={self.refused}>"
+
+    def enter(self, peer: str) -> bool:
+        """Count a new connection in, or False (over the limit: logged, the caller closes it)."""
+        if self.open >= self.limit:
+            self.refused += 1
+            self._busy.event(
+                f"store server {self._address}: refused a connection from {peer}: {self.open} connections are open, "
+                f"the limit (max_connections) is {self.limit}"
+            )
+            return False
+        self.open += 1
+        return True
+
+    def leave(self) -> None:
+        self.open -= 1
+
+    def unauthenticated(self, peer: str, why: str) -> None:
+        """A connection failed the handshake (logged at INFO, rate-limited: a scan must not flood the log)."""
+        self._refusals.event(f"store server {self._address}: refused a connection from {peer}: {why}")
+
+    def cut_off(self, peer: str, why: str) -> None:
+        """A client was dropped for not reading its replies."""
+        self._cutoffs.event(f"store server {self._address}: cut off the client at {peer}: {why}")
+
+    def close(self) -> None:
+        self._busy.close()
+        self._refusals.close()
+        self._cutoffs.close()
+
+
+def _small_frames_only(header: Header, nbytes: int) -> None:
+    """Payload sink of a connection that has not authenticated: a payload over the limit breaks it."""
+    if nbytes > PRE_AUTH_MAX_FRAME:
+        raise FrameTooLargeError(nbytes, PRE_AUTH_MAX_FRAME)
+
+
+def limit_frames(conn: Connection) -> None:
+    """Until :func:`lift_limit`: frames of at most a few KiB (nothing is allocated for a larger claim)."""
+    conn.set_payload_sink(_small_frames_only)
+
+
+def lift_limit(conn: Connection) -> None:
+    conn.set_payload_sink(None)
+
+
+async def server_handshake(conn: Connection, secret: bytes | None, admission: Admission) -> bool:
+    """Run the server's side of the handshake; True if ``conn`` may be served (the welcome is the caller's).
+
+    Refused connections get a frame that tells them nothing (see
+    :func:`protocol.refusal`) and are logged through ``admission``.
+    The caller bounds the whole exchange with the handshake timeout.
+    """
+    frame = await conn.recv()
+    try:
+        P.check_hello(frame.header)
+    except P.BadMessage as e:
+        admission.unauthenticated(conn.peer, str(e))
+        await send_quietly(conn, P.error_frame(e.code, str(e)))
+        return False
+    nonce = token_bytes(auth.NONCE_BYTES) if secret is not None else b""
+    acceptor = auth.Acceptor(secret, purpose=P.AUTH_PURPOSE, binding=P.AUTH_BINDING, nonce=nonce, peer=conn.peer)
+    try:
+        await conn.send(P.challenge(acceptor.challenge(frame.header)))
+        frame = await conn.recv()
+        if frame.header.get("op") != "answer":
+            raise auth.AuthenticationError("expected the answer to the challenge", reason="no_proof")
+        acceptor.verify(frame.header)
+    except auth.AuthenticationError as e:
+        admission.unauthenticated(conn.peer, f"authentication failed ({e.reason})")
+        await send_quietly(conn, P.refusal())
+        return False
+    return True
+
+
+async def client_handshake(conn: Connection, secret: bytes | None, where: str) -> dict[str, Any]:
+    """Run the client's side of the handshake; the server's welcome header.
+
+    Raises :class:`~aiodist.auth.AuthenticationError` when the server cannot
+    prove the secret or refuses ours, :class:`BusyError` when it is at its
+    connection limit, :class:`~aiodist.errors.StoreError` when what answers
+    is not a compatible store server.
+    """
+    nonce = token_bytes(auth.NONCE_BYTES) if secret is not None else b""
+    dialer = auth.Dialer(secret, purpose=P.AUTH_PURPOSE, binding=P.AUTH_BINDING, nonce=nonce, peer=where)
+    await conn.send(P.hello(dialer.hello()))
+    reply = (await conn.recv()).header
+    _raise_error(reply, dialer, where)
+    if reply.get("op") != "challenge":
+        raise StoreError(f"{where} is not a compatible store server (it answered the hello with {reply.get('op')!r})")
+    await conn.send(P.answer(dialer.answer(reply)))
+    reply = (await conn.recv()).header
+    _raise_error(reply, dialer, where)
+    if reply.get("op") != "hello" or reply.get("proto") != P.PROTO:
+        raise StoreError(f"{where} is not a compatible store server (its welcome is {reply.get('op')!r})")
+    return reply
+
+
+class BusyError(StoreError):
+    """The store server is at its connection limit (the client retries)."""
+
+
+def _raise_error(reply: dict[str, Any], dialer: auth.Dialer, where: str) -> None:
+    if reply.get("op") != "error":
+        return
+    code = reply.get("err")
+    if code == P.REFUSED:
+        raise dialer.refused()
+    if code == P.BUSY:
+        raise BusyError(f"the store server at {where} is at its connection limit")
+    raise StoreError(f"{where} refused the store handshake: {reply.get('msg', code)!r}")
+
+
+async def send_quietly(conn: Connection, header: dict[str, Any]) -> None:
+    """Best-effort goodbye frame before closing (the peer may already be gone, or not reading)."""
+    try:
+        async with asyncio.timeout(1.0):
+            await conn.send(header)
+    except (ConnectionClosedError, TimeoutError):
+        pass
