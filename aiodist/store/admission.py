@@ -60,7 +60,7 @@ class RateLog:
         self._timer = None
         if self._count:
             n, self._count = self._count, 0
-            self._log.log(self._level, "%s (and %d more like it in the last %gs)", self._last, n - 1, self._interval)
+            self._log.log(self._level, "%s (%d such in the last %gs)", self._last, n, self._interval)
             self._next = asyncio.get_running_loop().time() + self._interval
 
     def close(self) -> None:
@@ -69,7 +69,7 @@ class RateLog:
             self._timer = None
         if self._count:
             n, self._count = self._count, 0
-            self._log.log(self._level, "%s (and %d more like it)", self._last, n - 1)
+            self._log.log(self._level, "%s (%d such since the last report)", self._last, n)
 
 
 class Admission:

@@ -201,6 +201,7 @@ class StoreServer:
             self._admission.unauthenticated(conn.peer, f"no complete handshake within {self.handshake_timeout:g}s")
             return
         except ConnectionClosedError:
+            self._admission.unauthenticated(conn.peer, "it left during the handshake")
             return
         lift_limit(conn)
         await conn.send(
