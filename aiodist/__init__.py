@@ -74,7 +74,7 @@ from .errors import (
 from .eventloop import run
 from .group import ProcessGroup, Work
 from .mesh import DeviceMesh, init_device_mesh
-from .store import MemoryStore, PrefixStore, Store, StoreServer, TCPStore
+from .store import MemoryStore, PrefixStore, Store, StoreLimits, StoreServer, TCPStore
 
 __version__ = "0.1.0"
 
@@ -122,6 +122,7 @@ __all__ = [
     "StoreConnectionLost",
     "StoreConnectTimeoutError",
     "StoreError",
+    "StoreLimits",
     "StoreRequestError",
     "StoreServer",
     "StoreTimeoutError",

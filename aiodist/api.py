@@ -73,6 +73,7 @@ async def init_process_group(
     backend: str | None = None,
     heartbeat_interval: float | None = None,
     heartbeat_misses: int | None = None,
+    store_limits: Any = None,
 ) -> ProcessGroup:
     """Rendezvous (see :mod:`aiodist.rendezvous`) and make the world group this rank's default.
 
@@ -83,7 +84,10 @@ async def init_process_group(
     :data:`aiodist.comm.transport.HEARTBEAT_INTERVAL`; the environment
     variables ``AIODIST_HEARTBEAT_INTERVAL``/``_MISSES``/``_TIMEOUT`` set them
     too). A rank that blocks its event loop longer than that (a long
-    computation that never awaits) looks hung to its peers: raise them. ``backend`` is accepted for torch compatibility
+    computation that never awaits) looks hung to its peers: raise them.
+    ``store_limits`` (an :class:`aiodist.store.limits.StoreLimits`) sets the
+    limits of the store rank 0 starts (default: ``AIODIST_STORE_LIMITS``, as
+    ``aiodist run --store-limits`` sets it). ``backend`` is accepted for torch compatibility
     and ignored (so is a backend name such as ``"gloo"`` in place of
     ``init_method``). Raises GroupError if this rank already has a default group.
     """
@@ -109,7 +113,8 @@ async def init_process_group(
 
     try:
         rdzv = await rendezvous(
-            init_method, rank=rank, world_size=world_size, store=store, timeout=timeout, publish=publish
+            init_method, rank=rank, world_size=world_size, store=store, timeout=timeout, publish=publish,
+            store_limits=store_limits,
         )
     except BaseException:
         for t in transports:
