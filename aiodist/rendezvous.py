@@ -103,9 +103,14 @@ class _StoreAccess:
 
 
 async def _open_store(
-    host: str, port: int, rank: int, timeout: float, access: _StoreAccess
+    host: str, port: int, rank: int, timeout: float, access: _StoreAccess | None = None
 ) -> tuple[Any, Any, list[Callable[[], Awaitable[None]]]]:
-    """Rank 0: start the server, then connect; others: connect (the client retries until ``timeout``)."""
+    """Rank 0: start the server, then connect; others: connect (the client retries until ``timeout``).
+
+    ``access`` defaults to the secret of the rank's environment, no TLS, the environment's limits.
+    """
+    if access is None:
+        access = _StoreAccess(auth.resolve_secret())
     from .store.client import TCPStore
     from .store.limits import StoreLimits
     from .store.server import StoreServer
