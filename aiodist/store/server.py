@@ -410,7 +410,7 @@ class StoreServer:
 
     def _post(self, r: Reply) -> None:
         """Queue a reply for its session's writer task (dropped if the client is gone)."""
-        session = self._sessions.get(r.client)  # type: ignore[arg-type]
+        session = self._sessions.get(r.client)  # type: ignore[call-overload]  # (our clients are ints)
         if session is not None:
             self._post_frame(session, r)
 
@@ -444,7 +444,7 @@ class StoreServer:
                     if r is _DRAIN:
                         await self._drained(session)
                     elif type(r) is dict:
-                        await self._send(session, r)  # type: ignore[arg-type]
+                        await self._send(session, r)
                     else:
                         head, payload = self._encode(session, r)  # type: ignore[arg-type]
                         await self._send(session, head, payload)

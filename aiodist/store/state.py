@@ -39,7 +39,8 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any, Final, NamedTuple
 
-from .quota import QUOTA_EXCEEDED, Ledger
+from .quota import QUOTA_EXCEEDED as QUOTA_EXCEEDED  # a write over a quota (see :mod:`.quota`)
+from .quota import Ledger
 
 DEFAULT_MAX_KEY_BYTES: Final = 8 * 1024
 DEFAULT_MAX_VALUE_BYTES: Final = 64 * 1024 * 1024
@@ -56,7 +57,6 @@ KEY_TOO_LARGE: Final = "key_too_large"
 VALUE_TOO_LARGE: Final = "value_too_large"
 DUPLICATE_REQUEST: Final = "duplicate_request"
 BAD_REQUEST: Final = "bad_request"
-QUOTA_EXCEEDED = QUOTA_EXCEEDED  # a write over a quota (see :mod:`.quota`)
 
 
 class Failure(NamedTuple):
