@@ -23,7 +23,8 @@ from aiodist import auth
 from aiodist.errors import ProtocolError
 from aiodist.store import protocol as P
 from aiodist.store.limits import StoreLimits
-from aiodist.store.server import StoreServer, _Session
+from aiodist.store.requests import Session as _Session
+from aiodist.store.server import StoreServer
 from aiodist.wire import PREAMBLE, FrameDecoder
 
 SECRET = b"fuzzing secret"
