@@ -27,6 +27,7 @@ from typing import Any
 from ..context import getenv
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
 from ..wire import DEFAULT_MAX_FRAME_SIZE, PREAMBLE, FrameDecoder, as_byte_view, encode_frame
+from .accept import listen_socket
 from .base import Address, Connection, ConnectionHandler, Frame, Header, Listener, Network, PayloadSink
 
 log = logging.getLogger("aiodist.net")
@@ -604,12 +605,11 @@ class TCPNetwork(Network):
             conn = _ServerConnection(listener, handshake_timeout, max_frame_size=mfs)
             return conn
 
-        loop = asyncio.get_running_loop()
         try:
-            server = await loop.create_server(factory, host or None, port, reuse_address=True)
+            server = await listen_socket(host, port, factory)
         except OSError as e:
             raise ConnectionLost(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-        listener._server = server
+        listener._server = server  # type: ignore[assignment]  # an AcceptLoop: close, wait_closed, sockets
         sockname = server.sockets[0].getsockname()
         listener._address = (host or sockname[0], sockname[1])
         return listener
