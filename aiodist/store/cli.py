@@ -23,9 +23,13 @@ from .server import StoreServer
 
 def add_cli(subparsers: Any) -> None:
     """Add ``store serve`` to an argparse sub-parsers object (``func(args) -> int``)."""
-    store = subparsers.add_parser("store", help="the key-value store")
+    store = subparsers.add_parser("store", help="the key-value store (aiodist store serve --help)",
+                                  description="The key-value store. Its one subcommand, serve, runs a store server.")
     sub = store.add_subparsers(dest="store_command", metavar="SUBCOMMAND")
-    serve = sub.add_parser("serve", help="run a standalone store server")
+    serve = sub.add_parser("serve", help="run a standalone store server",
+                           description="Run a standalone store server (what rank 0 hosts in a job) until Ctrl-C "
+                                       "or SIGTERM; ranks reach it with init_process_group(store=...) or "
+                                       "TCPStore.connect(host, port).")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=29500, help="port (default: 29500; 0 picks a free one)")
     security = serve.add_mutually_exclusive_group()
@@ -37,8 +41,10 @@ def add_cli(subparsers: Any) -> None:
                                "every key (debugging only)")
     d = StoreLimits()
     size = _size_arg
-    serve.add_argument("--max-value-bytes", type=size, default=d.max_value_bytes, metavar="SIZE")
-    serve.add_argument("--max-key-bytes", type=size, default=d.max_key_bytes, metavar="SIZE")
+    serve.add_argument("--max-value-bytes", type=size, default=d.max_value_bytes, metavar="SIZE",
+                       help=f"largest value a client may store; bigger requests are refused (default: {d.max_value_bytes})")
+    serve.add_argument("--max-key-bytes", type=size, default=d.max_key_bytes, metavar="SIZE",
+                       help=f"longest key a client may use (default: {d.max_key_bytes})")
     serve.add_argument("--max-connections", type=int, default=d.max_connections, metavar="N",
                        help=f"connections open at once (default: {d.max_connections})")
     serve.add_argument("--max-client-bytes", type=size, default=d.max_client_bytes, metavar="SIZE",
@@ -49,8 +55,11 @@ def add_cli(subparsers: Any) -> None:
                        help="replies waiting for one client before it is cut off (default: twice the frame limit)")
     serve.add_argument("--send-timeout", type=float, default=d.send_timeout, metavar="SECONDS",
                        help=f"how long a client may leave its replies unread (default: {d.send_timeout:g}; 0 disables)")
-    serve.add_argument("--idle-timeout", type=float, default=d.idle_timeout, help="seconds; 0 disables")
-    serve.add_argument("--handshake-timeout", type=float, default=d.handshake_timeout)
+    serve.add_argument("--idle-timeout", type=float, default=d.idle_timeout, metavar="SECONDS",
+                       help=f"close a client connection silent this long; 0 disables (default: {d.idle_timeout:g})")
+    serve.add_argument("--handshake-timeout", type=float, default=d.handshake_timeout, metavar="SECONDS",
+                       help=f"drop a new connection that has not completed its handshake, authentication "
+                            f"included, in this time (default: {d.handshake_timeout:g})")
     serve.set_defaults(func=serve_main)
     store.set_defaults(func=lambda args: (store.print_help(), 2)[1])
 
