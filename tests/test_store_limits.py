@@ -48,6 +48,24 @@ async def test_over_the_connection_limit_clients_wait_and_refusals_are_logged_on
     assert len(tail) == 1 and "such since the last report" in tail[0]  # the rest, counted, not dropped
 
 
+async def test_sockets_stuck_in_their_handshake_cannot_crowd_out_real_clients() -> None:
+    async with await StoreServer.start(HOST, 0, max_handshakes=2, handshake_timeout=0.5) as srv:
+        clients = [await TCPStore.connect(HOST, srv.port, timeout=5) for _ in range(4)]  # authenticated: not counted
+        stuck = [await asyncio.open_connection(HOST, srv.port) for _ in range(2)]  # never authenticate
+        await until(lambda: srv._admission.handshaking == 2)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        async with await TCPStore.connect(HOST, srv.port, timeout=5) as late:  # busy until the stuck ones time out
+            assert await late.add("n", 1) == 1
+        assert 0.3 < loop.time() - t0 < 4.0
+        assert srv._admission.refused > 0
+        for c in clients:
+            assert await c.add("n", 1) > 1
+            await c.close()
+        for _, w in stuck:
+            w.close()
+
+
 async def test_quotas_refuse_the_writer_with_a_clear_error() -> None:
     async with await StoreServer.start(HOST, 0, max_client_bytes=10_000, max_total_bytes=25_000) as srv:
         a = await TCPStore.connect(HOST, srv.port, timeout=5)

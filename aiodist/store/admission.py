@@ -27,11 +27,14 @@ log = logging.getLogger("aiodist.store")
 
 
 class Admission:
-    """Connections open at once, against ``limits.max_connections``."""
+    """Connections open at once against ``limits.max_connections``, and those still in their handshake
+    against ``limits.max_handshakes`` (so that unauthenticated sockets cannot crowd out real clients)."""
 
     def __init__(self, limits: StoreLimits, address: str) -> None:
         self.limit = limits.max_connections
+        self.handshake_limit = limits.max_handshakes
         self.open = 0
+        self.handshaking = 0
         self.refused = 0
         self._address = address
         self._busy = RateLog(log, logging.WARNING, limits.log_interval)
@@ -39,22 +42,33 @@ class Admission:
         self._cutoffs = RateLog(log, logging.WARNING, limits.log_interval)
 
     def __repr__(self) -> str:
-        return f"<Admission open={self.open}/{self.limit} refused={self.refused}>"
+        return (
+            f"<Admission open={self.open}/{self.limit} handshaking={self.handshaking}/{self.handshake_limit}"
+            f" refused={self.refused}>"
+        )
 
     def enter(self, peer: str) -> bool:
-        """Count a new connection in, or False (over the limit: logged, the caller closes it)."""
+        """Count a new connection in (handshaking), or False (over a limit: logged, the caller closes it)."""
         if self.open >= self.limit:
-            self.refused += 1
-            self._busy.event(
-                f"store server {self._address}: refused a connection from {peer}: {self.open} connections are open, "
-                f"the limit (max_connections) is {self.limit}"
-            )
-            return False
-        self.open += 1
-        return True
+            why = f"{self.open} connections are open, the limit (max_connections) is {self.limit}"
+        elif self.handshaking >= self.handshake_limit:
+            why = f"{self.handshaking} connections are in their handshake, the limit (max_handshakes) is {self.handshake_limit}"
+        else:
+            self.open += 1
+            self.handshaking += 1
+            return True
+        self.refused += 1
+        self._busy.event(f"store server {self._address}: refused a connection from {peer}: {why}")
+        return False
 
-    def leave(self) -> None:
+    def authenticated(self) -> None:
+        """A connection finished its handshake."""
+        self.handshaking -= 1
+
+    def leave(self, *, authenticated: bool) -> None:
         self.open -= 1
+        if not authenticated:
+            self.handshaking -= 1
 
     def unauthenticated(self, peer: str, why: str) -> None:
         """A connection failed the handshake (logged at INFO, rate-limited: a scan must not flood the log)."""

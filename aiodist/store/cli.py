@@ -47,6 +47,8 @@ def add_cli(subparsers: Any) -> None:
                        help=f"longest key a client may use (default: {d.max_key_bytes})")
     serve.add_argument("--max-connections", type=int, default=d.max_connections, metavar="N",
                        help=f"connections open at once (default: {d.max_connections})")
+    serve.add_argument("--max-handshakes", type=int, default=d.max_handshakes, metavar="N",
+                       help=f"connections in their handshake at once (default: {d.max_handshakes})")
     serve.add_argument("--max-client-bytes", type=size, default=d.max_client_bytes, metavar="SIZE",
                        help="keys and values one connection may keep stored (default: 1G; 'none': no quota)")
     serve.add_argument("--max-total-bytes", type=size, default=d.max_total_bytes, metavar="SIZE",
@@ -91,6 +93,7 @@ async def _serve(args: argparse.Namespace) -> int:
             secret = auth.read_secret_file(args.secret_file)
         limits = StoreLimits(
             max_connections=args.max_connections,
+            max_handshakes=args.max_handshakes,
             max_key_bytes=args.max_key_bytes,
             max_value_bytes=args.max_value_bytes,
             max_client_bytes=args.max_client_bytes,

@@ -39,7 +39,9 @@ class StoreLimits:
     """What one store server allows (``None``: no limit, where allowed).
 
     * ``max_connections``: connections open at once, authenticated or not;
-      a connection over the limit is told the server is busy and closed (the
+      ``max_handshakes``: of those, connections still in their handshake (so
+      that sockets that never authenticate cannot crowd out real clients). A
+      connection over either is told the server is busy and closed (the
       client retries with backoff), and the refusals are logged once per
       ``log_interval`` seconds.
     * ``max_key_bytes`` / ``max_value_bytes``: one key, one value.
@@ -59,7 +61,8 @@ class StoreLimits:
       authentication included.
     """
 
-    max_connections: int = 4096
+    max_connections: int = 16384
+    max_handshakes: int = 1024
     max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     max_frame_bytes: int | None = None
@@ -180,11 +183,14 @@ def _parse_seconds(raw: str, name: str) -> float | None:
 
 
 _NAMES: Final = frozenset(f.name for f in dataclasses.fields(StoreLimits))
-_REQUIRED: Final = frozenset({"max_connections", "max_key_bytes", "max_value_bytes", "handshake_timeout", "log_interval"})
-_INTEGERS: Final = frozenset(
-    {"max_connections", "max_key_bytes", "max_value_bytes", "max_frame_bytes", "max_client_bytes", "max_total_bytes", "max_outbox_bytes"}
+_REQUIRED: Final = frozenset(
+    {"max_connections", "max_handshakes", "max_key_bytes", "max_value_bytes", "handshake_timeout", "log_interval"}
 )
+_COUNTS: Final = frozenset({"max_connections", "max_handshakes"})
+_INTEGERS: Final = _COUNTS | {
+    "max_key_bytes", "max_value_bytes", "max_frame_bytes", "max_client_bytes", "max_total_bytes", "max_outbox_bytes"
+}
 _PARSERS: Final[dict[str, Callable[[str, str], Any]]] = {
-    name: (_parse_count if name == "max_connections" else parse_size if name in _INTEGERS else _parse_seconds)
+    name: (_parse_count if name in _COUNTS else parse_size if name in _INTEGERS else _parse_seconds)
     for name in sorted(_NAMES)
 }

@@ -143,23 +143,26 @@ class StoreServer(Requests):
         if not admission.enter(conn.peer):
             await send_quietly(conn, P.busy())
             return
+        authenticated = False
         try:
-            await self._serve_admitted(conn)
+            limit_frames(conn)
+            try:
+                async with asyncio.timeout(self.handshake_timeout):
+                    if not await server_handshake(conn, self._secret, admission):
+                        return
+            except TimeoutError:
+                admission.unauthenticated(conn.peer, f"no complete handshake within {self.handshake_timeout:g}s")
+                return
+            except ConnectionClosedError:
+                admission.unauthenticated(conn.peer, "it left during the handshake")
+                return
+            authenticated = True
+            admission.authenticated()
+            await self._serve_authenticated(conn)
         finally:
-            admission.leave()
+            admission.leave(authenticated=authenticated)
 
-    async def _serve_admitted(self, conn: Connection) -> None:
-        limit_frames(conn)
-        try:
-            async with asyncio.timeout(self.handshake_timeout):
-                if not await server_handshake(conn, self._secret, self._admission):
-                    return
-        except TimeoutError:
-            self._admission.unauthenticated(conn.peer, f"no complete handshake within {self.handshake_timeout:g}s")
-            return
-        except ConnectionClosedError:
-            self._admission.unauthenticated(conn.peer, "it left during the handshake")
-            return
+    async def _serve_authenticated(self, conn: Connection) -> None:
         lift_limit(conn)
         await conn.send(
             P.hello_reply(idle=self.idle_timeout, max_key=self.state.max_key_bytes, max_value=self.state.max_value_bytes)
