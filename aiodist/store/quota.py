@@ -82,14 +82,37 @@ class Ledger:
     # ------------------------------------------------------------ plain keys
 
     def write(self, client: Hashable, key: str, old: bytes | None, new_len: int) -> str | None:
-        """Charge ``client`` for ``key`` now holding ``new_len`` bytes instead of ``old``; the refusal (nothing charged) if over a quota."""
-        klen = len(key)
-        freed = 0 if old is None else klen + len(old)
-        owner = None if old is None else self._owner.get(key)
-        why = self.refusal(client, klen + new_len, freed, freed if owner == client else 0)
-        if why is None:
-            self._move(client, key, old, new_len)
-        return why
+        """Charge ``client`` for ``key`` now holding ``new_len`` bytes instead of ``old``; the refusal (nothing charged) if over a quota.
+
+        (:meth:`refusal` and :meth:`_move` inlined: this runs for every write.)
+        """
+        adding = len(key) + new_len
+        by_client = self._by_client
+        if old is None:
+            freed = own = 0
+            owner = None
+        else:
+            freed = len(key) + len(old)
+            owner = self._owner.get(key)
+            own = freed if owner == client else 0
+        total = self.total + adding - freed
+        mine = by_client.get(client, 0) + adding - own
+        if (adding > freed and self.max_total is not None and total > self.max_total) or (
+            adding > own and self.max_client is not None and mine > self.max_client
+        ):
+            return self.refusal(client, adding, freed, own)
+        self.total = total
+        by_client[client] = mine
+        if owner is not None and owner != client:
+            left = by_client.get(owner)
+            if left is not None:
+                if left > freed:
+                    by_client[owner] = left - freed
+                else:
+                    del by_client[owner]
+        if owner != client:
+            self._owner[key] = client
+        return None
 
     def write_many(
         self, client: Hashable, keys: Sequence[str], values: Sequence[bytes], lookup: Callable[[str], bytes | None]
