@@ -43,6 +43,15 @@ def test_the_total_quota_counts_everyone_and_outlives_a_client() -> None:
     assert refused(s.set("b", 3, "b", b"y" * 39)) is None
 
 
+def test_a_forgotten_clients_entries_never_make_a_share_negative() -> None:
+    s = StoreState(max_client_bytes=100)
+    s.set("a", 1, "k1", b"x")
+    s.drop_client("a")
+    s.set("a", 2, "k1", b"")  # (the server never reuses a client id; the ledger stays sound if one did)
+    s.multi_set("a", 3, ["k1", "k1"], [b"", b"y"])
+    assert s.stored_bytes("a") >= 0 and s.stored_bytes() == 3
+
+
 def test_counters_compare_set_multi_set_and_queues_are_charged() -> None:
     s = StoreState(max_client_bytes=64)
     assert s.add("a", 1, "n", 5)[0].value == 5

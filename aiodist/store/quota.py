@@ -94,7 +94,8 @@ class Ledger:
         else:
             freed = len(key) + len(old)
             owner = self._owner.get(key)
-            own = freed if owner == client else 0
+            # (an entry of a client that was forgotten no longer counts in its share)
+            own = min(freed, by_client.get(client, 0)) if owner == client else 0
         total = self.total + adding - freed
         mine = by_client.get(client, 0) + adding - own
         if (adding > freed and self.max_total is not None and total > self.max_total) or (
@@ -132,7 +133,7 @@ class Ledger:
                 freed += n
                 if self._owner.get(key) == client:
                     freed_own += n
-        why = self.refusal(client, adding, freed, freed_own)
+        why = self.refusal(client, adding, freed, min(freed_own, self._by_client.get(client, 0)))
         if why is None:
             written: dict[str, bytes] = {}
             for key, value in zip(keys, values):  # in order, as the writes themselves
