@@ -48,6 +48,7 @@ def test_a_forgotten_clients_entries_never_make_a_share_negative() -> None:
     s.set("a", 1, "k1", b"x")
     s.drop_client("a")
     s.set("a", 2, "k1", b"")  # (the server never reuses a client id; the ledger stays sound if one did)
+    assert s.stored_bytes("a") >= 0 and s.stored_bytes() == 2
     s.multi_set("a", 3, ["k1", "k1"], [b"", b"y"])
     assert s.stored_bytes("a") >= 0 and s.stored_bytes() == 3
 
