@@ -12,9 +12,11 @@ The default group is per rank (kept in the rank scope of
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
+from .auth import FROM_ENVIRONMENT, resolve_secret
 from .collectives.ops import ReduceOp
 from .comm import Transport
 from .comm.channel import rank_table
@@ -23,6 +25,8 @@ from .errors import GroupError, InvalidRankError
 from .group import WORLD_GROUP_ID, ProcessGroup, Work
 from .rendezvous import Rendezvous, leave, rendezvous
 from .unawaited import raise_if_unawaited
+
+log = logging.getLogger(__name__)
 
 _GROUPS = "aiodist_groups"
 STORE_LEAVE_WAIT = 10.0
@@ -75,6 +79,8 @@ async def init_process_group(
     backend: str | None = None,
     heartbeat_interval: float | None = None,
     heartbeat_misses: int | None = None,
+    secret: Any = FROM_ENVIRONMENT,
+    ssl: Any = None,
     store_limits: Any = None,
 ) -> ProcessGroup:
     """Rendezvous (see :mod:`aiodist.rendezvous`) and make the world group this rank's default.
@@ -86,16 +92,29 @@ async def init_process_group(
     :data:`aiodist.comm.transport.HEARTBEAT_INTERVAL`; the environment
     variables ``AIODIST_HEARTBEAT_INTERVAL``/``_MISSES``/``_TIMEOUT`` set them
     too). A rank that blocks its event loop longer than that (a long
-    computation that never awaits) looks hung to its peers: raise them.
-    ``store_limits`` (an :class:`aiodist.store.limits.StoreLimits`) sets the
-    limits of the store rank 0 starts (default: ``AIODIST_STORE_LIMITS``, as
-    ``aiodist run --store-limits`` sets it). ``backend`` is accepted for torch compatibility
+    computation that never awaits) looks hung to its peers: raise them. ``backend`` is accepted for torch compatibility
     and ignored (so is a backend name such as ``"gloo"`` in place of
     ``init_method``). Raises GroupError if this rank already has a default group.
+
+    ``secret``: the job's shared secret (bytes or str). Every connection
+    between ranks (and to the store) proves it both ways before it carries
+    anything, so a process that does not know it can neither join nor sit in
+    between. By default it is looked up in this rank's environment
+    (``AIODIST_SECRET``, set by ``aiodist run`` and ``aiodist.spawn``; then
+    ``AIODIST_SECRET_FILE``; then the user's own secret file, see
+    :func:`aiodist.auth.resolve_secret`); ``None`` switches authentication
+    off (with a warning). ``ssl``: TLS for links that cross machines, an
+    :class:`aiodist.tls.TLS` (this rank's server-side and client-side
+    contexts, e.g. ``TLS.mutual(cert=..., key=..., ca=...)``: both ends then
+    require a certificate of that CA), used by the store and the rank links.
+    ``store_limits`` (an :class:`aiodist.store.limits.StoreLimits`) sets the
+    limits of the store rank 0 starts (default: ``AIODIST_STORE_LIMITS``, as
+    ``aiodist run --store-limits`` sets it).
     """
     del backend
     if get_default_group() is not None:
         raise GroupError("the default process group is already initialized; call destroy_process_group() first")
+    secret = resolve_secret(secret)
     transports: list[Transport] = []
 
     async def publish(info: Rendezvous) -> None:
@@ -109,6 +128,8 @@ async def init_process_group(
                 store=info.store,
                 key_prefix=info.key_prefix,
                 timeout=timeout,
+                secret=secret,
+                ssl=ssl,
             )
         )
         transports[-1].configure_heartbeat(heartbeat_interval, heartbeat_misses)
@@ -116,7 +137,7 @@ async def init_process_group(
     try:
         rdzv = await rendezvous(
             init_method, rank=rank, world_size=world_size, store=store, timeout=timeout, publish=publish,
-            store_limits=store_limits,
+            secret=secret, ssl=ssl, store_limits=store_limits,
         )
     except BaseException:
         for t in transports:
@@ -145,8 +166,8 @@ async def init_process_group(
         for close in reversed(rdzv.owned):
             try:
                 await close()
-            except Exception:
-                pass
+            except Exception as e:  # the job is over for this rank: what is left to close is not its concern
+                log.debug("rank %d: closing %r at the end of the job failed: %r", rdzv.rank, close, e)
 
     pg._on_destroy.append(teardown)
     _registry().clear()

@@ -9,25 +9,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiodist.errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost
-from aiodist.net.base import Address, Connection, ConnectionHandler, Frame, Header, Listener, PayloadSink
+from aiodist.net.base import Address, Connection, ConnectionHandler, Frame, FrameHandler, Header, Listener, PayloadSink
 from aiodist.net.base import Network as _SeamNetwork
-from aiodist.wire import DEFAULT_MAX_FRAME_SIZE, as_byte_view
+from aiodist.wire import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADER_SIZE, as_byte_view, encode_header
 
 from .headers import wire_header
 
 if TYPE_CHECKING:
     from .network import Fabric, Host
-
-# Frame is a frozen, slotted dataclass: filling its two slots directly skips two
-# object.__setattr__ calls per delivered frame. Only if it still has exactly those slots.
-_FAST_FRAME = getattr(Frame, "__slots__", None) == ("header", "payload")
-_new_frame = object.__new__
-_set_header = Frame.header.__set__ if _FAST_FRAME else None  # type: ignore[attr-defined]
-_set_payload = Frame.payload.__set__ if _FAST_FRAME else None  # type: ignore[attr-defined]
 
 LOCAL_NAMES = frozenset({"", "0.0.0.0", "::", "127.0.0.1", "localhost", "::1"})
 """Addresses that mean "this host" (listen on them, or connect to yourself)."""
@@ -66,7 +58,7 @@ class SimConnection(Connection):
     """One endpoint of a simulated connection (see the module docstring)."""
 
     # set_frame_handler (class defaults: no memory per endpoint until used)
-    _on_frame: Callable[[Frame], None] | None = None
+    _on_frame: FrameHandler | None = None
     _draining = False
     # send_nowait: frames the window could not take yet (TCP: asyncio's write buffer), and drained() waiters
     _outbox: deque[tuple[Header, bytearray | None, int]] | tuple[()] = ()
@@ -114,9 +106,16 @@ class SimConnection(Connection):
         return self._exc is not None
 
     def set_payload_sink(self, sink: PayloadSink | None) -> None:
-        self._sink = sink
+        if self._exc is None:
+            self._sink = sink
 
-    def set_frame_handler(self, handler: Callable[[Frame], None] | None) -> None:
+    def set_max_frame_size(self, n: int) -> None:
+        """Frames delivered from now on are limited to ``n`` bytes (msgpack header + payload), as on TCP."""
+        if n <= 0:
+            raise ValueError(f"max_frame_size must be positive, got {n}")
+        self._max_frame_size = n
+
+    def set_frame_handler(self, handler: FrameHandler | None) -> None:
         """Deliver frames by calling ``handler(frame)`` as they arrive, instead of through :meth:`recv`.
 
         The same contract as :meth:`aiodist.net.tcp.TCPConnection.set_frame_handler`:
@@ -149,7 +148,7 @@ class SimConnection(Connection):
         if self._paused and self._exc is None and len(frames) < self._fabric.max_unread_frames:
             self._resume(self._fabric.max_unread_frames)  # the queue emptied: read what waits in the kernel
 
-    def _handle(self, handler: Callable[[Frame], None], frame: Frame) -> bool:
+    def _handle(self, handler: FrameHandler, frame: Frame) -> bool:
         try:
             handler(frame)
         except Exception as e:  # noqa: BLE001 - mirror TCP: a failing handler breaks the connection
@@ -374,12 +373,13 @@ class SimConnection(Connection):
 
     def _take(self, header: Header, data: bytearray | None, n: int) -> None:
         """The protocol reads one frame: into the sink's buffer or a fresh one, then the queue."""
+        limit = self._max_frame_size
+        if n + DEFAULT_MAX_HEADER_SIZE > limit and n + len(encode_header(header)) > limit:  # (rarely encoded)
+            self._abort(f"frame of {n + len(encode_header(header))} bytes from {self._peer_host.name} exceeds "
+                        f"the limit of {limit} bytes")
+            return
         if data is None:
             payload = None
-        elif n > self._max_frame_size:
-            self._abort(f"frame of {n} bytes from {self._peer_host.name} exceeds the limit of "
-                        f"{self._max_frame_size} bytes")
-            return
         else:
             sink = self._sink
             target = None
@@ -396,12 +396,7 @@ class SimConnection(Connection):
                     self._abort(f"payload sink failed on connection to {self.peer}: {e!r}")
                     return
             payload = target if target is not None else memoryview(data)
-        if _FAST_FRAME:  # Frame(header, payload) without the frozen dataclass's __init__
-            frame = _new_frame(Frame)
-            _set_header(frame, header)
-            _set_payload(frame, payload)
-        else:
-            frame = Frame(header, payload)
+        frame = Frame(header, payload)
         frames = self._frames
         handler = self._on_frame
         if handler is not None and not frames and not self._draining:
@@ -481,6 +476,7 @@ class SimConnection(Connection):
             self._exc = exc
         self._fin_sent = True
         self._host.endpoints.pop(self._id, None)
+        self._release()
         self._wake()
 
     def _abort(self, reason: str) -> None:
@@ -502,6 +498,7 @@ class SimConnection(Connection):
                                      detail=reason)
         self._fin_sent = True
         self._host.endpoints.pop(self._id, None)
+        self._release()
         self._wake()
 
     def _send_fin(self, reason: str) -> None:
@@ -517,6 +514,7 @@ class SimConnection(Connection):
             self._exc = ConnectionLost(reason)
 
     def close(self) -> None:
+        """Close in order: what :meth:`send_nowait` queued still leaves, then the FIN. See the seam."""
         if self._exc is None:
             self._exc = ConnectionClosedLocally(f"connection to {self.peer} was closed by this side")
             self._frames.clear()
@@ -525,7 +523,30 @@ class SimConnection(Connection):
                 self._put(h, data, n, self._fabric.loop._now)
         self._send_fin("closed")
         self._host.endpoints.pop(self._id, None)
+        self._release()
         self._wake()
+
+    def abort(self) -> None:
+        """Reset: frames still queued here are dropped and the peer sees ConnectionLost at once."""
+        if self._exc is None or not isinstance(self._exc, ConnectionLost):
+            self._exc = ConnectionClosedLocally(f"connection to {self.peer} was aborted by this side")
+        self._frames.clear()
+        self._outbox = ()
+        self._fin_sent = True
+        self._host.endpoints.pop(self._id, None)
+        self._release()
+        self._wake()
+        peer = self._peer_ep
+        if peer is not None and peer._exc is None:
+            self._fabric.tracer.emit(self._fabric.loop._now, "reset", self._host.name, self._peer_host.name,
+                                     detail="aborted")
+            peer._fail(ConnectionLost(f"connection reset by {self._host.name}"))
+
+    def _release(self) -> None:
+        """Forget the sink and the frame handler (they may refer back to this connection)."""
+        self._sink = None
+        if self._on_frame is not None:
+            self._on_frame = None
 
     async def wait_closed(self) -> None:
         return None
@@ -605,11 +626,15 @@ class HostNetwork(_SeamNetwork):
     def __repr__(self) -> str:
         return f"<sim.HostNetwork {self._host.name}>"
 
-    def default_host(self) -> str:
+    async def default_host(self) -> str:
         return self._host.name
 
-    async def connect(self, address: Address, *, timeout: float | None = None, **_: Any) -> Connection:
+    async def connect(self, address: Address, *, timeout: float | None = None,
+                      max_frame_size: int | None = None, ssl: Any = None) -> Connection:
         """Open a connection (a round trip). ConnectionLost if refused/unknown; TimeoutError on timeout.
+
+        ``ssl`` is accepted and has no effect: the simulated links run inside
+        one process, with nothing to encrypt.
 
         Cancellation (or the timeout): nothing is left behind; a connection
         the peer accepted meanwhile is closed (the peer sees ConnectionLost).
@@ -618,7 +643,10 @@ class HostNetwork(_SeamNetwork):
         loop = self.fabric.loop
         if loop._lane in loop._dead:
             await loop.create_future()
-        return await self.fabric.connect(self._host, address, timeout)
+        conn = await self.fabric.connect(self._host, address, timeout)
+        if max_frame_size is not None:
+            conn.set_max_frame_size(max_frame_size)
+        return conn
 
     async def listen(
         self,
@@ -627,8 +655,9 @@ class HostNetwork(_SeamNetwork):
         *,
         max_frame_size: int | None = None,
         handshake_timeout: float | None = None,
+        ssl: Any = None,
     ) -> Listener:
-        """Bind ``address`` on this host (port 0 picks a free port); ConnectionLost if taken."""
+        """Bind ``address`` on this host (port 0 picks a free port); ConnectionLost if taken. (``ssl``: as connect.)"""
         fabric = self.fabric
         assert fabric is not None
         host, port = address
