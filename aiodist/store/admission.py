@@ -6,7 +6,9 @@ never a silent drop). :func:`server_handshake` runs the store's hello
 exchange with the mutual authentication of :mod:`aiodist.auth` on a fresh
 connection; :func:`client_handshake` is the client's side. Before a
 connection has authenticated, its frames are limited to
-:data:`~aiodist.store.limits.PRE_AUTH_MAX_FRAME` bytes.
+:data:`~aiodist.store.limits.PRE_AUTH_MAX_FRAME` bytes (the callers open and
+accept connections with that limit and raise it once the other end proved
+the secret).
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from typing import Any
 from .. import auth
 from ..context import token_bytes
 from ..ratelog import RateLog
-from ..errors import ConnectionClosedError, FrameTooLargeError, StoreError
-from ..net.base import Connection, Header
+from ..errors import ConnectionClosedError, StoreError
+from ..net.base import Connection
 from . import protocol as P
-from .limits import PRE_AUTH_MAX_FRAME, StoreLimits
+from .limits import StoreLimits
 
 log = logging.getLogger("aiodist.store")
 
@@ -82,21 +84,6 @@ class Admission:
         self._busy.close()
         self._refusals.close()
         self._cutoffs.close()
-
-
-def _small_frames_only(header: Header, nbytes: int) -> None:
-    """Payload sink of a connection that has not authenticated: a payload over the limit breaks it."""
-    if nbytes > PRE_AUTH_MAX_FRAME:
-        raise FrameTooLargeError(nbytes, PRE_AUTH_MAX_FRAME)
-
-
-def limit_frames(conn: Connection) -> None:
-    """Until :func:`lift_limit`: frames of at most a few KiB (nothing is allocated for a larger claim)."""
-    conn.set_payload_sink(_small_frames_only)
-
-
-def lift_limit(conn: Connection) -> None:
-    conn.set_payload_sink(None)
 
 
 async def server_handshake(conn: Connection, secret: bytes | None, admission: Admission) -> bool:

@@ -42,8 +42,10 @@ from ..errors import (
 )
 from ..inflight import waiting_in
 from ..net.base import Connection, Frame
+from ..wire import DEFAULT_MAX_FRAME_SIZE
 from . import protocol as P
-from .admission import BusyError, client_handshake, lift_limit, limit_frames
+from .admission import BusyError, client_handshake
+from .limits import PRE_AUTH_MAX_FRAME
 from .base import Store, Value, as_amount, as_key, as_keys, as_timeout, as_value
 from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, KEY_TOO_LARGE, VALUE_TOO_LARGE
 
@@ -127,10 +129,7 @@ class TCPStore(Store):
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0, got {timeout!r}")
         key = auth.resolve_secret(secret)
-        connect_options: dict[str, Any] = {}
         context = tls.client_side(ssl)
-        if context is not None:
-            connect_options["ssl"] = context
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         net = current_network()
@@ -150,19 +149,19 @@ class TCPStore(Store):
             attempts += 1
             conn: Connection | None = None
             try:
-                conn = await net.connect((host, port), timeout=remaining, **connect_options)
-                limit_frames(conn)  # until the server proved the secret
+                # Small frames until the server proved the secret; then replies of any size.
+                conn = await net.connect((host, port), timeout=remaining, max_frame_size=PRE_AUTH_MAX_FRAME, ssl=context)
                 async with asyncio.timeout(remaining):
                     reply = await client_handshake(conn, key, f"{host}:{port}")
-                lift_limit(conn)
+                conn.set_max_frame_size(DEFAULT_MAX_FRAME_SIZE)
                 return cls(conn, host=host, port=port, timeout=timeout, hello=reply)
             except (ConnectionLost, TimeoutError, BusyError) as e:
                 if conn is not None:
-                    conn.close()
+                    conn.abort()
                 last = e
             except BaseException:
                 if conn is not None:
-                    conn.close()
+                    conn.abort()
                 raise
             delay = min(backoff, deadline - loop.time())
             if delay > 0:

@@ -30,8 +30,8 @@ from ..context import current_network
 from ..errors import ConnectionClosedError, ConnectionLost
 from ..net.base import Connection, Listener
 from . import protocol as P
-from .admission import Admission, lift_limit, limit_frames, send_quietly, server_handshake
-from .limits import StoreLimits
+from .admission import Admission, send_quietly, server_handshake
+from .limits import PRE_AUTH_MAX_FRAME, StoreLimits
 from .requests import Requests, Session
 from .state import Reply, StoreState
 
@@ -89,16 +89,12 @@ class StoreServer(Requests):
         """
         limits = (limits or StoreLimits()).replace(**options)
         server = cls(limits=limits, secret=auth.resolve_secret(secret))
-        listen_options: dict[str, Any] = {}
-        context = tls.server_side(ssl)
-        if context is not None:
-            listen_options["ssl"] = context
         server._listener = await current_network().listen(
             (host, port),
             server._serve,
-            max_frame_size=limits.frame_bytes,
+            max_frame_size=PRE_AUTH_MAX_FRAME,  # raised for each connection once it authenticated
             handshake_timeout=limits.handshake_timeout,
-            **listen_options,
+            ssl=tls.server_side(ssl),
         )
         server.host, server.port = server._listener.address
         server._admission = Admission(limits, f"{server.host}:{server.port}")
@@ -145,7 +141,6 @@ class StoreServer(Requests):
             return
         authenticated = False
         try:
-            limit_frames(conn)
             try:
                 async with asyncio.timeout(self.handshake_timeout):
                     if not await server_handshake(conn, self._secret, admission):
@@ -163,7 +158,7 @@ class StoreServer(Requests):
             admission.leave(authenticated=authenticated)
 
     async def _serve_authenticated(self, conn: Connection) -> None:
-        lift_limit(conn)
+        conn.set_max_frame_size(self.limits.frame_bytes)
         await conn.send(
             P.hello_reply(idle=self.idle_timeout, max_key=self.state.max_key_bytes, max_value=self.state.max_value_bytes)
         )
@@ -398,7 +393,7 @@ class StoreServer(Requests):
         self._admission.cut_off(session.conn.peer, why)
         session.outbox.clear()
         session.outbox_bytes = 0
-        session.conn.close()
+        session.conn.abort()  # (an orderly close would wait for it to read what is queued)
 
 _DRAIN: Final[dict[str, Any]] = {}
 """Outbox marker: the fast path met a full socket buffer; the writer waits for it to drain (bounded)."""
