@@ -16,6 +16,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from . import tls
 from .auth import FROM_ENVIRONMENT, resolve_secret
 from .collectives.ops import ReduceOp
 from .comm import Transport
@@ -106,7 +107,9 @@ async def init_process_group(
     off (with a warning). ``ssl``: TLS for links that cross machines, an
     :class:`aiodist.tls.TLS` (this rank's server-side and client-side
     contexts, e.g. ``TLS.mutual(cert=..., key=..., ca=...)``: both ends then
-    require a certificate of that CA), used by the store and the rank links.
+    require a certificate of that CA), used by the store and the rank links;
+    by default taken from ``AIODIST_TLS_CERT``/``_KEY``/``_CA`` when they are
+    set (``aiodist run --tls-cert ... --tls-key ... --tls-ca ...``).
     ``store_limits`` (an :class:`aiodist.store.limits.StoreLimits`) sets the
     limits of the store rank 0 starts (default: ``AIODIST_STORE_LIMITS``, as
     ``aiodist run --store-limits`` sets it).
@@ -114,6 +117,9 @@ async def init_process_group(
     del backend
     if get_default_group() is not None:
         raise GroupError("the default process group is already initialized; call destroy_process_group() first")
+    if ssl is None:
+        ssl = tls.from_environment()  # AIODIST_TLS_CERT/_KEY/_CA, as aiodist run --tls-* sets them
+    tls.server_side(ssl)  # (a TypeError for anything but TLS contexts, before any connection)
     secret = resolve_secret(secret)
     transports: list[Transport] = []
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +20,7 @@ from aiodist.tls import TLS
 from tls_certs import CA
 
 HOST = "127.0.0.1"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +112,65 @@ async def test_rank_links_over_mutual_tls(pki: dict[str, Any]) -> None:
 
     assert await run_ranks(2, rank) == [3.0, 3.0]
 
+
+
+JOB = """\
+import asyncio, os
+import numpy as np
+import aiodist as dist
+
+async def main():
+    pg = await dist.init_process_group(timeout=30)
+    x = np.full(1000, float(pg.rank + 1))
+    await dist.all_reduce(x)
+    try:  # the job's store speaks TLS only
+        await dist.TCPStore.connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ssl=None, timeout=0.5)
+        plain = "accepted"
+    except (TimeoutError, ConnectionError):
+        plain = "refused"
+    print("sum", x[0], "plain", plain, flush=True)
+    await dist.destroy_process_group()
+
+asyncio.run(main())
+"""
+
+
+def test_aiodist_run_puts_a_whole_job_on_mutual_tls(tmp_path: Path, pki: dict[str, Any]) -> None:
+    folder = pki["folder"]
+    (tmp_path / "job.py").write_text(JOB)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    tls_options = ["--tls-cert", str(folder / "a.pem"), "--tls-key", str(folder / "a.key"), "--tls-ca", str(folder / "ca.pem")]
+    res = subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", "2", *tls_options, "job.py"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("sum 3.0 plain refused") == 2, res.stdout
+    (folder / "a.key").chmod(0o644)
+    try:
+        bad = subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", "2", *tls_options, "job.py"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        (folder / "a.key").chmod(0o600)
+    assert bad.returncode == 2 and "chmod 600" in bad.stderr
+    partial = subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", "2", *tls_options[:2], "job.py"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert partial.returncode == 2 and "AIODIST_TLS_KEY" in partial.stderr
+
+
+async def test_store_serve_over_tls(pki: dict[str, Any]) -> None:
+    folder = pki["folder"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiodist", "store", "serve", "--port", "0", "--tls-cert", str(folder / "a.pem"),
+        "--tls-key", str(folder / "a.key"), "--tls-ca", str(folder / "ca.pem"), cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+        port = int(line.rsplit(":", 1)[1])
+        async with await TCPStore.connect(HOST, port, ssl=pki["b"], timeout=10) as c:
+            assert await c.add("n", 1) == 1
+        with pytest.raises((StoreConnectTimeoutError, ConnectionError)):
+            await TCPStore.connect(HOST, port, timeout=1.0)  # no TLS: nowhere
+    finally:
+        proc.terminate()
+        await proc.wait()

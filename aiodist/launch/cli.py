@@ -8,7 +8,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..auth import SecretFileError
 from ..errors import LaunchError
 from .conventions import DEFAULT_NPROC
 from .security import add_security_options, job_environment
@@ -231,7 +230,8 @@ def run_command(args: argparse.Namespace) -> int:
             args.nnodes if isinstance(args.nnodes, tuple) else (args.nnodes, args.nnodes))
         elastic = min_nodes != max_nodes
         env = job_environment(os.environ, secret_file=args.secret_file, insecure=args.insecure,
-                              store_limits=args.store_limits, single_node=not elastic and min_nodes == 1)
+                              store_limits=args.store_limits, single_node=not elastic and min_nodes == 1,
+                              tls_files=(args.tls_cert, args.tls_key, args.tls_ca))
         config = LaunchConfig(
             command=build_command(args.program, args.program_args, module=args.module),
             nproc_per_node=args.nproc_per_node,
@@ -247,7 +247,7 @@ def run_command(args: argparse.Namespace) -> int:
             prefix_output=args.prefix,
             env=env,
         )
-    except (ValueError, SecretFileError) as exc:
+    except (ValueError, OSError) as exc:  # (SecretFileError, a TLS file that cannot be loaded)
         print(f"aiodist run: error: {exc}", file=sys.stderr)
         return 2
     try:

@@ -13,6 +13,9 @@ every node (a shared home directory).
 
 ``--store-limits SPEC`` hands the ranks ``AIODIST_STORE_LIMITS``, which rank 0
 applies to the store it starts (see :class:`aiodist.store.limits.StoreLimits`).
+``--tls-cert/--tls-key/--tls-ca`` hand them ``AIODIST_TLS_CERT``/``_KEY``/``_CA``:
+every store and rank connection of the job then runs over mutual TLS (see
+:mod:`aiodist.tls`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import argparse
 import os
 from collections.abc import Mapping
 
-from .. import auth
+from .. import auth, tls
 from ..store.limits import LIMITS_ENV, StoreLimits
 
 __all__ = ["add_security_options", "job_environment", "fresh_secret"]
@@ -41,6 +44,11 @@ def add_security_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--store-limits", dest="store_limits", metavar="SPEC", default=None,
                        help="limits of the store rank 0 starts, e.g. max_connections=2000,max_client_bytes=256M "
                             "(see aiodist.store.limits.StoreLimits)")
+    group.add_argument("--tls-cert", dest="tls_cert", metavar="PATH", default=None,
+                       help="this node's certificate: every store and rank connection runs over mutual TLS "
+                            "(with --tls-key and --tls-ca, the CA that signed every node's certificate)")
+    group.add_argument("--tls-key", dest="tls_key", metavar="PATH", default=None, help="this node's private key")
+    group.add_argument("--tls-ca", dest="tls_ca", metavar="PATH", default=None, help="the job's CA certificate")
 
 
 def job_environment(
@@ -50,16 +58,22 @@ def job_environment(
     insecure: bool = False,
     store_limits: str | None = None,
     single_node: bool = True,
+    tls_files: tuple[str | None, str | None, str | None] = (None, None, None),
 ) -> dict[str, str]:
-    """``base`` with the job's secret settings and store limits (see the module doc).
+    """``base`` with the job's secret settings, store limits and TLS files (see the module doc).
 
-    Raises :class:`~aiodist.auth.SecretFileError` for an unusable secret file
-    and ValueError for a malformed limits spec, before anything starts.
+    Raises :class:`~aiodist.auth.SecretFileError` for an unusable secret or
+    key file and ValueError for a malformed limits spec or an incomplete TLS
+    setup, before anything starts.
     """
     env = dict(base)
     if store_limits is not None:
         StoreLimits.parse(store_limits)  # refuse a bad spec here, not in rank 0
         env[LIMITS_ENV] = store_limits
+    if any(tls_files):
+        files = dict(zip((tls.CERT_ENV, tls.KEY_ENV, tls.CA_ENV), (os.path.abspath(f) if f else "" for f in tls_files)))
+        tls.from_environment(files)  # refuse missing files, a readable key or a partial setup here
+        env.update(files)
     if insecure:
         for name in _CHOICES:
             env.pop(name, None)

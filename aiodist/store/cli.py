@@ -16,7 +16,7 @@ import signal
 import sys
 from typing import Any
 
-from .. import auth
+from .. import auth, tls
 from .limits import StoreLimits, parse_size
 from .server import StoreServer
 
@@ -39,6 +39,10 @@ def add_cli(subparsers: Any) -> None:
     security.add_argument("--insecure", action="store_true",
                           help="no authentication: any process that reaches the port may read and change "
                                "every key (debugging only)")
+    serve.add_argument("--tls-cert", metavar="PATH", help="serve over mutual TLS: this server's certificate "
+                                                          "(with --tls-key and --tls-ca, the CA clients' certificates must have)")
+    serve.add_argument("--tls-key", metavar="PATH", help="the server's private key")
+    serve.add_argument("--tls-ca", metavar="PATH", help="the CA certificate clients must be signed by")
     d = StoreLimits()
     size = _size_arg
     serve.add_argument("--max-value-bytes", type=size, default=d.max_value_bytes, metavar="SIZE",
@@ -91,6 +95,9 @@ async def _serve(args: argparse.Namespace) -> int:
             secret = None
         elif args.secret_file:
             secret = auth.read_secret_file(args.secret_file)
+        ssl = tls.from_environment(
+            {tls.CERT_ENV: args.tls_cert or "", tls.KEY_ENV: args.tls_key or "", tls.CA_ENV: args.tls_ca or ""}
+        )
         limits = StoreLimits(
             max_connections=args.max_connections,
             max_handshakes=args.max_handshakes,
@@ -103,11 +110,11 @@ async def _serve(args: argparse.Namespace) -> int:
             idle_timeout=args.idle_timeout or None,
             handshake_timeout=args.handshake_timeout,
         )
-    except (ValueError, TypeError, auth.SecretFileError) as e:
+    except (ValueError, TypeError, OSError) as e:  # (SecretFileError; a TLS file that cannot be loaded)
         print(f"aiodist store: error: {e}", file=sys.stderr)
         return 2
     try:
-        server = await StoreServer.start(args.host, args.port, secret=secret, limits=limits)
+        server = await StoreServer.start(args.host, args.port, secret=secret, ssl=ssl, limits=limits)
     except auth.SecretFileError as e:
         print(f"aiodist store: error: {e}", file=sys.stderr)
         return 2
