@@ -202,7 +202,7 @@ async def rendezvous(
     reconnect = store is None and r != 0
     access = _StoreAccess(auth.resolve_secret(secret) if store is None else None, ssl, store_limits)
     if store is None:
-        assert port is not None
+        assert host is not None and port is not None
         store, server, owned = await _open_store(host, port, r, max(deadline - loop.time(), 0.001), access)
     try:
         while True:
@@ -223,6 +223,7 @@ async def rendezvous(
                             pass
                     owned = []
                     await asyncio.sleep(min(RECONNECT_PAUSE, max(deadline - loop.time(), 0)))
+                    assert host is not None and port is not None
                     try:
                         store, server, owned = await _open_store(
                             host, port, r, max(deadline - loop.time(), 0.001), access

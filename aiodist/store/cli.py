@@ -127,7 +127,7 @@ async def _serve(args: argparse.Namespace) -> int:
               "and change every key", file=sys.stderr, flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    installed: list[int] = []
+    installed: list[signal.Signals] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(sig, stop.set)

@@ -197,7 +197,7 @@ class TCPStore(Store):
         self._next_id = rid + 1
         header["id"] = rid
         loop = self._loop
-        fut = loop.create_future()
+        fut: asyncio.Future[tuple[dict[str, Any], memoryview | None]] = loop.create_future()
         deadline = loop.time() + timeout + _GRACE
         self._pending[rid] = (fut, deadline, op, keys, timeout)
         if deadline < self._wake_at:
@@ -250,7 +250,7 @@ class TCPStore(Store):
         return P.reply_error(h, op)
 
     def _check_key(self, key: Any, op: str) -> str:
-        key = as_key(key)
+        key: str = as_key(key)
         if len(key) * 4 > self.max_key_bytes and len(key.encode("utf-8", "surrogatepass")) > self.max_key_bytes:
             raise StoreRequestError(
                 f"store refused {op}: key of {len(key.encode('utf-8', 'surrogatepass'))} bytes exceeds the limit of {self.max_key_bytes} bytes",
