@@ -249,8 +249,8 @@ class TCPStore(Store):
             return StoreTimeoutError(_keylist(keys), timeout, op)
         return P.reply_error(h, op)
 
-    def _check_key(self, key: Any, op: str) -> str:
-        key: str = as_key(key)
+    def _check_key(self, raw: Any, op: str) -> str:
+        key = as_key(raw)
         if len(key) * 4 > self.max_key_bytes and len(key.encode("utf-8", "surrogatepass")) > self.max_key_bytes:
             raise StoreRequestError(
                 f"store refused {op}: key of {len(key.encode('utf-8', 'surrogatepass'))} bytes exceeds the limit of {self.max_key_bytes} bytes",
