@@ -24,7 +24,7 @@ from .comm import Transport
 from .comm.channel import rank_table
 from .context import get_default_group, getenv, set_default_group
 from .current import group_of as _group, registry as _registry, world as _world
-from .errors import GroupError
+from .errors import CollectiveMismatchError, GroupError
 from .group import WORLD_GROUP_ID, ProcessGroup
 from .operations import *  # noqa: F403  (every operation: aiodist.api.all_reduce is aiodist.all_reduce)
 from .operations import __all__ as _OPERATIONS
@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 STORE_LEAVE_WAIT = 10.0
 """Seconds rank 0 keeps the store server it hosts open for the other ranks to leave."""
+MISMATCH_LEAVE_WAIT = 2.0
+"""Seconds a rank whose main raised CollectiveMismatchError spends leaving in order (its reports to get out)."""
 DEFAULT_TIMEOUT = 300.0
 """Seconds: the default timeout of the rendezvous and of every operation."""
 
@@ -228,6 +230,25 @@ async def finish_rank(*, timeout: float = 30.0) -> None:
     raise_if_unawaited(f"the main function of rank {rank} returned" if rank is not None else "main returned")
 
 
+async def finish_failed_rank(error: BaseException, *, timeout: float = MISMATCH_LEAVE_WAIT) -> None:
+    """What happens when a rank's ``main`` raises ``error`` (the launcher and :func:`aiodist.spawn` call it).
+
+    After a :class:`~aiodist.errors.CollectiveMismatchError`, the rank's groups
+    are destroyed in order, bounded by ``timeout`` seconds, before the process
+    exits: the reports of the mismatch this rank sent to the other members
+    (connecting to those it never talked to) get there, so every member raises
+    CollectiveMismatchError rather than a PeerFailureError for this rank. After
+    any other error nothing is done (the process exits; peers see a failure).
+    Never raises.
+    """
+    if not isinstance(error, CollectiveMismatchError) or get_default_group() is None:
+        return
+    try:
+        await finish_rank(timeout=timeout)
+    except Exception as e:  # (operations never awaited, or a failing teardown: the mismatch is the rank's error)
+        log.debug("leaving after a collective mismatch: %r", e)
+
+
 async def abort(group: ProcessGroup | None = None) -> None:
     """Fail every pending operation at once and tear the group down, without waiting for anyone.
 
@@ -355,7 +376,7 @@ def _backend_and_method(backend: str | None, init_method: str | None) -> tuple[s
 
 
 __all__ = [
-    "DEFAULT_TIMEOUT", "abort", "destroy_process_group", "finish_rank", "get_backend", "get_global_rank",
+    "DEFAULT_TIMEOUT", "abort", "destroy_process_group", "finish_failed_rank", "finish_rank", "get_backend", "get_global_rank",
     "get_group_rank", "get_node_local_rank", "get_process_group_ranks", "get_rank", "get_world_size",
     "init_process_group", "is_available", "is_gloo_available", "is_initialized", "is_mpi_available",
     "is_nccl_available", "is_torchelastic_launched", "new_group", "new_subgroups", "new_subgroups_by_enumeration",

@@ -235,7 +235,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
     def all_reduce(self, x: Any, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """Reduce ``x`` over the group in place; the Work returns ``x``."""
         if self._comm.rank < 0:
-            return self._runner.absent("all_reduce")
+            return self._runner.absent("all_reduce", x)
         flat = as_flat(x, "x", writable=True)
         rop, what = _reduction(op, flat)
         if type(op) is PremulSum:
@@ -246,7 +246,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
     def broadcast(self, x: Any, src: int = 0, *, timeout: float | None = None) -> Work[Any]:
         """Copy ``x`` of rank ``src`` into ``x`` of every rank; the Work returns ``x``."""
         if self._comm.rank < 0:
-            return self._runner.absent("broadcast")
+            return self._runner.absent("broadcast", x)
         root = self._check_peer(src, "src")
         flat = as_flat(x, "x", writable=self.rank != root)
         sig = f"broadcast src={root} {_dtype_name(flat)} n={flat.size}"
@@ -255,7 +255,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
     def reduce(self, x: Any, dst: int = 0, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """Reduce ``x`` into rank ``dst``'s ``x`` (others' ``x`` may be used as scratch); returns ``x``."""
         if self._comm.rank < 0:
-            return self._runner.absent("reduce")
+            return self._runner.absent("reduce", x)
         root = self._check_peer(dst, "dst")
         flat = as_flat(x, "x", writable=self.rank == root)
         rop, what = _reduction(op, flat)
@@ -269,7 +269,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
     def all_gather(self, out_list: Sequence[Any], x: Any, *, timeout: float | None = None) -> Work[Any]:
         """Fill ``out_list[i]`` with rank i's ``x``; returns ``out_list``."""
         if self._comm.rank < 0:
-            return self._runner.absent("all_gather")
+            return self._runner.absent("all_gather", out_list)
         flat = as_flat(x, "x", writable=False)
         self._check_list(out_list, "out_list", flat, size=flat.size, writable=True)
         sig = f"all_gather {_dtype_name(flat)} n={flat.size}"
@@ -280,7 +280,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
     def all_gather_into_tensor(self, out: Any, x: Any, *, timeout: float | None = None) -> Work[Any]:
         """Concatenate every rank's ``x`` into ``out`` (``size`` times larger); returns ``out``."""
         if self._comm.rank < 0:
-            return self._runner.absent("all_gather_into_tensor")
+            return self._runner.absent("all_gather_into_tensor", out)
         flat = as_flat(x, "x", writable=False)
         oflat = as_flat(out, "out", writable=True)
         self._check_same_dtype(oflat, flat, "out")
@@ -317,7 +317,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
     ) -> Work[Any]:
         """Rank ``src`` sends ``scatter_list[i]`` to rank i's ``x``; returns ``x``."""
         if self._comm.rank < 0:
-            return self._runner.absent("scatter")
+            return self._runner.absent("scatter", x)
         flat = as_flat(x, "x", writable=True)
         root = self._check_peer(src, "src")
         if self.rank == root:
@@ -334,7 +334,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
     ) -> Work[Any]:
         """``out`` = the reduction over ranks of their ``in_list[rank]``; returns ``out``."""
         if self._comm.rank < 0:
-            return self._runner.absent("reduce_scatter")
+            return self._runner.absent("reduce_scatter", out)
         oflat = as_flat(out, "out", writable=True)
         rop, what = _reduction(op, oflat)
         self._check_list(in_list, "in_list", oflat, size=oflat.size, writable=False)
@@ -348,7 +348,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
     def reduce_scatter_tensor(self, out: Any, x: Any, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """``out`` = the reduction over ranks of their chunk ``rank`` of ``x``; returns ``out``."""
         if self._comm.rank < 0:
-            return self._runner.absent("reduce_scatter_tensor")
+            return self._runner.absent("reduce_scatter_tensor", out)
         oflat = as_flat(out, "out", writable=True)
         flat = as_flat(x, "x", writable=False)
         rop, what = _reduction(op, oflat)
@@ -367,7 +367,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
     def all_to_all(self, out_list: Sequence[Any], in_list: Sequence[Any], *, timeout: float | None = None) -> Work[Any]:
         """Rank i's ``in_list[j]`` lands in rank j's ``out_list[i]``; returns ``out_list``."""
         if self._comm.rank < 0:
-            return self._runner.absent("all_to_all")
+            return self._runner.absent("all_to_all", out_list)
         if not isinstance(in_list, Sequence) or not in_list:
             raise InvalidArrayError("in_list must be a non-empty list of arrays", argument="in_list", reason="type")
         first = as_flat(in_list[0], "in_list[0]", writable=False)
@@ -389,7 +389,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
     ) -> Work[Any]:
         """all_to_all on single arrays split along their first dimension; returns ``out``."""
         if self._comm.rank < 0:
-            return self._runner.absent("all_to_all_single")
+            return self._runner.absent("all_to_all_single", out)
         # validated (splits too: one size per rank) and cut now (errors before a sequence number is taken); the task only exchanges
         outs, ins = single_blocks(out, x, self.size, output_split_sizes, input_split_sizes, arg="x")
         sig = f"all_to_all_single {_dtype_name(ins[0])}"

@@ -86,7 +86,7 @@ class ObjectOperations(_GroupParts):
     def broadcast_object_list(self, object_list: list[Any], src: int = 0, *, timeout: Any = None) -> Work[list[Any]]:
         """Replace the entries of ``object_list`` with rank ``src``'s; returns ``object_list``."""
         if self._comm.rank < 0:
-            return self._runner.absent("broadcast_object_list")
+            return self._runner.absent("broadcast_object_list", object_list)
         root = self._check_peer(src, "src")
         if not isinstance(object_list, list):
             raise TypeError(f"object_list must be a list, not {type(object_list).__name__}")
@@ -122,7 +122,7 @@ class ObjectOperations(_GroupParts):
     ) -> Work[list[Any]]:
         """Rank ``src`` sends ``in_list[i]`` to rank i, which stores it as ``out[0]``; returns ``out``."""
         if self._comm.rank < 0:
-            return self._runner.absent("scatter_object_list")
+            return self._runner.absent("scatter_object_list", out)
         root = self._check_peer(src, "src")
         if not isinstance(out, list) or not out:
             raise ValueError("out must be a list with at least one entry (the received object goes in out[0])")
@@ -205,7 +205,7 @@ class CoalescedOperations(_GroupParts):
         from .collectives.ops import ReduceOp
 
         if self._comm.rank < 0:
-            return self._runner.absent("all_reduce_coalesced")
+            return self._runner.absent("all_reduce_coalesced", tensors)
         op = ReduceOp.SUM if op is None else op
         flats = _same_dtype_list(tensors, "tensors", writable=True)
         from .group import _reduction
@@ -223,7 +223,7 @@ class CoalescedOperations(_GroupParts):
     ) -> Work[Any]:
         """``output_lists[r][i]`` = rank r's ``input_list[i]``, as one collective; returns ``output_lists``."""
         if self._comm.rank < 0:
-            return self._runner.absent("all_gather_coalesced")
+            return self._runner.absent("all_gather_coalesced", output_lists)
         ins = _same_dtype_list(input_list, "input_tensor_list", writable=False)
         if not isinstance(output_lists, Sequence) or len(output_lists) != self.size:
             raise InvalidArrayError(

@@ -135,7 +135,7 @@ class OpRunner:
         rec.finish(result)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         fut.set_result(result)
-        return Work(fut, op=op, seq=None, record=rec, group=self.name)
+        return Work(fut, op=op, seq=None, record=rec, group=self.name, booked=False)
 
     def collective(
         self,

@@ -129,6 +129,7 @@ class Work(Generic[T]):
         record: OpRecord | None = None,
         group: str | None = None,
         cancel_with_awaiter: bool = False,
+        booked: bool = True,
     ) -> None:
         self._key: int | None = None  # (first: __del__ reads it even if this raises)
         self._withdraw = cancel_with_awaiter  # a receive: an awaiter's cancellation cancels the operation
@@ -146,6 +147,8 @@ class Work(Generic[T]):
         # booked in the rank's ledger until awaited (Ledger.note, inlined: this is on every operation's path)
         book = self._book = ledger()
         live = book.live
+        if not booked:  # an operation that does nothing (a non-member's): not awaiting it loses nothing
+            return
         if len(live) < MAX_ENTRIES:
             code, line = call_site(1)
             key = self._key = book.next
