@@ -35,12 +35,13 @@ from . import p2p
 from .collectives.allreduce import all_reduce_flat
 from .collectives.alltoall import exchange_blocks, single_blocks
 from .collectives.buffers import as_flat
-from .collectives.ops import PremulSum, ReduceOp, check_op_dtype, dtype_kind, premultiply
+from .collectives.ops import PremulSum, ReduceOp, premultiply
 from .comm import GroupComm, OpChannel, Transport
-from .errors import GroupError, InvalidArrayError, InvalidRankError, UnsupportedReduceOpError
+from .errors import GroupError, InvalidArrayError, InvalidRankError
 from .group_extras import CoalescedOperations, ObjectOperations
 from .mismatch import MISMATCH_CHECK_AFTER, MismatchChecker
 from .op_runner import OpRunner
+from .signatures import dtype_name, reduction
 from .work import Work
 
 __all__ = ["MISMATCH_CHECK_AFTER", "WORLD", "WORLD_GROUP_ID", "ProcessGroup", "Work"]
@@ -61,48 +62,6 @@ def _driver(name: str) -> Callable[..., Awaitable[Any]]:
             raise GroupError(f"the collective {name!r} is not available in aiodist.collectives")
         _DRIVERS[name] = fn
     return fn
-
-
-_DTYPE_NAMES: dict[Any, str] = {}
-
-
-def _dtype_name(flat: np.ndarray) -> str:
-    # numpy computes dtype.name in Python (~15 us); the signature of every collective needs it
-    dt = flat.dtype
-    name = _DTYPE_NAMES.get(dt)
-    if name is None:
-        name = dt.name
-        if len(_DTYPE_NAMES) < 256:  # structured dtypes could be endless; the common ones are few
-            _DTYPE_NAMES[dt] = name
-    return name
-
-
-_REDUCTIONS: dict[Any, tuple[ReduceOp, str]] = {}
-
-
-def _reduction(op: Any, flat: np.ndarray) -> tuple[ReduceOp, str]:
-    """``check_op_dtype(op, flat.dtype)`` and "OP dtype" for the signature, remembered per (op, dtype).
-
-    PREMUL_SUM (a :class:`~aiodist.collectives.ops.PremulSum`) runs as SUM of
-    the inputs times its factor: its kernel is SUM's, its signature says PREMUL_SUM.
-    """
-    key = (op, flat.dtype)
-    try:
-        hit = _REDUCTIONS.get(key)
-    except TypeError:  # an unhashable op object (anything with a matching .name is accepted)
-        rop = check_op_dtype(op, flat.dtype)
-        return rop, f"{rop.name} {_dtype_name(flat)}"
-    if hit is None:
-        if type(op) is PremulSum:
-            if op.factor is None or dtype_kind(flat.dtype) not in "fc":
-                premultiply(op, flat[:0], in_place=False)  # raises, saying why
-            hit = (ReduceOp.SUM, f"PREMUL_SUM {_dtype_name(flat)}")
-        else:
-            rop = check_op_dtype(op, flat.dtype)  # raises for a bad pair: nothing is remembered then
-            hit = (rop, f"{rop.name} {_dtype_name(flat)}")
-        if len(_REDUCTIONS) < 1024:
-            _REDUCTIONS[key] = hit
-    return hit
 
 
 def __getattr__(name: str) -> Any:
@@ -237,7 +196,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         if self._comm.rank < 0:
             return self._runner.absent("all_reduce", x)
         flat = as_flat(x, "x", writable=True)
-        rop, what = _reduction(op, flat)
+        rop, what = reduction(op, flat)
         if type(op) is PremulSum:
             premultiply(op, flat, in_place=True)
         sig = f"all_reduce {what} n={flat.size}"
@@ -249,7 +208,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("broadcast", x)
         root = self._check_peer(src, "src")
         flat = as_flat(x, "x", writable=self.rank != root)
-        sig = f"broadcast src={root} {_dtype_name(flat)} n={flat.size}"
+        sig = f"broadcast src={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective("broadcast", sig, _driver("broadcast"), (x, root), timeout, result=x)
 
     def reduce(self, x: Any, dst: int = 0, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
@@ -258,7 +217,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("reduce", x)
         root = self._check_peer(dst, "dst")
         flat = as_flat(x, "x", writable=self.rank == root)
-        rop, what = _reduction(op, flat)
+        rop, what = reduction(op, flat)
         arg = x
         if type(op) is PremulSum:  # (in place on the root, whose x takes the result; a scaled copy elsewhere)
             scaled = premultiply(op, flat, in_place=self.rank == root)
@@ -272,7 +231,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("all_gather", out_list)
         flat = as_flat(x, "x", writable=False)
         self._check_list(out_list, "out_list", flat, size=flat.size, writable=True)
-        sig = f"all_gather {_dtype_name(flat)} n={flat.size}"
+        sig = f"all_gather {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective(
             "all_gather", sig, _driver("all_gather"), (out_list, x), timeout, result=out_list
         )
@@ -288,7 +247,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             raise InvalidArrayError(
                 f"out has {oflat.size} elements, expected {self.size} x {flat.size}", argument="out", reason="size"
             )
-        sig = f"all_gather_into_tensor {_dtype_name(flat)} n={flat.size}"
+        sig = f"all_gather_into_tensor {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective(
             "all_gather_into_tensor", sig, _driver("all_gather_into_tensor"), (out, x), timeout, result=out
         )
@@ -307,7 +266,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             self._check_list(gather_list, "gather_list", flat, size=flat.size, writable=True)
         else:
             gather_list = None
-        sig = f"gather dst={root} {_dtype_name(flat)} n={flat.size}"
+        sig = f"gather dst={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective(
             "gather", sig, _driver("gather"), (x, gather_list, root), timeout, result=gather_list
         )
@@ -326,7 +285,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             self._check_list(scatter_list, "scatter_list", flat, size=flat.size, writable=False)
         else:
             scatter_list = None
-        sig = f"scatter src={root} {_dtype_name(flat)} n={flat.size}"
+        sig = f"scatter src={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective("scatter", sig, _driver("scatter"), (x, scatter_list, root), timeout, result=x)
 
     def reduce_scatter(
@@ -336,7 +295,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         if self._comm.rank < 0:
             return self._runner.absent("reduce_scatter", out)
         oflat = as_flat(out, "out", writable=True)
-        rop, what = _reduction(op, oflat)
+        rop, what = reduction(op, oflat)
         self._check_list(in_list, "in_list", oflat, size=oflat.size, writable=False)
         if type(op) is PremulSum:  # scaled copies: the inputs are the caller's
             in_list = [premultiply(op, as_flat(a, "in_list", writable=False), in_place=False) for a in in_list]
@@ -351,7 +310,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("reduce_scatter_tensor", out)
         oflat = as_flat(out, "out", writable=True)
         flat = as_flat(x, "x", writable=False)
-        rop, what = _reduction(op, oflat)
+        rop, what = reduction(op, oflat)
         if type(op) is PremulSum:  # a scaled copy: the input is the caller's
             x = flat = premultiply(op, flat, in_place=False)
         self._check_same_dtype(flat, oflat, "x")
@@ -373,7 +332,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         first = as_flat(in_list[0], "in_list[0]", writable=False)
         self._check_list(in_list, "in_list", first, size=None, writable=False)
         self._check_list(out_list, "out_list", first, size=None, writable=True)
-        sig = f"all_to_all {_dtype_name(first)}"
+        sig = f"all_to_all {dtype_name(first.dtype)}"
         return self._runner.collective(
             "all_to_all", sig, _driver("all_to_all"), (out_list, in_list), timeout, result=out_list
         )
@@ -392,7 +351,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("all_to_all_single", out)
         # validated (splits too: one size per rank) and cut now (errors before a sequence number is taken); the task only exchanges
         outs, ins = single_blocks(out, x, self.size, output_split_sizes, input_split_sizes, arg="x")
-        sig = f"all_to_all_single {_dtype_name(ins[0])}"
+        sig = f"all_to_all_single {dtype_name(ins[0].dtype)}"
         return self._runner.collective("all_to_all_single", sig, exchange_blocks, (outs, ins), timeout, result=out)
 
     def barrier(self, *, timeout: float | None = None) -> Work[None]:

@@ -30,10 +30,12 @@ from . import p2p
 from .collectives.allreduce import all_reduce_flat
 from .collectives.buffers import as_flat
 from .collectives.objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
-from .collectives.ops import PremulSum, premultiply
+from .collectives.allgather import all_gather_into_tensor
+from .collectives.ops import PremulSum, ReduceOp, premultiply
 from .comm import GroupComm, OpChannel
 from .errors import CollectiveMismatchError, InvalidArrayError, InvalidRankError
 from .op_runner import OpRunner
+from .signatures import reduction
 from .work import Work
 
 __all__ = ["CoalescedOperations", "ObjectOperations"]
@@ -202,15 +204,11 @@ class CoalescedOperations(_GroupParts):
 
     def all_reduce_coalesced(self, tensors: Sequence[Any], op: Any = None, *, timeout: Any = None) -> Work[Any]:
         """Reduce every array of ``tensors`` over the group in place, as one collective; returns ``tensors``."""
-        from .collectives.ops import ReduceOp
-
         if self._comm.rank < 0:
             return self._runner.absent("all_reduce_coalesced", tensors)
         op = ReduceOp.SUM if op is None else op
         flats = _same_dtype_list(tensors, "tensors", writable=True)
-        from .group import _reduction
-
-        rop, what = _reduction(op, flats[0])
+        rop, what = reduction(op, flats[0])
         sizes = [f.size for f in flats]
         sig = f"all_reduce_coalesced {what} n={sizes}"
         factor = op if type(op) is PremulSum else None
@@ -281,8 +279,6 @@ async def _reduce_packed(ch: OpChannel, seq: int, flats: list[np.ndarray], op: A
 
 
 async def _gather_packed(ch: OpChannel, seq: int, outs: list[list[np.ndarray]], ins: list[np.ndarray]) -> None:
-    from .collectives.allgather import all_gather_into_tensor
-
     mine = np.concatenate(ins) if len(ins) > 1 else ins[0]
     out = np.empty(mine.size * ch.size, mine.dtype)
     await all_gather_into_tensor(ch, seq, out, mine)

@@ -31,23 +31,12 @@ from .comm.channel import new_receive
 from .comm.router import Delivery, Receive
 from .errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailureError
 from .inflight import waiting_in
+from .signatures import dtype_name
 
 DTYPE: Final = "dt"
 SHAPE: Final = "sh"
 PICKLE: Final = "pickle"
 """The label of a message of pickled objects (send_object_list), where an array's message names its dtype."""
-
-_DTYPE_NAMES: dict[Any, str] = {}
-
-
-def _dtype_name(dt: np.dtype[Any]) -> str:
-    name = _DTYPE_NAMES.get(dt)
-    if name is None:
-        name = dt.name
-        if len(_DTYPE_NAMES) < 256:
-            _DTYPE_NAMES[dt] = name
-    return name
-
 
 def _shape(x: Any, flat: np.ndarray) -> list[int]:
     shape = getattr(x, "shape", None)
@@ -73,7 +62,7 @@ def send(comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float, label: 
     tag = _check_tag(tag)
     gdst = comm.ranks[dst]
     n = comm.transport.next_p2p_number(comm.gid, gdst, tag)
-    header = {"t": "p", "g": comm.gid, "tag": tag, "n": n, DTYPE: label or _dtype_name(flat.dtype),
+    header = {"t": "p", "g": comm.gid, "tag": tag, "n": n, DTYPE: label or dtype_name(flat.dtype),
               SHAPE: _shape(x, flat)}
     payload = byte_view(flat)
 
@@ -104,7 +93,7 @@ def recv(comm: GroupComm, x: Any, src: int | None, tag: int, *, timeout: float) 
     flat = as_flat(x, "x", writable=True)
     tag = _check_tag(tag)
     gsrc = None if src is None else comm.ranks[src]
-    mine = (_dtype_name(flat.dtype), flat.size, _shape(x, flat))
+    mine = (dtype_name(flat.dtype), flat.size, _shape(x, flat))
     r, fut = new_receive(comm, src=gsrc, out=byte_view(flat), tag=tag, check=_checker(comm, mine, tag))
     comm.transport.post(r)
 
