@@ -24,7 +24,8 @@ from .comm import Transport
 from .comm.channel import rank_table
 from .context import get_default_group, getenv, set_default_group
 from .current import group_of as _group, registry as _registry, world as _world
-from .errors import CollectiveMismatchError, GroupError
+from .errors import CollectiveMismatchError, GroupError, RendezvousError
+from .file_init import FileStore, open_file_store
 from .group import WORLD_GROUP_ID, ProcessGroup
 from .operations import *  # noqa: F403  (every operation: aiodist.api.all_reduce is aiodist.all_reduce)
 from .operations import __all__ as _OPERATIONS
@@ -125,6 +126,10 @@ async def init_process_group(
         )
         transports[-1].configure_heartbeat(heartbeat_interval, heartbeat_misses)
 
+    found: FileStore | None = None
+    if store is None and init_method is not None and init_method.startswith("file://"):
+        found = await open_file_store(init_method, rank=_file_rank(rank), timeout=timeout)
+        store, init_method = found.store, None
     try:
         rdzv = await rendezvous(
             init_method, rank=rank, world_size=world_size, store=store, timeout=timeout, publish=publish,
@@ -133,6 +138,8 @@ async def init_process_group(
     except BaseException:
         for t in transports:
             await t.close()
+        if found is not None:
+            await found.close("", 1, wait=0)
         raise
     transport = transports[-1]
     # one tuple shared by every rank of the process (the simulator's virtual ranks: O(N), not O(N^2))
@@ -148,10 +155,12 @@ async def init_process_group(
         # before close(): then every peer looks gone; an aborted transport waits for nobody either
         broken = bool(transport.failed_peers()) or transport.closed
         await transport.close()
+        # Keep the store up for the others until they leave too, unless the job is broken
+        # (a failed rank never leaves: waiting would only delay this rank's error).
+        wait = 0.0 if broken else min(timeout, STORE_LEAVE_WAIT)
+        if found is not None:  # (file://: the store this rank found or hosts, and the file)
+            await found.close(rdzv.key_prefix, rdzv.world_size, wait=wait)
         if rdzv.server is not None:
-            # Keep the store up for the others until they leave too, unless the job is broken
-            # (a failed rank never leaves: waiting would only delay this rank's error).
-            wait = 0.0 if broken else min(timeout, STORE_LEAVE_WAIT)
             await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=wait)
         elif rdzv.owned:
             await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=0)
@@ -352,6 +361,16 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
     raise RuntimeError(
         "LOCAL_RANK is not in the environment: start the job with `aiodist run` (or torchrun), or pass fallback_rank"
     )
+
+
+def _file_rank(rank: int | None) -> int:
+    """This rank's number for a ``file://`` init: ``rank=`` or ``RANK`` (required, as in torch)."""
+    if rank is not None:
+        return rank
+    raw = getenv("RANK")
+    if raw is None or not raw.strip().lstrip("-").isdigit():
+        raise RendezvousError("init_method='file://...' needs rank= and world_size= (or RANK and WORLD_SIZE)")
+    return int(raw)
 
 
 def _backend_and_method(backend: str | None, init_method: str | None) -> tuple[str | None, str | None]:
