@@ -277,8 +277,8 @@ async def abort(group: ProcessGroup | None = None) -> None:
         if world is None:
             return
         groups = list(_registry())
-        for g in groups:
-            g._aborted = True
+        for g in groups:  # (before the connections drop: pending operations fail with AbortedError)
+            g.mark_aborted()
         world.transport.abort()
         for g in reversed(groups):
             if g is not world:

@@ -67,10 +67,10 @@ def either(fn: str, value: Any, name: str, alias_value: Any, alias: str, *, requ
     return value
 
 
-def root(fn: str, pg: Any, global_rank: Any, group_rank: Any, what: str, default: int | None = 0) -> int | None:
+def root(fn: str, pg: Any, global_rank: Any, group_rank: Any, what: str, default: int | None = 0) -> int:
     """The group rank of a root given as a global rank (``src``) or a group rank (``group_src``); torch's rules.
 
-    Neither given: global rank ``default`` (None: an error, as torch's broadcast requires one).
+    Neither given: global rank ``default`` (None: an error, as torch's send requires a destination).
     """
     if group_rank is not None:
         if global_rank is not None:
@@ -80,7 +80,7 @@ def root(fn: str, pg: Any, global_rank: Any, group_rank: Any, what: str, default
         if default is None:
             raise ValueError(f"{fn}(): pass {what}= (a global rank) or group_{what}= (a rank of the group)")
         global_rank = default
-    return None if global_rank is None else _local(pg, global_rank, what)
+    return _local(pg, global_rank, what)
 
 
 def _local(pg: Any, global_rank: Any, what: str) -> int:

@@ -436,13 +436,17 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
 
     # ------------------------------------------------------------------ teardown
 
+    def mark_aborted(self) -> None:
+        """From now on this group's operations fail with AbortedError (what :meth:`abort` does first)."""
+        self._runner.aborted = True
+
     async def abort(self) -> None:
         """Fail every operation of this group at once (AbortedError) and destroy it, waiting for nobody.
 
         Its connections are shared with the job's other groups: :func:`aiodist.abort` of the
         world drops them all (peers see this rank fail); aborting a subgroup only ends it here.
         """
-        self._runner.aborted = True
+        self.mark_aborted()
         await self.destroy()
 
     async def destroy(self) -> None:

@@ -32,7 +32,8 @@ from .collectives.buffers import as_flat
 from .collectives.objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from .collectives.allgather import all_gather_into_tensor
 from .collectives.ops import PremulSum, ReduceOp, premultiply
-from .comm import GroupComm, OpChannel
+from .channel import Channel
+from .comm import GroupComm
 from .errors import CollectiveMismatchError, InvalidArrayError, InvalidRankError
 from .op_runner import OpRunner
 from .signatures import reduction
@@ -51,12 +52,15 @@ class _GroupParts:
     name: str
 
     @property
-    def rank(self) -> int: ...  # pragma: no cover
+    def rank(self) -> int:
+        raise NotImplementedError  # pragma: no cover
 
     @property
-    def size(self) -> int: ...  # pragma: no cover
+    def size(self) -> int:
+        raise NotImplementedError  # pragma: no cover
 
-    def _check_peer(self, peer: Any, what: str) -> int: ...  # pragma: no cover
+    def _check_peer(self, peer: Any, what: str) -> int:
+        raise NotImplementedError  # pragma: no cover
 
 
 def _dumps(obj: Any) -> bytes:
@@ -162,6 +166,7 @@ class ObjectOperations(_GroupParts):
         coro, posted = p2p.recv_message(self._comm, peer, tag, PICKLE, timeout=self._runner.timeout_of(timeout))
 
         async def unpack() -> int:
+            sender: int
             sender, payload = await coro
             objs = pickle.loads(payload)
             if len(objs) != len(object_list):
@@ -187,7 +192,7 @@ class ObjectOperations(_GroupParts):
 def _filling(object_list: list[Any]) -> Callable[..., Awaitable[list[Any]]]:
     """all_gather_object that also writes the objects into ``object_list`` (torch's form)."""
 
-    async def body(ch: OpChannel, seq: int, obj: Any) -> list[Any]:
+    async def body(ch: Channel, seq: int, obj: Any) -> list[Any]:
         got = await all_gather_object(ch, seq, obj)
         object_list[: len(got)] = got
         return object_list
@@ -265,7 +270,7 @@ def _same_dtype_list(arrs: Any, argument: str, *, writable: bool) -> list[np.nda
     return flats
 
 
-async def _reduce_packed(ch: OpChannel, seq: int, flats: list[np.ndarray], op: Any, factor: PremulSum | None) -> None:
+async def _reduce_packed(ch: Channel, seq: int, flats: list[np.ndarray], op: Any, factor: PremulSum | None) -> None:
     buf = np.concatenate(flats) if len(flats) > 1 else flats[0]
     if factor is not None:
         premultiply(factor, buf, in_place=True)
@@ -278,7 +283,7 @@ async def _reduce_packed(ch: OpChannel, seq: int, flats: list[np.ndarray], op: A
         at += f.size
 
 
-async def _gather_packed(ch: OpChannel, seq: int, outs: list[list[np.ndarray]], ins: list[np.ndarray]) -> None:
+async def _gather_packed(ch: Channel, seq: int, outs: list[list[np.ndarray]], ins: list[np.ndarray]) -> None:
     mine = np.concatenate(ins) if len(ins) > 1 else ins[0]
     out = np.empty(mine.size * ch.size, mine.dtype)
     await all_gather_into_tensor(ch, seq, out, mine)

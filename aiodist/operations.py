@@ -203,7 +203,7 @@ def send(
     pg = group_of(group)
     if pg.rank < 0:
         return pg.send(tensor, 0)
-    return pg.send(tensor, root("send", pg, dst, group_dst, "dst", default=None), tag, timeout=timeout)  # type: ignore[arg-type]
+    return pg.send(tensor, root("send", pg, dst, group_dst, "dst", default=None), tag, timeout=timeout)
 
 
 def recv(
@@ -272,7 +272,6 @@ def gather_object(
     if pg.rank < 0:
         return pg.gather_object(obj)
     r = root("gather_object", pg, dst, group_dst, "dst")
-    assert r is not None
     return pg.gather_object(obj, r, timeout=timeout, object_gather_list=object_gather_list)
 
 
@@ -285,7 +284,6 @@ def broadcast_object_list(
     if pg.rank < 0:
         return pg.broadcast_object_list(object_list)
     r = root("broadcast_object_list", pg, src, group_src, "src")
-    assert r is not None
     return pg.broadcast_object_list(object_list, r, timeout=timeout)
 
 
@@ -302,7 +300,6 @@ def scatter_object_list(
     if pg.rank < 0:
         return pg.scatter_object_list(output)
     r = root("scatter_object_list", pg, src, group_src, "src")
-    assert r is not None
     return pg.scatter_object_list(output, inputs, r, timeout=timeout)
 
 
@@ -315,7 +312,6 @@ def send_object_list(
     if pg.rank < 0:
         return pg.send_object_list(object_list, 0)
     r = root("send_object_list", pg, dst, group_dst, "dst", default=None)
-    assert r is not None
     return pg.send_object_list(object_list, r, tag, timeout=timeout)
 
 

@@ -97,8 +97,8 @@ async def new_group(
                 f"{w.transport.rank}, which is not one of them: only the members call it"
             )
         k = _count(w, ("local", *members))
-        gid = f"local:{','.join(map(str, members))}:{k}"
-        return await _local_group(w, gid, members, timeout, backend, label=f"group {gid}")
+        local_id = f"local:{','.join(map(str, members))}:{k}"
+        return await _local_group(w, local_id, members, timeout, backend, label=f"group {local_id}")
     transport = w.transport
     gid = transport.allocate_group_id()
     t = w.timeout if timeout is None else optional_seconds(timeout)

@@ -132,7 +132,8 @@ def premultiply(op: PremulSum, flat: np.ndarray, *, in_place: bool) -> np.ndarra
         if in_place:
             np.multiply(flat, np.asarray(op.factor, dtype=flat.dtype), out=flat)
             return flat
-        return np.multiply(flat, np.asarray(op.factor, dtype=flat.dtype))
+        scaled: np.ndarray = np.multiply(flat, np.asarray(op.factor, dtype=flat.dtype))
+        return scaled
 
 
 Combiner = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
