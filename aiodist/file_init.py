@@ -3,8 +3,9 @@
 Rank 0 starts a store server on 127.0.0.1 (a free port) and publishes its
 address in the file (written whole: a temporary file renamed over it); the
 other ranks wait for the file, read the address and connect. A file left by
-an earlier job names a server that is gone (or that refuses this job's
-secret): a rank that cannot connect reads the file again until the deadline.
+an earlier job names a server that is gone (or that does not know this
+job's secret): a rank that cannot connect reads the file again until the
+deadline. The store is authenticated (and TLS'd) as an ``env://`` one is.
 Rank 0 removes the file when the job ends. ``rank`` and ``world_size`` are
 required (given, or ``RANK``/``WORLD_SIZE`` in the environment), as in torch.
 
@@ -24,9 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from . import tls
+from .auth import AuthenticationError
+from .context import getenv
 from .errors import RendezvousError, StoreError
 from .rendezvous import leave
 from .store import StoreServer, TCPStore
+from .store.limits import StoreLimits
 
 __all__ = ["FILE_POLL", "FileStore", "file_path", "open_file_store"]
 
@@ -64,16 +69,27 @@ class FileStore:
                 os.unlink(self.path)
 
 
-async def open_file_store(init_method: str, *, rank: int, timeout: float) -> FileStore:
-    """Rank 0: start a store server and publish its address in the file; others: connect to the address found there."""
+async def open_file_store(
+    init_method: str, *, rank: int, timeout: float, secret: bytes | None, ssl: Any = None, limits: Any = None
+) -> FileStore:
+    """Rank 0: start a store server and publish its address in the file; others: connect to the address found there.
+
+    ``secret``, ``ssl`` (an :class:`aiodist.tls.TLS` or None) and ``limits``
+    (rank 0's server; None: from the environment) as for the store of an
+    ``env://`` rendezvous.
+    """
     path = file_path(init_method)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    client_ssl = tls.client_side(ssl)
     if rank == 0:
-        server = await StoreServer.start("127.0.0.1", 0)
+        server = await StoreServer.start(
+            "127.0.0.1", 0, secret=secret, ssl=tls.server_side(ssl),
+            limits=limits if limits is not None else StoreLimits.from_environment(getenv),
+        )
         try:
             _publish(path, f"127.0.0.1:{server.port}\n")
-            store = await TCPStore.connect("127.0.0.1", server.port, timeout=timeout)
+            store = await TCPStore.connect("127.0.0.1", server.port, timeout=timeout, secret=secret, ssl=client_ssl)
         except BaseException:
             await server.close()
             with contextlib.suppress(OSError):
@@ -86,8 +102,10 @@ async def open_file_store(init_method: str, *, rank: int, timeout: float) -> Fil
         if address is not None:
             host, port = address
             try:
-                store = await TCPStore.connect(host, port, timeout=max(min(1.0, deadline - loop.time()), 0.001))
-            except (StoreError, OSError, TimeoutError) as e:  # a file of an earlier job: rank 0 rewrites it
+                store = await TCPStore.connect(
+                    host, port, timeout=max(min(1.0, deadline - loop.time()), 0.001), secret=secret, ssl=client_ssl
+                )
+            except (StoreError, OSError, TimeoutError, AuthenticationError) as e:  # an earlier job's file
                 last = e
             else:
                 return FileStore(store, path)
