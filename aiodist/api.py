@@ -21,6 +21,7 @@ from typing import Any
 from . import tls
 from .arguments import Backend, backend_name, is_backend, optional_seconds
 from .auth import FROM_ENVIRONMENT, resolve_secret
+from .collectives.ops import ReduceOp
 from .comm import Transport
 from .comm.channel import rank_table
 from .context import get_default_group, getenv, set_default_group
@@ -33,6 +34,7 @@ from .operations import __all__ as _OPERATIONS
 from .rendezvous import Rendezvous, leave, rendezvous
 from .subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
 from .unawaited import raise_if_unawaited
+from .work import Work
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +72,8 @@ async def init_process_group(
     world_size, rank, store)``, any of them by keyword; aiodist's
     ``init_process_group("tcp://host:port", rank=..., world_size=...)`` (an init
     method first) works too. ``init_method``: ``env://`` (the default),
-    ``tcp://host:port``, ``file:///path`` (a file the ranks share: see
-    :mod:`aiodist.rendezvous`), or ``store=``. ``backend``: a name torch knows
+    ``tcp://host:port``, ``file:///path`` (a file the ranks of one machine share: see
+    :mod:`aiodist.file_init`), or ``store=``. ``backend``: a name torch knows
     (``"gloo"``, ``"nccl"``, ``"mpi"``, ``"cpu:gloo,cuda:nccl"``...), recorded for
     :func:`get_backend`: every backend runs over aiodist's own transport; a
     name torch does not know is refused. ``world_size``/``rank`` of -1 (torch's
@@ -407,6 +409,7 @@ def _backend_and_method(backend: str | None, init_method: str | None) -> tuple[s
 
 
 __all__ = [
+    "ProcessGroup", "ReduceOp", "Work",  # (re-exported: code written against aiodist.api uses them)
     "DEFAULT_TIMEOUT", "abort", "destroy_process_group", "finish_failed_rank", "finish_rank", "get_backend", "get_global_rank",
     "get_group_rank", "get_node_local_rank", "get_process_group_ranks", "get_rank", "get_world_size",
     "init_process_group", "is_available", "is_gloo_available", "is_initialized", "is_mpi_available",

@@ -88,7 +88,10 @@ async def open_file_store(
             limits=limits if limits is not None else StoreLimits.from_environment(getenv),
         )
         try:
-            _publish(path, f"127.0.0.1:{server.port}\n")
+            try:
+                _publish(path, f"127.0.0.1:{server.port}\n")
+            except OSError as e:
+                raise RendezvousError(f"file:// init: rank 0 could not write {path}: {e}") from None
             store = await TCPStore.connect("127.0.0.1", server.port, timeout=timeout, secret=secret, ssl=client_ssl)
         except BaseException:
             await server.close()
@@ -118,9 +121,13 @@ async def open_file_store(
 
 def _publish(path: str, text: str) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # (gone after a successful rename)
 
 
 def _read(path: str) -> tuple[str, int] | None:

@@ -48,8 +48,7 @@ async def main() -> dict[str, object]:
     assert split is not None
     out["split"] = [dist.get_process_group_ranks(split), await summed(10 * rank, split)]
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    mesh = await mesh
+    mesh = await init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     dp, tp = mesh["dp"], mesh["tp"]
     out["dp"] = [dp.mesh.tolist(), await summed(rank, dp.get_group())]
     out["tp"] = [tp.mesh.tolist(), await summed(rank, tp.get_group())]

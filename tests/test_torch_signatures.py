@@ -118,6 +118,15 @@ def test_file_init_needs_a_rank() -> None:
     assert res.ok and res.rank_results == ["refused"], res.summary()
 
 
+def test_file_init_names_a_file_it_cannot_write(tmp_path: Path) -> None:
+    async def main() -> Any:
+        with pytest.raises(RendezvousError, match="could not write"):
+            await dist.init_process_group(init_method=f"file://{tmp_path}", rank=0, world_size=1)  # a directory
+        return "refused"
+
+    assert sim.run(main, world_size=1, seed=0).rank_results == ["refused"]
+
+
 # ------------------------------------------------------------------ operations
 
 
