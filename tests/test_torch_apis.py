@@ -284,3 +284,33 @@ def test_work_is_completed_and_get_future() -> None:
         return result is x, done, x.tolist()
 
     assert run4(main) == [(True, True, [4.0, 4.0])] * 4
+
+
+def test_cancelling_the_awaiter_of_a_receive_withdraws_it_and_a_bounded_wait_does_not() -> None:
+    async def main() -> Any:
+        await dist.init_process_group("gloo", timeout=10)
+        r = dist.get_rank()
+        out: Any = None
+        if r == 0:
+            await dist.barrier()
+            await dist.send(np.array([1.0]), dst=1)
+            await dist.send(np.array([2.0]), dst=1)
+        elif r == 1:
+            abandoned = np.zeros(1)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(dist.recv(abandoned, src=0), 0.05)  # withdrawn with its awaiter
+            kept = np.zeros(1)
+            work = dist.recv(kept, src=0)
+            with pytest.raises(TimeoutError):
+                await work.wait(timeout=0.05)  # bounds only this wait: the receive stays posted
+            await dist.barrier()
+            await work
+            later = np.zeros(1)
+            await dist.recv(later, src=0)
+            out = (abandoned[0], kept[0], later[0])
+        else:
+            await dist.barrier()
+        await dist.destroy_process_group()
+        return out
+
+    assert run4(main)[1] == (0.0, 1.0, 2.0)
