@@ -207,16 +207,29 @@ def _lane_tag() -> str:
 
 
 class RankPrefixedOutput(io.TextIOBase):
-    """Prefixes every line a virtual rank prints with ``[rankR]: `` (as ``aiodist run`` and torchrun do)."""
+    """Prefixes every line a virtual rank prints with ``[rankR]: `` (as ``aiodist run`` and torchrun do).
+
+    A rank's line is written once it ends; :meth:`flush` also writes the
+    unfinished ones (each ended with a newline). The stream written to is not
+    this object's: :meth:`close` never closes it. Closing (explicitly, or when
+    the object is finalized, possibly late: at a garbage collection or at
+    interpreter teardown) writes what is still buffered and flushes the
+    stream if it is still open; if it was closed first (e.g. a test's captured
+    stdout), what is still buffered is dropped, silently: it has nowhere to go,
+    and a finalizer has no one to tell.
+    """
 
     def __init__(self, out: TextIO) -> None:
         self._out = out
         self._partial: dict[str, str] = {}  # line prefix -> the unfinished line after it
+        self._closing = False
 
     def writable(self) -> bool:
         return True
 
     def write(self, s: str) -> int:
+        if self.closed:
+            raise ValueError("write to a closed RankPrefixedOutput")
         if LANE.get() < 0:  # the simulator itself
             return self._out.write(s)
         tag = _lane_tag()
@@ -228,10 +241,25 @@ class RankPrefixedOutput(io.TextIOBase):
         return len(s)
 
     def flush(self) -> None:
+        """Write every rank's unfinished line, then flush the stream (ValueError if it is closed, as files do)."""
+        if self._closing:
+            return  # (io's close() flushes once more: done already, or the stream is closed)
         for tag, rest in sorted(self._partial.items()):
             self._out.write(f"{tag}{rest}\n")
         self._partial.clear()
         self._out.flush()
+
+    def close(self) -> None:
+        """Flush if the stream is still open, else drop what is buffered; the stream itself stays open."""
+        if self._closing:
+            return
+        try:
+            if not getattr(self._out, "closed", False):
+                self.flush()
+        finally:
+            self._closing = True
+            self._partial.clear()
+            super().close()
 
 
 class RankLogCollector(logging.Handler):
