@@ -31,7 +31,7 @@ import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from aiodist.context import getenv
 from aiodist.launch.conventions import DEFAULT_NPROC, rank_tag
@@ -62,10 +62,10 @@ def load_main(path: str) -> Callable[..., Awaitable[Any]]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    main = getattr(module, "main", None)
+    main: Callable[..., Awaitable[Any]] | None = getattr(module, "main", None)  # the program's contract
     if main is None:
         raise SystemExit(f"sim: {path} has no main()")
-    return main  # type: ignore[no-any-return]
+    return main
 
 
 def parse_latency(spec: str) -> LatencyModel:
@@ -200,6 +200,12 @@ def replay_command(ns: argparse.Namespace, seed: int, result: Result | None = No
     return cmd
 
 
+def _lane_tag() -> str:
+    """The output prefix of the running lane: its rank's, or ``[rank?]: `` for a lane without one (the store host)."""
+    rank = getenv("RANK")
+    return rank_tag(int(rank)) if rank and rank.isdecimal() else "[rank?]: "
+
+
 class RankPrefixedOutput(io.TextIOBase):
     """Prefixes every line a virtual rank prints with ``[rankR]: `` (as ``aiodist run`` and torchrun do).
 
@@ -213,9 +219,9 @@ class RankPrefixedOutput(io.TextIOBase):
     and a finalizer has no one to tell.
     """
 
-    def __init__(self, out: Any) -> None:
+    def __init__(self, out: TextIO) -> None:
         self._out = out
-        self._partial: dict[str, str] = {}
+        self._partial: dict[str, str] = {}  # line prefix -> the unfinished line after it
         self._closing = False
 
     def writable(self) -> bool:
@@ -225,21 +231,21 @@ class RankPrefixedOutput(io.TextIOBase):
         if self.closed:
             raise ValueError("write to a closed RankPrefixedOutput")
         if LANE.get() < 0:  # the simulator itself
-            return self._out.write(s)  # type: ignore[no-any-return]
-        rank = getenv("RANK") or "?"
-        *lines, rest = (self._partial.pop(rank, "") + s).split("\n")
+            return self._out.write(s)
+        tag = _lane_tag()
+        *lines, rest = (self._partial.pop(tag, "") + s).split("\n")
         for line in lines:
-            self._out.write(f"{rank_tag(rank)}{line}\n")
+            self._out.write(f"{tag}{line}\n")
         if rest:
-            self._partial[rank] = rest
+            self._partial[tag] = rest
         return len(s)
 
     def flush(self) -> None:
         """Write every rank's unfinished line, then flush the stream (ValueError if it is closed, as files do)."""
         if self._closing:
             return  # (io's close() flushes once more: done already, or the stream is closed)
-        for rank, rest in sorted(self._partial.items()):
-            self._out.write(f"{rank_tag(rank)}{rest}\n")
+        for tag, rest in sorted(self._partial.items()):
+            self._out.write(f"{tag}{rest}\n")
         self._partial.clear()
         self._out.flush()
 

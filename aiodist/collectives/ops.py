@@ -254,7 +254,7 @@ def _quiet(ufunc: Any) -> Combiner:
     ``np.errstate`` itself.
     """
     try:
-        from numpy._core._ufunc_config import _extobj_contextvar
+        from numpy._core._ufunc_config import _extobj_contextvar  # type: ignore[attr-defined]  # numpy-private, not in its stubs; if absent, the except below
         from numpy._core.umath import _make_extobj
 
         quiet = _make_extobj(all="ignore")
