@@ -82,7 +82,7 @@ if TYPE_CHECKING:
     from .errors import UnawaitedOperationError
     from .unawaited import clear_unawaited, unawaited_operations
     from .mesh import DeviceMesh, init_device_mesh
-    from .store import MemoryStore, PrefixStore, Store, StoreServer, TCPStore
+    from .store import MemoryStore, PrefixStore, Store, StoreLimits, StoreServer, TCPStore
 
 # Names are imported on first use (PEP 562): ``import aiodist`` stays cheap for
 # what needs only a part of it (the launcher's bootstrap of every rank, the CLI).
@@ -119,6 +119,7 @@ _LAZY: dict[str, str] = {
     "StoreConnectionLost": "aiodist.errors",
     "StoreError": "aiodist.errors",
     "StoreRequestError": "aiodist.errors",
+    "StoreLimits": "aiodist.store",
     "StoreServer": "aiodist.store",
     "StoreTimeoutError": "aiodist.errors",
     "TCPStore": "aiodist.store",
@@ -232,6 +233,7 @@ __all__ = [
     "StoreConnectTimeoutError",
     "StoreError",
     "StoreRequestError",
+    "StoreLimits",
     "StoreServer",
     "StoreTimeoutError",
     "TCPStore",

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from . import tls
 from .auth import FROM_ENVIRONMENT, resolve_secret
 from .collectives.ops import ReduceOp
 from .comm import Transport
@@ -81,6 +82,7 @@ async def init_process_group(
     heartbeat_misses: int | None = None,
     secret: Any = FROM_ENVIRONMENT,
     ssl: Any = None,
+    store_limits: Any = None,
 ) -> ProcessGroup:
     """Rendezvous (see :mod:`aiodist.rendezvous`) and make the world group this rank's default.
 
@@ -102,15 +104,22 @@ async def init_process_group(
     (``AIODIST_SECRET``, set by ``aiodist run`` and ``aiodist.spawn``; then
     ``AIODIST_SECRET_FILE``; then the user's own secret file, see
     :func:`aiodist.auth.resolve_secret`); ``None`` switches authentication
-    off (with a warning). ``ssl``: an :class:`ssl.SSLContext` for links that
-    cross machines (not supported by this build yet: it raises
-    NotImplementedError rather than run unencrypted).
+    off (with a warning). ``ssl``: TLS for links that cross machines, an
+    :class:`aiodist.tls.TLS` (this rank's server-side and client-side
+    contexts, e.g. ``TLS.mutual(cert=..., key=..., ca=...)``: both ends then
+    require a certificate of that CA), used by the store and the rank links;
+    by default taken from ``AIODIST_TLS_CERT``/``_KEY``/``_CA`` when they are
+    set (``aiodist run --tls-cert ... --tls-key ... --tls-ca ...``).
+    ``store_limits`` (an :class:`aiodist.store.limits.StoreLimits`) sets the
+    limits of the store rank 0 starts (default: ``AIODIST_STORE_LIMITS``, as
+    ``aiodist run --store-limits`` sets it).
     """
     del backend
     if get_default_group() is not None:
         raise GroupError("the default process group is already initialized; call destroy_process_group() first")
-    if ssl is not None:
-        raise NotImplementedError("init_process_group(ssl=...): TLS for the store and rank links is not available yet")
+    if ssl is None:
+        ssl = tls.from_environment()  # AIODIST_TLS_CERT/_KEY/_CA, as aiodist run --tls-* sets them
+    tls.server_side(ssl)  # (a TypeError for anything but TLS contexts, before any connection)
     secret = resolve_secret(secret)
     transports: list[Transport] = []
 
@@ -126,6 +135,7 @@ async def init_process_group(
                 key_prefix=info.key_prefix,
                 timeout=timeout,
                 secret=secret,
+                ssl=ssl,
             )
         )
         transports[-1].configure_heartbeat(heartbeat_interval, heartbeat_misses)
@@ -133,7 +143,7 @@ async def init_process_group(
     try:
         rdzv = await rendezvous(
             init_method, rank=rank, world_size=world_size, store=store, timeout=timeout, publish=publish,
-            # secret=secret, ssl=ssl,  # LEAD: enable once rendezvous/store accept them (helper "sec")
+            secret=secret, ssl=ssl, store_limits=store_limits,
         )
     except BaseException:
         for t in transports:

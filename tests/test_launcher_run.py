@@ -483,7 +483,7 @@ async def test_stopping_a_rank_also_stops_the_processes_it_started(tmp_path: Pat
     if alive:
         os.kill(grandchild, signal.SIGKILL)
     assert not alive
-    assert run.elapsed < 2  # its pipes did not keep the launcher waiting
+    assert run.elapsed < 10  # its pipes did not keep the launcher waiting (they would for 60 s)
 
 
 async def test_a_process_left_behind_holding_the_pipes_does_not_hang_the_launcher(tmp_path: Path) -> None:

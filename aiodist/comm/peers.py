@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .. import tls
 from ..auth import NONCE_BYTES, AuthenticationError
 from ..context import token_bytes
 from ..eager import start_eager
@@ -84,6 +85,7 @@ class PeerLinks:
         groups: GroupRegistry,
         on_frame: Callable[[Peer, Frame], None],
         on_payload: Callable[[Peer, Header, int], memoryview | None],
+        ssl: Any = None,
     ) -> None:
         self.rank, self.world_size, self.job_id = rank, world_size, job_id
         self.store, self.key_prefix, self.timeout = store, key_prefix, timeout
@@ -91,6 +93,7 @@ class PeerLinks:
         self.peers: dict[int, Peer] = {}
         self._net = network
         self._secret = secret
+        self._ssl = ssl  # an aiodist.tls.TLS (or one SSLContext): every link over TLS
         self._router = router
         self._groups = groups
         self._on_frame = on_frame
@@ -109,7 +112,9 @@ class PeerLinks:
 
     async def listen(self, host: str) -> Address:
         """Listen on ``host`` and publish the address in the store."""
-        self._listener = await self._net.listen((host, 0), self._accept, max_frame_size=F.MAX_HANDSHAKE_FRAME)
+        self._listener = await self._net.listen(
+            (host, 0), self._accept, max_frame_size=F.MAX_HANDSHAKE_FRAME, ssl=tls.server_side(self._ssl)
+        )
         address = self._listener.address
         self._published = connect.format_address(address)
         await self.store.set(self._address_key(self.rank), self._published)
@@ -286,7 +291,9 @@ class PeerLinks:
         hs = DialHandshake(self._secret, job=self.job_id, rank=self.rank, world=self.world_size, peer_rank=rank,
                            address=raw, nonce=self._nonce(), peer=f"rank {rank}")
         try:
-            conn, outcome = await connect.dial(self._net, raw, hs, min(self.timeout, HELLO_TIMEOUT), self._loop)
+            conn, outcome = await connect.dial(
+                self._net, raw, hs, min(self.timeout, HELLO_TIMEOUT), self._loop, ssl=tls.client_side(self._ssl)
+            )
         except AuthenticationError as e:
             self.do(self.links.dial_unauthentic(rank, str(e)))
             return
