@@ -6,7 +6,7 @@
     PYTHONPATH=. python benchmarks/sim_bench.py kernel        # the simulator alone: seam ping-pong
     PYTHONPATH=. python benchmarks/sim_bench.py ratio --ranks 1024 --repeat 3   # scale / kernel, same run
     PYTHONPATH=. python benchmarks/sim_bench.py ratio --ranks 1024 --repeat 5 --vs /work/base   # side by side
-    PYTHONPATH=. python benchmarks/sim_bench.py sweep -n 8 --seeds 20 --vs /work/base   # seeds per second
+    PYTHONPATH=. python benchmarks/sim_bench.py sweep -n 8 --seeds 20 --vs /work/base   # seeds per second (--vs DIR ...)
     PYTHONPATH=. python benchmarks/sim_bench.py explore -n 8 --seeds 30       # exploration's cost per seed
 
 ratio: the full stack's deliveries per CPU second at ``--ranks`` (scale) over
@@ -114,7 +114,7 @@ def bench_scale(sizes: list[int], schedule: str, profile: bool = False) -> list[
         wall = time.perf_counter() - t0
         cpu = time.process_time() - c0
         ok = res.ok and all(v == float(n) ** 10 for v in res.rank_results)
-        row = {"ranks": n, "ok": ok, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "deliveries": res.messages,
+        row: dict[str, Any] = {"ranks": n, "ok": ok, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "deliveries": res.messages,
                "deliveries_per_s": round(res.messages / wall), "deliveries_per_cpu_s": round(res.messages / cpu),
                "loop_steps": res.steps,
                "virtual_s": round(res.virtual_time, 6)}
@@ -150,7 +150,8 @@ def bench_ratio(ranks: int, repeat: int) -> float:
     """Full stack at ``ranks`` vs the bare kernel, alternating in this process: the ratio of median rates."""
     import statistics
 
-    kernel, scale = [], []
+    kernel: list[float] = []
+    scale: list[float] = []
     for _ in range(repeat):
         kernel.append(bench_kernel(64)["deliveries_per_cpu_s"])
         scale.append(bench_scale([ranks], "random")[0]["deliveries_per_cpu_s"])
@@ -222,11 +223,11 @@ def _sweep_once(pythonpath: str, program: str, n: int, seeds: int) -> tuple[floa
     return wall, cpu
 
 
-def bench_sweep(program: str, n: int, seeds: int, repeat: int, vs: str | None) -> None:
+def bench_sweep(program: str, n: int, seeds: int, repeat: int, vs: list[str]) -> None:
     import statistics
 
     here = str(Path(__file__).resolve().parent.parent)
-    sides = [("this", here)] + ([("vs", str(Path(vs).resolve()))] if vs else [])
+    sides = [("this", here)] + [(f"vs{i}", str(Path(v).resolve())) for i, v in enumerate(vs, 1)]
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in sides}
     for _ in range(repeat):
         for name, path in (sides if _ % 2 == 0 else list(reversed(sides))):
@@ -239,9 +240,9 @@ def bench_sweep(program: str, n: int, seeds: int, repeat: int, vs: str | None) -
         print(json.dumps({"side": name, "path": path, "program": program, "ranks": n, "seeds": seeds,
                           "runs": repeat, "seeds_per_wall_s": round(seeds / wall, 2),
                           "seeds_per_cpu_s": round(seeds / cpu, 2)}), flush=True)
-    if vs:
-        print(f"this / vs: {rows['this'][0] / rows['vs'][0]:.2f}x seeds per wall second, "
-              f"{rows['this'][1] / rows['vs'][1]:.2f}x per CPU second (medians of {repeat})")
+    for name, path in sides[1:]:
+        print(f"this / {path}: {rows['this'][0] / rows[name][0]:.2f}x seeds per wall second, "
+              f"{rows['this'][1] / rows[name][1]:.2f}x per CPU second (medians of {repeat})")
 
 
 # --------------------------------------------------------------------------- exploration's cost
@@ -364,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("-n", type=int, default=8)
     w.add_argument("--seeds", type=int, default=20)
     w.add_argument("--repeat", type=int, default=3)
-    w.add_argument("--vs", default=None, help="another checkout to compare with (PYTHONPATH)")
+    w.add_argument("--vs", nargs="*", default=[], help="other checkouts to compare with (PYTHONPATH)")
     e = sub.add_parser("explore")
     e.add_argument("--program", default="examples/train_dp.py")
     e.add_argument("-n", type=int, default=8)
