@@ -34,7 +34,7 @@ from .handshake import AcceptHandshake, DialHandshake
 from .heartbeats import Heartbeats
 from .registry import GroupRegistry
 from .router import Match, Router
-from .settings import BYE_TIMEOUT, DIAL_DEFER, DIAL_DEFER_ENV, HELLO_TIMEOUT, env_number
+from .settings import BYE_TIMEOUT, DIAL_DEFER, DIAL_DEFER_ENV, HELLO_TIMEOUT, REPORT_GRACE, env_number
 
 log = logging.getLogger("aiodist.comm")
 
@@ -103,6 +103,7 @@ class PeerLinks:
         self._listener: Listener | None = None
         self._published = b""  # our address as published in the store (what dialers bind their proofs to)
         self._tasks: dict[asyncio.Task[Any], None] = {}
+        self._reports: dict[asyncio.Task[Any], None] = {}  # (spawned with now=True: close() lets them finish first)
         self._unauthentic = 0  # connections refused for not proving the secret (the first one is logged)
 
     def __repr__(self) -> str:
@@ -121,7 +122,15 @@ class PeerLinks:
         return address
 
     async def close(self) -> None:
-        """``bye`` to every live link, close them all, cancel and await every task (bounded)."""
+        """``bye`` to every live link, close them all, cancel and await every task (bounded).
+
+        Reports still on their way (:meth:`spawn` with ``now``) get up to
+        :data:`.settings.REPORT_GRACE` seconds first: a peer must learn of a
+        mismatch before it sees this rank leave.
+        """
+        reports = [t for t in self._reports if not t.done()]
+        if reports:
+            await asyncio.wait(reports, timeout=REPORT_GRACE)
         actions = self.links.close()
         self.do(actions)
         self.heartbeats.stop()
@@ -165,6 +174,9 @@ class PeerLinks:
         task = start_eager(coro, self._loop)[0] if now else self._loop.create_task(coro)
         self._tasks[task] = None
         task.add_done_callback(self._task_done)
+        if now and not task.done():
+            self._reports[task] = None
+            task.add_done_callback(self._reports.pop)
         return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:

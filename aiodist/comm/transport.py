@@ -321,7 +321,7 @@ class Transport:
         """
         if self._closed or dst == self.rank or not 0 <= dst < self.world_size:
             return
-        self._links.spawn(self._report(dst, F.mismatch(gid, seq, message, calls)), now=True)
+        _ = self._links.spawn(self._report(dst, F.mismatch(gid, seq, message, calls)), now=True)  # owned by the links
 
     async def _report(self, dst: int, header: Header) -> None:
         try:
