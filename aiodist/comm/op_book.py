@@ -95,9 +95,9 @@ class OpBook:
             self.budgets.refund(slot[2], a.nbytes)
         return a
 
-    def buffered_from(self, src: int) -> list[Buffered]:
+    def buffered_from(self, src: int) -> Iterator[Buffered]:
         """The messages from ``src`` buffered here."""
-        return [a for slot, a in self.arrived.items() if slot[2] == src]
+        return (a for slot, a in self.arrived.items() if slot[2] == src)
 
     def discard_source(self, src: int) -> None:
         """Drop every message buffered from ``src``."""

@@ -202,10 +202,11 @@ class RouteTable:
         elif slot in self._abandoned:
             del self._abandoned[slot]
             m.drop = True
-        elif slot in self.ops.arrived or slot in self._incoming:
-            return violate(m, f"a second message for {_describe(slot)} (a slot carries one message)")
         else:
-            if self.ops.calls:
+            ops = self.ops
+            if slot in ops.arrived or slot in self._incoming:
+                return violate(m, f"a second message for {_describe(slot)} (a slot carries one message)")
+            if ops.calls:
                 m.ended = self._fail_conflicting(src, header, nbytes) or None
             if self._admit(m):
                 self._incoming[slot] = None
@@ -425,9 +426,7 @@ class RouteTable:
     def buffered_groups(self, src: int) -> list[tuple[Any, tuple[int, int]]]:
         """The groups of the messages from ``src`` buffered here: [(group, (frames, bytes))] (for errors only)."""
         acc: dict[Any, list[int]] = {}
-        every = self.ops.buffered_from(src)
-        every += self.p2p.buffered_from(src)
-        for a in every:
+        for a in [*self.ops.buffered_from(src), *self.p2p.buffered_from(src)]:
             c = acc.setdefault(a.header.get("g"), [0, 0])
             c[0] += 1
             c[1] += a.nbytes
