@@ -20,6 +20,7 @@ from .comm.channel import rank_table
 from .context import get_default_group, rank_scope, set_default_group
 from .errors import GroupError, InvalidRankError
 from .group import WORLD_GROUP_ID, ProcessGroup, Work
+from .net.shmhost import transport_mode
 from .rendezvous import Rendezvous, leave, rendezvous
 
 _GROUPS = "aiodist_groups"
@@ -73,6 +74,7 @@ async def init_process_group(
     backend: str | None = None,
     heartbeat_interval: float | None = None,
     heartbeat_misses: int | None = None,
+    transport: str | None = None,
 ) -> ProcessGroup:
     """Rendezvous (see :mod:`aiodist.rendezvous`) and make the world group this rank's default.
 
@@ -85,9 +87,13 @@ async def init_process_group(
     too). A rank that blocks its event loop longer than that (a long
     computation that never awaits) looks hung to its peers: raise them. ``backend`` is accepted for torch compatibility
     and ignored (so is a backend name such as ``"gloo"`` in place of
-    ``init_method``). Raises GroupError if this rank already has a default group.
+    ``init_method``). ``transport="tcp"`` connects to the ranks of this host
+    over TCP too (default ``"auto"``, or ``AIODIST_TRANSPORT``: Unix sockets
+    and shared memory with them; see :mod:`aiodist.net.shmhost`). Raises
+    GroupError if this rank already has a default group.
     """
     del backend
+    mode = transport_mode(transport)
     if get_default_group() is not None:
         raise GroupError("the default process group is already initialized; call destroy_process_group() first")
     transports: list[Transport] = []
@@ -103,6 +109,7 @@ async def init_process_group(
                 store=info.store,
                 key_prefix=info.key_prefix,
                 timeout=timeout,
+                mode=mode,
             )
         )
         transports[-1].configure_heartbeat(heartbeat_interval, heartbeat_misses)

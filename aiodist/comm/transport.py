@@ -64,6 +64,7 @@ from ..errors import (
     PeerRefusedError,
 )
 from ..net.base import Address, Connection, Frame, Header, Listener, Network
+from ..net.shmhost import choose_network
 from ..wire import DEFER, as_byte_view
 from .router import Delivery, Match, Receive, Router, freeze, resolve
 
@@ -229,9 +230,13 @@ class Transport:
         key_prefix: str,
         timeout: float,
         host: str | None = None,
+        mode: str | None = None,
     ) -> Transport:
-        """Listen (on ``host``, else ``AIODIST_HOST``, else the network's default) and publish the address."""
-        net = current_network()
+        """Listen (on ``host``, else ``AIODIST_HOST``, else the network's default) and publish the address.
+
+        ``mode``: the transport mode (see :mod:`aiodist.net.shmhost`; "tcp" forces TCP between ranks of one host).
+        """
+        net = choose_network(current_network(), mode=mode)
         t = cls(
             rank=rank,
             world_size=world_size,
@@ -254,6 +259,11 @@ class Transport:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def network(self) -> Network:
+        """The network this rank's connections are made on."""
+        return self._net
 
     async def close(self) -> None:
         """Say ``bye`` to connected peers, close every connection and await every task.

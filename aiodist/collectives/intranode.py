@@ -1,0 +1,292 @@
+"""Collectives among ranks of one host, through a shared segment per group (the engine's state and rules).
+
+When every member of a group runs on this host and reaches the others
+through shared memory (see :mod:`aiodist.net.shmhost`), a large collective
+does not move its data through messages: each rank *publishes* its data into
+its own staging segment (two buffers of :data:`ROUND_BYTES`, which the other
+members have mapped), and every rank then reads its peers' data in place --
+reducing its own block of the array straight from their buffers, in a fixed
+rank order (so every rank ends with the same bits), in chunks that stay in
+cache -- and copies the others' results out. Arrays from
+:func:`aiodist.empty` / :func:`aiodist.shared_array` are read and written in
+place, with no publish copy at all. The algorithms are in
+:mod:`.intranode_ops`; this module holds the per-group state.
+
+Setup: the first collective of a group that qualifies (:func:`engine_for`:
+large enough, no algorithm forced, a real network) asks every member for its
+host id, whether it may share memory and where its staging segment is
+(gathered at group rank 0, which broadcasts the verdict); then every member
+maps the others' segments and says whether it could. Every rank takes the
+same decision from the same messages, so all of them run the engine, or all
+of them the usual algorithms.
+
+Synchronisation is by messages: small frames on the group's ordinary
+connections, keyed by the operation's sequence number, the round and the
+phase (``("shm", round, phase)``), so a flag of another operation or round is
+never mistaken for this one. A rank writes a buffer only before it sends the
+message that publishes it, and reads a peer's buffer only after it received
+the peer's message. Those messages go through a kernel socket, whose queue
+lock orders the writer's stores (numpy's, non-temporal ones included, which
+glibc fences) before the reader's loads on every architecture; so nobody ever
+reads a half-written buffer as data. A buffer is written again only once every
+reader has said (by a later message) that it is done with it. Failures,
+timeouts, mismatches and cancellation are therefore those of the messages:
+the same as for any collective (a SIGKILLed peer's socket ends at once).
+
+Any error inside an engine operation leaves the engine *broken* on that
+rank: its segments are unmapped and later qualifying collectives of the
+group raise GroupError (the peers' buffers may be half-way through a round).
+When the connection to a member ends (:data:`aiodist.net.shmseg.PEERS`), the
+group's segments are unmapped at once, so a dead peer's memory is freed.
+
+Engine operations of one group run one at a time, in call order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import weakref
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ..comm.channel import GroupComm, OpChannel
+from ..errors import GroupError
+from ..net.shmhost import host_id, is_real_network, uses_shared_memory
+from ..net.shmseg import PEERS, Segment, SegmentRef, SharedMemoryError
+from ..shared import locate
+from .buffers import EMPTY_OUT
+
+__all__ = ["ENGINE_MIN_BYTES", "ROUND_BYTES", "CHUNK_BYTES", "GroupEngine", "engine_for"]
+
+ENGINE_MIN_BYTES = 256 * 1024
+"""Collectives of fewer bytes (per rank's array) take the usual message path."""
+ROUND_BYTES = 8 << 20
+"""Bytes of each of a rank's two staging buffers: a larger array is moved in rounds of this size."""
+CHUNK_BYTES = 256 * 1024
+"""Reductions and copies go this many bytes at a time (the working set stays in cache)."""
+
+_SHM = "shm"  # first element of every engine key (algorithms' keys are all-int tuples)
+_SETUP = -1  # the setup's round number
+
+
+class State(enum.Enum):
+    UNKNOWN = "unknown"  # no qualifying collective yet
+    ON = "on"
+    OFF = "off"  # not every member is on this host (or allowed to share memory)
+    BROKEN = "broken"  # an operation failed half-way: the buffers cannot be trusted
+
+
+_ENGINES: weakref.WeakKeyDictionary[GroupComm, GroupEngine] = weakref.WeakKeyDictionary()
+
+
+def engine_for(ch: Any, nbytes: int, algorithm: str | None) -> GroupEngine | None:
+    """The engine to try for a collective of ``nbytes`` on ``ch`` (None: use the usual algorithms).
+
+    Depends only on what every rank of a well-formed call agrees on (size,
+    forced algorithm, the group) and on the network being real (not the
+    simulator's), so every rank asks for the engine or none does.
+    """
+    if nbytes < ENGINE_MIN_BYTES or algorithm is not None or type(ch) is not OpChannel or ch.size < 2:
+        return None
+    comm = ch.comm
+    eng = _ENGINES.get(comm)
+    if eng is None:
+        if not is_real_network(comm.transport.network):
+            return None
+        eng = _ENGINES[comm] = GroupEngine(comm)
+    return None if eng.state is State.OFF else eng
+
+
+def key(round_: int, phase: int) -> tuple[Any, ...]:
+    """The key of an engine message of ``round_`` and ``phase`` (the channel prefixes the op's seq)."""
+    return (_SHM, round_, phase)
+
+
+class GroupEngine:
+    """One rank's shared-memory state for one group (see the module doc)."""
+
+    def __init__(self, comm: GroupComm) -> None:
+        self.comm = comm
+        self.name = comm.name
+        self.state = State.UNKNOWN
+        self.rank = comm.rank
+        self.size = comm.size
+        self.why_broken = ""
+        self._staging: list[Segment | None] = []  # per group rank: its staging segment (ours included)
+        self._attached: dict[SegmentRef, Segment] = {}  # peers' shared arrays mapped here
+        self._tail: asyncio.Future[None] | None = None  # the last operation in line
+        self._busy = False
+        self._doomed = False
+        self._pids: list[int] = []  # per group rank: its process
+        self._watched: set[int] = set()  # members whose connection's end we watch  # a member's connection ended during an operation: close after it
+
+    def __repr__(self) -> str:
+        return f"<GroupEngine {self.name} rank={self.rank}/{self.size} {self.state.value}>"
+
+    # ------------------------------------------------------------------ running an operation
+
+    async def run(self, ch: OpChannel, body: Any, *args: Any) -> bool:
+        """Run ``body(self, ch, *args)`` as this group's next engine operation; False if the engine is off.
+
+        Waits for the previous engine operation of the group (call order) and,
+        on the group's first one, for the setup. Any error leaves the engine
+        broken (see the module doc) and propagates.
+        """
+        prev, done = self._tail, asyncio.get_running_loop().create_future()
+        self._tail = done
+        try:
+            if prev is not None and not prev.done():
+                await _wait_quietly(prev)
+            if self.state is State.UNKNOWN:
+                await self._setup(ch)
+            if self.state is State.OFF:
+                return False
+            if self.state is State.BROKEN:
+                raise GroupError(
+                    f"{ch.op} (seq {ch.seq}) of {self.name}: the group's shared memory is unusable after "
+                    f"an earlier failure ({self.why_broken})"
+                )
+            self._busy = True
+            try:
+                await body(self, ch, *args)
+            except BaseException as e:
+                self._break(f"{ch.op} (seq {ch.seq}) failed: {type(e).__name__}")
+                raise
+            finally:
+                self._busy = False
+                if self._doomed:
+                    self._break("the connection to a member ended")
+            return True
+        finally:
+            done.set_result(None)
+            if self._tail is done:
+                self._tail = None
+
+    # ------------------------------------------------------------------ buffers
+
+    def staging(self, rank: int, buf: int, dtype: Any, offset: int, count: int) -> np.ndarray:
+        """Elements ``offset .. offset+count`` of buffer ``buf`` of group rank ``rank``'s staging segment."""
+        seg = self._staging[rank]
+        assert seg is not None
+        itemsize = np.dtype(dtype).itemsize
+        return seg.array(dtype, buf * ROUND_BYTES + offset * itemsize, count)
+
+    def shared_desc(self, flat: np.ndarray) -> list[Any] | None:
+        """How peers find ``flat`` in place ([segment, byte offset]), or None when it is not in shared memory."""
+        found = locate(flat)
+        return None if found is None else [found[0].pack(), found[1]]
+
+    def peer_array(self, desc: list[Any], dtype: Any, count: int) -> np.ndarray:
+        """A peer's shared array described by ``desc`` (from :meth:`shared_desc`), mapped here."""
+        ref = SegmentRef.unpack(desc[0])
+        offset = desc[1]
+        if type(offset) is not int or offset < 0 or offset + count * np.dtype(dtype).itemsize > ref.size:
+            raise SharedMemoryError(f"a shared array of {count} x {dtype} at {offset!r} does not fit {ref}")
+        seg = self._attached.get(ref)
+        if seg is None:
+            seg = self._attached[ref] = Segment.attach(ref)
+        return seg.array(dtype, offset, count)
+
+    # ------------------------------------------------------------------ setup and teardown
+
+    async def _setup(self, ch: OpChannel) -> None:
+        """Decide, with every member, whether this group runs on shared memory (see the module doc)."""
+        p, me = self.size, self.rank
+        allowed = uses_shared_memory(self.comm.transport.network)
+        own: Segment | None = None
+        if allowed:
+            try:
+                own = Segment.create(2 * ROUND_BYTES, name="aiodist-staging")
+            except SharedMemoryError:
+                allowed = False
+        mine = [host_id(), allowed, None if own is None else own.ref.pack()]
+        table = await _agree(ch, 0, mine, lambda rows: _verdict(rows))
+        if table is None:
+            if own is not None:
+                own.close()
+            self.state = State.OFF
+            return
+        self._staging = [own if r == me else None for r in range(p)]
+        ok = True
+        try:
+            for r in range(p):
+                if r != me:
+                    self._staging[r] = Segment.attach(SegmentRef.unpack(table[r]))
+        except SharedMemoryError:
+            ok = False
+        agreed = await _agree(ch, 1, ok, lambda oks: all(oks))
+        if not agreed:
+            self._close_segments()
+            self.state = State.OFF
+            return
+        self.state = State.ON
+        self._pids = [SegmentRef.unpack(table[r]).pid for r in range(p)]
+
+    def heard_from(self, rank: int) -> None:
+        """A message of group rank ``rank`` arrived (so a connection to it is open): watch that connection's end."""
+        if rank not in self._watched and self._pids:
+            self._watched.add(rank)
+            PEERS.watch(self._pids[rank], self._member_gone)
+
+    def _member_gone(self, pid: int) -> None:
+        if self._busy:
+            self._doomed = True  # the running operation fails soon (its messages do); then close
+        else:
+            self._break(f"the connection to a member (pid {pid}) ended")
+
+    def _break(self, why: str) -> None:
+        if self.state is State.ON:
+            self.state = State.BROKEN
+            self.why_broken = why
+        self._close_segments()
+
+    def _close_segments(self) -> None:
+        segs = [s for s in self._staging if s is not None] + list(self._attached.values())
+        self._staging = []
+        self._attached = {}
+        for seg in segs:
+            seg.close()
+
+
+async def _wait_quietly(fut: asyncio.Future[None]) -> None:
+    """Wait for ``fut`` without cancelling it when this wait is cancelled."""
+    await asyncio.shield(fut)
+
+
+def _verdict(rows: list[Any]) -> list[Any] | None:
+    """Group rank 0's decision from every member's [host id, allowed, staging ref]: the refs, or None (off)."""
+    hosts = {row[0] for row in rows}
+    if len(hosts) != 1 or not all(row[1] is True and row[2] is not None for row in rows):
+        return None
+    return [row[2] for row in rows]
+
+
+async def _agree(ch: OpChannel, step: int, mine: Any, decide: Any) -> Any:
+    """Gather every member's ``mine`` at group rank 0, which broadcasts ``decide(rows)``; return that."""
+    p, me = ch.size, ch.rank
+    if me == 0:
+        rows = [mine] + [None] * (p - 1)
+        for r in range(1, p):
+            rows[r] = msgpack.unpackb(await ch.recv_bytes(r, key(_SETUP, 2 * step)))
+        verdict = decide(rows)
+        raw = msgpack.packb(verdict)
+        for r in range(1, p):
+            await ch.send(r, key(_SETUP, 2 * step + 1), raw)
+        return verdict
+    await ch.send(0, key(_SETUP, 2 * step), msgpack.packb(mine))
+    return msgpack.unpackb(await ch.recv_bytes(0, key(_SETUP, 2 * step + 1)))
+
+
+async def signal(ch: OpChannel, peers: Any, k: tuple[Any, ...], payload: Any = b"") -> None:
+    """Send the engine message ``k`` (an empty frame, or ``payload``) to every rank of ``peers``."""
+    for r in peers:
+        await ch.send(r, k, payload)
+
+
+async def wait(ch: OpChannel, peers: Any, k: tuple[Any, ...]) -> None:
+    """Wait for the empty engine message ``k`` from every rank of ``peers``."""
+    for r in peers:
+        await ch.recv_into(r, k, EMPTY_OUT)
