@@ -75,6 +75,8 @@ from .eventloop import run
 from .group import ProcessGroup, Work
 from .mesh import DeviceMesh, init_device_mesh
 from .store import MemoryStore, PrefixStore, Store, StoreServer, TCPStore
+from .net.shmseg import SharedMemoryError
+from .shared import empty, is_shared, shared_array, zeros
 
 __version__ = "0.1.0"
 
@@ -161,4 +163,9 @@ __all__ = [
     "scatter_object_list",
     "send",
     "spawn",
+    "SharedMemoryError",
+    "empty",
+    "is_shared",
+    "shared_array",
+    "zeros",
 ]

@@ -122,19 +122,19 @@ async def init_process_group(
         for t in transports:
             await t.close()
         raise
-    transport = transports[-1]
+    world_transport = transports[-1]
     # one tuple shared by every rank of the process (the simulator's virtual ranks: O(N), not O(N^2))
     ranks = rank_table(range(rdzv.world_size)).ranks
-    transport.register_group(WORLD_GROUP_ID, ranks)
-    pg = ProcessGroup(transport, WORLD_GROUP_ID, ranks, store=rdzv.store, timeout=timeout, name="world")
+    world_transport.register_group(WORLD_GROUP_ID, ranks)
+    pg = ProcessGroup(world_transport, WORLD_GROUP_ID, ranks, store=rdzv.store, timeout=timeout, name="world")
     pg.local_rank = rdzv.local_rank
     pg.local_world_size = rdzv.local_world_size
     pg.job_id = rdzv.job_id
 
     async def teardown() -> None:
         # before close(): then every peer looks gone; an aborted transport waits for nobody either
-        broken = bool(transport.failed_peers()) or transport.closed
-        await transport.close()
+        broken = bool(world_transport.failed_peers()) or world_transport.closed
+        await world_transport.close()
         if rdzv.server is not None:
             # Keep the store up for the others until they leave too, unless the job is broken
             # (a failed rank never leaves: waiting would only delay this rank's error).

@@ -46,12 +46,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import traceback
 import weakref
 from typing import Any
 
 import msgpack
 import numpy as np
 
+from ..channel import Channel
 from ..comm.channel import GroupComm, OpChannel
 from ..errors import GroupError
 from ..net.shmhost import host_id, is_real_network, uses_shared_memory
@@ -128,13 +130,14 @@ class GroupEngine:
 
     # ------------------------------------------------------------------ running an operation
 
-    async def run(self, ch: OpChannel, body: Any, *args: Any) -> bool:
+    async def run(self, ch: Channel, body: Any, *args: Any) -> bool:
         """Run ``body(self, ch, *args)`` as this group's next engine operation; False if the engine is off.
 
         Waits for the previous engine operation of the group (call order) and,
         on the group's first one, for the setup. Any error leaves the engine
         broken (see the module doc) and propagates.
         """
+        assert isinstance(ch, OpChannel)  # (engine_for gives engines to OpChannels only)
         prev, done = self._tail, asyncio.get_running_loop().create_future()
         self._tail = done
         try:
@@ -153,6 +156,9 @@ class GroupEngine:
             try:
                 await body(self, ch, *args)
             except BaseException as e:
+                # The traceback must not keep the failed operation's views of the segments
+                # (and so their memory) alive for as long as someone keeps the error.
+                traceback.clear_frames(e.__traceback__)
                 self._break(f"{ch.op} (seq {ch.seq}) failed: {type(e).__name__}")
                 raise
             finally:
