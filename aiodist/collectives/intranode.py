@@ -3,7 +3,7 @@
 When every member of a group runs on this host and reaches the others
 through shared memory (see :mod:`aiodist.net.shmhost`), a large collective
 does not move its data through messages: each rank *publishes* its data into
-its own staging segment (two buffers of :data:`ROUND_BYTES`, which the other
+its own staging segment (:data:`NBUF` buffers of :data:`ROUND_BYTES`, which the other
 members have mapped), and every rank then reads its peers' data in place --
 reducing its own block of the array straight from their buffers, in a fixed
 rank order (so every rank ends with the same bits), in chunks that stay in
@@ -61,12 +61,14 @@ from ..net.shmseg import PEERS, Segment, SegmentRef, SharedMemoryError
 from ..shared import locate
 from .buffers import EMPTY_OUT
 
-__all__ = ["ENGINE_MIN_BYTES", "ROUND_BYTES", "CHUNK_BYTES", "GroupEngine", "engine_for"]
+__all__ = ["ENGINE_MIN_BYTES", "ROUND_BYTES", "NBUF", "CHUNK_BYTES", "GroupEngine", "engine_for"]
 
 ENGINE_MIN_BYTES = 256 * 1024
 """Collectives of fewer bytes (per rank's array) take the usual message path."""
-ROUND_BYTES = 8 << 20
-"""Bytes of each of a rank's two staging buffers: a larger array is moved in rounds of this size."""
+ROUND_BYTES = 4 << 20
+"""Bytes of each of a rank's staging buffers: a larger array is moved in rounds of this size."""
+NBUF = 3
+"""Staging buffers per rank, used in turn by successive rounds."""
 CHUNK_BYTES = 256 * 1024
 """Reductions and copies go this many bytes at a time (the working set stays in cache)."""
 
@@ -205,7 +207,7 @@ class GroupEngine:
         own: Segment | None = None
         if allowed:
             try:
-                own = Segment.create(2 * ROUND_BYTES, name="aiodist-staging")
+                own = Segment.create(NBUF * ROUND_BYTES, name="aiodist-staging")
             except SharedMemoryError:
                 allowed = False
         mine = [host_id(), allowed, None if own is None else own.ref.pack()]

@@ -10,11 +10,11 @@ which also says where each rank's array lies if it is in shared memory:
   (all_reduce: rank r reduces block r of every array, in rank order, and
   writes the result into every array), then a *done* from every peer says
   nobody touches anyone's array any more;
-* otherwise in rounds of :data:`.intranode.ROUND_BYTES`, alternating the two
-  staging buffers: publish (copy what the others need into my buffer), a
-  *pub* message, then read the peers' buffers (reduce my block from them,
-  or copy theirs out). A buffer is published again two rounds later, after
-  every reader's next *pub* said it finished reading it.
+* otherwise in rounds of :data:`.intranode.ROUND_BYTES`, using the staging
+  buffers in turn: publish (copy what the others need into my buffer), a
+  message, then read the peers' buffers (reduce my block from them, or copy
+  theirs out). A buffer is published again only after every reader's later
+  message said it finished reading it.
 
 Results are bit-identical on every rank: each element is reduced once, by the
 owner of its block, with operands in rank order, and copied to the others.
@@ -29,7 +29,7 @@ import msgpack
 import numpy as np
 
 from ..comm.channel import OpChannel
-from .intranode import CHUNK_BYTES, ROUND_BYTES, GroupEngine, key, signal, wait
+from .intranode import CHUNK_BYTES, NBUF, ROUND_BYTES, GroupEngine, key, signal, wait
 from .ops import Combiner, ReduceOp, combiner, finish_avg
 from .schedules import partition
 
@@ -89,40 +89,47 @@ def _rounds(flat: np.ndarray, p: int) -> Iterator[tuple[int, np.ndarray, tuple[i
         yield k, mine, partition(mine.size, p)
 
 
-async def _reduce_my_block(
-    eng: GroupEngine,
-    ch: OpChannel,
-    k: int,
-    mine: np.ndarray,
-    offs: tuple[int, ...],
-    kernel: tuple[Combiner, int, np.ndarray],
-    *,
-    keep: bool,
-    publish: bool,
-) -> None:
-    """Round ``k``: publish the others' blocks of ``mine``, then reduce my block from everyone's.
-
-    The result goes into ``mine`` (``keep``) and/or into my staging buffer, where
-    the others fetch it (``publish``).
-    """
-    p, me, buf, dt = ch.size, ch.rank, k % 2, mine.dtype
-    peers = _others(p, me)
+def _publish(eng: GroupEngine, me: int, k: int, mine: np.ndarray, offs: tuple[int, ...]) -> None:
+    """Round ``k``: copy the blocks of ``mine`` that the others reduce into my staging buffer."""
     lo, hi = offs[me], offs[me + 1]
-    stage = eng.staging(me, buf, dt, 0, mine.size)
+    stage = eng.staging(me, k % NBUF, mine.dtype, 0, mine.size)
     stage[:lo] = mine[:lo]
     stage[hi:] = mine[hi:]
-    await signal(ch, peers, key(k, _PUB))
-    await wait(ch, peers, key(k, _PUB))
-    srcs = [mine[lo:hi] if j == me else eng.staging(j, buf, dt, lo, hi - lo) for j in range(p)]
-    outs = ([mine[lo:hi]] if keep else []) + ([stage[lo:hi]] if publish else [])
+
+
+async def _reduce_rounds(
+    eng: GroupEngine, ch: OpChannel, flat: np.ndarray, kernel: tuple[Combiner, int, np.ndarray], *, root: int | None
+) -> None:
+    """The staging path of all_reduce (``root`` None: every rank gets the result) and reduce (only ``root``).
+
+    One message to every peer per round: after reducing my block of round k
+    (into my array and/or my buffer) and publishing round k+1, "red k, pub
+    k+1"; then I copy the others' blocks of round k out. Three buffers: the
+    one published for k+1 was last read in round k-2, whose copies every
+    peer finished before its "red k-1, pub k".
+    """
+    p, me = ch.size, ch.rank
+    peers = _others(p, me)
     combine, avg, tmp = kernel
-    _reduce_chunks(combine, srcs, outs, avg, tmp)
-
-
-def _gather_blocks(eng: GroupEngine, k: int, mine: np.ndarray, offs: tuple[int, ...], peers: Sequence[int]) -> None:
-    """Round ``k``: copy every peer's reduced block out of its staging buffer into ``mine``."""
-    for j in peers:
-        mine[offs[j] : offs[j + 1]] = eng.staging(j, k % 2, mine.dtype, offs[j], offs[j + 1] - offs[j])
+    rounds = list(_rounds(flat, p))
+    _publish(eng, me, *rounds[0])
+    await signal(ch, peers, key(0, _PUB))
+    await wait(ch, peers, key(0, _PUB))
+    for k, mine, offs in rounds:
+        buf, dt = k % NBUF, mine.dtype
+        lo, hi = offs[me], offs[me + 1]
+        srcs = [mine[lo:hi] if j == me else eng.staging(j, buf, dt, lo, hi - lo) for j in range(p)]
+        outs = [] if root is not None and me != root else [mine[lo:hi]]
+        if root is None or me != root:
+            outs.append(eng.staging(me, buf, dt, lo, hi - lo))  # where the others fetch my block
+        _reduce_chunks(combine, srcs, outs, avg, tmp)
+        if k + 1 < len(rounds):
+            _publish(eng, me, *rounds[k + 1])
+        await signal(ch, peers, key(k, _RED))
+        await wait(ch, peers, key(k, _RED))
+        if root is None or me == root:
+            for j in peers:
+                mine[offs[j] : offs[j + 1]] = eng.staging(j, buf, dt, offs[j], offs[j + 1] - offs[j])
 
 
 async def _reduce_shared(
@@ -166,11 +173,7 @@ async def all_reduce(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, op: Redu
     if desc is not None and all(d is not None for d in descs.values()):
         await _reduce_shared(eng, ch, flat, descs, (combine, avg, tmp), into=None)
         return
-    for k, mine, offs in _rounds(flat, p):
-        await _reduce_my_block(eng, ch, k, mine, offs, (combine, avg, tmp), keep=True, publish=True)
-        await signal(ch, peers, key(k, _RED))
-        await wait(ch, peers, key(k, _RED))
-        _gather_blocks(eng, k, mine, offs, peers)
+    await _reduce_rounds(eng, ch, flat, (combine, avg, tmp), root=None)
 
 
 # ------------------------------------------------------------------ reduce_scatter
@@ -193,7 +196,7 @@ async def reduce_scatter(
     per_block = max(1, ROUND_BYTES // dt.itemsize // p)
     for k, start in enumerate(range(0, m, per_block)):
         length = min(per_block, m - start)
-        buf = k % 2
+        buf = k % NBUF
         for j in peers:
             eng.staging(me, buf, dt, j * per_block, length)[:] = blocks[j][start : start + length]
         await signal(ch, peers, key(k, _PUB))
@@ -224,7 +227,7 @@ async def all_gather(eng: GroupEngine, ch: OpChannel, outs: Sequence[np.ndarray]
         return
     for k, start in enumerate(range(0, n, ROUND_BYTES)):
         length = min(ROUND_BYTES, n - start)
-        buf = k % 2
+        buf = k % NBUF
         eng.staging(me, buf, np.uint8, 0, length)[:] = data[start : start + length]
         await signal(ch, peers, key(k, _PUB))
         await wait(ch, peers, key(k, _PUB))
@@ -248,10 +251,10 @@ async def broadcast(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int
             return
         rounds = range(0, n, ROUND_BYTES)
         for k, start in enumerate(rounds):
-            if k >= 2:
-                await wait(ch, peers, key(k - 2, _ACK))  # everyone finished reading this buffer
+            if k >= NBUF:
+                await wait(ch, peers, key(k - NBUF, _ACK))  # everyone finished reading this buffer
             length = min(ROUND_BYTES, n - start)
-            eng.staging(me, k % 2, np.uint8, 0, length)[:] = data[start : start + length]
+            eng.staging(me, k % NBUF, np.uint8, 0, length)[:] = data[start : start + length]
             await signal(ch, peers, key(k, _PUB))
         return
     desc = (await _hello(eng, ch, [root], [root], None))[root]
@@ -263,8 +266,8 @@ async def broadcast(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int
     for k, start in enumerate(range(0, n, ROUND_BYTES)):
         length = min(ROUND_BYTES, n - start)
         await wait(ch, [root], key(k, _PUB))
-        data[start : start + length] = eng.staging(root, k % 2, np.uint8, 0, length)
-        if k <= last - 2:  # the root waits for this one before it publishes into the buffer again
+        data[start : start + length] = eng.staging(root, k % NBUF, np.uint8, 0, length)
+        if k <= last - NBUF:  # the root waits for this one before it publishes into the buffer again
             await signal(ch, [root], key(k, _ACK))
 
 
@@ -281,10 +284,4 @@ async def reduce(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int, o
     if desc is not None and all(d is not None for d in descs.values()):
         await _reduce_shared(eng, ch, flat, descs, (combine, avg, tmp), into=root)
         return
-    for k, mine, offs in _rounds(flat, p):
-        await _reduce_my_block(eng, ch, k, mine, offs, (combine, avg, tmp), keep=me == root, publish=me != root)
-        if me != root:
-            await signal(ch, [root], key(k, _RED))
-            continue
-        await wait(ch, peers, key(k, _RED))
-        _gather_blocks(eng, k, mine, offs, peers)
+    await _reduce_rounds(eng, ch, flat, (combine, avg, tmp), root=root)
