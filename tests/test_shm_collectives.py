@@ -70,7 +70,7 @@ async def every_op(r: int, p: int, make: Callable[[np.ndarray], np.ndarray], n: 
     v = make(np.full(n, 2.0 * r, np.float64))
     await dist.all_reduce(v, op=dist.ReduceOp.AVG)
     out["avg"] = v.copy()
-    b = make(np.full(n, r, np.int16) if r == p - 1 else np.zeros(n, np.int16))
+    b = make(np.full(n, r, np.int64) if r == p - 1 else np.zeros(n, np.int64))
     await dist.broadcast(b, src=p - 1)
     out["broadcast"] = b.copy()
     c = make(np.arange(n, dtype=np.int32) * (r + 1))
@@ -121,7 +121,7 @@ def check_every_op(results: list[dict[str, Any]], p: int, n: int) -> None:
 async def test_every_engine_collective_gives_the_right_bits_on_every_rank(
     p: int, shared: bool, small_rounds: None, monkeypatch: Any
 ) -> None:
-    n = 3 * 64 * 1024 // 4 + 7  # three rounds and a bit, not divisible by p
+    n = 6 * 64 * 1024 // 4 + 7  # six rounds of float32 and a bit (more than the staging buffers), not divisible by p
     if shared:
         # Shared arrays are read in place: the staging buffers are never touched.
         def no_staging(*a: Any, **k: Any) -> Any:

@@ -48,6 +48,7 @@ import asyncio
 import enum
 import traceback
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -59,7 +60,6 @@ from ..errors import GroupError
 from ..net.shmhost import host_id, is_real_network, uses_shared_memory
 from ..net.shmseg import PEERS, Segment, SegmentRef, SharedMemoryError
 from ..shared import locate
-from .buffers import EMPTY_OUT
 
 __all__ = ["ENGINE_MIN_BYTES", "ROUND_BYTES", "NBUF", "CHUNK_BYTES", "GroupEngine", "engine_for"]
 
@@ -123,9 +123,14 @@ class GroupEngine:
         self._attached: dict[SegmentRef, Segment] = {}  # peers' shared arrays mapped here
         self._tail: asyncio.Future[None] | None = None  # the last operation in line
         self._busy = False
-        self._doomed = False
+        self._doomed = False  # a member's connection ended during an operation: close after it
         self._pids: list[int] = []  # per group rank: its process
-        self._watched: set[int] = set()  # members whose connection's end we watch  # a member's connection ended during an operation: close after it
+        self._watched: set[int] = set()  # members whose connection's end we watch
+        # Rounds, counted over all the group's engine operations (the same count on every member).
+        self.rounds = 0  # rounds used so far
+        self._read = -1  # this rank finished reading the peers' buffers of every round up to this one
+        self._heard = [-1] * self.size  # per member: the same, as it last said in a message
+        self._used = [-1] * NBUF  # per buffer of ours: the round last published into it
 
     def __repr__(self) -> str:
         return f"<GroupEngine {self.name} rank={self.rank}/{self.size} {self.state.value}>"
@@ -175,12 +180,12 @@ class GroupEngine:
 
     # ------------------------------------------------------------------ buffers
 
-    def staging(self, rank: int, buf: int, dtype: Any, offset: int, count: int) -> np.ndarray:
-        """Elements ``offset .. offset+count`` of buffer ``buf`` of group rank ``rank``'s staging segment."""
+    def staging(self, rank: int, round_: int, dtype: Any, offset: int, count: int) -> np.ndarray:
+        """Elements ``offset .. offset+count`` of group rank ``rank``'s staging buffer of round ``round_``."""
         seg = self._staging[rank]
         assert seg is not None
         itemsize = np.dtype(dtype).itemsize
-        return seg.array(dtype, buf * ROUND_BYTES + offset * itemsize, count)
+        return seg.array(dtype, (round_ % NBUF) * ROUND_BYTES + offset * itemsize, count)
 
     def shared_desc(self, flat: np.ndarray) -> list[Any] | None:
         """How peers find ``flat`` in place ([segment, byte offset]), or None when it is not in shared memory."""
@@ -197,6 +202,53 @@ class GroupEngine:
         if seg is None:
             seg = self._attached[ref] = Segment.attach(ref)
         return seg.array(dtype, offset, count)
+
+    # ------------------------------------------------------------------ rounds and messages
+
+    def begin(self) -> int:
+        """An operation starts: the first round it may use (every earlier read of this rank is done)."""
+        self._read = self.rounds - 1
+        return self.rounds
+
+    def end(self, first: int, count: int) -> None:
+        """The operation that started at round ``first`` used ``count`` rounds and read all it had to."""
+        self.rounds = first + count
+        self._read = self.rounds - 1
+
+    def clean(self, round_: int) -> bool:
+        """Did every reader of the buffer that round ``round_`` uses say it finished with it?"""
+        last = self._used[round_ % NBUF]
+        return all(last <= self._heard[r] for r in range(self.size) if r != self.rank)
+
+    def publishing(self, round_: int) -> int:
+        """About to write my buffer of ``round_``: its index (GroupError if a reader may still be on it)."""
+        if not self.clean(round_):
+            raise GroupError(f"{self.name}: the shared memory engine broke its own rule (round {round_})")
+        buf = round_ % NBUF
+        self._used[buf] = round_
+        return buf
+
+    def read_through(self, round_: int) -> None:
+        """This rank finished reading the peers' buffers of every round up to ``round_``."""
+        self._read = max(self._read, round_)
+
+    async def tell(self, ch: OpChannel, peers: Sequence[int], k: tuple[Any, ...], extra: Any = None) -> None:
+        """Send the engine message ``k`` to ``peers``: ``extra`` and how far this rank has read."""
+        payload = msgpack.packb([self._read, extra])
+        for r in peers:
+            await ch.send(r, k, payload)
+
+    async def hear(self, ch: OpChannel, peers: Sequence[int], k: tuple[Any, ...]) -> dict[int, Any]:
+        """Wait for the engine message ``k`` from each of ``peers``; their ``extra``."""
+        out = {}
+        for r in peers:
+            raw = msgpack.unpackb(await ch.recv_bytes(r, k))
+            if not isinstance(raw, list) or len(raw) != 2 or type(raw[0]) is not int:
+                raise GroupError(f"{self.name}: a malformed shared memory message from rank {r}: {raw!r}")
+            self._heard[r] = max(self._heard[r], raw[0])
+            self.heard_from(r)
+            out[r] = raw[1]
+        return out
 
     # ------------------------------------------------------------------ setup and teardown
 
@@ -286,15 +338,3 @@ async def _agree(ch: OpChannel, step: int, mine: Any, decide: Any) -> Any:
         return verdict
     await ch.send(0, key(_SETUP, 2 * step), msgpack.packb(mine))
     return msgpack.unpackb(await ch.recv_bytes(0, key(_SETUP, 2 * step + 1)))
-
-
-async def signal(ch: OpChannel, peers: Any, k: tuple[Any, ...], payload: Any = b"") -> None:
-    """Send the engine message ``k`` (an empty frame, or ``payload``) to every rank of ``peers``."""
-    for r in peers:
-        await ch.send(r, k, payload)
-
-
-async def wait(ch: OpChannel, peers: Any, k: tuple[Any, ...]) -> None:
-    """Wait for the empty engine message ``k`` from every rank of ``peers``."""
-    for r in peers:
-        await ch.recv_into(r, k, EMPTY_OUT)

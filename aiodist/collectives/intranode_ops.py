@@ -2,9 +2,12 @@
 
 Each runs as :meth:`GroupEngine.run`'s body (see :mod:`.intranode` for the
 rules: who may write which buffer when, and why the messages make it safe).
-Every operation starts with a *hello* from its peers (sent once they are done
-with every earlier operation of the group, so every buffer is free again),
-which also says where each rank's array lies if it is in shared memory:
+Every operation starts with a *hello* to its peers, which says where the
+rank's array lies if it is in shared memory (and, like every engine message,
+how far the rank has read the others' buffers). A rank whose array is not
+shared knows the data will go through the staging buffers: it publishes the
+first round at once if that buffer is free, and says so in its hello, which
+saves a message.
 
 * all arrays in shared memory: every rank reads its peers' arrays in place
   (all_reduce: rank r reduces block r of every array, in rank order, and
@@ -13,8 +16,9 @@ which also says where each rank's array lies if it is in shared memory:
 * otherwise in rounds of :data:`.intranode.ROUND_BYTES`, using the staging
   buffers in turn: publish (copy what the others need into my buffer), a
   message, then read the peers' buffers (reduce my block from them, or copy
-  theirs out). A buffer is published again only after every reader's later
-  message said it finished reading it.
+  theirs out). A buffer is published again only once every reader said (in a
+  later message) that it finished reading it (:meth:`GroupEngine.publishing`
+  checks it).
 
 Results are bit-identical on every rank: each element is reduced once, by the
 owner of its block, with operands in rank order, and copied to the others.
@@ -22,14 +26,13 @@ owner of its block, with operands in rank order, and copied to the others.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from ..comm.channel import OpChannel
-from .intranode import CHUNK_BYTES, NBUF, ROUND_BYTES, GroupEngine, key, signal, wait
+from .intranode import CHUNK_BYTES, NBUF, ROUND_BYTES, GroupEngine, key
 from .ops import Combiner, ReduceOp, combiner, finish_avg
 from .schedules import partition
 
@@ -37,22 +40,11 @@ __all__ = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]
 
 _HELLO, _PUB, _RED, _ACK, _DONE = 0, 1, 2, 3, 4
 
+Kernel = tuple[Combiner, int, np.ndarray]
+
 
 def _others(p: int, me: int) -> list[int]:
     return [j for j in range(p) if j != me]
-
-
-async def _hello(
-    eng: GroupEngine, ch: OpChannel, peers: Sequence[int], to: Sequence[int], desc: Any
-) -> dict[int, Any]:
-    """Send ``desc`` to ``to``; return the descriptions ``peers`` sent (their hello)."""
-    payload = msgpack.packb(desc)
-    await signal(ch, to, key(0, _HELLO), payload)
-    descs = {}
-    for j in peers:
-        descs[j] = msgpack.unpackb(await ch.recv_bytes(j, key(0, _HELLO)))
-        eng.heard_from(j)
-    return descs
 
 
 def _reduce_chunks(
@@ -74,72 +66,137 @@ def _reduce_chunks(
             o[lo:hi] = acc
 
 
-def _kernel(op: ReduceOp, dtype: np.dtype[Any], p: int) -> tuple[Combiner, int, np.ndarray]:
+def _kernel(op: ReduceOp, dtype: np.dtype[Any], p: int) -> Kernel:
     """(combine, divisor for AVG or 0, the chunk scratch) for reducing ``dtype`` with ``op``."""
     combine = combiner(ReduceOp.SUM if op is ReduceOp.AVG else op, dtype)
     tmp = np.empty(max(1, CHUNK_BYTES // dtype.itemsize), dtype=dtype)
     return combine, (p if op is ReduceOp.AVG else 0), tmp
 
 
-def _rounds(flat: np.ndarray, p: int) -> Iterator[tuple[int, np.ndarray, tuple[int, ...]]]:
-    """(round, the round's part of ``flat``, its p block offsets): one staging buffer per round."""
-    per_round = ROUND_BYTES // flat.itemsize
-    for k, start in enumerate(range(0, flat.size, per_round)):
-        mine = flat[start : start + per_round]
-        yield k, mine, partition(mine.size, p)
+class _Start:
+    """What an operation's hellos said: each peer's shared-array description, and who published round 0."""
+
+    __slots__ = ("first", "descs", "early", "published")
+
+    def __init__(self, first: int, descs: dict[int, Any], early: dict[int, bool], published: bool) -> None:
+        self.first = first  # the operation's first round
+        self.descs = descs
+        self.early = early  # per peer: it published round 0 before its hello
+        self.published = published  # so did this rank
+
+    def all_shared(self, desc: Any) -> bool:
+        return desc is not None and all(d is not None for d in self.descs.values())
 
 
-def _publish(eng: GroupEngine, me: int, k: int, mine: np.ndarray, offs: tuple[int, ...]) -> None:
-    """Round ``k``: copy the blocks of ``mine`` that the others reduce into my staging buffer."""
-    lo, hi = offs[me], offs[me + 1]
-    stage = eng.staging(me, k % NBUF, mine.dtype, 0, mine.size)
-    stage[:lo] = mine[:lo]
-    stage[hi:] = mine[hi:]
+async def _start(
+    eng: GroupEngine,
+    ch: OpChannel,
+    to: Sequence[int],
+    frm: Sequence[int],
+    desc: Any,
+    publish0: Callable[[int], None] | None,
+) -> _Start:
+    """Say hello to ``to`` (publishing round 0 first when we can: see the module doc), hear ``frm``'s."""
+    first = eng.begin()
+    early = publish0 is not None and desc is None and eng.clean(first)
+    if early:
+        publish0(eng.publishing(first))  # type: ignore[misc]
+    heard = await _exchange(eng, ch, to, frm, key(0, _HELLO), [desc, early])
+    return _Start(first, {j: v[0] for j, v in heard.items()}, {j: v[1] is True for j, v in heard.items()}, early)
 
 
-async def _reduce_rounds(
-    eng: GroupEngine, ch: OpChannel, flat: np.ndarray, kernel: tuple[Combiner, int, np.ndarray], *, root: int | None
-) -> None:
-    """The staging path of all_reduce (``root`` None: every rank gets the result) and reduce (only ``root``).
+async def _round0(eng: GroupEngine, ch: OpChannel, start: _Start, peers: Sequence[int], publish0: Callable[[int], None]) -> None:
+    """The staging path's round 0: publish it if the hello did not, and hear from those whose hello did not."""
+    if not start.published:
+        publish0(eng.publishing(start.first))
+        await eng.tell(ch, peers, key(0, _PUB))
+    await eng.hear(ch, [j for j in peers if not start.early[j]], key(0, _PUB))
 
-    One message to every peer per round: after reducing my block of round k
-    (into my array and/or my buffer) and publishing round k+1, "red k, pub
-    k+1"; then I copy the others' blocks of round k out. Three buffers: the
-    one published for k+1 was last read in round k-2, whose copies every
-    peer finished before its "red k-1, pub k".
+
+async def _exchange(
+    eng: GroupEngine, ch: OpChannel, to: Sequence[int], frm: Sequence[int], k: tuple[Any, ...], extra: Any = None
+) -> dict[int, Any]:
+    await eng.tell(ch, to, k, extra)
+    return await eng.hear(ch, frm, k)
+
+
+async def _done(eng: GroupEngine, ch: OpChannel, peers: Sequence[int]) -> None:
+    """Shared arrays: tell ``peers`` this rank no longer touches theirs, and hear the same from them."""
+    await _exchange(eng, ch, peers, peers, key(0, _DONE))
+
+
+def _rounds(n: int, per_round: int) -> list[tuple[int, int]]:
+    """(start, length) of each round for ``n`` elements, ``per_round`` at a time (one round for none)."""
+    return [(start, min(per_round, n - start)) for start in range(0, n, per_round)] or [(0, 0)]
+
+
+# ------------------------------------------------------------------ all_reduce and reduce
+
+
+async def all_reduce(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, op: ReduceOp) -> None:
+    await _reduce(eng, ch, flat, None, op)
+
+
+async def reduce(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int, op: ReduceOp) -> None:
+    """Reduce every rank's ``flat`` into the root's; the others' arrays are only read."""
+    await _reduce(eng, ch, flat, root, op)
+
+
+async def _reduce(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int | None, op: ReduceOp) -> None:
+    """all_reduce (``root`` None: every rank gets the result) or reduce (only ``root`` does).
+
+    Rank r reduces block r of every round (the blocks of each round are the
+    partition of its elements). Staging path, one message to every peer per
+    round: after reducing my block of round k (into my array and/or my buffer,
+    where the others fetch it) and publishing round k+1, "red k"; then I copy
+    the others' blocks of round k out.
     """
     p, me = ch.size, ch.rank
     peers = _others(p, me)
+    kernel = _kernel(op, flat.dtype, p)
+    rounds = _rounds(flat.size, ROUND_BYTES // flat.itemsize)
+
+    def publish(k: int) -> Callable[[int], None]:
+        start, length = rounds[k]
+        mine = flat[start : start + length]
+        offs = partition(length, p)
+
+        def write(round_: int) -> None:
+            stage = eng.staging(me, round_, flat.dtype, 0, length)
+            stage[: offs[me]] = mine[: offs[me]]
+            stage[offs[me + 1] :] = mine[offs[me + 1] :]
+
+        return write
+
+    desc = eng.shared_desc(flat)
+    start = await _start(eng, ch, peers, peers, desc, publish(0))
+    if start.all_shared(desc):
+        await _reduce_shared(eng, ch, flat, start.descs, kernel, into=root)
+        return
+    await _round0(eng, ch, start, peers, publish(0))
     combine, avg, tmp = kernel
-    rounds = list(_rounds(flat, p))
-    _publish(eng, me, *rounds[0])
-    await signal(ch, peers, key(0, _PUB))
-    await wait(ch, peers, key(0, _PUB))
-    for k, mine, offs in rounds:
-        buf, dt = k % NBUF, mine.dtype
+    for k, (begin, length) in enumerate(rounds):
+        g = start.first + k
+        mine = flat[begin : begin + length]
+        offs = partition(length, p)
         lo, hi = offs[me], offs[me + 1]
-        srcs = [mine[lo:hi] if j == me else eng.staging(j, buf, dt, lo, hi - lo) for j in range(p)]
+        srcs = [mine[lo:hi] if j == me else eng.staging(j, g, flat.dtype, lo, hi - lo) for j in range(p)]
         outs = [] if root is not None and me != root else [mine[lo:hi]]
         if root is None or me != root:
-            outs.append(eng.staging(me, buf, dt, lo, hi - lo))  # where the others fetch my block
+            outs.append(eng.staging(me, g, flat.dtype, lo, hi - lo))  # where the others fetch my block
         _reduce_chunks(combine, srcs, outs, avg, tmp)
         if k + 1 < len(rounds):
-            _publish(eng, me, *rounds[k + 1])
-        await signal(ch, peers, key(k, _RED))
-        await wait(ch, peers, key(k, _RED))
+            publish(k + 1)(eng.publishing(g + 1))
+        await _exchange(eng, ch, peers, peers, key(k, _RED))
         if root is None or me == root:
             for j in peers:
-                mine[offs[j] : offs[j + 1]] = eng.staging(j, buf, dt, offs[j], offs[j + 1] - offs[j])
+                mine[offs[j] : offs[j + 1]] = eng.staging(j, g, flat.dtype, offs[j], offs[j + 1] - offs[j])
+        eng.read_through(g)
+    eng.end(start.first, len(rounds))
 
 
 async def _reduce_shared(
-    eng: GroupEngine,
-    ch: OpChannel,
-    flat: np.ndarray,
-    descs: dict[int, Any],
-    kernel: tuple[Combiner, int, np.ndarray],
-    *,
-    into: int | None,
+    eng: GroupEngine, ch: OpChannel, flat: np.ndarray, descs: dict[int, Any], kernel: Kernel, *, into: int | None
 ) -> None:
     """Every rank's array is in shared memory: reduce my block of all of them in place, then *done*.
 
@@ -152,28 +209,7 @@ async def _reduce_shared(
     mine = [a[lo:hi] for a in arrays]
     combine, avg, tmp = kernel
     _reduce_chunks(combine, mine, mine if into is None else [mine[into]], avg, tmp)
-    await _done(ch, _others(p, me))
-
-
-async def _done(ch: OpChannel, peers: Sequence[int]) -> None:
-    """Tell ``peers`` this rank no longer touches their arrays, and wait until they say the same."""
-    await signal(ch, peers, key(0, _DONE))
-    await wait(ch, peers, key(0, _DONE))
-
-
-# ------------------------------------------------------------------ all_reduce
-
-
-async def all_reduce(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, op: ReduceOp) -> None:
-    p, me = ch.size, ch.rank
-    peers = _others(p, me)
-    combine, avg, tmp = _kernel(op, flat.dtype, p)
-    desc = eng.shared_desc(flat)
-    descs = await _hello(eng, ch, peers, peers, desc)
-    if desc is not None and all(d is not None for d in descs.values()):
-        await _reduce_shared(eng, ch, flat, descs, (combine, avg, tmp), into=None)
-        return
-    await _reduce_rounds(eng, ch, flat, (combine, avg, tmp), root=None)
+    await _done(eng, ch, _others(p, me))
 
 
 # ------------------------------------------------------------------ reduce_scatter
@@ -182,30 +218,43 @@ async def all_reduce(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, op: Redu
 async def reduce_scatter(
     eng: GroupEngine, ch: OpChannel, out: np.ndarray, blocks: Sequence[np.ndarray], op: ReduceOp
 ) -> None:
+    """Reduce block r of every rank's ``blocks`` into rank r's ``out``; round k covers the same part of each block."""
     p, me, m, dt = ch.size, ch.rank, out.size, out.dtype
     peers = _others(p, me)
     combine, avg, tmp = _kernel(op, dt, p)
+    per_block = max(1, ROUND_BYTES // dt.itemsize // p)
+    rounds = _rounds(m, per_block)
+
+    def publish(k: int) -> Callable[[int], None]:
+        begin, length = rounds[k]
+
+        def write(round_: int) -> None:
+            for j in peers:
+                eng.staging(me, round_, dt, j * per_block, length)[:] = blocks[j][begin : begin + length]
+
+        return write
+
     descs_mine = [eng.shared_desc(b) for b in blocks]
     desc = descs_mine if all(d is not None for d in descs_mine) else None
-    descs = await _hello(eng, ch, peers, peers, desc)
-    if desc is not None and all(d is not None for d in descs.values()):
-        srcs = [blocks[me] if j == me else eng.peer_array(descs[j][me], dt, m) for j in range(p)]
+    start = await _start(eng, ch, peers, peers, desc, publish(0))
+    if start.all_shared(desc):
+        srcs = [blocks[me] if j == me else eng.peer_array(start.descs[j][me], dt, m) for j in range(p)]
         _reduce_chunks(combine, srcs, [out], avg, tmp)
-        await _done(ch, peers)
+        await _done(eng, ch, peers)
         return
-    per_block = max(1, ROUND_BYTES // dt.itemsize // p)
-    for k, start in enumerate(range(0, m, per_block)):
-        length = min(per_block, m - start)
-        buf = k % NBUF
-        for j in peers:
-            eng.staging(me, buf, dt, j * per_block, length)[:] = blocks[j][start : start + length]
-        await signal(ch, peers, key(k, _PUB))
-        await wait(ch, peers, key(k, _PUB))
+    await _round0(eng, ch, start, peers, publish(0))
+    for k, (begin, length) in enumerate(rounds):
+        g = start.first + k
+        if k > 0:
+            publish(k)(eng.publishing(g))
+            await _exchange(eng, ch, peers, peers, key(k, _PUB))
         srcs = [
-            blocks[me][start : start + length] if j == me else eng.staging(j, buf, dt, me * per_block, length)
+            blocks[me][begin : begin + length] if j == me else eng.staging(j, g, dt, me * per_block, length)
             for j in range(p)
         ]
-        _reduce_chunks(combine, srcs, [out[start : start + length]], avg, tmp)
+        _reduce_chunks(combine, srcs, [out[begin : begin + length]], avg, tmp)
+        eng.read_through(g)
+    eng.end(start.first, len(rounds))
 
 
 # ------------------------------------------------------------------ all_gather
@@ -218,70 +267,84 @@ async def all_gather(eng: GroupEngine, ch: OpChannel, outs: Sequence[np.ndarray]
     data = flat.view(np.uint8)
     targets = [o.view(np.uint8) for o in outs]
     n = data.size
+    rounds = _rounds(n, ROUND_BYTES)
+
+    def publish(k: int) -> Callable[[int], None]:
+        begin, length = rounds[k]
+        return lambda round_: eng.staging(me, round_, np.uint8, 0, length).__setitem__(
+            slice(None), data[begin : begin + length]
+        )
+
     desc = eng.shared_desc(flat)
-    descs = await _hello(eng, ch, peers, peers, desc)
-    if desc is not None and all(d is not None for d in descs.values()):
+    start = await _start(eng, ch, peers, peers, desc, publish(0))
+    if start.all_shared(desc):
         for j in peers:
-            targets[j][:] = eng.peer_array(descs[j], np.uint8, n)
-        await _done(ch, peers)
+            targets[j][:] = eng.peer_array(start.descs[j], np.uint8, n)
+        await _done(eng, ch, peers)
         return
-    for k, start in enumerate(range(0, n, ROUND_BYTES)):
-        length = min(ROUND_BYTES, n - start)
-        buf = k % NBUF
-        eng.staging(me, buf, np.uint8, 0, length)[:] = data[start : start + length]
-        await signal(ch, peers, key(k, _PUB))
-        await wait(ch, peers, key(k, _PUB))
+    await _round0(eng, ch, start, peers, publish(0))
+    for k, (begin, length) in enumerate(rounds):
+        g = start.first + k
+        if k > 0:
+            publish(k)(eng.publishing(g))
+            await _exchange(eng, ch, peers, peers, key(k, _PUB))
         for j in peers:
-            targets[j][start : start + length] = eng.staging(j, buf, np.uint8, 0, length)
+            targets[j][begin : begin + length] = eng.staging(j, g, np.uint8, 0, length)
+        eng.read_through(g)
+    eng.end(start.first, len(rounds))
 
 
 # ------------------------------------------------------------------ broadcast
 
 
 async def broadcast(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int) -> None:
+    """The root publishes round after round; the others copy each out and acknowledge it when needed.
+
+    The root publishes round k into a buffer last used NBUF rounds before, so
+    it waits for the acknowledgement of round k - NBUF; the others send only
+    the acknowledgements it waits for.
+    """
     p, me = ch.size, ch.rank
     peers = _others(p, me)
     data = flat.view(np.uint8)
     n = data.size
+    rounds = _rounds(n, ROUND_BYTES)
+
+    def publish(k: int) -> Callable[[int], None]:
+        begin, length = rounds[k]
+        return lambda round_: eng.staging(me, round_, np.uint8, 0, length).__setitem__(
+            slice(None), data[begin : begin + length]
+        )
+
     if me == root:
         desc = eng.shared_desc(flat)
-        await _hello(eng, ch, peers, peers, desc)
+        start = await _start(eng, ch, peers, peers, desc, publish(0))
         if desc is not None:
-            await wait(ch, peers, key(0, _DONE))  # they copy straight out of our array
+            await eng.hear(ch, peers, key(0, _DONE))  # they copy straight out of our array
             return
-        rounds = range(0, n, ROUND_BYTES)
-        for k, start in enumerate(rounds):
-            if k >= NBUF:
-                await wait(ch, peers, key(k - NBUF, _ACK))  # everyone finished reading this buffer
-            length = min(ROUND_BYTES, n - start)
-            eng.staging(me, k % NBUF, np.uint8, 0, length)[:] = data[start : start + length]
-            await signal(ch, peers, key(k, _PUB))
+        if not start.published:
+            publish(0)(eng.publishing(start.first))
+            await eng.tell(ch, peers, key(0, _PUB))
+        for k in range(1, len(rounds)):
+            g = start.first + k
+            if k >= NBUF:  # (before that, the hellos said the buffer is free)
+                await eng.hear(ch, peers, key(k - NBUF, _ACK))
+            publish(k)(eng.publishing(g))
+            await eng.tell(ch, peers, key(k, _PUB))
+        eng.end(start.first, len(rounds))
         return
-    desc = (await _hello(eng, ch, [root], [root], None))[root]
+    start = await _start(eng, ch, [root], [root], None, None)
+    desc = start.descs[root]
     if desc is not None:
         data[:] = eng.peer_array(desc, np.uint8, n)
-        await signal(ch, [root], key(0, _DONE))
+        await eng.tell(ch, [root], key(0, _DONE))
         return
-    last = -(-n // ROUND_BYTES) - 1
-    for k, start in enumerate(range(0, n, ROUND_BYTES)):
-        length = min(ROUND_BYTES, n - start)
-        await wait(ch, [root], key(k, _PUB))
-        data[start : start + length] = eng.staging(root, k % NBUF, np.uint8, 0, length)
-        if k <= last - NBUF:  # the root waits for this one before it publishes into the buffer again
-            await signal(ch, [root], key(k, _ACK))
-
-
-# ------------------------------------------------------------------ reduce
-
-
-async def reduce(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int, op: ReduceOp) -> None:
-    """Reduce every rank's ``flat`` into the root's; the others' arrays are only read."""
-    p, me = ch.size, ch.rank
-    peers = _others(p, me)
-    combine, avg, tmp = _kernel(op, flat.dtype, p)
-    desc = eng.shared_desc(flat)
-    descs = await _hello(eng, ch, peers, peers, desc)
-    if desc is not None and all(d is not None for d in descs.values()):
-        await _reduce_shared(eng, ch, flat, descs, (combine, avg, tmp), into=root)
-        return
-    await _reduce_rounds(eng, ch, flat, (combine, avg, tmp), root=root)
+    for k, (begin, length) in enumerate(rounds):
+        g = start.first + k
+        if k > 0 or not start.early[root]:
+            await eng.hear(ch, [root], key(k, _PUB))
+        data[begin : begin + length] = eng.staging(root, g, np.uint8, 0, length)
+        eng.read_through(g)
+        if k + NBUF < len(rounds):  # the root waits for this before it writes that buffer again
+            await eng.tell(ch, [root], key(k, _ACK))
+    eng.end(start.first, len(rounds))
