@@ -130,6 +130,20 @@ def _rounds(n: int, per_round: int) -> list[tuple[int, int]]:
     return [(start, min(per_round, n - start)) for start in range(0, n, per_round)] or [(0, 0)]
 
 
+def _copier(eng: GroupEngine, me: int, data: np.ndarray, rounds: list[tuple[int, int]]) -> Callable[[int], Callable[[int], None]]:
+    """publish(k)(round_): copy round k's part of ``data`` (bytes) to the start of my buffer of ``round_``."""
+
+    def publish(k: int) -> Callable[[int], None]:
+        begin, length = rounds[k]
+
+        def write(round_: int) -> None:
+            eng.staging(me, round_, np.uint8, 0, length)[:] = data[begin : begin + length]
+
+        return write
+
+    return publish
+
+
 # ------------------------------------------------------------------ all_reduce and reduce
 
 
@@ -269,11 +283,7 @@ async def all_gather(eng: GroupEngine, ch: OpChannel, outs: Sequence[np.ndarray]
     n = data.size
     rounds = _rounds(n, ROUND_BYTES)
 
-    def publish(k: int) -> Callable[[int], None]:
-        begin, length = rounds[k]
-        return lambda round_: eng.staging(me, round_, np.uint8, 0, length).__setitem__(
-            slice(None), data[begin : begin + length]
-        )
+    publish = _copier(eng, me, data, rounds)
 
     desc = eng.shared_desc(flat)
     start = await _start(eng, ch, peers, peers, desc, publish(0))
@@ -310,11 +320,7 @@ async def broadcast(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int
     n = data.size
     rounds = _rounds(n, ROUND_BYTES)
 
-    def publish(k: int) -> Callable[[int], None]:
-        begin, length = rounds[k]
-        return lambda round_: eng.staging(me, round_, np.uint8, 0, length).__setitem__(
-            slice(None), data[begin : begin + length]
-        )
+    publish = _copier(eng, me, data, rounds)
 
     if me == root:
         desc = eng.shared_desc(flat)
