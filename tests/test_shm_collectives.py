@@ -20,6 +20,7 @@ import aiodist.api as dist
 from aiodist.collectives import intranode
 from aiodist.comm.channel import GroupComm
 from aiodist.errors import GroupError
+from aiodist.net import shmpeer
 from aiodist.net.shm import ShmConnection
 from aiodist.net.tcp import TCPConnection
 
@@ -117,15 +118,24 @@ def check_every_op(results: list[dict[str, Any]], p: int, n: int) -> None:
 
 
 @pytest.mark.parametrize("p", [2, 3])
-@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize(
+    ("shared", "direct"),
+    [(False, True), (False, False), (True, False)],
+    ids=["plain-direct", "plain-staging", "shared"],
+)
 async def test_every_engine_collective_gives_the_right_bits_on_every_rank(
-    p: int, shared: bool, small_rounds: None, monkeypatch: Any
+    p: int, shared: bool, direct: bool, small_rounds: None, monkeypatch: Any
 ) -> None:
+    """plain-direct: ordinary arrays, read and written in the peers' memory (cross-memory attach);
+    plain-staging: the same where that is not allowed (through the staging buffers); shared: arrays
+    in shared memory, read and written in place."""
     n = 6 * 64 * 1024 // 4 + 7  # six rounds of float32 and a bit (more than the staging buffers), not divisible by p
-    if shared:
-        # Shared arrays are read in place: the staging buffers are never touched.
+    if not direct:
+        monkeypatch.setattr(shmpeer, "probe", lambda *a: False)
+    if shared or direct:
+        # In place: the staging buffers are never touched.
         def no_staging(*a: Any, **k: Any) -> Any:
-            raise AssertionError("a collective on shared arrays used the staging buffers")
+            raise AssertionError("a collective on arrays reachable in place used the staging buffers")
 
         monkeypatch.setattr(intranode.GroupEngine, "staging", no_staging)
 
@@ -134,7 +144,8 @@ async def test_every_engine_collective_gives_the_right_bits_on_every_rank(
         try:
             make = aiodist.shared_array if shared else (lambda a: a)
             res = await every_op(r, p, make, n - n % p if shared else n)
-            assert repr(engine_of(dist._world())).endswith(" on>")
+            eng = engine_of(dist._world())
+            assert repr(eng).endswith(" on>") and eng is not None and eng.direct == direct
             return res
         finally:
             await dist.destroy_process_group()
@@ -143,7 +154,12 @@ async def test_every_engine_collective_gives_the_right_bits_on_every_rank(
     check_every_op(results, p, n - n % p if shared else n)
 
 
-async def test_mixed_plain_and_shared_arrays_take_the_staging_path(small_rounds: None) -> None:
+@pytest.mark.parametrize("direct", [False, True])
+async def test_mixed_plain_and_shared_arrays(direct: bool, small_rounds: None, monkeypatch: Any) -> None:
+    """Without direct access the plain array forces the staging path; with it, every array is reached in place."""
+    if not direct:
+        monkeypatch.setattr(shmpeer, "probe", lambda *a: False)
+
     async def rank(r: int) -> Any:
         await dist.init_process_group(timeout=20)
         try:

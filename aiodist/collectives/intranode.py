@@ -1,37 +1,52 @@
-"""Collectives among ranks of one host, through a shared segment per group (the engine's state and rules).
+"""Collectives among ranks of one host, in each other's memory (the engine's state and rules).
 
 When every member of a group runs on this host and reaches the others
 through shared memory (see :mod:`aiodist.net.shmhost`), a large collective
-does not move its data through messages: each rank *publishes* its data into
-its own staging segment (:data:`NBUF` buffers of :data:`ROUND_BYTES`, which the other
-members have mapped), and every rank then reads its peers' data in place --
-reducing its own block of the array straight from their buffers, in a fixed
-rank order (so every rank ends with the same bits), in chunks that stay in
-cache -- and copies the others' results out. Arrays from
-:func:`aiodist.empty` / :func:`aiodist.shared_array` are read and written in
-place, with no publish copy at all. The algorithms are in
-:mod:`.intranode_ops`; this module holds the per-group state.
+does not move its data through messages. Rank r reduces block r of the array
+straight from every member's array, in a fixed rank order (so every rank
+ends with the same bits), in chunks that stay in cache, and writes the result
+into its own array and into every member's array it can write. A member's
+array is reached in place in one of two ways:
+
+* it lives in shared memory (:func:`aiodist.empty`, :func:`aiodist.shared_array`):
+  the others map it and use it like their own;
+* it is an ordinary array and the kernel lets members copy from each other's
+  memory (cross-memory attach, :mod:`aiodist.net.shmpeer`; the setup tests
+  it): the others read it with one copy (and never write it: each rank writes
+  its own array, and a rank whose array is not shared copies the others'
+  reduced blocks out of their arrays).
+
+Where neither works (a kernel or container that forbids cross-memory attach),
+each rank *publishes* its data into its own staging segment (:data:`NBUF`
+buffers of :data:`ROUND_BYTES`, which the other members have mapped), in
+rounds, and the others reduce from there and copy the results out. The
+algorithms are in :mod:`.intranode_ops`; this module holds the per-group state.
 
 Setup: the first collective of a group that qualifies (:func:`engine_for`:
 large enough, no algorithm forced, a real network) asks every member for its
 host id, whether it may share memory and where its staging segment is
 (gathered at group rank 0, which broadcasts the verdict); then every member
-maps the others' segments and says whether it could. Every rank takes the
-same decision from the same messages, so all of them run the engine, or all
-of them the usual algorithms.
+maps the others' segments, tries cross-memory attach on them, and says how it
+went. Every rank takes the same decisions from the same messages, so all of
+them run the engine, or all of them the usual algorithms.
 
 Synchronisation is by messages: small frames on the group's ordinary
 connections, keyed by the operation's sequence number, the round and the
 phase (``("shm", round, phase)``), so a flag of another operation or round is
-never mistaken for this one. A rank writes a buffer only before it sends the
-message that publishes it, and reads a peer's buffer only after it received
-the peer's message. Those messages go through a kernel socket, whose queue
+never mistaken for this one. An operation starts with a *hello* from every
+member (its array is ready; where it is) and, in place, ends with a *done*
+from every member (nobody touches anyone's array any more). In the staging
+path a rank writes a buffer only before it sends the message that publishes
+it, and reads a peer's buffer only after it received the peer's message; it
+writes a buffer again only once every reader said (in a later message) that
+it is done with it. Those messages go through a kernel socket, whose queue
 lock orders the writer's stores (numpy's, non-temporal ones included, which
-glibc fences) before the reader's loads on every architecture; so nobody ever
-reads a half-written buffer as data. A buffer is written again only once every
-reader has said (by a later message) that it is done with it. Failures,
+glibc fences) before the reader's loads on every architecture -- and a copy
+by the kernel into or out of another process happens between two such
+messages -- so nobody ever reads a half-written buffer as data. Failures,
 timeouts, mismatches and cancellation are therefore those of the messages:
-the same as for any collective (a SIGKILLed peer's socket ends at once).
+the same as for any collective (a SIGKILLed peer's socket ends at once; a
+copy into a vanished process waits for the transport to name it).
 
 Any error inside an engine operation leaves the engine *broken* on that
 rank: its segments are unmapped and later qualifying collectives of the
@@ -46,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import os
 import traceback
 import weakref
 from collections.abc import Sequence
@@ -58,6 +74,7 @@ from ..channel import Channel
 from ..comm.channel import GroupComm, OpChannel
 from ..errors import GroupError
 from ..net.shmhost import host_id, is_real_network, uses_shared_memory
+from ..net import shmpeer
 from ..net.shmseg import PEERS, Segment, SegmentRef, SharedMemoryError
 from ..shared import locate
 
@@ -131,6 +148,7 @@ class GroupEngine:
         self._read = -1  # this rank finished reading the peers' buffers of every round up to this one
         self._heard = [-1] * self.size  # per member: the same, as it last said in a message
         self._used = [-1] * NBUF  # per buffer of ours: the round last published into it
+        self.direct = False  # members read and write each other's ordinary arrays (cross-memory attach)
 
     def __repr__(self) -> str:
         return f"<GroupEngine {self.name} rank={self.rank}/{self.size} {self.state.value}>"
@@ -187,15 +205,17 @@ class GroupEngine:
         itemsize = np.dtype(dtype).itemsize
         return seg.array(dtype, (round_ % NBUF) * ROUND_BYTES + offset * itemsize, count)
 
-    def shared_desc(self, flat: np.ndarray) -> list[Any] | None:
-        """How peers find ``flat`` in place ([segment, byte offset]), or None when it is not in shared memory."""
+    def describe(self, flat: np.ndarray) -> list[Any] | None:
+        """How peers reach ``flat`` in place: ``["s", segment, offset]`` (shared memory), ``["p", pid, address]``
+        (directly, see :attr:`direct`), or None: only through the staging buffers."""
         found = locate(flat)
-        return None if found is None else [found[0].pack(), found[1]]
+        if found is not None:
+            return ["s", found[0].pack(), found[1]]
+        return ["p", os.getpid(), flat.ctypes.data] if self.direct else None
 
-    def peer_array(self, desc: list[Any], dtype: Any, count: int) -> np.ndarray:
-        """A peer's shared array described by ``desc`` (from :meth:`shared_desc`), mapped here."""
-        ref = SegmentRef.unpack(desc[0])
-        offset = desc[1]
+    def peer_array(self, ref_raw: Any, offset: Any, dtype: Any, count: int) -> np.ndarray:
+        """A peer's shared array (segment ``ref_raw``, byte ``offset``: see :meth:`describe`), mapped here."""
+        ref = SegmentRef.unpack(ref_raw)
         if type(offset) is not int or offset < 0 or offset + count * np.dtype(dtype).itemsize > ref.size:
             raise SharedMemoryError(f"a shared array of {count} x {dtype} at {offset!r} does not fit {ref}")
         seg = self._attached.get(ref)
@@ -253,7 +273,11 @@ class GroupEngine:
     # ------------------------------------------------------------------ setup and teardown
 
     async def _setup(self, ch: OpChannel) -> None:
-        """Decide, with every member, whether this group runs on shared memory (see the module doc)."""
+        """Decide, with every member, whether this group runs on shared memory (see the module doc).
+
+        Also whether each member may read and write the others' memory directly
+        (:mod:`aiodist.net.shmpeer`): then ordinary arrays are reduced in place too.
+        """
         p, me = self.size, self.rank
         allowed = uses_shared_memory(self.comm.transport.network)
         own: Segment | None = None
@@ -262,7 +286,8 @@ class GroupEngine:
                 own = Segment.create(NBUF * ROUND_BYTES, name="aiodist-staging")
             except SharedMemoryError:
                 allowed = False
-        mine = [host_id(), allowed, None if own is None else own.ref.pack()]
+        where = 0 if own is None else own.array(np.uint8, 0, 1).ctypes.data  # our mapping's address, for the probe
+        mine = [host_id(), allowed, None if own is None else own.ref.pack(), where]
         table = await _agree(ch, 0, mine, lambda rows: _verdict(rows))
         if table is None:
             if own is not None:
@@ -274,16 +299,21 @@ class GroupEngine:
         try:
             for r in range(p):
                 if r != me:
-                    self._staging[r] = Segment.attach(SegmentRef.unpack(table[r]))
+                    self._staging[r] = Segment.attach(SegmentRef.unpack(table[r][0]))
         except SharedMemoryError:
             ok = False
-        agreed = await _agree(ch, 1, ok, lambda oks: all(oks))
-        if not agreed:
+        refs = [SegmentRef.unpack(row[0]) for row in table]
+        direct = shmpeer.available() and all(
+            shmpeer.probe(refs[r].pid, table[r][1], 8) for r in range(p) if r != me
+        )
+        agreed = await _agree(ch, 1, [ok, direct], lambda rows: [all(r[0] for r in rows), all(r[1] for r in rows)])
+        if not agreed[0]:
             self._close_segments()
             self.state = State.OFF
             return
         self.state = State.ON
-        self._pids = [SegmentRef.unpack(table[r]).pid for r in range(p)]
+        self.direct = bool(agreed[1])
+        self._pids = [ref.pid for ref in refs]
 
     def heard_from(self, rank: int) -> None:
         """A message of group rank ``rank`` arrived (so a connection to it is open): watch that connection's end."""
@@ -317,11 +347,12 @@ async def _wait_quietly(fut: asyncio.Future[None]) -> None:
 
 
 def _verdict(rows: list[Any]) -> list[Any] | None:
-    """Group rank 0's decision from every member's [host id, allowed, staging ref]: the refs, or None (off)."""
+    """Group rank 0's decision from every member's [host id, allowed, staging ref, its address]:
+    [ref, address] per member, or None (off)."""
     hosts = {row[0] for row in rows}
     if len(hosts) != 1 or not all(row[1] is True and row[2] is not None for row in rows):
         return None
-    return [row[2] for row in rows]
+    return [[row[2], row[3]] for row in rows]
 
 
 async def _agree(ch: OpChannel, step: int, mine: Any, decide: Any) -> Any:

@@ -29,16 +29,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import errno
+
 import numpy as np
 
 from ..comm.channel import OpChannel
+from ..errors import GroupError
+from ..net import shmpeer
 from .intranode import CHUNK_BYTES, NBUF, ROUND_BYTES, GroupEngine, key
 from .ops import Combiner, ReduceOp, combiner, finish_avg
 from .schedules import partition
 
 __all__ = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]
 
-_HELLO, _PUB, _RED, _ACK, _DONE = 0, 1, 2, 3, 4
+_HELLO, _PUB, _RED, _ACK, _DONE, _NEVER = 0, 1, 2, 3, 4, 5
 
 Kernel = tuple[Combiner, int, np.ndarray]
 
@@ -73,6 +77,85 @@ def _kernel(op: ReduceOp, dtype: np.dtype[Any], p: int) -> Kernel:
     return combine, (p if op is ReduceOp.AVG else 0), tmp
 
 
+class _PeerGone(Exception):
+    """Copying from or to group rank ``rank``'s memory failed because its process is gone."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(rank)
+        self.rank = rank
+
+
+class _Array:
+    """A member's array reached in place: a view of it (our own, or mapped shared memory), or its
+    process's memory through the kernel (:mod:`aiodist.net.shmpeer`), by element.
+
+    Only views are written: another process's own memory is only ever *read*
+    (a rank that gave up on an operation, a timeout say, may have reused that
+    memory: a late write there would corrupt it; a late read harms nobody
+    else, and a shared segment outlives its owner's use of it).
+    """
+
+    __slots__ = ("rank", "view", "pid", "addr", "itemsize")
+
+    def __init__(self, eng: GroupEngine, rank: int, desc: Any, dtype: np.dtype[Any], count: int) -> None:
+        self.rank = rank
+        self.itemsize = dtype.itemsize
+        self.view: np.ndarray | None = None
+        self.pid = self.addr = 0
+        if isinstance(desc, np.ndarray):
+            self.view = desc
+        elif isinstance(desc, list) and len(desc) == 3 and desc[0] == "s":
+            self.view = eng.peer_array(desc[1], desc[2], dtype, count)
+        elif isinstance(desc, list) and len(desc) == 3 and desc[0] == "p" and type(desc[1]) is int and type(desc[2]) is int:
+            self.pid, self.addr = desc[1], desc[2]
+        else:
+            raise GroupError(f"{eng.name}: rank {rank} described its array as {desc!r}")
+
+    def read(self, lo: int, hi: int, scratch: np.ndarray) -> np.ndarray:
+        """Elements ``lo:hi``: a view, or a copy in ``scratch``."""
+        if self.view is not None:
+            return self.view[lo:hi]
+        out = scratch[: hi - lo]
+        self._copy(shmpeer.read, lo, out)
+        return out
+
+    def read_into(self, lo: int, out: np.ndarray) -> None:
+        if self.view is not None:
+            out[:] = self.view[lo : lo + out.size]
+        else:
+            self._copy(shmpeer.read, lo, out)
+
+    @property
+    def writable(self) -> bool:
+        return self.view is not None
+
+    def write(self, lo: int, src: np.ndarray) -> None:
+        assert self.view is not None  # (see the class doc)
+        self.view[lo : lo + src.size] = src
+
+    def _copy(self, fn: Callable[[int, int, np.ndarray], None], lo: int, buf: np.ndarray) -> None:
+        try:
+            fn(self.pid, self.addr + lo * self.itemsize, buf)  # (reads only: see the class doc)
+        except shmpeer.PeerMemoryError as e:
+            if e.errno == errno.ESRCH:
+                raise _PeerGone(self.rank) from None
+            raise GroupError(f"cannot reach the array of rank {self.rank} in place: {e}") from None
+
+
+async def _direct(eng: GroupEngine, ch: OpChannel, body: Callable[[], None], peers: Sequence[int]) -> None:
+    """Run ``body`` (copies from and to the members' arrays in place), then *done* with ``peers``.
+
+    A member whose process vanished under a copy is the operation's failure:
+    its PeerFailureError comes from the transport, which notices the same.
+    """
+    try:
+        body()
+    except _PeerGone as gone:
+        await ch.recv_bytes(gone.rank, key(0, _NEVER))  # raises once the transport declares it failed
+        raise AssertionError("unreachable: nobody sends this message") from None
+    await _done(eng, ch, peers)
+
+
 class _Start:
     """What an operation's hellos said: each peer's shared-array description, and who published round 0."""
 
@@ -84,7 +167,8 @@ class _Start:
         self.early = early  # per peer: it published round 0 before its hello
         self.published = published  # so did this rank
 
-    def all_shared(self, desc: Any) -> bool:
+    def in_place(self, desc: Any) -> bool:
+        """Every member's array can be reached in place (shared memory or directly)."""
         return desc is not None and all(d is not None for d in self.descs.values())
 
 
@@ -121,7 +205,7 @@ async def _exchange(
 
 
 async def _done(eng: GroupEngine, ch: OpChannel, peers: Sequence[int]) -> None:
-    """Shared arrays: tell ``peers`` this rank no longer touches theirs, and hear the same from them."""
+    """Arrays in place: tell ``peers`` this rank no longer touches theirs, and hear the same from them."""
     await _exchange(eng, ch, peers, peers, key(0, _DONE))
 
 
@@ -182,10 +266,10 @@ async def _reduce(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int |
 
         return write
 
-    desc = eng.shared_desc(flat)
+    desc = eng.describe(flat)
     start = await _start(eng, ch, peers, peers, desc, publish(0))
-    if start.all_shared(desc):
-        await _reduce_shared(eng, ch, flat, start.descs, kernel, into=root)
+    if start.in_place(desc):
+        await _reduce_in_place(eng, ch, flat, start.descs, kernel, into=root)
         return
     await _round0(eng, ch, start, peers, publish(0))
     combine, avg, tmp = kernel
@@ -209,21 +293,59 @@ async def _reduce(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int |
     eng.end(start.first, len(rounds))
 
 
-async def _reduce_shared(
+async def _reduce_in_place(
     eng: GroupEngine, ch: OpChannel, flat: np.ndarray, descs: dict[int, Any], kernel: Kernel, *, into: int | None
 ) -> None:
-    """Every rank's array is in shared memory: reduce my block of all of them in place, then *done*.
+    """Every array is reachable in place: all_reduce (``into`` None) or reduce into rank ``into``'s array.
 
-    The result goes into every array (``into`` None: all_reduce) or into rank ``into``'s (reduce).
+    all_reduce: rank r reduces block r of every array, chunk by chunk, into
+    its own array and into every array it can write (those in shared memory);
+    then, if some rank's array is not in shared memory, a message ("red") and
+    every such rank copies the other blocks out of their owners' arrays. reduce:
+    each rank writes its block into the root's array if that is in shared
+    memory; otherwise the root reduces every block itself. Then *done*.
     """
-    p, me, n = ch.size, ch.rank, flat.size
-    arrays = [flat if j == me else eng.peer_array(descs[j], flat.dtype, n) for j in range(p)]
+    p, me, n, dt = ch.size, ch.rank, flat.size, flat.dtype
+    peers = _others(p, me)
+    arrays = [_Array(eng, j, flat if j == me else descs[j], dt, n) for j in range(p)]
+    shared = [descs[j][0] == "s" if j != me else eng.describe(flat)[0] == "s" for j in range(p)]  # type: ignore[index]
     offs = partition(n, p)
-    lo, hi = offs[me], offs[me + 1]
-    mine = [a[lo:hi] for a in arrays]
     combine, avg, tmp = kernel
-    _reduce_chunks(combine, mine, mine if into is None else [mine[into]], avg, tmp)
-    await _done(eng, ch, _others(p, me))
+    scratch = [np.empty_like(tmp) for _ in range(p)]
+
+    def reduce_block(block: int, targets: list[_Array]) -> None:
+        lo, hi = offs[block], offs[block + 1]
+        for a in range(lo, hi, tmp.size):
+            b = min(hi, a + tmp.size)
+            srcs = [arr.read(a, b, scratch[j]) for j, arr in enumerate(arrays)]
+            acc = tmp[: b - a]
+            combine(acc, srcs[0], srcs[1])
+            for src in srcs[2:]:
+                combine(acc, acc, src)
+            if avg:
+                finish_avg(acc, avg)
+            for arr in targets:
+                arr.write(a, acc)
+
+    if into is not None:
+        if shared[into]:
+            await _direct(eng, ch, lambda: reduce_block(me, [arrays[into]]), peers)
+        elif me == into:
+            await _direct(eng, ch, lambda: [reduce_block(blk, [arrays[me]]) for blk in range(p)], peers)
+        else:
+            await _done(eng, ch, peers)  # the root reads our array meanwhile
+        return
+
+    def pull() -> None:
+        for j in peers:
+            arrays[j].read_into(offs[j], flat[offs[j] : offs[j + 1]])
+
+    await _direct(eng, ch, lambda: reduce_block(me, [arr for arr in arrays if arr.writable]), [])
+    if not all(shared):
+        await _exchange(eng, ch, peers, peers, key(0, _RED))
+        if not shared[me]:
+            await _direct(eng, ch, pull, [])
+    await _done(eng, ch, peers)
 
 
 # ------------------------------------------------------------------ reduce_scatter
@@ -248,13 +370,19 @@ async def reduce_scatter(
 
         return write
 
-    descs_mine = [eng.shared_desc(b) for b in blocks]
+    descs_mine = [eng.describe(b) for b in blocks]
     desc = descs_mine if all(d is not None for d in descs_mine) else None
     start = await _start(eng, ch, peers, peers, desc, publish(0))
-    if start.all_shared(desc):
-        srcs = [blocks[me] if j == me else eng.peer_array(start.descs[j][me], dt, m) for j in range(p)]
-        _reduce_chunks(combine, srcs, [out], avg, tmp)
-        await _done(eng, ch, peers)
+    if start.in_place(desc):
+        arrays = [_Array(eng, j, blocks[me] if j == me else start.descs[j][me], dt, m) for j in range(p)]
+        scratch = [np.empty_like(tmp) for _ in range(p)]
+
+        def body() -> None:
+            for a in range(0, m, tmp.size):
+                b = min(m, a + tmp.size)
+                _reduce_chunks(combine, [arr.read(a, b, scratch[j]) for j, arr in enumerate(arrays)], [out[a:b]], avg, tmp)
+
+        await _direct(eng, ch, body, peers)
         return
     await _round0(eng, ch, start, peers, publish(0))
     for k, (begin, length) in enumerate(rounds):
@@ -285,12 +413,16 @@ async def all_gather(eng: GroupEngine, ch: OpChannel, outs: Sequence[np.ndarray]
 
     publish = _copier(eng, me, data, rounds)
 
-    desc = eng.shared_desc(flat)
+    desc = eng.describe(flat)
     start = await _start(eng, ch, peers, peers, desc, publish(0))
-    if start.all_shared(desc):
-        for j in peers:
-            targets[j][:] = eng.peer_array(start.descs[j], np.uint8, n)
-        await _done(eng, ch, peers)
+    if start.in_place(desc):
+        sources = {j: _Array(eng, j, start.descs[j], data.dtype, n) for j in peers}
+
+        def body() -> None:
+            for j in peers:
+                sources[j].read_into(0, targets[j])
+
+        await _direct(eng, ch, body, peers)
         return
     await _round0(eng, ch, start, peers, publish(0))
     for k, (begin, length) in enumerate(rounds):
@@ -323,7 +455,7 @@ async def broadcast(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int
     publish = _copier(eng, me, data, rounds)
 
     if me == root:
-        desc = eng.shared_desc(flat)
+        desc = eng.describe(flat)
         start = await _start(eng, ch, peers, peers, desc, publish(0))
         if desc is not None:
             await eng.hear(ch, peers, key(0, _DONE))  # they copy straight out of our array
@@ -342,7 +474,8 @@ async def broadcast(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int
     start = await _start(eng, ch, [root], [root], None, None)
     desc = start.descs[root]
     if desc is not None:
-        data[:] = eng.peer_array(desc, np.uint8, n)
+        source = _Array(eng, root, desc, data.dtype, n)
+        await _direct(eng, ch, lambda: source.read_into(0, data), [])
         await eng.tell(ch, [root], key(0, _DONE))
         return
     for k, (begin, length) in enumerate(rounds):
