@@ -69,6 +69,7 @@ from .errors import (
     StoreError,
     StoreRequestError,
     StoreTimeoutError,
+    UnawaitedOperationError,
     UnsupportedReduceOpError,
 )
 from .eventloop import run
@@ -94,6 +95,7 @@ def spawn(fn: Any, world_size: int, args: tuple[Any, ...] = (), **kwargs: Any) -
 
 __all__ = [
     "AbortedError",
+    "UnawaitedOperationError",
     "ElasticRendezvous",
     "ElasticRound",
     "abort",

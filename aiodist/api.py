@@ -11,6 +11,7 @@ The default group is per rank (kept in the rank scope of
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from .collectives.ops import ReduceOp
 from .comm import Transport
 from .comm.channel import rank_table
 from .context import get_default_group, rank_scope, set_default_group
-from .errors import GroupError, InvalidRankError
+from .errors import GroupError, InvalidRankError, UnawaitedOperationError
 from .group import WORLD_GROUP_ID, ProcessGroup, Work
 from .net.shmhost import transport_mode
 from .rendezvous import Rendezvous, leave, rendezvous
@@ -183,6 +184,28 @@ async def destroy_process_group(group: ProcessGroup | None = None) -> None:
     reg = _registry()
     if group in reg:
         reg.remove(group)
+
+
+async def finish_rank(*, timeout: float = 30.0) -> None:
+    """What happens when a rank's ``main`` returns: its default group is destroyed in order, if still alive.
+
+    Then raises :class:`~aiodist.errors.UnawaitedOperationError` if operations
+    this rank started were never awaited. (MINIMAL STAND-IN for the runtime's
+    implementation, see CONTRACTS.md; the simulator calls it.)
+    """
+    from .work import clear_unawaited, unawaited_operations
+
+    if get_default_group() is not None:
+        try:
+            async with asyncio.timeout(timeout):
+                await destroy_process_group()
+        except TimeoutError:
+            await abort()
+    ops = unawaited_operations()
+    if ops:
+        clear_unawaited()
+        raise UnawaitedOperationError(
+            f"the rank finished with {len(ops)} operation(s) never awaited: {'; '.join(ops)}", operations=ops)
 
 
 async def abort(group: ProcessGroup | None = None) -> None:

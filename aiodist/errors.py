@@ -289,3 +289,15 @@ class InvalidRankError(GroupError, ValueError):
 
 class AbortedError(GroupError):
     """The operation's process group was aborted (``aiodist.abort``) while it ran, or before it started."""
+
+
+class UnawaitedOperationError(AiodistError):
+    """A rank finished while operations it started were never awaited (``.operations``: one line each).
+
+    (Minimal stand-in for the runtime's own definition, see CONTRACTS.md: raised by
+    :func:`aiodist.api.finish_rank`.)
+    """
+
+    def __init__(self, message: str, *, operations: Sequence[str]) -> None:
+        super().__init__(message)
+        self.operations = list(operations)

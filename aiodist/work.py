@@ -14,12 +14,15 @@ back to the task's result when it has no record).
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
+from .context import rank_scope
 from .errors import GroupError
 
-__all__ = ["OpRecord", "Work"]
+__all__ = ["OpRecord", "Work", "unawaited_operations", "clear_unawaited"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -78,7 +81,7 @@ class Work(Generic[T]):
     cancels it.
     """
 
-    __slots__ = ("_task", "_map", "_rec", "op", "seq")
+    __slots__ = ("_task", "_map", "_rec", "op", "seq", "_key")
 
     def __init__(
         self,
@@ -94,6 +97,7 @@ class Work(Generic[T]):
         self._rec = record
         self.op = op
         self.seq = seq
+        self._key: int | None = _track(op, seq)
         if record is None:
             task.add_done_callback(_mark_retrieved)
 
@@ -103,7 +107,7 @@ class Work(Generic[T]):
         composed = fn if inner is None else (lambda r: fn(inner(r)))
         w: Work[U] = Work.__new__(Work)
         w._task, w._map, w._rec = self._task, composed, self._rec
-        w.op, w.seq = self.op, self.seq
+        w.op, w.seq, w._key = self.op, self.seq, self._key
         return w
 
     def _result(self, value: Any) -> T:
@@ -113,6 +117,8 @@ class Work(Generic[T]):
         return f"<Work {self.op} seq={self.seq} {'done' if self.done() else 'running'}>"
 
     def __await__(self) -> Generator[Any, None, T]:
+        if self._key is not None:
+            _awaited(self._key)
         rec = self._rec
         if rec is None:
             return (yield from self._await_task())
@@ -153,6 +159,8 @@ class Work(Generic[T]):
 
     async def wait(self, timeout: float | None = None) -> T:
         """Wait for the result; ``timeout`` bounds only this wait (TimeoutError), not the operation."""
+        if self._key is not None:
+            _awaited(self._key)
         rec = self._rec
         if rec is not None and rec.finished:
             return self._recorded()
@@ -178,6 +186,8 @@ class Work(Generic[T]):
     def result(self) -> T:
         """The result of a finished operation (raises its error; InvalidStateError while running)."""
         rec = self._rec
+        if self._key is not None and (rec.finished if rec is not None else self._task.done()):
+            _awaited(self._key)
         if rec is None:
             return self._result(self._task.result())
         if not rec.finished:
@@ -186,6 +196,8 @@ class Work(Generic[T]):
 
     def exception(self) -> BaseException | None:
         rec = self._rec
+        if self._key is not None and (rec.finished if rec is not None else self._task.done()):
+            _awaited(self._key)
         if rec is None:
             return self._task.exception()
         if not rec.finished:
@@ -205,3 +217,51 @@ def _mark_retrieved(task: asyncio.Future[Any]) -> None:
     # its error is still raised to whoever awaits the Work later.
     if not task.cancelled():
         task.exception()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Operations never awaited. MINIMAL STAND-IN for the runtime's implementation (CONTRACTS.md, owner:
+# "torch"): it lists the calling rank's Works that were neither awaited, waited nor read, with the
+# user's call site; it does not warn when such a Work is garbage-collected.
+
+_UNAWAITED = "aiodist_unawaited"
+_COUNT = "aiodist_works"
+_SKIP = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(asyncio.__file__) + os.sep)
+
+
+def _track(op: str, seq: int | None) -> int:
+    frame = sys._getframe(2)
+    site = None
+    for _ in range(64):  # the first frame outside aiodist and asyncio: the user's call
+        if frame is None:
+            break
+        code = frame.f_code
+        if not code.co_filename.startswith(_SKIP):
+            site = (code.co_filename, frame.f_lineno, code.co_name)
+            break
+        frame = frame.f_back
+    scope = rank_scope()
+    key: int = scope.get(_COUNT, 0) + 1
+    scope[_COUNT] = key
+    scope.setdefault(_UNAWAITED, {})[key] = (op, seq, site)
+    return key
+
+
+def _awaited(key: int) -> None:
+    table = rank_scope().get(_UNAWAITED)
+    if table is not None:
+        table.pop(key, None)
+
+
+def unawaited_operations() -> list[str]:
+    """For the calling rank: one description per operation whose Work was never awaited (or waited)."""
+    out = []
+    for op, seq, site in (rank_scope().get(_UNAWAITED) or {}).values():
+        where = f" ({os.path.basename(site[0])}:{site[1]} in {site[2]})" if site else ""
+        out.append(f"{op}{'' if seq is None else f' #{seq}'}{where}")
+    return out
+
+
+def clear_unawaited() -> None:
+    """Forget the calling rank's un-awaited operations."""
+    rank_scope().pop(_UNAWAITED, None)

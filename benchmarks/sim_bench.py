@@ -4,6 +4,18 @@
     PYTHONPATH=. python benchmarks/sim_bench.py scale --sizes 256 --profile   # + time in sim/ vs aiodist/
     PYTHONPATH=. python benchmarks/sim_bench.py fidelity
     PYTHONPATH=. python benchmarks/sim_bench.py kernel        # the simulator alone: seam ping-pong
+    PYTHONPATH=. python benchmarks/sim_bench.py ratio --ranks 1024 --repeat 3   # scale / kernel, same run
+    PYTHONPATH=. python benchmarks/sim_bench.py sweep -n 8 --seeds 20 --vs /work/base   # seeds per second
+
+ratio: the full stack's deliveries per CPU second at ``--ranks`` (scale) over
+the kernel's, both measured in this process, alternating, medians of
+``--repeat`` (a ratio, because the machine's speed drifts).
+
+sweep: ``python -m sim run -n N PROGRAM --seeds 0:S -q`` in fresh
+interpreters (startup, imports and the program's load included), seeds per
+wall and per CPU second, medians of ``--repeat``; with ``--vs DIR`` the same
+command with ``PYTHONPATH=DIR`` (another checkout) alternates with this one
+and the ratio is printed.
 
 scale: rendezvous + 10 all_reduce of 1024 float32 per rank, the production
 aiodist code on ``world_size`` virtual ranks; reports wall and CPU seconds,
@@ -89,7 +101,8 @@ def bench_scale(sizes: list[int], schedule: str, profile: bool = False) -> list[
         cpu = time.process_time() - c0
         ok = res.ok and all(v == float(n) ** 10 for v in res.rank_results)
         row = {"ranks": n, "ok": ok, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "deliveries": res.messages,
-               "deliveries_per_s": round(res.messages / wall), "loop_steps": res.steps,
+               "deliveries_per_s": round(res.messages / wall), "deliveries_per_cpu_s": round(res.messages / cpu),
+               "loop_steps": res.steps,
                "virtual_s": round(res.virtual_time, 6)}
         if prof is not None:
             prof.disable()
@@ -107,12 +120,72 @@ PINGS = 2000
 
 def bench_kernel(world_size: int) -> dict[str, Any]:
     t0 = time.perf_counter()
+    c0 = time.process_time()
     res = sim.run(sim_pingpong.main, world_size=world_size, seed=1, trace=False, schedule="fifo", args=(PINGS,))
     wall = time.perf_counter() - t0
-    row = {"kernel_ranks": world_size, "ok": res.ok, "wall_s": round(wall, 3), "deliveries": res.messages,
-           "deliveries_per_s": round(res.messages / wall)}
+    cpu = time.process_time() - c0
+    row = {"kernel_ranks": world_size, "ok": res.ok, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+           "deliveries": res.messages, "deliveries_per_s": round(res.messages / wall),
+           "deliveries_per_cpu_s": round(res.messages / cpu)}
     print(json.dumps(row), flush=True)
     return row
+
+
+def bench_ratio(ranks: int, repeat: int) -> float:
+    """Full stack at ``ranks`` vs the bare kernel, alternating in this process: the ratio of median rates."""
+    import statistics
+
+    kernel, scale = [], []
+    for _ in range(repeat):
+        kernel.append(bench_kernel(64)["deliveries_per_cpu_s"])
+        scale.append(bench_scale([ranks], "random")[0]["deliveries_per_cpu_s"])
+    k, f = statistics.median(kernel), statistics.median(scale)
+    print(f"kernel {k:.0f} deliveries/CPU s, full stack at {ranks} ranks {f:.0f} deliveries/CPU s (medians of "
+          f"{repeat}): ratio {f / k:.3f} = 1/{k / f:.1f}")
+    return f / k
+
+
+# --------------------------------------------------------------------------- sweep throughput
+
+
+def _sweep_once(pythonpath: str, program: str, n: int, seeds: int) -> tuple[float, float]:
+    import os
+    import resource
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "sim", "run", "-n", str(n), program, "--seeds", f"0:{seeds}", "-q"],
+                          env=env, cwd=pythonpath, capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"sweep failed under {pythonpath}:\n{proc.stdout}{proc.stderr}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def bench_sweep(program: str, n: int, seeds: int, repeat: int, vs: str | None) -> None:
+    import statistics
+
+    here = str(Path(__file__).resolve().parent.parent)
+    sides = [("this", here)] + ([("vs", str(Path(vs).resolve()))] if vs else [])
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in sides}
+    for _ in range(repeat):
+        for name, path in (sides if _ % 2 == 0 else list(reversed(sides))):
+            runs[name].append(_sweep_once(path, program, n, seeds))
+    rows = {}
+    for name, path in sides:
+        wall = statistics.median(w for w, _ in runs[name])
+        cpu = statistics.median(c for _, c in runs[name])
+        rows[name] = (seeds / wall, seeds / cpu)
+        print(json.dumps({"side": name, "path": path, "program": program, "ranks": n, "seeds": seeds,
+                          "runs": repeat, "seeds_per_wall_s": round(seeds / wall, 2),
+                          "seeds_per_cpu_s": round(seeds / cpu, 2)}), flush=True)
+    if vs:
+        print(f"this / vs: {rows['this'][0] / rows['vs'][0]:.2f}x seeds per wall second, "
+              f"{rows['this'][1] / rows['vs'][1]:.2f}x per CPU second (medians of {repeat})")
 
 
 # --------------------------------------------------------------------------- fidelity
@@ -197,11 +270,29 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--ranks", type=int, default=64)
     f = sub.add_parser("fidelity")
     f.add_argument("--world-sizes", default="4,8,16")
+    r = sub.add_parser("ratio")
+    r.add_argument("--ranks", type=int, default=1024)
+    r.add_argument("--repeat", type=int, default=3)
+    w = sub.add_parser("sweep")
+    w.add_argument("--program", default="examples/train_dp.py")
+    w.add_argument("-n", type=int, default=8)
+    w.add_argument("--seeds", type=int, default=20)
+    w.add_argument("--repeat", type=int, default=3)
+    w.add_argument("--vs", default=None, help="another checkout to compare with (PYTHONPATH)")
     ns = parser.parse_args(argv)
     if ns.what == "scale":
-        bench_scale([int(x) for x in ns.sizes.split(",")], ns.schedule, ns.profile)
+        rows = bench_scale([int(x) for x in ns.sizes.split(",")], ns.schedule, ns.profile)
+        kernel = bench_kernel(64)
+        for row in rows:
+            print(f"{row['ranks']} ranks: {row['deliveries_per_cpu_s']} deliveries/CPU s = 1/"
+                  f"{kernel['deliveries_per_cpu_s'] / row['deliveries_per_cpu_s']:.1f} of the kernel's "
+                  f"{kernel['deliveries_per_cpu_s']} (one run each; `ratio` for medians)")
     elif ns.what == "kernel":
         bench_kernel(ns.ranks)
+    elif ns.what == "ratio":
+        bench_ratio(ns.ranks, ns.repeat)
+    elif ns.what == "sweep":
+        bench_sweep(ns.program, ns.n, ns.seeds, ns.repeat, ns.vs)
     else:
         rows = bench_fidelity([int(x) for x in ns.world_sizes.split(",")])
         good = sum(1 for r in rows if r.get("within_1pct"))

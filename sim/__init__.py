@@ -25,10 +25,11 @@ from .latency import Constant, Exponential, Uniform
 from .loop import SimLoop
 from .network import Network
 from .runner import Failure, Result, run
+from .sweep import SweepReport, sweep
 from .trace import TraceEvent
 
 __all__ = [
-    "run", "Result", "Failure", "Network", "Constant", "Uniform", "Exponential", "SimLoop", "TraceEvent",
+    "run", "sweep", "SweepReport", "Result", "Failure", "Network", "Constant", "Uniform", "Exponential", "SimLoop", "TraceEvent",
     "Chaos", "Crash", "Restart", "Straggler", "CrashStore", "Partition", "Clog", "ResetConnection",
     "MessageSent", "MessageReceived",
     "SimulationError", "SimUnsupportedError", "SimDeadlockError", "SimTimeLimitError", "SimLivelockError",

@@ -11,6 +11,8 @@ Examples::
     python -m sim run -n 8 prog.py --seed 3 --check-determinism
     python -m sim run -n 8 prog.py --seed 3 --trace out.json  # open in ui.perfetto.dev
     python -m sim run -n 8 prog.py --crash 2@1.5 --partition 0,1/2,3@1:5 --straggler 3x4
+    python -m sim run -n 8 prog.py --seeds 0:10000 -j 8 --out results.jsonl   # resumable sweep
+    python -m sim run -n 8 prog.py --seeds 0:10000 --executor dask:tcp://scheduler:8786
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from .network import Network
 from .runner import DEFAULT_MASTER_PORT, Result, run
 from .runner import _ranks_text as ranks_text
 from .runner import _shape
+from .sweep import Progress, SweepReport, drive, process_executor, record_of, trace_file
 from .trace import events_from_json, events_to_json, first_divergence, write_chrome
 
 
@@ -116,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidth", type=float, default=None, help="bytes/s per host NIC (default 1.25e9)")
     p.add_argument("--infinite-bandwidth", action="store_true")
     p.add_argument("--overhead", type=float, default=0.0, help="CPU seconds per message per side")
+    p.add_argument("--compute", type=float, default=0.0,
+                   help="virtual seconds a call offloaded to a thread (asyncio.to_thread) takes (default 0)")
     p.add_argument("--no-contention", action="store_true")
     p.add_argument("--time-limit", type=float, default=3600.0, help="virtual seconds")
     p.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT)
@@ -124,10 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace of the run")
     p.add_argument("--dump-events", metavar="FILE", help=argparse.SUPPRESS)
     p.add_argument("--fail-fast", action="store_true", help="stop a sweep at the first failing seed")
-    p.add_argument("-j", "--jobs", type=int, default=1, help="run a sweep's seeds in N worker processes")
+    p.add_argument("-j", "--jobs", type=int, default=1, help="run a sweep's seeds in N local worker processes")
+    p.add_argument("--executor", metavar="SPEC", default=None,
+                   help="where a sweep's seeds run: 'process' (local workers, -j of them), 'inline', "
+                        "'dask:ADDRESS' or 'dask:local[:N]' (a Dask cluster, pip install aiodist[cluster]), "
+                        "or 'MODULE:FUNCTION' returning a concurrent.futures.Executor")
+    p.add_argument("--out", metavar="RESULTS.jsonl", default=None,
+                   help="stream a sweep's results to this JSON-lines file; seeds already in it are skipped (resume)")
     p.add_argument("--keep-going", action="store_true",
                    help="do not stop a run at the first rank exception (default: stop, like the launcher)")
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="drop what the program prints; print only the verdict (and a sweep's failure groups)")
     for flag, parse, help_text in _FAULT_FLAGS:
         p.add_argument(flag, type=parse, action="append", default=[], help=help_text, dest=flag[2:].replace("-", "_"))
     return parser
@@ -177,6 +189,8 @@ def replay_command(ns: argparse.Namespace, seed: int) -> str:
         parts += ["--bandwidth", repr(ns.bandwidth)]
     if ns.overhead:
         parts += ["--overhead", repr(ns.overhead)]
+    if ns.compute:
+        parts += ["--compute", repr(ns.compute)]
     if ns.no_contention:
         parts.append("--no-contention")
     if ns.time_limit != 3600.0:
@@ -287,22 +301,28 @@ class RankLogCollector(logging.Handler):
             stream.flush()
 
 
-def _run_once(ns: argparse.Namespace, main: Callable[..., Awaitable[Any]], seed: int, *, keep: bool) -> Result:
-    env = {"AIODIST_FLIGHT_RECORDER_SIZE": "100000"} if ns.trace else None
+def _run_once(ns: argparse.Namespace, main: Callable[..., Awaitable[Any]], seed: int, *, keep: bool,
+              logs: bool = True) -> Result:
+    """One run with the CLI's options; the program's output prefixed per rank (dropped with -q).
+
+    ``logs``: print the aiodist log records the run produced (single runs; a
+    sweep does not: a program that handled an error would flood it).
+    """
+    env = {"AIODIST_FLIGHT_RECORDER_SIZE": "100000"} if keep and ns.trace else None
     saved = sys.argv
     sys.argv = [ns.program, *ns.args]
-    out = RankPrefixedOutput(sys.stdout)
-    logs = RankLogCollector()
+    out = RankPrefixedOutput(io.StringIO() if ns.quiet else sys.stdout)
+    collector = RankLogCollector()
     try:
-        with contextlib.redirect_stdout(out), logs.capture():
+        with contextlib.redirect_stdout(out), collector.capture():
             return run(main, world_size=ns.world_size, seed=seed, network=_network(ns), faults=_faults(ns),
                        time_limit=ns.time_limit, schedule=ns.schedule, pct_depth=ns.pct_depth, trace=keep,
-                       master_port=ns.master_port, env=env, stop_on_error=not ns.keep_going)
+                       master_port=ns.master_port, env=env, stop_on_error=not ns.keep_going, compute=ns.compute)
     finally:
         out.flush()
         sys.argv = saved
-        if not ns.quiet:
-            logs.report(sys.stderr)
+        if logs and not ns.quiet:
+            collector.report(sys.stderr)
 
 
 def _check_determinism(ns: argparse.Namespace, result: Result, seed: int) -> bool:
@@ -369,53 +389,104 @@ def cmd_run(ns: argparse.Namespace) -> int:
             print(f"FAILED seed {ns.seed}. Replay with:\n  {replay_command(ns, ns.seed)}")
             return 1
         return 0
-    failing: list[int] = []
-    outcomes = _sweep_parallel(ns) if ns.jobs > 1 else (_sweep_one(ns, seed, main) for seed in ns.seeds)
-    for seed, ok, line in outcomes:
-        if not ok:
-            failing.append(seed)
-            if not ns.quiet:
-                print(f"seed {seed}: FAILED: {line}", flush=True)
-            if ns.fail_fast:
-                break
-    total = len(ns.seeds)
-    if not failing:
-        print(f"all {total} seeds passed")
-        return 0
-    print(f"{len(failing)} of {total} seeds failed: {' '.join(str(s) for s in failing)}")
-    print(f"Replay the first with:\n  {replay_command(ns, failing[0])}")
-    return 1
+    _loaded[ns.program] = main
+    return _sweep(ns)
 
 
 _loaded: dict[str, Callable[..., Awaitable[Any]]] = {}
 
 
-def _sweep_one(ns: argparse.Namespace, seed: int, main: Callable[..., Awaitable[Any]] | None = None
-               ) -> tuple[int, bool, str]:
-    """Run one seed of a sweep: (seed, ok, first failure line)."""
-    if main is None:
-        main = _loaded.get(ns.program) or _loaded.setdefault(ns.program, load_main(ns.program))
-    result = _run_once(ns, main, seed, keep=False)
-    if result.ok:
-        return seed, True, ""
-    first = result.failures[0]
-    return seed, False, f"[{first.kind}] {first.message.splitlines()[0] if first.message else ''}"
+class CliSeed:
+    """One seed of a CLI sweep, as a picklable task for any executor: the options and the program's path."""
+
+    def __init__(self, ns: argparse.Namespace) -> None:
+        self.ns = ns
+
+    def __call__(self, seed: int) -> dict[str, Any]:
+        ns = self.ns
+        main = _loaded.get(ns.program)
+        if main is None:
+            main = _loaded[ns.program] = load_main(ns.program)
+        result = _run_once(ns, main, seed, keep=False, logs=False)
+        extra = {}
+        if not result.ok and ns.trace:
+            again = _run_once(ns, main, seed, keep=True, logs=False)
+            stem, ext = os.path.splitext(ns.trace)
+            extra["trace"] = trace_file(f"{stem}-seed{seed}{ext or '.json'}", again, result.digest)
+        return record_of(result, **extra)
 
 
-def _sweep_parallel(ns: argparse.Namespace) -> Iterator[tuple[int, bool, str]]:
-    """Seeds spread over ``ns.jobs`` worker processes; results come back in seed order."""
-    import concurrent.futures
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
-    with concurrent.futures.ProcessPoolExecutor(max_workers=ns.jobs, mp_context=ctx) as pool:
-        futures = [pool.submit(_sweep_one, ns, seed) for seed in ns.seeds]
+def _executor(ns: argparse.Namespace) -> tuple[Any, Any]:
+    """(the executor for a sweep or None to run here, the one to shut down afterwards or None)."""
+    spec = ns.executor or ("process" if ns.jobs > 1 else "inline")
+    if spec == "inline":
+        return None, None
+    if spec == "process":
+        ex = process_executor(ns.jobs)
+        return ex, ex
+    if spec.startswith("dask:"):
         try:
-            for fut in futures:
-                yield fut.result()
-        finally:
-            for fut in futures:
-                fut.cancel()
+            distributed: Any = importlib.import_module("distributed")
+        except ImportError:
+            raise SystemExit("sim: --executor dask:... needs Dask's distributed: pip install 'aiodist[cluster]'")
+        where = spec[len("dask:"):]
+        if where == "local" or where.startswith("local:"):
+            n = int(where.partition(":")[2] or ns.jobs or 1)
+            client = distributed.Client(distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                                               dashboard_address=None))
+        else:
+            client = distributed.Client(where)
+        return client.get_executor(), client
+    module, _, attr = spec.partition(":")
+    if not attr:
+        raise SystemExit(f"sim: unknown --executor {spec!r}")
+    factory = getattr(importlib.import_module(module), attr)
+    ex = factory()
+    return ex, ex
+
+
+def _sweep(ns: argparse.Namespace) -> int:
+    seeds = ns.seeds
+    bar = Progress(len(seeds)) if sys.stderr.isatty() and not ns.quiet else None
+    announced: set[str] = set()
+
+    def on_record(rec: dict[str, Any]) -> None:
+        if bar is not None:
+            bar.update(rec)
+        if not rec["ok"] and not ns.quiet and rec["signature"] not in announced:
+            announced.add(rec["signature"])
+            if bar is not None:
+                bar.close()
+            first = rec["failures"][0]
+            print(f"seed {rec['seed']}: FAILED: [{first['kind']}] {first['message']}", flush=True)
+
+    executor, owned = _executor(ns)
+    try:
+        report = drive(CliSeed(ns), seeds, executor=executor, out=ns.out, fail_fast=ns.fail_fast,
+                       on_record=on_record)
+    finally:
+        if bar is not None:
+            bar.close()
+        if owned is not None:
+            owned.shutdown() if hasattr(owned, "shutdown") else owned.close()
+    return _report_sweep(ns, report)
+
+
+def _report_sweep(ns: argparse.Namespace, report: SweepReport) -> int:
+    if report.skipped:
+        print(f"{report.skipped} seeds were already in {ns.out}")
+    failing = report.failing
+    if not failing:
+        print(report.summary())
+        return 0
+    shown = " ".join(str(s) for s in failing[:50]) + (" ..." if len(failing) > 50 else "")
+    print(f"{len(failing)} of {len(report.records)} seeds failed: {shown}")
+    print("\n".join(report.group_lines(replay=lambda seed: replay_command(ns, seed))))
+    for rec in report.records:
+        if rec.get("trace"):
+            print(f"trace of seed {rec['seed']}: {rec['trace']}")
+    print(f"Replay the first with:\n  {replay_command(ns, failing[0])}")
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,8 +32,10 @@ ready at the same instant is what a real distributed system leaves open; the
 Lanes can be *killed* (a crashed process): their pending callbacks are
 dropped and never run, so no ``finally`` block of a crashed rank runs.
 
-No wall clock, real I/O, threads, executors, subprocesses or signals: those
-loop methods raise :class:`~sim.errors.SimUnsupportedError`.
+No wall clock, real I/O, threads, subprocesses or signals: those loop
+methods raise :class:`~sim.errors.SimUnsupportedError`. Calls handed to an
+executor (``asyncio.to_thread``, ``run_in_executor``) run inline, at a
+virtual cost (:meth:`SimLoop.run_in_executor`).
 """
 
 from __future__ import annotations
@@ -664,6 +666,36 @@ class SimLoop(asyncio.AbstractEventLoop):
     async def shutdown_default_executor(self, timeout: float | None = None) -> None:
         return None
 
+    # ------------------------------------------------------------------ executors (threads), inline
+
+    executor_cost: float | Callable[[Callable[..., Any], tuple[Any, ...]], float] = 0.0
+    """Virtual seconds an offloaded call takes: a number, or ``cost(func, args)`` (see run_in_executor)."""
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Run ``func(*args)`` now, inline, and resolve the future ``executor_cost`` virtual seconds later.
+
+        What a thread pool (``asyncio.to_thread``, any ``executor``) would do,
+        without a thread: the call runs to its end before anything else, in
+        the caller's context; meanwhile the loop goes on, as it would beside a
+        thread. Its result or exception is delivered when the charged time
+        has passed. A function that blocks waiting for the loop (e.g.
+        ``run_coroutine_threadsafe(...).result()``) cannot work this way.
+        """
+        fut = self.create_future()
+        try:
+            outcome, failed = func(*args), False
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the thread's error goes to whoever awaits
+            outcome, failed = exc, True
+        cost = self.executor_cost
+        delay = float(cost(func, args) if callable(cost) else cost)
+        self.call_at(self._now + delay, _settle, fut, outcome, failed)
+        return fut
+
+    def set_default_executor(self, executor: Any) -> None:
+        """Accepted and unused: offloaded calls run inline (see :meth:`run_in_executor`)."""
+
     # ------------------------------------------------------------------ futures and tasks
 
     def create_future(self) -> asyncio.Future[Any]:
@@ -729,8 +761,17 @@ def _unsupported(name: str) -> Callable[..., Any]:
     return method
 
 
+def _settle(fut: asyncio.Future[Any], outcome: Any, failed: bool) -> None:
+    if fut.cancelled():
+        return
+    if failed:
+        fut.set_exception(outcome)
+    else:
+        fut.set_result(outcome)
+
+
 _UNSUPPORTED = (
-    "run_in_executor", "set_default_executor", "getaddrinfo", "getnameinfo", "create_connection",
+    "getaddrinfo", "getnameinfo", "create_connection",
     "create_server", "sendfile", "start_tls", "create_unix_connection", "create_unix_server",
     "connect_accepted_socket", "create_datagram_endpoint", "connect_read_pipe", "connect_write_pipe",
     "subprocess_shell", "subprocess_exec", "add_reader", "remove_reader", "add_writer", "remove_writer",

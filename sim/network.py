@@ -225,18 +225,33 @@ class Fabric:
         """
         if not host.alive:
             return
-        host.alive = False
-        host.vanished = silent
         self.loop.kill_lane(host.lane)
         self.tracer.emit(self.loop.time(), "crash", host.name, detail=reason + (" (silent)" if silent else ""))
+        self._down(host, f"{host.name} crashed ({reason})", silent=silent)
+
+    def exit(self, host: Host) -> None:
+        """The process on ``host`` exited (its lane is over): the OS closes its sockets and listeners.
+
+        A connection still holding data the process never read is reset (as
+        TCP does on close with unread data); the others deliver what was sent,
+        then a FIN.
+        """
+        if host.alive:
+            self._down(host, f"{host.name} exited", silent=False, reset_unread=True)
+
+    def _down(self, host: Host, reason: str, *, silent: bool, reset_unread: bool = False) -> None:
+        host.alive = False
+        host.vanished = silent
         host.listeners = {}
         for ep in list(host.endpoints.values()):
             if silent:
                 ep._vanished = True
                 if ep._exc is None:
                     ep._exc = ConnectionLost(f"{host.name} vanished")
+            elif reset_unread and (ep._frames or ep._kernel):
+                ep._abort(f"{reason} leaving data unread")
             else:
-                ep._die(f"{host.name} crashed ({reason})")
+                ep._die(reason)
         host.endpoints = {}
         self._pending = [p for p in self._pending if p.src is not host]
 

@@ -8,9 +8,16 @@ MASTER_PORT, restart counts), its network view (a
 lane that identifies its callbacks. Rank r lives on host ``"rank{r}"``;
 MASTER_ADDR is ``"rank0"`` (rank 0 hosts the store, as with env://).
 
-One seed fixes everything: the schedule, the network's latencies, Python's
-global ``random`` and numpy's legacy global generator (both seeded inside the
-run and restored after it).
+One seed fixes everything: the schedule, the network's latencies and each
+rank's process state (see :mod:`sim.process`: its ``os.environ``, its own
+``random``, numpy and torch generators, nonces and job secret).
+
+When ``main`` returns, the rank finishes as a process does: the runtime's
+:func:`aiodist.api.finish_rank` (destroys the default group in order, and
+fails with ``kind="unawaited"`` for operations never awaited), then its
+remaining tasks are cancelled and awaited (as :func:`asyncio.run` does), then
+the process exits: its connections close (reset when they hold data it never
+read), its listeners go away and nothing of it runs again.
 """
 
 from __future__ import annotations
@@ -27,12 +34,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiodist import inflight
-from aiodist.context import new_rank_scope, rank_scope, set_network, set_rank_environ
+from aiodist.api import finish_rank
+from aiodist.context import new_rank_scope, rank_environ, rank_scope, set_network, set_rank_environ, set_token_source
+from aiodist.errors import UnawaitedOperationError
 
 from .errors import SimTimeLimitError
 from .faults import Fault, MessageReceived, MessageSent, Trigger, _Block
 from .loop import LANE, SimLoop
 from .network import Fabric, Host, Network
+from .process import PROCESS, ProcessGlobals, RankNetwork, RankProcess, inherited_environment, job_secret
 from .trace import TraceEvent, Tracer
 
 DEFAULT_MASTER_PORT = 29500
@@ -43,7 +53,8 @@ class Failure:
     """Something that went wrong in a run.
 
     ``kind``: "exception" (a rank's main raised), "deadlock" (nothing ready,
-    no timer pending, ranks still running) or "time_limit". ``blocked`` maps
+    no timer pending, ranks still running), "time_limit" or "unawaited" (a
+    rank finished with operations it never awaited). ``blocked`` maps
     each still-running rank to the operations it waits in (from
     :mod:`aiodist.inflight`), ``where`` to its innermost await location.
     """
@@ -55,15 +66,19 @@ class Failure:
     time: float = 0.0
     blocked: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     where: dict[int, str] = field(default_factory=dict)
+    location: str = ""
+    """For an exception: the program's own innermost line it came through (file:line in function)."""
 
     def __str__(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "run"
         lines = [f"[{self.kind}] {who} at t={self.time:.6f}s: {self.message}"]
+        if self.location:
+            lines.append(f"    raised at {_display_path(self.location)}")
         described: list[tuple[int, str]] = []
         for r in sorted(set(self.blocked) | set(self.where)):
             ops = self.blocked.get(r) or []
             desc = "; ".join(_describe_op(op) for op in ops) or "no registered operation"
-            loc = f"  ({self.where[r]})" if r in self.where else ""
+            loc = f"  ({_display_path(self.where[r])})" if r in self.where else ""
             described.append((r, f"{desc}{loc}"))
         if len(described) <= self.MAX_RANK_LINES:
             lines += [f"    rank {r} blocked in: {text}" for r, text in described]
@@ -81,6 +96,16 @@ class Failure:
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _display_path(where: str) -> str:
+    """``file:line in f`` with the file relative to the working directory when it is under it."""
+    path, sep, rest = where.partition(":")
+    if sep and os.path.isabs(path):
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            return rel + sep + rest
+    return where
 
 
 def _shape(text: str) -> str:
@@ -164,13 +189,18 @@ class Result:
 
 
 class _Incarnation:
-    __slots__ = ("rank", "count", "lane", "ctx", "scope", "task", "state", "result")
+    __slots__ = ("rank", "count", "lane", "ctx", "scope", "task", "state", "result", "exiting")
 
     def __init__(self, rank: int, count: int, lane: int, ctx: contextvars.Context, scope: dict[str, Any]) -> None:
         self.rank, self.count, self.lane, self.ctx, self.scope = rank, count, lane, ctx, scope
         self.task: Any = None
-        self.state = "running"  # running | done | failed | crashed
+        self.exiting: Any = None  # the task finishing the process after main ended
+        self.state = "running"  # running | finishing | done | failed | crashed
         self.result: Any = None
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ("running", "finishing")
 
 
 class Simulation:
@@ -192,6 +222,7 @@ class Simulation:
         keep_trace: bool,
         stop_on_error: bool,
         master_port: int,
+        compute: float | Callable[[Callable[..., Any], tuple[Any, ...]], float] = 0.0,
     ) -> None:
         if world_size < 1:
             raise ValueError("world_size must be >= 1")
@@ -203,6 +234,13 @@ class Simulation:
         self.stop_on_error = stop_on_error
         self.master_port = master_port
         self.loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit, pct_depth=pct_depth)
+        self.loop.executor_cost = compute
+        self.globals = ProcessGlobals()
+        self.base_env = inherited_environment(os.environ)
+        # Every task, by lane, so that a finishing process can cancel what is left of it (as
+        # asyncio.run does) without a scan of all tasks of all ranks.
+        self._lane_tasks: dict[int, list[asyncio.Task[Any]]] = {}
+        self.loop.create_task = self._create_task  # type: ignore[method-assign]
         self.tracer = Tracer(keep=keep_trace)
         self.fabric = Fabric(network, self.loop, random.Random(f"{seed}:net"), self.tracer)
         self.kernel = self.fabric.kernel_ctx
@@ -270,7 +308,7 @@ class Simulation:
 
     def crash_rank(self, rank: int, reason: str, *, silent: bool = False) -> None:
         inc = self.current[rank]
-        if inc is None or inc.state != "running":
+        if inc is None or not inc.alive:
             return
         inc.state = "crashed"
         self._ended += 1
@@ -317,6 +355,11 @@ class Simulation:
 
     # -- ranks ----------------------------------------------------------------------
 
+    def store_host(self) -> Host:
+        """The host of the store (where MASTER_ADDR points; rank 0's if it names no virtual host)."""
+        addr = self.rank_env(0, 0)["MASTER_ADDR"]
+        return self.fabric.hosts.get(addr) or self.hosts[0]
+
     def rank_env(self, rank: int, restart_count: int) -> dict[str, str]:
         n = str(self.world_size)
         run_id = f"sim-{self.seed}"
@@ -329,7 +372,26 @@ class Simulation:
             "TORCHELASTIC_RUN_ID": run_id, "AIODIST_RUN_ID": run_id,
         }
         env.update(self.extra_env)
+        if not any(k in self.extra_env for k in ("AIODIST_SECRET", "AIODIST_SECRET_FILE", "AIODIST_INSECURE")):
+            env["AIODIST_SECRET"] = job_secret(self.seed)  # as `aiodist run` gives every rank a fresh one
         return env
+
+    def _create_task(self, coro: Any, *, name: str | None = None, context: contextvars.Context | None = None
+                     ) -> asyncio.Task[Any]:
+        """``loop.create_task`` that files the task under its lane (and, with torch, swaps its generator)."""
+        loop = self.loop
+        if self.globals.torch is not None:
+            coro = self.globals.wrap(coro, PROCESS.get() if context is None else context.get(PROCESS))
+        task = SimLoop.create_task(loop, coro, name=name, context=context)
+        lane = loop._lane if context is None else context.get(LANE, loop._lane)
+        tasks = self._lane_tasks.get(lane)
+        if tasks is None:
+            self._lane_tasks[lane] = [task]
+            return task
+        if len(tasks) >= 64 and len(tasks) & (len(tasks) - 1) == 0:  # at powers of two: drop ended ones
+            tasks[:] = [t for t in tasks if not t.done()]
+        tasks.append(task)
+        return task
 
     def _start_rank(self, rank: int) -> None:
         count = self.restarts.get(rank, 0)
@@ -337,17 +399,22 @@ class Simulation:
         if count:
             self._next_lane += 1
         host = self.hosts[rank]
-        env = self.rank_env(rank, count)
+        env = dict(self.base_env)
+        env.update(self.rank_env(rank, count))
         ctx = contextvars.copy_context()
+        net = RankNetwork(host.net, host, self.fabric, self.store_host)
 
-        def setup() -> dict[str, Any]:
+        def setup() -> tuple[dict[str, Any], RankProcess]:
             set_rank_environ(env)
-            set_network(host.net)
+            process = RankProcess(self.seed, rank, count, rank_environ())  # type: ignore[arg-type]
+            self.globals.enter_rank(process)
+            set_token_source(process.token_bytes)
+            set_network(net)
             new_rank_scope()
             LANE.set(lane)
-            return rank_scope()
+            return rank_scope(), process
 
-        scope = ctx.run(setup)
+        scope, _ = ctx.run(setup)
         inc = _Incarnation(rank, count, lane, ctx, scope)
         self._started += 1
         self.current[rank] = inc
@@ -362,7 +429,6 @@ class Simulation:
     def _rank_done(self, inc: _Incarnation, task: Any) -> None:
         if inc.state != "running":
             return
-        self._ended += 1
         now = self.loop.time()
         if task.cancelled():
             inc.state = "failed"
@@ -372,14 +438,56 @@ class Simulation:
             inc.state = "failed"
             text = "".join(tb.format_exception(exc))
             self.tracer.emit(now, "exit", f"rank{inc.rank}", detail=f"raised {type(exc).__name__}")
-            self.failures.append(Failure("exception", inc.rank, f"{type(exc).__name__}: {exc}", text, now))
+            self.failures.append(Failure("exception", inc.rank, f"{type(exc).__name__}: {exc}", text, now,
+                                         location=_raise_location(exc)))
             if self.stop_on_error:
+                self._ended += 1
                 self.loop.stop()
                 return
         else:
-            inc.state = "done"
+            inc.state = "finishing"
             inc.result = task.result()
-            self.tracer.emit(now, "exit", f"rank{inc.rank}", detail="ok")
+        # The process ends as asyncio.run ends: (finish_rank after a normal return,) cancel what is left.
+        inc.exiting = self.loop.create_task(self._finish(inc, normal=inc.state == "finishing"),
+                                            name=f"sim-rank{inc.rank}-exit", context=inc.ctx)
+        inc.exiting.add_done_callback(lambda t, inc=inc: self._exited(inc, t), context=self.kernel)
+
+    async def _finish(self, inc: _Incarnation, *, normal: bool) -> Failure | None:
+        failure = None
+        if normal:
+            try:
+                await finish_rank()
+            except UnawaitedOperationError as e:
+                failure = Failure("unawaited", inc.rank, str(e), time=self.loop.time())
+            except Exception as e:  # noqa: BLE001 - the rank's own teardown failed: its failure
+                failure = Failure("exception", inc.rank, f"{type(e).__name__} while the rank finished: {e}",
+                                  "".join(tb.format_exception(e)), self.loop.time(), location=_raise_location(e))
+        me = asyncio.current_task()
+        left = [t for t in self._lane_tasks.get(inc.lane, ()) if t is not me and not t.done()]
+        for t in left:
+            t.cancel()
+        if left:
+            await asyncio.gather(*left, return_exceptions=True)
+        return failure
+
+    def _exited(self, inc: _Incarnation, task: asyncio.Task[Any]) -> None:
+        """The process of ``inc`` exits: connections closed (reset if data is left unread), nothing runs again."""
+        if not inc.alive and inc.state != "failed":
+            return  # crashed while finishing
+        failure = task.result() if not task.cancelled() and task.exception() is None else None
+        self._ended += 1
+        if inc.state == "finishing":
+            inc.state = "done" if failure is None else "failed"
+        host = self.hosts[inc.rank]
+        self.tracer.emit(self.loop.time(), "exit", host.name, detail="ok" if failure is None else failure.kind)
+        self.loop._dead.add(inc.lane)  # (its tasks have all ended: nothing to keep, no scan of them)
+        self.fabric.exit(host)
+        self._lane_tasks.pop(inc.lane, None)
+        if failure is not None:
+            self.failures.append(failure)
+            if self.stop_on_error:
+                self.loop.stop()
+                return
         self._maybe_finish()
 
     def _maybe_finish(self) -> None:
@@ -396,15 +504,19 @@ class Simulation:
         ops: dict[int, list[dict[str, Any]]] = {}
         where: dict[int, str] = {}
         for inc in self.current:
-            if inc is None or inc.state != "running":
+            if inc is None or not inc.alive:
                 continue
             ops[inc.rank] = inc.ctx.run(inflight.snapshot)
-            loc = _await_location(inc.task)
+            loc = _await_location(inc.task if inc.state == "running" else inc.exiting)
             if loc:
-                where[inc.rank] = loc
+                where[inc.rank] = loc if inc.state == "running" else f"finishing: {loc}"
         return ops, where
 
     def run(self) -> Result:
+        with self.globals:
+            return self._run()
+
+    def _run(self) -> Result:
         for r in range(self.world_size):
             self._start_rank(r)
         idle = False
@@ -415,14 +527,14 @@ class Simulation:
             ops, where = self.blocked()
             self.failures.append(Failure("time_limit", None, str(e), time=self.loop.time(), blocked=ops,
                                          where=where))
-        if idle and any(inc is not None and inc.state == "running" for inc in self.current):
+        if idle and any(inc is not None and inc.alive for inc in self.current):
             ops, where = self.blocked()
             self.failures.append(Failure(
                 "deadlock", None,
                 f"deadlock: nothing is ready and no timer is pending, ranks {sorted(ops)} still running",
                 time=self.loop.time(), blocked=ops, where=where))
         elif self.failures and self.stop_on_error and any(
-                inc is not None and inc.state == "running" for inc in self.current):
+                inc is not None and inc.alive for inc in self.current):
             ops, where = self.blocked()
             self.failures[-1].blocked, self.failures[-1].where = ops, where
         now = self.loop.time()
@@ -458,25 +570,48 @@ async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:
 
 
 def _await_location(task: Any) -> str:
-    """file:line of the innermost coroutine frame ``task`` is suspended in, outside asyncio and sim."""
+    """Where ``task`` is suspended: the innermost frame of the program's own code (outside aiodist,
+    asyncio and sim), or the innermost one outside asyncio and sim if the program has none on the way."""
     if task is None or task.done():
         return ""
     coro = task.get_coro()
-    where = ""
+    user = inner = ""
     for _ in range(200):
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
         if frame is None:
             break
-        if not frame.f_code.co_filename.startswith(_SKIP_DIRS):
-            where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_SKIP_DIRS):
+            inner = _frame_text(filename, frame.f_lineno, frame.f_code.co_name)
+            if not filename.startswith(_RUNTIME_DIR):
+                user = inner
         nxt = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
         if nxt is None or not (hasattr(nxt, "cr_frame") or hasattr(nxt, "gi_frame")):
             break
         coro = nxt
+    return user or inner
+
+
+def _raise_location(exc: BaseException) -> str:
+    """The innermost line of the program's own code an exception came through ("" if none)."""
+    where = ""
+    tb_ = exc.__traceback__
+    for _ in range(1000):
+        if tb_ is None:
+            break
+        code = tb_.tb_frame.f_code
+        if not code.co_filename.startswith(_SKIP_DIRS + (_RUNTIME_DIR,)):
+            where = _frame_text(code.co_filename, tb_.tb_lineno, code.co_name)
+        tb_ = tb_.tb_next
     return where
 
 
-_SKIP_DIRS = (os.path.dirname(asyncio.__file__), os.path.dirname(os.path.abspath(__file__)))
+def _frame_text(filename: str, line: int, name: str) -> str:
+    return f"{filename}:{line} in {name}"
+
+
+_SKIP_DIRS = (os.path.dirname(asyncio.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep)
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(inflight.__file__)) + os.sep
 
 
 def run(
@@ -494,6 +629,7 @@ def run(
     trace: bool = True,
     stop_on_error: bool = True,
     master_port: int = DEFAULT_MASTER_PORT,
+    compute: float | Callable[[Callable[..., Any], tuple[Any, ...]], float] = 0.0,
 ) -> Result:
     """Run ``main(*args)`` as ``world_size`` virtual ranks; return a :class:`Result`.
 
@@ -502,17 +638,11 @@ def run(
     ``trace=False`` keeps only the digest (for big runs). ``stop_on_error``:
     stop at the first rank exception (like the launcher), reporting where
     the other ranks were. ``env`` adds/overrides environment variables.
+    ``compute``: virtual seconds a call offloaded to a thread (``asyncio.to_thread``,
+    ``loop.run_in_executor``) takes; such calls run inline. A number, or
+    ``compute(func, args) -> seconds``.
     Everything still pending when the run ends is dropped without running.
     """
-    state = random.getstate()
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        np = None  # type: ignore[assignment]
-    np_state = np.random.get_state() if np is not None else None
-    random.seed(f"{seed}:global")
-    if np is not None:
-        np.random.seed(random.Random(f"{seed}:numpy").randrange(2**32))
     thresholds = gc.get_threshold()
     # Fewer young collections: a run keeps many young containers alive (handles, futures, frames in
     # flight, ~250 per rank) and each collection walks all of them, freeing next to nothing. The
@@ -524,12 +654,9 @@ def run(
     sim = Simulation(main, world_size=world_size, seed=seed, network=network or Network(), faults=faults,
                      time_limit=time_limit, env=env, args=args, schedule=schedule, pct_depth=pct_depth,
                      keep_trace=trace,
-                     stop_on_error=stop_on_error, master_port=master_port)
+                     stop_on_error=stop_on_error, master_port=master_port, compute=compute)
     try:
         return sim.run()
     finally:
         sim.close()
         gc.set_threshold(*thresholds)
-        random.setstate(state)
-        if np is not None and np_state is not None:
-            np.random.set_state(np_state)

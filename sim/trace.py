@@ -9,6 +9,7 @@ PYTHONHASHSEED, object identities or the process.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import marshal
@@ -165,12 +166,13 @@ def to_chrome(events: Iterable[TraceEvent], ops: Mapping[int, Sequence[Mapping[s
     events = list(events)
     if events:
         last = events[-1].time
+    delivered = {ev.msg for ev in events if ev.kind == "recv"}  # a flow starts only where it also ends
     for rank, entries in sorted((ops or {}).items()):
         tid = _tid(f"rank{rank}", tids)
         for e in entries:
             start = float(e.get("start", 0.0))
             end = float(e.get("end", last))
-            args = {k: repr(v) for k, v in e.items() if k not in ("op", "start", "end")}
+            args = {str(k): json_value(v) for k, v in e.items() if k not in ("op", "start", "end")}
             out.append({"name": str(e.get("op", "?")), "cat": "op", "ph": "X", "ts": start * 1e6,
                         "dur": max(end - start, 0.0) * 1e6, "pid": 0, "tid": tid, "args": args})
     for ev in events:
@@ -178,8 +180,9 @@ def to_chrome(events: Iterable[TraceEvent], ops: Mapping[int, Sequence[Mapping[s
         tid = _tid(ev.host, tids)
         if ev.kind == "send":
             out.append({"name": "send", "ph": "i", "s": "t", "ts": ts, "pid": 0, "tid": tid,
-                        "args": {"to": ev.peer, "bytes": ev.nbytes, "header": ev.detail}})
-            out.append({"name": "msg", "cat": "msg", "ph": "s", "id": ev.msg, "ts": ts, "pid": 0, "tid": tid})
+                        "args": {"to": ev.peer, "bytes": ev.nbytes, "header": _header_value(ev.detail)}})
+            if ev.msg in delivered:
+                out.append({"name": "msg", "cat": "msg", "ph": "s", "id": ev.msg, "ts": ts, "pid": 0, "tid": tid})
         elif ev.kind == "recv":
             out.append({"name": "recv", "ph": "i", "s": "t", "ts": ts, "pid": 0, "tid": tid,
                         "args": {"from": ev.peer, "bytes": ev.nbytes}})
@@ -196,6 +199,28 @@ def to_chrome(events: Iterable[TraceEvent], ops: Mapping[int, Sequence[Mapping[s
         out.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": tid, "args": {"sort_index": tid}})
     out.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "sim (virtual time)"}})
     return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+
+def json_value(v: Any) -> Any:
+    """``v`` as a JSON value: numbers, strings, booleans, None, lists and str-keyed objects as they are;
+    bytes as text (``b'...'``) and anything else as its ``repr``."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if v == v and v not in (float("inf"), float("-inf")) else repr(v)
+    if isinstance(v, (list, tuple)):
+        return [json_value(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): json_value(x) for k, x in v.items()}
+    return repr(v)
+
+
+def _header_value(detail: str) -> Any:
+    """A message header kept as its ``repr`` (see :meth:`Tracer.message`), back as a JSON value."""
+    try:
+        return json_value(ast.literal_eval(detail))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return detail
 
 
 def write_chrome(events: Iterable[TraceEvent], path: str,

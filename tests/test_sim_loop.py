@@ -137,7 +137,6 @@ def test_a_spin_at_one_instant_is_reported_as_livelock(schedule: str) -> None:
 @pytest.mark.parametrize(
     "call",
     [
-        lambda loop: loop.run_in_executor(None, print),
         lambda loop: loop.getaddrinfo("localhost", 80),
         lambda loop: loop.add_reader(0, print),
         lambda loop: loop.add_signal_handler(2, print),
@@ -156,12 +155,11 @@ def test_real_io_threads_and_processes_fail_loudly(call) -> None:  # type: ignor
     run(main())
 
 
-def test_to_thread_is_refused() -> None:
-    async def main() -> None:
-        with pytest.raises(SimUnsupportedError):
-            await asyncio.to_thread(print, "x")
+def test_to_thread_runs_the_function_inline() -> None:
+    async def main() -> int:
+        return await asyncio.to_thread(pow, 2, 10)
 
-    run(main())
+    assert run(main()) == 1024
 
 
 def test_cancelled_timers_do_not_pile_up() -> None:

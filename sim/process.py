@@ -1,0 +1,408 @@
+"""What a virtual rank has to itself, as a real process has: environment, random generators, addresses.
+
+N virtual ranks share one Python process, but a program expects what a
+process of its own would give it:
+
+* ``os.environ`` / ``os.getenv``: the rank's environment (the launcher's
+  variables RANK, WORLD_SIZE, MASTER_ADDR, ... on top of the process
+  environment). Writes stay in the rank.
+* the module-level random generators: :mod:`random`'s functions, numpy's
+  legacy global generator (``np.random.seed``, ``np.random.rand``, ...) and,
+  when torch is imported, torch's default CPU generator. Each rank has its
+  own, seeded from the run's seed, its rank and its incarnation (a real
+  process seeds them from the OS, which no replay could reproduce), so
+  ``random.seed(0)`` on every rank gives every rank the same sequence, as it
+  does in real processes.
+* a nonce source for :func:`aiodist.context.token_bytes` drawn from the seed,
+  and an ``AIODIST_SECRET`` derived from the seed (unless the run's ``env``
+  chooses the secret), so authentication runs and replays.
+* addresses: the names of "this machine" (``127.0.0.1``, ``localhost``,
+  the real machine's host name) reach the host that listens on that port,
+  preferring the calling host and then the store's host, as on one real
+  machine where ``tcp://127.0.0.1:P`` names the one process listening on P.
+  (Without this, ``tcp://127.0.0.1:P`` would mean each virtual host itself
+  and every rank but the store's would wait for a store that is not there.)
+
+:class:`ProcessGlobals` installs the dispatchers for one run and restores
+the module attributes afterwards. The dispatchers look the calling rank up
+in a context variable, so code outside any rank (the simulator itself,
+other threads) sees the real objects. Code that bound a generator function
+before the run (``from random import random``) or holds ``os.environ``
+under another name keeps the process-wide object.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import os
+import random
+import socket
+import sys
+import threading
+from collections.abc import Callable, Coroutine, Iterator, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from aiodist.net.base import Address, Connection, ConnectionHandler, Listener
+from aiodist.net.base import Network as SeamNetwork
+
+from .endpoints import LOCAL_NAMES
+
+if TYPE_CHECKING:
+    from .network import Fabric, Host
+
+__all__ = ["RankProcess", "ProcessGlobals", "RankNetwork", "inherited_environment", "current_process",
+           "LOOPBACK_NAMES", "PROCESS"]
+
+PROCESS: contextvars.ContextVar[RankProcess | None] = contextvars.ContextVar("sim_process", default=None)
+"""The virtual rank process of the code running in a context (None: not a rank)."""
+
+LAUNCHER_VARIABLES = frozenset({
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONHASHSEED",
+})
+"""Variables of the simulator's own process that a virtual rank does not inherit (the launcher sets its own)."""
+
+LOOPBACK_NAMES = frozenset({"", "0.0.0.0", "::", "127.0.0.1", "localhost", "::1", "localhost.localdomain",
+                            socket.gethostname()})
+"""The names of "this machine" (what a program started on one real machine may call it)."""
+
+
+def current_process() -> RankProcess | None:
+    """The virtual rank process of the calling code (None outside the simulator's ranks)."""
+    return PROCESS.get()
+
+
+def inherited_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a rank inherits from the simulator's process: all but launcher, aiodist and torchelastic variables.
+
+    (Those come from the run itself, so a replay does not depend on the shell it runs in.)
+    """
+    return {k: v for k, v in environ.items()
+            if k not in LAUNCHER_VARIABLES and not k.startswith(("AIODIST_", "TORCHELASTIC_"))}
+
+
+def job_secret(seed: int | str) -> str:
+    """The run's ``AIODIST_SECRET``: derived from the seed, the same on every rank (one job, one secret)."""
+    return hashlib.blake2b(f"{seed}:secret".encode(), digest_size=32).hexdigest()
+
+
+class RankProcess:
+    """One incarnation of a virtual rank's process state.
+
+    Generators are created on first use (most ranks of a big run never draw),
+    each from its own stream of the seed, so the order of first use does not
+    matter.
+    """
+
+    __slots__ = ("rank", "incarnation", "environ", "_seed", "_random", "_numpy", "_tokens", "torch_state")
+
+    def __init__(self, seed: int | str, rank: int, incarnation: int, environ: dict[str, str]) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
+        self.environ = environ
+        self._seed = seed
+        self._random: random.Random | None = None
+        self._numpy: Any = None
+        self._tokens: random.Random | None = None
+        self.torch_state: Any = None  # torch's default generator state while another rank runs
+
+    def __repr__(self) -> str:
+        return f"<sim.RankProcess rank {self.rank} incarnation {self.incarnation}>"
+
+    def stream(self, name: str) -> str:
+        return f"{self._seed}:{name}:{self.rank}:{self.incarnation}"
+
+    @property
+    def random(self) -> random.Random:
+        """This process's instance behind :mod:`random`'s module functions."""
+        r = self._random
+        if r is None:
+            r = self._random = random.Random(self.stream("random"))
+        return r
+
+    @property
+    def numpy(self) -> Any:
+        """This process's numpy legacy global generator (a ``RandomState``)."""
+        g = self._numpy
+        if g is None:
+            import numpy as np
+
+            g = self._numpy = np.random.RandomState(random.Random(self.stream("numpy")).randrange(2**32))
+        return g
+
+    def token_bytes(self, n: int) -> bytes:
+        """Nonces for :func:`aiodist.context.token_bytes`: a seeded stream of this process."""
+        t = self._tokens
+        if t is None:
+            t = self._tokens = random.Random(self.stream("tokens"))
+        return t.randbytes(n)
+
+    def torch_seed(self) -> int:
+        return random.Random(self.stream("torch")).randrange(2**63)
+
+
+# --------------------------------------------------------------------------- os.environ
+
+
+class RankEnviron(MutableMapping[str, str]):
+    """``os.environ`` while a simulation runs: the calling rank's environment, else the real one."""
+
+    def __init__(self, real: MutableMapping[str, str]) -> None:
+        self.real = real
+
+    def _env(self) -> MutableMapping[str, str]:
+        p = PROCESS.get()
+        return self.real if p is None else p.environ
+
+    def __getitem__(self, key: str) -> str:
+        return self._env()[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"str expected, not {type(key if not isinstance(key, str) else value).__name__}")
+        self._env()[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._env()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._env()))
+
+    def __len__(self) -> int:
+        return len(self._env())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._env()
+
+    def get(self, key: str, default: Any = None) -> Any:  # (os.getenv's path: one lookup)
+        return self._env().get(key, default)
+
+    def copy(self) -> dict[str, str]:
+        return dict(self._env())
+
+    def __repr__(self) -> str:
+        p = PROCESS.get()
+        who = "process" if p is None else f"rank {p.rank}"
+        return f"environ({who}: {dict(self._env())!r})"
+
+
+# --------------------------------------------------------------------------- generators
+
+
+def _dispatcher(name: str, fallback: Any, pick: Callable[[RankProcess], Any]) -> Callable[..., Any]:
+    original = getattr(fallback, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        p = PROCESS.get()
+        if p is None:
+            return original(*args, **kwargs)
+        return getattr(pick(p), name)(*args, **kwargs)
+
+    call.__name__ = getattr(original, "__name__", name)
+    call.__qualname__ = call.__name__
+    call.__doc__ = getattr(original, "__doc__", None)
+    return call
+
+
+class _RankRandomState:
+    """Stands in for ``numpy.random.mtrand._rand`` (libraries that read the legacy generator directly)."""
+
+    def __init__(self, real: Any) -> None:
+        object.__setattr__(self, "_real", real)
+
+    def __getattr__(self, name: str) -> Any:
+        p = PROCESS.get()
+        return getattr(self._real if p is None else p.numpy, name)
+
+    def __repr__(self) -> str:
+        return "<sim: the calling rank's numpy RandomState>"
+
+
+class _TorchGenerator:
+    """Swaps torch's default CPU generator state when the running rank changes (see :class:`RankTask`)."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.generator = torch.default_generator
+        self.saved = self.generator.get_state()
+        self.owner: RankProcess | None = None
+
+    def switch_to(self, p: RankProcess) -> None:
+        gen = self.generator
+        owner = self.owner
+        if owner is not None:
+            owner.torch_state = gen.get_state()
+        if p.torch_state is None:
+            gen.manual_seed(p.torch_seed())
+        else:
+            gen.set_state(p.torch_state)
+        self.owner = p
+
+    def restore(self) -> None:
+        self.generator.set_state(self.saved)
+        self.owner = None
+
+
+class RankTask(Coroutine[Any, Any, Any]):
+    """A task's coroutine that installs its rank's torch generator state before each step.
+
+    Only used when torch is imported: torch's random functions draw from one
+    C++ generator, which no module attribute can redirect, so its state is
+    swapped when a step of another rank's task starts.
+    """
+
+    __slots__ = ("coro", "process", "torch")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], process: RankProcess, torch: _TorchGenerator) -> None:
+        self.coro = coro
+        self.process = process
+        self.torch = torch
+
+    def send(self, value: Any) -> Any:
+        if self.torch.owner is not self.process:
+            self.torch.switch_to(self.process)
+        return self.coro.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        if self.torch.owner is not self.process:
+            self.torch.switch_to(self.process)
+        return self.coro.throw(*args)
+
+    def close(self) -> None:
+        self.coro.close()
+
+    def __await__(self) -> Any:
+        return self.coro.__await__()
+
+    @property
+    def cr_frame(self) -> Any:
+        return getattr(self.coro, "cr_frame", None)
+
+    @property
+    def cr_await(self) -> Any:
+        return getattr(self.coro, "cr_await", None) or getattr(self.coro, "gi_yieldfrom", None)
+
+    def __repr__(self) -> str:
+        return repr(self.coro)
+
+
+class ProcessGlobals:
+    """Installs the per-rank dispatchers for one run (a context manager; nests, restores on exit)."""
+
+    _depth = 0
+    _saved: list[tuple[Any, str, Any]] = []
+    _lock = threading.Lock()  # (runs in several threads of one process share the patches)
+
+    def __init__(self) -> None:
+        self.torch: _TorchGenerator | None = None
+
+    def __enter__(self) -> ProcessGlobals:
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "default_generator"):
+            self.torch = _TorchGenerator(torch)
+        cls = ProcessGlobals
+        with cls._lock:
+            cls._depth += 1
+            if cls._depth == 1:
+                cls._saved = self._install()
+        return self
+
+    @staticmethod
+    def _install() -> list[tuple[Any, str, Any]]:
+        """Patch the module attributes (once per process, while any run is on); return what to restore."""
+        saved: list[tuple[Any, str, Any]] = []
+
+        def patch(obj: Any, name: str, value: Any) -> None:
+            saved.append((obj, name, getattr(obj, name)))
+            setattr(obj, name, value)
+
+        patch(os, "environ", RankEnviron(os.environ))
+        inst = getattr(random, "_inst")  # the instance behind random's module functions
+        for name in sorted(vars(random)):
+            if getattr(getattr(random, name), "__self__", None) is inst:
+                patch(random, name, _dispatcher(name, inst, lambda p: p.random))
+        import numpy.random as np_random  # (numpy loads it lazily: a program may use it later)
+        from numpy.random import mtrand
+
+        legacy = mtrand._rand
+        for module in (np_random, mtrand):
+            for name in sorted(vars(module)):
+                if getattr(getattr(module, name), "__self__", None) is legacy:
+                    patch(module, name, _dispatcher(name, legacy, lambda p: p.numpy))
+        patch(mtrand, "_rand", _RankRandomState(legacy))
+        return saved
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.torch is not None:
+            self.torch.restore()
+        cls = ProcessGlobals
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth == 0:
+                for obj, name, value in reversed(cls._saved):
+                    setattr(obj, name, value)
+                cls._saved = []
+
+    def enter_rank(self, process: RankProcess) -> None:
+        """Make ``process`` the calling context's process (inside the rank's context)."""
+        PROCESS.set(process)
+
+    def wrap(self, coro: Coroutine[Any, Any, Any], process: RankProcess | None) -> Coroutine[Any, Any, Any]:
+        """A task's coroutine as it should run for ``process`` (wrapped only when torch needs swapping)."""
+        if self.torch is None or process is None:
+            return coro
+        return RankTask(coro, process, self.torch)
+
+
+# --------------------------------------------------------------------------- addresses
+
+
+class RankNetwork(SeamNetwork):
+    """A rank's view of the network with one machine's address names (see the module docstring).
+
+    A name of :data:`LOOPBACK_NAMES` reaches the host listening on that port:
+    the calling host if it does, else ``store_host``, else the first host
+    that does (in the order hosts were added). Other names pass through
+    (virtual host names such as ``rank3``; anything else is an unknown host).
+    """
+
+    def __init__(self, net: SeamNetwork, host: Host, fabric: Fabric, store_host: Callable[[], Host]) -> None:
+        self._net = net
+        self._host = host
+        self._fabric = fabric
+        self._store_host = store_host
+
+    def __repr__(self) -> str:
+        return f"<sim.RankNetwork {self._host.name}>"
+
+    def default_host(self) -> str:
+        return self._net.default_host()
+
+    def resolve(self, name: str, port: int) -> str:
+        """The virtual host a connection to ``name:port`` reaches (``name`` itself if not loopback)."""
+        if name not in LOOPBACK_NAMES:
+            return name
+        me = self._host
+        if port in me.listeners:
+            return me.name
+        store = self._store_host()
+        if port in store.listeners:
+            return store.name
+        for host in self._fabric.hosts.values():  # (in the order the hosts were added: deterministic)
+            if port in host.listeners:
+                return host.name
+        return me.name  # nobody listens (yet): refused, as by this machine
+
+    async def connect(self, address: Address, *, timeout: float | None = None, **kwargs: Any) -> Connection:
+        host, port = address
+        if host in LOOPBACK_NAMES:
+            address = (self.resolve(host, int(port)), port)
+        return await self._net.connect(address, timeout=timeout, **kwargs)
+
+    async def listen(self, address: Address, handler: ConnectionHandler, *, max_frame_size: int | None = None,
+                     handshake_timeout: float | None = None) -> Listener:
+        if address[0] in LOOPBACK_NAMES and address[0] not in LOCAL_NAMES:  # (the machine's host name)
+            address = ("", address[1])
+        return await self._net.listen(address, handler, max_frame_size=max_frame_size,
+                                      handshake_timeout=handshake_timeout)

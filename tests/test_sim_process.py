@@ -1,0 +1,256 @@
+"""A virtual rank is a whole process: environment, generators, addresses, exit, threads, operations never awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiodist
+import sim
+from aiodist.context import current_network, token_bytes
+from aiodist.errors import ConnectionLost
+from aiodist.net.base import Connection
+
+
+# ----------------------------------------------------------------------------- os.environ
+
+
+def test_each_rank_reads_and_writes_its_own_os_environ() -> None:
+    real = os.environ
+
+    async def main() -> Any:
+        rank = os.environ["RANK"]
+        os.environ["MINE"] = rank
+        await asyncio.sleep(0.01 * (3 - int(rank)))  # the others write meanwhile
+        return os.environ["RANK"], os.getenv("WORLD_SIZE"), os.environ["MINE"], "PATH" in os.environ, \
+            os.environ.get("EXTRA")
+
+    res = sim.run(main, world_size=3, env={"EXTRA": "x"})
+    assert res.ok, res.summary()
+    assert res.rank_results == [(str(r), "3", str(r), "PATH" in real, "x") for r in range(3)]
+    assert os.environ is real and "MINE" not in os.environ
+
+
+def test_launcher_and_aiodist_variables_of_the_shell_do_not_leak_into_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIODIST_HEARTBEAT_INTERVAL", "0.01")
+    monkeypatch.setenv("RANK", "99")
+
+    async def main() -> Any:
+        return os.environ["RANK"], os.getenv("AIODIST_HEARTBEAT_INTERVAL")
+
+    assert sim.run(main, world_size=2).rank_results == [("0", None), ("1", None)]
+
+
+# ----------------------------------------------------------------------------- generators
+
+
+async def _draws() -> Any:
+    unseeded = (random.random(), float(np.random.rand()))
+    random.seed(7)
+    np.random.seed(7)
+    await asyncio.sleep(0.001 * int(os.environ["RANK"]))  # interleave the ranks' draws
+    seeded = (random.random(), random.randrange(1000), float(np.random.rand()), int(np.random.randint(1000)),
+              float(np.random.mtrand._rand.random_sample()))
+    return unseeded, seeded
+
+
+def test_each_rank_has_its_own_module_level_generators() -> None:
+    before = random.getstate(), np.random.get_state()[1].tolist()
+    a = sim.run(_draws, world_size=4, seed=3)
+    b = sim.run(_draws, world_size=4, seed=3)
+    c = sim.run(_draws, world_size=4, seed=4)
+    assert a.ok and a.rank_results == b.rank_results
+    unseeded = [u for u, _ in a.rank_results]
+    seeded = [s for _, s in a.rank_results]
+    # random.seed(7) on every rank gives every rank the same draws, as in separate processes
+    assert all(s == seeded[0] for s in seeded)
+    assert len(set(unseeded)) == 4  # each rank starts from its own state ...
+    assert [u for u, _ in c.rank_results] != unseeded  # ... drawn from the run's seed
+    assert (random.getstate(), np.random.get_state()[1].tolist()) == before  # restored after the run
+
+
+def test_torch_default_generator_is_per_rank() -> None:
+    torch = pytest.importorskip("torch")
+
+    async def main() -> Any:
+        torch.manual_seed(0)
+        await asyncio.sleep(0.001 * int(os.environ["RANK"]))
+        first = torch.randperm(8).tolist()
+        await asyncio.sleep(0.001)
+        return first, torch.rand(2).tolist()
+
+    state = torch.get_rng_state()
+    res = sim.run(main, world_size=3)
+    assert res.ok and all(r == res.rank_results[0] for r in res.rank_results)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+# ----------------------------------------------------------------------------- nonces, secret, addresses
+
+
+def test_ranks_get_a_seeded_secret_and_nonce_source() -> None:
+    async def main() -> Any:
+        return os.environ.get("AIODIST_SECRET"), token_bytes(8)
+
+    a = sim.run(main, world_size=3, seed=1).rank_results
+    assert a == sim.run(main, world_size=3, seed=1).rank_results
+    secrets = {s for s, _ in a}
+    assert len(secrets) == 1 and None not in secrets  # one job, one secret
+    assert len({t for _, t in a}) == 3  # each rank its own nonces
+    assert {s for s, _ in sim.run(main, world_size=3, seed=2).rank_results} != secrets
+    insecure = sim.run(main, world_size=2, seed=1, env={"AIODIST_INSECURE": "1"}).rank_results
+    assert [s for s, _ in insecure] == [None, None]
+
+
+async def _tcp_loopback() -> Any:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    await aiodist.init_process_group("tcp://127.0.0.1:29612", rank=rank, world_size=world, timeout=30)
+    x = np.ones(4)
+    await aiodist.all_reduce(x)
+    await aiodist.destroy_process_group()
+    return float(x[0])
+
+
+def test_tcp_loopback_init_method_reaches_the_store_host() -> None:
+    res = sim.run(_tcp_loopback, world_size=4, seed=2)
+    assert res.ok, res.summary()
+    assert res.rank_results == [4.0] * 4
+
+
+def test_env_init_with_master_addr_localhost_set_by_the_program() -> None:
+    async def main() -> Any:
+        os.environ["MASTER_ADDR"] = "localhost"  # as tutorials do before init_process_group
+        os.environ["MASTER_PORT"] = "12355"
+        await aiodist.init_process_group()
+        x = np.ones(2)
+        await aiodist.all_reduce(x)
+        await aiodist.destroy_process_group()
+        return float(x[0])
+
+    res = sim.run(main, world_size=3, seed=5)
+    assert res.ok, res.summary()
+    assert res.rank_results == [3.0] * 3
+
+
+# ----------------------------------------------------------------------------- a rank that returns exits
+
+
+async def _server_leaves_early(*, read: bool) -> Any:
+    rank = int(os.environ["RANK"])
+    net = current_network()
+    if rank == 0:
+        accepted: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+        listener = await net.listen(("", 7000), lambda conn: accepted.set_result(conn) or asyncio.sleep(3600))
+        conn = await accepted
+        if read:
+            await conn.recv()
+        await asyncio.sleep(0.001)
+        return "left"  # without closing anything: the process exit does
+    conn = await net.connect(("rank0", 7000))
+    await conn.send({"hello": 1})
+    await asyncio.sleep(0.1)
+    try:
+        await conn.recv()  # rank 0 never answers: it left
+    except ConnectionLost as e:
+        return str(e)
+    return "answered"
+
+
+def test_a_rank_that_returns_closes_its_connections() -> None:
+    async def main() -> Any:
+        return await _server_leaves_early(read=True)
+
+    res = sim.run(main, world_size=2, seed=1)
+    assert res.ok, res.summary()
+    assert res.rank_results[0] == "left"
+    assert "closed the connection" in res.rank_results[1] and "exited" in res.rank_results[1]
+
+
+def test_unread_data_at_exit_resets_the_connection() -> None:
+    async def main() -> Any:
+        return await _server_leaves_early(read=False)
+
+    res = sim.run(main, world_size=2, seed=1)
+    assert res.ok, res.summary()
+    assert "reset" in res.rank_results[1] and "unread" in res.rank_results[1]
+
+
+def test_tasks_left_at_return_are_cancelled_as_asyncio_run_does() -> None:
+    log: list[str] = []
+
+    async def background() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            log.append(os.environ["RANK"])
+
+    async def main() -> Any:
+        asyncio.get_running_loop().create_task(background())
+        await asyncio.sleep(0.001)
+        return "done"
+
+    res = sim.run(main, world_size=2)
+    assert res.ok and res.virtual_time < 1 and sorted(log) == ["0", "1"]
+
+
+# ----------------------------------------------------------------------------- operations never awaited
+
+
+async def _forgets_a_work(*, forget: bool) -> Any:
+    await aiodist.init_process_group()
+    x = np.ones(3)
+    work = aiodist.all_reduce(x)  # the line a failure must name
+    if not forget:
+        await work
+    await aiodist.barrier()
+    await aiodist.destroy_process_group()
+
+
+def test_an_operation_never_awaited_is_a_failure_naming_its_line() -> None:
+    async def forgets() -> Any:
+        return await _forgets_a_work(forget=True)
+
+    async def awaits() -> Any:
+        return await _forgets_a_work(forget=False)
+
+    res = sim.run(forgets, world_size=2, stop_on_error=False)
+    assert not res.ok
+    assert [f.kind for f in res.failures] == ["unawaited", "unawaited"]
+    line = _forgets_a_work.__code__.co_firstlineno + 3
+    assert f"all_reduce #0 (test_sim_process.py:{line} in _forgets_a_work)" in res.failures[0].message
+    assert sim.run(awaits, world_size=2).ok
+
+
+# ----------------------------------------------------------------------------- threads
+
+
+def test_to_thread_runs_inline_at_a_virtual_cost() -> None:
+    def work(n: int) -> tuple[str, int]:
+        if n < 0:
+            raise ValueError("negative")
+        return os.environ["RANK"], n * n
+
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        got = await asyncio.to_thread(work, 3)
+        other = await loop.run_in_executor(None, work, 4)
+        try:
+            await asyncio.to_thread(work, -1)
+        except ValueError as e:
+            err = str(e)
+        return got, other, err, loop.time() - t0
+
+    free = sim.run(main, world_size=2)
+    assert free.ok, free.summary()
+    assert [r[:3] for r in free.rank_results] == [(("0", 9), ("0", 16), "negative"), (("1", 9), ("1", 16), "negative")]
+    assert free.rank_results[0][3] == 0.0
+    charged = sim.run(main, world_size=2, compute=0.25)
+    assert [r[3] for r in charged.rank_results] == [0.75, 0.75]
+    by_call = sim.run(main, world_size=1, compute=lambda func, args: 0.1 * len(args))
+    assert by_call.rank_results[0][3] == pytest.approx(0.1)  # (to_thread passes no args; the executor call one)
