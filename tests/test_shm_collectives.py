@@ -50,6 +50,7 @@ def small_rounds(monkeypatch: Any) -> None:
     """Rounds of 64 KiB and the engine from 16 KiB: a few hundred KiB take several rounds."""
     monkeypatch.setattr(intranode, "ROUND_BYTES", 64 << 10)
     monkeypatch.setattr(intranode, "ENGINE_MIN_BYTES", 16 << 10)
+    monkeypatch.setattr(intranode, "ENGINE_MIN_BYTES_MANY", 16 << 10)
     monkeypatch.setattr(intranode, "CHUNK_BYTES", 4 << 10)
     from aiodist.collectives import intranode_ops
 

@@ -78,10 +78,13 @@ from ..net import shmpeer
 from ..net.shmseg import PEERS, Segment, SegmentRef, SharedMemoryError
 from ..shared import locate
 
-__all__ = ["ENGINE_MIN_BYTES", "ROUND_BYTES", "NBUF", "CHUNK_BYTES", "GroupEngine", "engine_for"]
+__all__ = ["ENGINE_MIN_BYTES", "ENGINE_MIN_BYTES_MANY", "ROUND_BYTES", "NBUF", "CHUNK_BYTES", "GroupEngine", "engine_for"]
 
-ENGINE_MIN_BYTES = 256 * 1024
-"""Collectives of fewer bytes (per rank's array) take the usual message path."""
+ENGINE_MIN_BYTES = 1 << 20
+"""Collectives of two ranks with fewer bytes (per rank's array) take the usual message path: one
+exchange of messages costs less than the engine's two or three messages and the copies it saves."""
+ENGINE_MIN_BYTES_MANY = 256 * 1024
+"""The same for three ranks or more (the usual algorithms then take several steps)."""
 ROUND_BYTES = 4 << 20
 """Bytes of each of a rank's staging buffers: a larger array is moved in rounds of this size."""
 NBUF = 3
@@ -110,7 +113,9 @@ def engine_for(ch: Any, nbytes: int, algorithm: str | None) -> GroupEngine | Non
     forced algorithm, the group) and on the network being real (not the
     simulator's), so every rank asks for the engine or none does.
     """
-    if nbytes < ENGINE_MIN_BYTES or algorithm is not None or type(ch) is not OpChannel or ch.size < 2:
+    if algorithm is not None or type(ch) is not OpChannel or ch.size < 2:
+        return None
+    if nbytes < (ENGINE_MIN_BYTES if ch.size == 2 else ENGINE_MIN_BYTES_MANY):
         return None
     comm = ch.comm
     eng = _ENGINES.get(comm)
