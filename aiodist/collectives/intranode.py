@@ -51,6 +51,10 @@ copy into a vanished process waits for the transport to name it).
 Any error inside an engine operation leaves the engine *broken* on that
 rank: its segments are unmapped and later qualifying collectives of the
 group raise GroupError (the peers' buffers may be half-way through a round).
+A rank that gives up on an operation (a timeout) while its peers still read
+its array in place leaves their results of that operation unspecified too, as
+it leaves its own; nothing ever writes into another process's own memory, so
+nothing else of it can be harmed.
 When the connection to a member ends (:data:`aiodist.net.shmseg.PEERS`), the
 group's segments are unmapped at once, so a dead peer's memory is freed.
 
@@ -319,6 +323,10 @@ class GroupEngine:
         self.state = State.ON
         self.direct = bool(agreed[1])
         self._pids = [ref.pid for ref in refs]
+
+    def pid_of(self, rank: int) -> int:
+        """The process of group rank ``rank`` (as it said at setup)."""
+        return self._pids[rank]
 
     def heard_from(self, rank: int) -> None:
         """A message of group rank ``rank`` arrived (so a connection to it is open): watch that connection's end."""

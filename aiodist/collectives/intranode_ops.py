@@ -106,8 +106,8 @@ class _Array:
             self.view = desc
         elif isinstance(desc, list) and len(desc) == 3 and desc[0] == "s":
             self.view = eng.peer_array(desc[1], desc[2], dtype, count)
-        elif isinstance(desc, list) and len(desc) == 3 and desc[0] == "p" and type(desc[1]) is int and type(desc[2]) is int:
-            self.pid, self.addr = desc[1], desc[2]
+        elif isinstance(desc, list) and len(desc) == 3 and desc[0] == "p" and desc[1] == eng.pid_of(rank) and type(desc[2]) is int:
+            self.pid, self.addr = desc[1], desc[2]  # (only ever the member's own process)
         else:
             raise GroupError(f"{eng.name}: rank {rank} described its array as {desc!r}")
 
