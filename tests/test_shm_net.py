@@ -218,8 +218,11 @@ def test_close_delivers_what_was_queued_then_the_peer_sees_the_end(loop: str, mo
         assert not a.send_nowait({"i": 0}, big)  # more than the ring: still going when we close
         a.send_nowait({"i": 1}, b"tail")
         a.close()
+        big[:] = 0  # after close the connection no longer reads the senders' buffers
         with pytest.raises(ConnectionClosedLocally):
             await a.send({"i": 2})
+        with pytest.raises(ConnectionClosedLocally):
+            await a.drained()
         f0, f1 = await b.recv(), await b.recv()
         assert f0.header == {"i": 0} and (np.frombuffer(f0.payload, np.uint8) == 3).all()  # type: ignore[arg-type]
         assert f1.header == {"i": 1} and bytes(f1.payload) == b"tail"  # type: ignore[arg-type]

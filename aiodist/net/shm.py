@@ -263,12 +263,12 @@ class ShmConnection(Connection):
             job.data = memoryview(bytes(job.data))
 
     async def drained(self) -> None:
-        """Wait until every queued frame was handed over (raises if the connection broke)."""
+        """Wait until every queued frame was handed over (raises if the connection closed or broke)."""
         while self._jobs and self._exc is None:
             fut = self._loop.create_future()
             self._drain_waiters.append(fut)
             await fut
-        if self._exc is not None and not isinstance(self._exc, ConnectionClosedLocally):
+        if self._exc is not None:
             raise self._exc
         await self._stream.drained()
 
@@ -286,10 +286,14 @@ class ShmConnection(Connection):
         return frame
 
     def close(self) -> None:
-        """Close: later sends and receives raise ConnectionClosedLocally; frames queued to send still go first."""
+        """Close in order: frames queued to send still go (from copies: the senders' buffers are theirs
+        again), then end-of-stream; later sends and receives raise ConnectionClosedLocally."""
         if self._exc is None:
             self._exc = ConnectionClosedLocally(f"connection to {self._peer} was closed by this side")
             self._frames.clear()
+            for job in self._jobs:
+                if job.data is not None and not isinstance(job.data.obj, bytes):
+                    job.data = memoryview(bytes(job.data))
         self._closing = True
         self._wake(self._recv_waiter)
         if not self._jobs:
