@@ -55,7 +55,6 @@ def small_rounds(monkeypatch: Any) -> None:
     from aiodist.collectives import intranode_ops
 
     monkeypatch.setattr(intranode_ops, "ROUND_BYTES", 64 << 10)
-    monkeypatch.setattr(intranode_ops, "CHUNK_BYTES", 4 << 10)
 
 
 async def every_op(r: int, p: int, make: Callable[[np.ndarray], np.ndarray], n: int) -> dict[str, Any]:

@@ -84,10 +84,11 @@ from ..shared import locate
 
 __all__ = ["ENGINE_MIN_BYTES", "ENGINE_MIN_BYTES_MANY", "ROUND_BYTES", "NBUF", "CHUNK_BYTES", "GroupEngine", "engine_for"]
 
-ENGINE_MIN_BYTES = 1 << 20
+ENGINE_MIN_BYTES = 2 << 20
 """Collectives of two ranks with fewer bytes (per rank's array) take the usual message path: one
-exchange of messages costs less than the engine's two or three messages and the copies it saves."""
-ENGINE_MIN_BYTES_MANY = 256 * 1024
+exchange of messages costs less than the engine's two or three messages and the copies it saves
+(each message a rank waits for is a wake-up, and on a busy machine a wait for the scheduler)."""
+ENGINE_MIN_BYTES_MANY = 1 << 20
 """The same for three ranks or more (the usual algorithms then take several steps)."""
 ROUND_BYTES = 4 << 20
 """Bytes of each of a rank's staging buffers: a larger array is moved in rounds of this size."""
@@ -157,7 +158,8 @@ class GroupEngine:
         self._read = -1  # this rank finished reading the peers' buffers of every round up to this one
         self._heard = [-1] * self.size  # per member: the same, as it last said in a message
         self._used = [-1] * NBUF  # per buffer of ours: the round last published into it
-        self.direct = False  # members read and write each other's ordinary arrays (cross-memory attach)
+        self.direct = False  # members read each other's ordinary arrays (cross-memory attach)
+        self._scratch: list[np.ndarray] = []
 
     def __repr__(self) -> str:
         return f"<GroupEngine {self.name} rank={self.rank}/{self.size} {self.state.value}>"
@@ -323,6 +325,12 @@ class GroupEngine:
         self.state = State.ON
         self.direct = bool(agreed[1])
         self._pids = [ref.pid for ref in refs]
+
+    def scratch(self, dtype: Any, which: int) -> np.ndarray:
+        """Scratch buffer number ``which`` of :data:`CHUNK_BYTES`, as ``dtype`` (kept: fresh memory costs page faults)."""
+        while len(self._scratch) <= which:
+            self._scratch.append(np.empty(CHUNK_BYTES // 8 * 8, np.uint8))
+        return self._scratch[which].view(dtype)
 
     def pid_of(self, rank: int) -> int:
         """The process of group rank ``rank`` (as it said at setup)."""

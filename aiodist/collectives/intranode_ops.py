@@ -36,7 +36,7 @@ import numpy as np
 from ..comm.channel import OpChannel
 from ..errors import GroupError
 from ..net import shmpeer
-from .intranode import CHUNK_BYTES, NBUF, ROUND_BYTES, GroupEngine, key
+from .intranode import NBUF, ROUND_BYTES, GroupEngine, key
 from .ops import Combiner, ReduceOp, combiner, finish_avg
 from .schedules import partition
 
@@ -70,11 +70,10 @@ def _reduce_chunks(
             o[lo:hi] = acc
 
 
-def _kernel(op: ReduceOp, dtype: np.dtype[Any], p: int) -> Kernel:
+def _kernel(eng: GroupEngine, op: ReduceOp, dtype: np.dtype[Any], p: int) -> Kernel:
     """(combine, divisor for AVG or 0, the chunk scratch) for reducing ``dtype`` with ``op``."""
     combine = combiner(ReduceOp.SUM if op is ReduceOp.AVG else op, dtype)
-    tmp = np.empty(max(1, CHUNK_BYTES // dtype.itemsize), dtype=dtype)
-    return combine, (p if op is ReduceOp.AVG else 0), tmp
+    return combine, (p if op is ReduceOp.AVG else 0), eng.scratch(dtype, 0)
 
 
 class _PeerGone(Exception):
@@ -251,7 +250,7 @@ async def _reduce(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int |
     """
     p, me = ch.size, ch.rank
     peers = _others(p, me)
-    kernel = _kernel(op, flat.dtype, p)
+    kernel = _kernel(eng, op, flat.dtype, p)
     rounds = _rounds(flat.size, ROUND_BYTES // flat.itemsize)
 
     def publish(k: int) -> Callable[[int], None]:
@@ -311,7 +310,7 @@ async def _reduce_in_place(
     shared = [descs[j][0] == "s" if j != me else eng.describe(flat)[0] == "s" for j in range(p)]  # type: ignore[index]
     offs = partition(n, p)
     combine, avg, tmp = kernel
-    scratch = [np.empty_like(tmp) for _ in range(p)]
+    scratch = [eng.scratch(dt, 1 + j) for j in range(p)]
 
     def reduce_block(block: int, targets: list[_Array]) -> None:
         lo, hi = offs[block], offs[block + 1]
@@ -357,7 +356,7 @@ async def reduce_scatter(
     """Reduce block r of every rank's ``blocks`` into rank r's ``out``; round k covers the same part of each block."""
     p, me, m, dt = ch.size, ch.rank, out.size, out.dtype
     peers = _others(p, me)
-    combine, avg, tmp = _kernel(op, dt, p)
+    combine, avg, tmp = _kernel(eng, op, dt, p)
     per_block = max(1, ROUND_BYTES // dt.itemsize // p)
     rounds = _rounds(m, per_block)
 
@@ -375,7 +374,7 @@ async def reduce_scatter(
     start = await _start(eng, ch, peers, peers, desc, publish(0))
     if start.in_place(desc):
         arrays = [_Array(eng, j, blocks[me] if j == me else start.descs[j][me], dt, m) for j in range(p)]
-        scratch = [np.empty_like(tmp) for _ in range(p)]
+        scratch = [eng.scratch(dt, 1 + j) for j in range(p)]
 
         def body() -> None:
             for a in range(0, m, tmp.size):
