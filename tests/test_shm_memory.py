@@ -44,19 +44,35 @@ def test_pieces_never_wrap_and_never_exceed_the_free_space() -> None:
     ring.release(30)
     assert ring.free == 30
     assert ring.place(50) == (0, 30)  # the freed space at the front
+    assert ring.place(1)[1] == 0
     ring.release(40)
-    ring.release(30)
-    ring.release(30)
+    assert ring.place(50) == (30, 40)  # behind the newest piece: never overtaking the oldest
+    for n in (30, 30, 40):
+        ring.release(n)
     assert ring.in_flight == 0 and ring.free == 100
 
 
-def test_an_acknowledgement_of_bytes_never_sent_is_refused() -> None:
+def test_an_empty_ring_starts_again_at_its_beginning() -> None:
+    ring = RingSpace(1000, 1000)
+    for _ in range(5):  # a request and its reply, again and again: always the same pages
+        assert ring.place(300) == (0, 300)
+        ring.release(300)
+    ring.place(300)
+    assert ring.place(300) == (300, 300)
+
+
+def test_an_acknowledgement_that_is_not_the_oldest_piece_is_refused() -> None:
     ring = RingSpace(64, 64)
     ring.place(10)
+    ring.place(20)
     with pytest.raises(ValueError):
-        ring.release(11)
+        ring.release(20)
+    ring.release(10)
     with pytest.raises(ValueError):
         ring.release(0)
+    ring.release(20)
+    with pytest.raises(ValueError):
+        ring.release(1)  # nothing in flight
     with pytest.raises(ValueError):
         RingSpace(10, 20)
 
