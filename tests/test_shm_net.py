@@ -341,3 +341,28 @@ def test_a_taken_unix_name_leaves_a_tcp_listener_that_works(loop: str, caplog: A
     with caplog.at_level(logging.WARNING, logger="aiodist.net"):
         run_on(loop, main)
     assert "TCP only" in caplog.text
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_memory_for_payloads_nobody_waited_for_is_reused_once_they_are_dropped(loop: str) -> None:
+    async def main() -> None:
+        a, b, listener = await pair()
+        await ring_ready(a, b)
+        src = np.arange(300_000, dtype=np.uint8)
+        await a.send({"i": 1}, src)
+        f1 = await b.recv()
+        base = f1.payload.obj.base  # type: ignore[union-attr]
+        assert bytes(f1.payload) == src.tobytes()  # type: ignore[arg-type]
+        await a.send({"i": 2}, src)
+        f2 = await b.recv()
+        assert f2.payload.obj.base is not base  # type: ignore[union-attr]  # the first is still in use
+        del f1
+        await a.send({"i": 3}, src[::-1].copy())
+        f3 = await b.recv()
+        assert f3.payload.obj.base is base  # type: ignore[union-attr]  # back once dropped
+        assert bytes(f3.payload) == src[::-1].tobytes()  # type: ignore[arg-type]
+        a.close()
+        listener.close()
+        await listener.wait_closed()
+
+    run_on(loop, main)

@@ -42,8 +42,11 @@ import collections
 import logging
 import socket
 import struct
+import weakref
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
 from ..wire import DEFAULT_MAX_FRAME_SIZE, as_byte_view, encode_header
@@ -62,6 +65,8 @@ RING_BYTES = 8 << 20
 """Bytes of each direction's ring (memory is only taken by the pages a connection uses)."""
 PIECE_BYTES = 1 << 20
 """The largest piece announced at once: the receiver copies one while the sender fills the next."""
+SPARE_BYTES = 8 << 20
+"""Memory kept per connection for payloads that arrive before anybody waits for them (see :class:`_Spares`)."""
 MAX_QUEUED_FRAMES = 4096
 """Frames waiting for ``recv``: beyond this many the socket is no longer read."""
 
@@ -86,6 +91,44 @@ class _Job:
         self.total = 0 if data is None else data.nbytes
         self.started = False  # its first piece was announced
         self.fut = fut
+
+
+class _Spares:
+    """Memory for payloads that nobody waits for yet (no sink buffer), reused from one to the next.
+
+    Fresh memory of that size costs a page fault per page when written (the
+    allocator hands big blocks back to the system and maps them anew): more
+    than the copy itself. A buffer lent out comes back when the last view of
+    the payload goes. At most ``keep`` bytes are kept; dropped at close.
+    """
+
+    __slots__ = ("_free", "_kept", "keep")
+
+    def __init__(self, keep: int) -> None:
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._kept = 0
+        self.keep = keep
+
+    def lend(self, nbytes: int) -> memoryview:
+        free = self._free.get(nbytes)
+        if free:
+            base = free.pop()
+            self._kept -= nbytes
+        else:
+            base = np.empty(nbytes, np.uint8)
+        view = base[:]
+        weakref.finalize(view, self._back, base)
+        return memoryview(view)
+
+    def _back(self, base: np.ndarray) -> None:
+        if self._kept + base.nbytes <= self.keep:
+            self._free.setdefault(base.nbytes, []).append(base)
+            self._kept += base.nbytes
+
+    def clear(self) -> None:
+        self._free.clear()
+        self._kept = 0
+        self.keep = 0
 
 
 class _Incoming:
@@ -151,6 +194,7 @@ class ShmConnection(Connection):
         self._space: RingSpace | None = None  # set once the peer mapped it (READY)
         self._in: Segment | None = None  # the ring the peer sends into
         self._incoming: _Incoming | None = None
+        self._spares = _Spares(SPARE_BYTES)
         stream.owner = self
         PEERS.opened(peer_pid)
         stream.set_frame_handler(self._on_stream_frame)
@@ -436,6 +480,8 @@ class ShmConnection(Connection):
             target = self._sink(header, total) if self._sink is not None else None
             if target is not None:
                 target = _usable(target, total)
+            elif total == n:  # all of it is here: memory of its own, reused (see _Spares)
+                target = self._spares.lend(total)
             inc = self._incoming = _Incoming(header, total, target)
         elif inc is None:
             raise ProtocolError("a payload piece without its beginning")
@@ -493,6 +539,7 @@ class ShmConnection(Connection):
                 seg.close()
         self._out = self._in = None
         self._space = None
+        self._spares.clear()
 
     def _wake_drainers(self) -> None:
         if not self._jobs or self._exc is not None:
