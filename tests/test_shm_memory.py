@@ -13,7 +13,7 @@ import pytest
 import aiodist
 from aiodist.context import new_rank_scope, set_rank_environ
 from aiodist.net.base import Network
-from aiodist.net.shm import HostNetwork
+from aiodist.net.shmnet import HostNetwork
 from aiodist.net.shmhost import choose_network, host_id, is_real_network, transport_mode, uses_shared_memory
 from aiodist.net.shmring import RingSpace
 from aiodist.net.shmseg import PeerWatch, Segment, SegmentRef, SharedMemoryError

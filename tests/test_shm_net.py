@@ -17,7 +17,8 @@ import pytest
 from aiodist.errors import ConnectionClosedLocally, ConnectionLost
 from aiodist.net import shm
 from aiodist.net.base import Connection, Frame
-from aiodist.net.shm import HostNetwork, ShmConnection, endpoint_name
+from aiodist.net.shm import ShmConnection
+from aiodist.net.shmnet import HostNetwork, connect_local, endpoint_name
 from aiodist.net.shmseg import Segment, SharedMemoryError
 from aiodist.net.tcp import TCPConnection, TCPNetwork
 
@@ -265,7 +266,7 @@ def test_bad_input_on_the_ring_closes_the_connection_without_allocating(loop: st
 
         net = HostNetwork(TCPNetwork(), host_id="h")
         listener = await net.listen(("127.0.0.1", 0), handler)
-        a = await shm.connect_local(endpoint_name("h", listener.address), max_frame_size=1 << 20)
+        a = await connect_local(endpoint_name("h", listener.address), max_frame_size=1 << 20)
         assert a is not None
         b = await accepted
         await ring_ready(a, b)

@@ -330,7 +330,12 @@ async def _reduce_in_place(
         if shared[into]:
             await _direct(eng, ch, lambda: reduce_block(me, [arrays[into]]), peers)
         elif me == into:
-            await _direct(eng, ch, lambda: [reduce_block(blk, [arrays[me]]) for blk in range(p)], peers)
+
+            def every_block() -> None:
+                for blk in range(p):
+                    reduce_block(blk, [arrays[me]])
+
+            await _direct(eng, ch, every_block, peers)
         else:
             await _done(eng, ch, peers)  # the root reads our array meanwhile
         return

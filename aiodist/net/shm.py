@@ -27,12 +27,8 @@ The frames of this layer carry the key ``"\\x00"``, which a user's header may
 not contain; they never reach the user. The socket's end (EOF of a SIGKILLed
 peer included) ends the connection at once and unmaps both rings.
 
-:class:`HostNetwork` is the network a rank uses when shared memory is allowed:
-every listener also listens on an abstract Unix socket named after this host's
-identity and the TCP address (:func:`endpoint_name`), and a connection to an
-address first tries that name: it exists only if the peer runs on this host
-(same host id), else the connection is made over TCP. The choice is made by
-:func:`choose_network` (see :mod:`.shmhost`).
+The network that makes these connections (and TCP ones to other hosts) is
+:class:`aiodist.net.shmnet.HostNetwork`.
 """
 
 from __future__ import annotations
@@ -42,22 +38,19 @@ import collections
 import logging
 import socket
 import struct
-import weakref
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
 from ..wire import DEFAULT_MAX_FRAME_SIZE, as_byte_view, encode_header
-from .base import Address, Connection, ConnectionHandler, Frame, Header, Listener, Network, PayloadSink
-from .shmring import RingSpace
+from .base import Connection, Frame, Header, PayloadSink
+from .shmring import RingSpace, Spares
 from .shmseg import PEERS, Segment, SegmentRef, SharedMemoryError
-from .tcp import DEFAULT_HANDSHAKE_TIMEOUT, TCPConnection, TCPListener
+from .tcp import TCPConnection
 
 log = logging.getLogger("aiodist.net")
 
-__all__ = ["ShmConnection", "ShmListener", "HostNetwork", "endpoint_name", "INLINE_MAX", "RING_BYTES", "PIECE_BYTES"]
+__all__ = ["ShmConnection", "INLINE_MAX", "RING_BYTES", "PIECE_BYTES", "SPARE_BYTES", "MAX_QUEUED_FRAMES"]
 
 INLINE_MAX = 1 << 16
 """Payloads up to this many bytes travel inline on the socket; larger ones through the ring."""
@@ -66,18 +59,13 @@ RING_BYTES = 8 << 20
 PIECE_BYTES = 1 << 20
 """The largest piece announced at once: the receiver copies one while the sender fills the next."""
 SPARE_BYTES = 8 << 20
-"""Memory kept per connection for payloads that arrive before anybody waits for them (see :class:`_Spares`)."""
+"""Memory kept per connection for payloads that arrive before anybody waits for them (see :class:`~aiodist.net.shmring.Spares`)."""
 MAX_QUEUED_FRAMES = 4096
 """Frames waiting for ``recv``: beyond this many the socket is no longer read."""
 
 _K = "\x00"  # the key of this layer's own frames
 _HELLO, _READY, _FIRST, _MORE, _ACK = 0, 1, 2, 3, 4
 _PEERCRED = struct.Struct("3i")
-
-
-def endpoint_name(host_id: str, address: Address) -> str:
-    """The abstract Unix socket name of the listener published as TCP ``address`` on host ``host_id``."""
-    return f"\0aiodist/{host_id}/{address[0]}/{address[1]}"
 
 
 class _Job:
@@ -93,44 +81,6 @@ class _Job:
         self.fut = fut
 
 
-class _Spares:
-    """Memory for payloads that nobody waits for yet (no sink buffer), reused from one to the next.
-
-    Fresh memory of that size costs a page fault per page when written (the
-    allocator hands big blocks back to the system and maps them anew): more
-    than the copy itself. A buffer lent out comes back when the last view of
-    the payload goes. At most ``keep`` bytes are kept; dropped at close.
-    """
-
-    __slots__ = ("_free", "_kept", "keep")
-
-    def __init__(self, keep: int) -> None:
-        self._free: dict[int, list[np.ndarray]] = {}
-        self._kept = 0
-        self.keep = keep
-
-    def lend(self, nbytes: int) -> memoryview:
-        free = self._free.get(nbytes)
-        if free:
-            base = free.pop()
-            self._kept -= nbytes
-        else:
-            base = np.empty(nbytes, np.uint8)
-        view = base[:]
-        weakref.finalize(view, self._back, base)
-        return memoryview(view)
-
-    def _back(self, base: np.ndarray) -> None:
-        if self._kept + base.nbytes <= self.keep:
-            self._free.setdefault(base.nbytes, []).append(base)
-            self._kept += base.nbytes
-
-    def clear(self) -> None:
-        self._free.clear()
-        self._kept = 0
-        self.keep = 0
-
-
 class _Incoming:
     """A payload arriving through the ring: where it goes and how much came."""
 
@@ -144,11 +94,11 @@ class _Incoming:
         self.pos = 0
 
 
-class _Stream(TCPConnection):
+class FrameStream(TCPConnection):
     """The framed Unix socket under a :class:`ShmConnection` (the TCP connection's protocol, reused)."""
 
     owner: ShmConnection | None = None
-    on_made: Callable[[_Stream], None] | None = None
+    on_made: Callable[[FrameStream], None] | None = None
     peer_pid: int | None = None  # the process at the other end (None if the system will not say)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -175,7 +125,7 @@ class _Stream(TCPConnection):
 class ShmConnection(Connection):
     """A connection to a process of this host (see the module doc)."""
 
-    def __init__(self, stream: _Stream, *, peer_pid: int, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, stream: FrameStream, *, peer_pid: int, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self._stream = stream
         self._peer = f"pid {peer_pid} (unix socket)"
         self._peer_pid = peer_pid
@@ -194,7 +144,7 @@ class ShmConnection(Connection):
         self._space: RingSpace | None = None  # set once the peer mapped it (READY)
         self._in: Segment | None = None  # the ring the peer sends into
         self._incoming: _Incoming | None = None
-        self._spares = _Spares(SPARE_BYTES)
+        self._spares = Spares(SPARE_BYTES)
         stream.owner = self
         PEERS.opened(peer_pid)
         stream.set_frame_handler(self._on_stream_frame)
@@ -480,7 +430,7 @@ class ShmConnection(Connection):
             target = self._sink(header, total) if self._sink is not None else None
             if target is not None:
                 target = _usable(target, total)
-            elif total == n:  # all of it is here: memory of its own, reused (see _Spares)
+            elif total == n:  # all of it is here: memory of its own, reused (see Spares)
                 target = self._spares.lend(total)
             inc = self._incoming = _Incoming(header, total, target)
         elif inc is None:
@@ -559,153 +509,3 @@ def _usable(target: memoryview, nbytes: int) -> memoryview:
     if target.nbytes != nbytes or target.readonly or not target.c_contiguous:
         raise ProtocolError(f"payload sink returned an unusable buffer for {nbytes} bytes")
     return target if target.format == "B" and target.ndim == 1 else target.cast("B")
-
-
-class ShmListener(TCPListener):
-    """Accepts connections of this host's processes on an abstract Unix socket; ``address`` is the TCP one it serves.
-
-    The handler tasks are owned as by :class:`~aiodist.net.tcp.TCPListener`.
-    """
-
-    def __init__(self, handler: ConnectionHandler, address: Address) -> None:
-        super().__init__(handler)
-        self._address = address
-
-    def __repr__(self) -> str:
-        return f"<ShmListener {self._address[0]}:{self._address[1]} {'closing' if self._closing else 'serving'}>"
-
-    @classmethod
-    async def start(
-        cls,
-        name: str,
-        address: Address,
-        handler: ConnectionHandler,
-        *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT,
-    ) -> ShmListener:
-        """Listen on the abstract socket ``name`` (OSError if it is taken)."""
-        listener = cls(handler, address)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.bind(name)
-            sock.listen(256)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-
-        def made(stream: _Stream) -> None:
-            if listener._closing or stream.peer_pid is None:
-                stream.close()
-                return
-            conn = ShmConnection(stream, peer_pid=stream.peer_pid, max_frame_size=max_frame_size)
-            stream.start_handshake_timer(handshake_timeout)
-            listener._accepted(conn)  # type: ignore[arg-type]
-
-        def factory() -> _Stream:
-            stream = _Stream(max_frame_size=max_frame_size, peer="unix socket")
-            stream.on_made = made
-            return stream
-
-        listener._server = await asyncio.get_running_loop().create_unix_server(factory, sock=sock)
-        return listener
-
-
-async def connect_local(
-    name: str, *, timeout: float | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-) -> ShmConnection | None:
-    """Connect to the abstract Unix socket ``name``; None when nobody listens there (the peer is elsewhere)."""
-    loop = asyncio.get_running_loop()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.setblocking(False)
-    try:
-        async with asyncio.timeout(timeout):
-            await loop.sock_connect(sock, name)
-            _, stream = await loop.create_unix_connection(
-                lambda: _Stream(max_frame_size=max_frame_size, peer="unix socket"), sock=sock
-            )
-    except (ConnectionRefusedError, FileNotFoundError):
-        sock.close()
-        return None
-    except TimeoutError:
-        sock.close()
-        raise TimeoutError(f"connecting to a process of this host timed out after {timeout:g}s") from None
-    except BaseException:
-        sock.close()
-        raise
-    pid = stream.peer_pid
-    if pid is None:
-        stream.close()
-        return None
-    return ShmConnection(stream, peer_pid=pid, max_frame_size=max_frame_size)
-
-
-class _BothListener(Listener):
-    """A TCP listener and its same-host twin on a Unix socket, as one."""
-
-    def __init__(self, tcp: Listener, local: ShmListener) -> None:
-        self._tcp = tcp
-        self._local = local
-
-    def __repr__(self) -> str:
-        return f"<HostListener {self._tcp!r} + {self._local!r}>"
-
-    @property
-    def address(self) -> Address:
-        return self._tcp.address
-
-    def close(self) -> None:
-        self._local.close()
-        self._tcp.close()
-
-    async def wait_closed(self) -> None:
-        await self._local.wait_closed()
-        await self._tcp.wait_closed()
-
-
-class HostNetwork(Network):
-    """TCP, except towards processes of this host (same ``host_id``): Unix sockets and shared memory."""
-
-    def __init__(self, tcp: Network, *, host_id: str) -> None:
-        self.tcp = tcp
-        self.host_id = host_id
-
-    def __repr__(self) -> str:
-        return f"<HostNetwork host={self.host_id} over {self.tcp!r}>"
-
-    def default_host(self) -> str:
-        return self.tcp.default_host()
-
-    async def listen(
-        self,
-        address: Address,
-        handler: ConnectionHandler,
-        *,
-        max_frame_size: int | None = None,
-        handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT,
-    ) -> Listener:
-        tcp = await self.tcp.listen(address, handler, max_frame_size=max_frame_size, handshake_timeout=handshake_timeout)
-        try:
-            local = await ShmListener.start(
-                endpoint_name(self.host_id, tcp.address),
-                tcp.address,
-                handler,
-                max_frame_size=max_frame_size or DEFAULT_MAX_FRAME_SIZE,
-                handshake_timeout=handshake_timeout,
-            )
-        except OSError as e:
-            log.warning("not listening for processes of this host on a Unix socket (%s): TCP only", e)
-            return tcp
-        except BaseException:
-            await tcp.aclose()
-            raise
-        return _BothListener(tcp, local)
-
-    async def connect(
-        self, address: Address, *, timeout: float | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    ) -> Connection:
-        conn = await connect_local(endpoint_name(self.host_id, address), timeout=timeout, max_frame_size=max_frame_size)
-        if conn is not None:
-            return conn
-        return await self.tcp.connect(address, timeout=timeout, max_frame_size=max_frame_size)  # type: ignore[call-arg]

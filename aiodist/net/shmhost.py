@@ -21,7 +21,7 @@ import socket
 
 from ..context import getenv
 from .base import Network
-from .shm import HostNetwork
+from .shmnet import HostNetwork
 from .tcp import TCPNetwork
 
 __all__ = ["MODES", "TRANSPORT_ENV", "HOST_ID_ENV", "host_id", "transport_mode", "choose_network", "is_real_network", "uses_shared_memory"]

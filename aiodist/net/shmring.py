@@ -1,4 +1,5 @@
-"""The bookkeeping of one direction of a shared-memory ring: where the next piece goes (pure, no I/O).
+"""The bookkeeping of one direction of a shared-memory ring (where the next piece goes), and the
+receiving side's spare memory (no I/O).
 
 The sender copies a payload into the ring piece by piece and announces each
 piece (offset, length) in a frame on the connection's socket; the receiver
@@ -16,8 +17,11 @@ mapped and in cache, instead of touching the whole ring page by page.
 from __future__ import annotations
 
 import collections
+import weakref
 
-__all__ = ["RingSpace"]
+import numpy as np
+
+__all__ = ["RingSpace", "Spares"]
 
 
 class RingSpace:
@@ -68,3 +72,41 @@ class RingSpace:
             raise ValueError(f"acknowledgement of {length} bytes, but the oldest piece in flight is {oldest}")
         self._pieces.popleft()
         self.in_flight -= length
+
+
+class Spares:
+    """Memory for payloads that nobody waits for yet (no sink buffer), reused from one to the next.
+
+    Fresh memory of that size costs a page fault per page when written (the
+    allocator hands big blocks back to the system and maps them anew): more
+    than the copy itself. A buffer lent out comes back when the last view of
+    the payload goes. At most ``keep`` bytes are kept; dropped at close.
+    """
+
+    __slots__ = ("_free", "_kept", "keep")
+
+    def __init__(self, keep: int) -> None:
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._kept = 0
+        self.keep = keep
+
+    def lend(self, nbytes: int) -> memoryview:
+        free = self._free.get(nbytes)
+        if free:
+            base = free.pop()
+            self._kept -= nbytes
+        else:
+            base = np.empty(nbytes, np.uint8)
+        view = base[:]
+        weakref.finalize(view, self._back, base)
+        return memoryview(view)  # type: ignore[arg-type]  # (an ndarray exports the buffer protocol)
+
+    def _back(self, base: np.ndarray) -> None:
+        if self._kept + base.nbytes <= self.keep:
+            self._free.setdefault(base.nbytes, []).append(base)
+            self._kept += base.nbytes
+
+    def clear(self) -> None:
+        self._free.clear()
+        self._kept = 0
+        self.keep = 0
