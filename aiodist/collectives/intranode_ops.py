@@ -208,6 +208,28 @@ async def _done(eng: GroupEngine, ch: OpChannel, peers: Sequence[int]) -> None:
     await _exchange(eng, ch, peers, peers, key(0, _DONE))
 
 
+async def _published_rounds(
+    eng: GroupEngine,
+    ch: OpChannel,
+    start: _Start,
+    peers: Sequence[int],
+    count: int,
+    publish: Callable[[int], Callable[[int], None]],
+    consume: Callable[[int, int], None],
+) -> None:
+    """The staging path of reduce_scatter and all_gather: each round k is published, a message, then
+    ``consume(k, round)`` reads the peers' buffers."""
+    await _round0(eng, ch, start, peers, publish(0))
+    for k in range(count):
+        g = start.first + k
+        if k > 0:
+            publish(k)(eng.publishing(g))
+            await _exchange(eng, ch, peers, peers, key(k, _PUB))
+        consume(k, g)
+        eng.read_through(g)
+    eng.end(start.first, count)
+
+
 def _rounds(n: int, per_round: int) -> list[tuple[int, int]]:
     """(start, length) of each round for ``n`` elements, ``per_round`` at a time (one round for none)."""
     return [(start, min(per_round, n - start)) for start in range(0, n, per_round)] or [(0, 0)]
@@ -388,19 +410,16 @@ async def reduce_scatter(
 
         await _direct(eng, ch, body, peers)
         return
-    await _round0(eng, ch, start, peers, publish(0))
-    for k, (begin, length) in enumerate(rounds):
-        g = start.first + k
-        if k > 0:
-            publish(k)(eng.publishing(g))
-            await _exchange(eng, ch, peers, peers, key(k, _PUB))
+
+    def consume(k: int, g: int) -> None:
+        begin, length = rounds[k]
         srcs = [
             blocks[me][begin : begin + length] if j == me else eng.staging(j, g, dt, me * per_block, length)
             for j in range(p)
         ]
         _reduce_chunks(combine, srcs, [out[begin : begin + length]], avg, tmp)
-        eng.read_through(g)
-    eng.end(start.first, len(rounds))
+
+    await _published_rounds(eng, ch, start, peers, len(rounds), publish, consume)
 
 
 # ------------------------------------------------------------------ all_gather
@@ -428,16 +447,13 @@ async def all_gather(eng: GroupEngine, ch: OpChannel, outs: Sequence[np.ndarray]
 
         await _direct(eng, ch, body, peers)
         return
-    await _round0(eng, ch, start, peers, publish(0))
-    for k, (begin, length) in enumerate(rounds):
-        g = start.first + k
-        if k > 0:
-            publish(k)(eng.publishing(g))
-            await _exchange(eng, ch, peers, peers, key(k, _PUB))
+
+    def consume(k: int, g: int) -> None:
+        begin, length = rounds[k]
         for j in peers:
             targets[j][begin : begin + length] = eng.staging(j, g, np.uint8, 0, length)
-        eng.read_through(g)
-    eng.end(start.first, len(rounds))
+
+    await _published_rounds(eng, ch, start, peers, len(rounds), publish, consume)
 
 
 # ------------------------------------------------------------------ broadcast
