@@ -9,7 +9,8 @@ in its first frame; the other side maps it and says so, and from then on a
 large payload is copied into the ring piece by piece, each piece announced by
 a small frame (offset, length) on the socket and acknowledged once the
 receiver copied it out into the payload's destination (the buffer a payload
-sink supplied, or new memory that grows with the pieces as they arrive).
+sink supplied, or memory of the connection's own, kept for reuse: see
+:class:`~aiodist.net.shmring.Spares`).
 Until the peer has mapped the ring, and if it cannot, payloads stay inline.
 
 Memory ordering: the sender copies a piece into the ring *before* it writes
@@ -84,13 +85,12 @@ class _Job:
 class _Incoming:
     """A payload arriving through the ring: where it goes and how much came."""
 
-    __slots__ = ("header", "total", "target", "grown", "pos")
+    __slots__ = ("header", "total", "target", "pos")
 
-    def __init__(self, header: Header, total: int, target: memoryview | None) -> None:
+    def __init__(self, header: Header, total: int, target: memoryview) -> None:
         self.header = header
         self.total = total
-        self.target = target  # the sink's buffer, or None: ``grown`` collects the pieces
-        self.grown = bytearray() if target is None else None
+        self.target = target  # the sink's buffer, or memory of our own
         self.pos = 0
 
 
@@ -428,27 +428,20 @@ class ShmConnection(Connection):
             if total > self._max_frame_size:
                 raise ProtocolError(f"a payload of {total} bytes exceeds the limit of {self._max_frame_size} bytes")
             target = self._sink(header, total) if self._sink is not None else None
-            if target is not None:
-                target = _usable(target, total)
-            elif total == n:  # all of it is here: memory of its own, reused (see Spares)
-                target = self._spares.lend(total)
+            # Nobody waits for it yet: memory of our own, reused (see Spares). Only the pages the
+            # pieces fill become resident: memory grows with the bytes that arrive, not with the claim.
+            target = self._spares.lend(total) if target is None else _usable(target, total)
             inc = self._incoming = _Incoming(header, total, target)
         elif inc is None:
             raise ProtocolError("a payload piece without its beginning")
         if inc.pos + n > inc.total:
             raise ProtocolError(f"pieces of {inc.pos + n} bytes for a payload of {inc.total}")
-        piece = ring.view[offset : offset + n]
-        if inc.target is not None:
-            inc.target[inc.pos : inc.pos + n] = piece
-        else:
-            assert inc.grown is not None
-            inc.grown += piece
+        inc.target[inc.pos : inc.pos + n] = ring.view[offset : offset + n]
         inc.pos += n
         self._stream.send_nowait({_K: _ACK, "l": n})
         if inc.pos == inc.total:
             self._incoming = None
-            payload = inc.target if inc.target is not None else memoryview(inc.grown)  # type: ignore[arg-type]
-            self._deliver(Frame(inc.header, payload))
+            self._deliver(Frame(inc.header, inc.target))
 
     # ------------------------------------------------------------------ the end
 

@@ -91,6 +91,7 @@ class Spares:
         self.keep = keep
 
     def lend(self, nbytes: int) -> memoryview:
+        """A buffer of ``nbytes``: a kept one, or new (its pages resident only once written)."""
         free = self._free.get(nbytes)
         if free:
             base = free.pop()
