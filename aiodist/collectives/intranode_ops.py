@@ -460,50 +460,51 @@ async def all_gather(eng: GroupEngine, ch: OpChannel, outs: Sequence[np.ndarray]
 
 
 async def broadcast(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int) -> None:
-    """The root publishes round after round; the others copy each out and acknowledge it when needed.
-
-    The root publishes round k into a buffer last used NBUF rounds before, so
-    it waits for the acknowledgement of round k - NBUF; the others send only
-    the acknowledgements it waits for.
+    """The root says hello first: where its array is (the others copy it out directly, then say
+    *done*), or that it publishes it in rounds. Then the others say hello (how far they read), and
+    the root publishes round after round; the others copy each out and acknowledge it when needed:
+    round k goes into a buffer last used NBUF rounds before, so the root waits for the
+    acknowledgement of round k - NBUF, and the others send only those.
     """
     p, me = ch.size, ch.rank
     peers = _others(p, me)
     data = flat.view(np.uint8)
     n = data.size
     rounds = _rounds(n, ROUND_BYTES)
-
     publish = _copier(eng, me, data, rounds)
-
+    first = eng.begin()
     if me == root:
         desc = eng.describe(flat)
-        start = await _start(eng, ch, peers, peers, desc, publish(0))
+        early = desc is None and eng.clean(first)
+        if early:
+            publish(0)(eng.publishing(first))
+        await eng.tell(ch, peers, key(0, _HELLO), [desc, early])
         if desc is not None:
             await eng.hear(ch, peers, key(0, _DONE))  # they copy straight out of our array
             return
-        if not start.published:
-            publish(0)(eng.publishing(start.first))
+        await eng.hear(ch, peers, key(0, _HELLO))
+        if not early:
+            publish(0)(eng.publishing(first))
             await eng.tell(ch, peers, key(0, _PUB))
         for k in range(1, len(rounds)):
-            g = start.first + k
             if k >= NBUF:  # (before that, the hellos said the buffer is free)
                 await eng.hear(ch, peers, key(k - NBUF, _ACK))
-            publish(k)(eng.publishing(g))
+            publish(k)(eng.publishing(first + k))
             await eng.tell(ch, peers, key(k, _PUB))
-        eng.end(start.first, len(rounds))
+        eng.end(first, len(rounds))
         return
-    start = await _start(eng, ch, [root], [root], None, None)
-    desc = start.descs[root]
+    desc, early = (await eng.hear(ch, [root], key(0, _HELLO)))[root]
     if desc is not None:
         source = _Array(eng, root, desc, data.dtype, n)
         await _direct(eng, ch, lambda: source.read_into(0, data), [])
         await eng.tell(ch, [root], key(0, _DONE))
         return
+    await eng.tell(ch, [root], key(0, _HELLO))
     for k, (begin, length) in enumerate(rounds):
-        g = start.first + k
-        if k > 0 or not start.early[root]:
+        if k > 0 or early is not True:
             await eng.hear(ch, [root], key(k, _PUB))
-        data[begin : begin + length] = eng.staging(root, g, np.uint8, 0, length)
-        eng.read_through(g)
+        data[begin : begin + length] = eng.staging(root, first + k, np.uint8, 0, length)
+        eng.read_through(first + k)
         if k + NBUF < len(rounds):  # the root waits for this before it writes that buffer again
             await eng.tell(ch, [root], key(k, _ACK))
-    eng.end(start.first, len(rounds))
+    eng.end(first, len(rounds))
