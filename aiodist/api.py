@@ -19,10 +19,11 @@ from .collectives.ops import ReduceOp
 from .comm import Transport
 from .comm.channel import rank_table
 from .context import get_default_group, rank_scope, set_default_group
-from .errors import GroupError, InvalidRankError, UnawaitedOperationError
+from .errors import GroupError, InvalidRankError
 from .group import WORLD_GROUP_ID, ProcessGroup, Work
 from .net.shmhost import transport_mode
 from .rendezvous import Rendezvous, leave, rendezvous
+from .unawaited import raise_if_unawaited
 
 _GROUPS = "aiodist_groups"
 STORE_LEAVE_WAIT = 10.0
@@ -166,19 +167,18 @@ async def destroy_process_group(group: ProcessGroup | None = None) -> None:
 
     Running operations of a destroyed group are cancelled. Destroying the
     world closes this rank's connections (peers are told it left) and, on a
-    rank that created them, the store client and server.
+    rank that created them, the store client and server; then, if operations
+    of this rank were never awaited and their Works are gone (so they never
+    will be), raises :class:`~aiodist.work.UnawaitedOperationError` naming
+    them (the groups are destroyed all the same).
     """
     world = get_default_group()
     if group is None or group is world:
         if world is None:
             raise GroupError("destroy_process_group: the default process group is not initialized")
-        groups = list(_registry())
-        for g in reversed(groups):
-            if g is not world:
-                await g.destroy()
-        await world.destroy()
-        _registry().clear()
-        set_default_group(None)
+        rank = world.transport.rank
+        await _destroy_all(world)
+        raise_if_unawaited("destroy_process_group()", rank=rank, collected_only=True)
         return
     await _group(group).destroy()
     reg = _registry()
@@ -186,26 +186,37 @@ async def destroy_process_group(group: ProcessGroup | None = None) -> None:
         reg.remove(group)
 
 
+async def _destroy_all(world: ProcessGroup) -> None:
+    groups = list(_registry())
+    for g in reversed(groups):
+        if g is not world:
+            await g.destroy()
+    await world.destroy()
+    _registry().clear()
+    set_default_group(None)
+
+
 async def finish_rank(*, timeout: float = 30.0) -> None:
-    """What happens when a rank's ``main`` returns: its default group is destroyed in order, if still alive.
+    """What happens when a rank's ``main`` returns (the launcher, :func:`aiodist.spawn` and the simulator call it).
 
-    Then raises :class:`~aiodist.errors.UnawaitedOperationError` if operations
-    this rank started were never awaited. (MINIMAL STAND-IN for the runtime's
-    implementation, see CONTRACTS.md; the simulator calls it.)
+    Destroys the rank's groups in order if the default group is still alive
+    (pending sends are flushed and the peers are told this rank left, so
+    peers still finishing their last collective get their data), bounded by
+    ``timeout`` seconds (past that the connections are dropped); then raises
+    :class:`~aiodist.work.UnawaitedOperationError` if operations of this rank
+    were never awaited. A no-op for a rank that destroyed its group itself
+    and awaited everything.
     """
-    from .work import clear_unawaited, unawaited_operations
-
-    if get_default_group() is not None:
+    world = get_default_group()
+    rank = None
+    if world is not None:
+        rank = world.transport.rank
         try:
             async with asyncio.timeout(timeout):
-                await destroy_process_group()
+                await _destroy_all(world)
         except TimeoutError:
             await abort()
-    ops = unawaited_operations()
-    if ops:
-        clear_unawaited()
-        raise UnawaitedOperationError(
-            f"the rank finished with {len(ops)} operation(s) never awaited: {'; '.join(ops)}", operations=ops)
+    raise_if_unawaited(f"the main function of rank {rank} returned" if rank is not None else "main returned")
 
 
 async def abort(group: ProcessGroup | None = None) -> None:

@@ -292,10 +292,10 @@ class AbortedError(GroupError):
 
 
 class UnawaitedOperationError(AiodistError):
-    """A rank finished while operations it started were never awaited (``.operations``: one line each).
+    """Operations this rank started were never awaited (``.operations``: one line each, with the user's call site).
 
-    (Minimal stand-in for the runtime's own definition, see CONTRACTS.md: raised by
-    :func:`aiodist.api.finish_rank`.)
+    Raised by :func:`aiodist.api.finish_rank` (the end of a launched or
+    simulated rank) and ``destroy_process_group()``; see :mod:`aiodist.unawaited`.
     """
 
     def __init__(self, message: str, *, operations: Sequence[str]) -> None:

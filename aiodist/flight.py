@@ -3,8 +3,11 @@
 Each rank keeps its last operations (:mod:`aiodist.inflight`). When an
 operation fails or times out, :func:`dump` writes them (with what is still in
 flight) to ``$AIODIST_FLIGHT_RECORDER_DIR/rank<R>.json`` when that variable is
-set, and logs one summary line either way. ``aiodist trace DIR`` reads those
-files back and says which ranks are stuck where (:func:`report`).
+set, and logs one summary line either way. A launched rank whose own
+exception ended it writes its record too (with ``outcome``: the exception's
+type, message and line; :mod:`aiodist.launch.outcome`). ``aiodist trace DIR``
+reads those files back, names the rank whose own error started the failure
+and says which ranks are stuck where (:func:`report`).
 """
 
 from __future__ import annotations
@@ -31,8 +34,13 @@ def _describe(entry: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def dump(reason: str, *, rank: int | None = None, world_size: int | None = None) -> Path | None:
-    """Record the calling rank's flight data after a failure; return the file written, if any."""
+def dump(
+    reason: str, *, rank: int | None = None, world_size: int | None = None, outcome: dict[str, Any] | None = None
+) -> Path | None:
+    """Record the calling rank's flight data after a failure; return the file written, if any.
+
+    ``outcome``: how the rank itself ended (an own exception: ``{"kind": "raised", "type": ..., ...}``).
+    """
     if rank is None:
         r = getenv("RANK")
         rank = int(r) if r is not None and r.isdigit() else None
@@ -50,6 +58,7 @@ def dump(reason: str, *, rank: int | None = None, world_size: int | None = None)
         "rank": rank,
         "world_size": world_size,
         "reason": reason,
+        **({"outcome": outcome} if outcome else {}),
         "inflight": stuck,
         "recent": inflight.recent(),
     }
@@ -88,6 +97,9 @@ def report(records: Sequence[dict[str, Any]]) -> str:
     the others are named: they are the likely culprits.
     """
     lines: list[str] = []
+    cause = _root_cause(records)
+    if cause:
+        lines.append(f"root cause: {cause}")
     furthest: dict[str, dict[int, int]] = {}
     for rec in records:
         rank = rec.get("rank")
@@ -114,8 +126,31 @@ def report(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _root_cause(records: Sequence[dict[str, Any]]) -> str | None:
+    """The rank whose own exception started the failure (the earliest), else the rank the others lost."""
+    own = [r for r in records if isinstance(r.get("outcome"), dict) and isinstance(r.get("rank"), int)]
+    if own:
+        first = min(own, key=lambda r: (r["outcome"].get("time", 0), r["rank"]))
+        return f"rank {first['rank']} {first['reason']}"
+    blamed: dict[int, int] = {}
+    for rec in records:
+        reason = str(rec.get("reason", ""))
+        if reason.startswith("PeerFailureError"):
+            _, _, rest = reason.partition(": rank ")
+            head = rest.split(" ", 1)[0]
+            if head.isdigit():
+                blamed[int(head)] = blamed.get(int(head), 0) + 1
+    if blamed:
+        r = max(sorted(blamed), key=lambda k: blamed[k])
+        return f"rank {r} (the others lost it; it left no record of its own)"
+    return None
+
+
 def add_cli(sub: Any) -> None:
-    p = sub.add_parser("trace", help="merge flight-recorder files of a failed job into one report")
+    p = sub.add_parser("trace", help="merge flight-recorder files of a failed job into one report",
+                       description="Read the rank*.json files a failed job's ranks wrote into "
+                                   "AIODIST_FLIGHT_RECORDER_DIR and print one report: the rank whose own error "
+                                   "started the failure, what each rank was waiting in, and which ranks lag behind.")
     p.add_argument("directory", help="the AIODIST_FLIGHT_RECORDER_DIR of the job")
     p.add_argument("--json", action="store_true", help="print the merged records as JSON")
     p.set_defaults(func=_cli_main)

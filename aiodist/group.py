@@ -248,7 +248,7 @@ class ProcessGroup:
             task.add_done_callback(lambda t: coro.close() if t.cancelled() else None)  # type: ignore[union-attr]
         self._tasks[task] = None
         task.add_done_callback(self._forget)
-        return Work(task, op=op, seq=seq)
+        return Work(task, op=op, seq=seq, group=self.name)
 
     async def _guard(self, coro: Awaitable[T], op: str) -> T:
         try:
@@ -309,7 +309,7 @@ class ProcessGroup:
         task, _ = start_eager(self._run(rec, body, args, result, t, loop), loop)
         if not rec.finished:
             self._tasks[task] = None  # (_run forgets it as it ends)
-        return Work(task, op=op, seq=seq, record=rec)
+        return Work(task, op=op, seq=seq, record=rec, group=self.name)
 
     async def _run(
         self,

@@ -9,20 +9,23 @@ extra loop pass, and its task never ends with an exception nobody retrieved
 
 Point-to-point operations still report through their task (``Work`` falls
 back to the task's result when it has no record).
+
+Every Work is booked in its rank's ledger of operations not awaited yet
+(:mod:`aiodist.unawaited`) until it is awaited or its result is looked at;
+one collected before that warns (RuntimeWarning at the user's call site).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
-from .context import rank_scope
+from .collectives.buffers import TASKS as STAGING, UNCLAIMED, claim, register_task, release
 from .errors import GroupError
+from .unawaited import MAX_ENTRIES, UnawaitedOperationError, call_site, clear_unawaited, ledger, unawaited_operations
 
-__all__ = ["OpRecord", "Work", "unawaited_operations", "clear_unawaited"]
+__all__ = ["OpRecord", "UnawaitedOperationError", "Work", "clear_unawaited", "unawaited_operations"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -56,7 +59,13 @@ class OpRecord:
         return f"<OpRecord {self.op} seq={self.seq} {state}>"
 
     def finish(self, value: Any = None, error: BaseException | None = None) -> None:
-        """Record the outcome and hand it to the awaiters' futures (once, in order)."""
+        """Record the outcome and hand it to the awaiters' futures (once, in order).
+
+        Staging copies of the operation's arrays (:mod:`aiodist.collectives.buffers`)
+        are written back first, so an awaiter sees the result in its own objects.
+        """
+        if STAGING and self.task in STAGING:
+            release(self.task, ok=error is None)
         self.finished = True
         self.value = value
         self.error = error
@@ -75,13 +84,19 @@ class OpRecord:
 class Work(Generic[T]):
     """An operation in flight: awaitable, ``.wait()``, ``.done()``.
 
+    Await it (``await w`` or ``await w.wait()``): a Work whose result is never
+    looked at (``await``, ``wait``, ``result``, ``exception``, ``is_success``)
+    is reported as an operation never awaited (see :mod:`aiodist.unawaited`).
+    Static checkers catch a dropped one too: mypy with
+    ``--enable-error-code unused-awaitable``.
+
     Cancelling a task that awaits a Work does *not* cancel the operation: it
     keeps running in its group (bounded by its own timeout) so the other ranks
     are not left waiting for a half-finished collective. Destroying the group
     cancels it.
     """
 
-    __slots__ = ("_task", "_map", "_rec", "op", "seq", "_key")
+    __slots__ = ("_task", "_map", "_rec", "op", "seq", "group", "_book", "_key")
 
     def __init__(
         self,
@@ -91,34 +106,72 @@ class Work(Generic[T]):
         seq: int | None,
         map: Callable[[Any], T] | None = None,
         record: OpRecord | None = None,
+        group: str | None = None,
     ) -> None:
+        self._key: int | None = None  # (first: __del__ reads it even if this raises)
         self._task = task
         self._map = map
         self._rec = record
         self.op = op
         self.seq = seq
-        self._key: int | None = _track(op, seq)
+        self.group = group
         if record is None:
+            register_task(task)  # (a point-to-point operation may stage its arrays in its task too)
             task.add_done_callback(_mark_retrieved)
+        if UNCLAIMED and claim(task) and record is not None and record.finished:
+            release(task, ok=record.error is None)  # it finished in its eager first step
+        # booked in the rank's ledger until awaited (Ledger.note, inlined: this is on every operation's path)
+        book = self._book = ledger()
+        live = book.live
+        if len(live) < MAX_ENTRIES:
+            code, line = call_site(1)
+            key = self._key = book.next
+            book.next = key + 1
+            live[key] = (op, seq, group, code, line)
+        else:
+            book.overflow += 1
+
+    def __del__(self) -> None:
+        key = self._key
+        if key is not None:
+            self._key = None
+            try:
+                self._book.collected(key)
+            except Exception:  # interpreter shutdown: modules half torn down
+                pass
+
+    def _settle(self) -> None:
+        """The result is being looked at: the operation no longer counts as never awaited."""
+        key = self._key
+        if key is not None:
+            self._key = None
+            self._book.settle(key)
 
     def then(self, fn: Callable[[T], U]) -> Work[U]:
-        """A Work of the same operation whose result is ``fn(result)``."""
+        """A Work of the same operation whose result is ``fn(result)`` (awaiting either one counts)."""
         inner = self._map
         composed = fn if inner is None else (lambda r: fn(inner(r)))
         w: Work[U] = Work.__new__(Work)
+        w._key = None
         w._task, w._map, w._rec = self._task, composed, self._rec
-        w.op, w.seq, w._key = self.op, self.seq, self._key
+        w.op, w.seq, w.group = self.op, self.seq, self.group
+        w._book, w._key = self._book, self._key  # the new Work carries the booking
+        self._key = None
         return w
 
     def _result(self, value: Any) -> T:
         return value if self._map is None else self._map(value)
 
     def __repr__(self) -> str:
-        return f"<Work {self.op} seq={self.seq} {'done' if self.done() else 'running'}>"
+        state = "done" if self.done() else "running"
+        of = "" if self.group is None else f" of {self.group}"
+        return f"<Work {self.op} seq={self.seq}{of} {state}{'' if self._key is None else ' not awaited'}>"
 
     def __await__(self) -> Generator[Any, None, T]:
-        if self._key is not None:
-            _awaited(self._key)
+        key = self._key
+        if key is not None:  # (_settle, inlined)
+            self._key = None
+            self._book.live.pop(key, None)
         rec = self._rec
         if rec is None:
             return (yield from self._await_task())
@@ -140,12 +193,14 @@ class Work(Generic[T]):
     def _await_task(self) -> Generator[Any, None, T]:
         task = self._task
         if task.done() and not task.cancelled():  # finished already: no shield, no loop pass
+            _mark_retrieved(task)
             return self._result(task.result())
         try:
             value = yield from asyncio.shield(task).__await__()
         except asyncio.CancelledError:
             self._raise_if_operation_cancelled()
             raise
+        _mark_retrieved(task)
         return self._result(value)
 
     def _recorded(self) -> T:
@@ -159,8 +214,7 @@ class Work(Generic[T]):
 
     async def wait(self, timeout: float | None = None) -> T:
         """Wait for the result; ``timeout`` bounds only this wait (TimeoutError), not the operation."""
-        if self._key is not None:
-            _awaited(self._key)
+        self._settle()
         rec = self._rec
         if rec is not None and rec.finished:
             return self._recorded()
@@ -170,6 +224,8 @@ class Work(Generic[T]):
         except asyncio.CancelledError:
             self._raise_if_operation_cancelled()
             raise
+        if rec is None:
+            _mark_retrieved(self._task)
         return self._recorded() if rec is not None else self._result(value)
 
     def _raise_if_operation_cancelled(self) -> None:
@@ -186,18 +242,21 @@ class Work(Generic[T]):
     def result(self) -> T:
         """The result of a finished operation (raises its error; InvalidStateError while running)."""
         rec = self._rec
-        if self._key is not None and (rec.finished if rec is not None else self._task.done()):
-            _awaited(self._key)
+        if self.done():
+            self._settle()
         if rec is None:
+            if self._task.done():
+                _mark_retrieved(self._task)
             return self._result(self._task.result())
         if not rec.finished:
             raise asyncio.InvalidStateError(f"{self.op} (seq {self.seq}) is still running")
         return self._recorded()
 
     def exception(self) -> BaseException | None:
+        """The error of a finished operation (None if it succeeded; InvalidStateError while running)."""
         rec = self._rec
-        if self._key is not None and (rec.finished if rec is not None else self._task.done()):
-            _awaited(self._key)
+        if self.done():
+            self._settle()
         if rec is None:
             return self._task.exception()
         if not rec.finished:
@@ -205,63 +264,21 @@ class Work(Generic[T]):
         return rec.error
 
     def is_success(self) -> bool:
-        """True when it finished without an error."""
+        """True when it finished without an error (looking at a finished one counts as awaiting it)."""
         rec = self._rec
+        if self.done():
+            self._settle()
         if rec is not None:
             return rec.finished and rec.error is None
         return self._task.done() and not self._task.cancelled() and self._task.exception() is None
 
 
 def _mark_retrieved(task: asyncio.Future[Any]) -> None:
-    # An operation nobody awaited must not log "exception was never retrieved":
-    # its error is still raised to whoever awaits the Work later.
-    if not task.cancelled():
-        task.exception()
+    """A task-based operation ended: its staging copies go back (idempotent; also its done callback).
 
-
-# ---------------------------------------------------------------------------------------------------
-# Operations never awaited. MINIMAL STAND-IN for the runtime's implementation (CONTRACTS.md, owner:
-# "torch"): it lists the calling rank's Works that were neither awaited, waited nor read, with the
-# user's call site; it does not warn when such a Work is garbage-collected.
-
-_UNAWAITED = "aiodist_unawaited"
-_COUNT = "aiodist_works"
-_SKIP = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(asyncio.__file__) + os.sep)
-
-
-def _track(op: str, seq: int | None) -> int:
-    frame = sys._getframe(2)
-    site = None
-    for _ in range(64):  # the first frame outside aiodist and asyncio: the user's call
-        if frame is None:
-            break
-        code = frame.f_code
-        if not code.co_filename.startswith(_SKIP):
-            site = (code.co_filename, frame.f_lineno, code.co_name)
-            break
-        frame = frame.f_back
-    scope = rank_scope()
-    key: int = scope.get(_COUNT, 0) + 1
-    scope[_COUNT] = key
-    scope.setdefault(_UNAWAITED, {})[key] = (op, seq, site)
-    return key
-
-
-def _awaited(key: int) -> None:
-    table = rank_scope().get(_UNAWAITED)
-    if table is not None:
-        table.pop(key, None)
-
-
-def unawaited_operations() -> list[str]:
-    """For the calling rank: one description per operation whose Work was never awaited (or waited)."""
-    out = []
-    for op, seq, site in (rank_scope().get(_UNAWAITED) or {}).values():
-        where = f" ({os.path.basename(site[0])}:{site[1]} in {site[2]})" if site else ""
-        out.append(f"{op}{'' if seq is None else f' #{seq}'}{where}")
-    return out
-
-
-def clear_unawaited() -> None:
-    """Forget the calling rank's un-awaited operations."""
-    rank_scope().pop(_UNAWAITED, None)
+    An operation nobody awaited must not log "exception was never retrieved":
+    its error is still raised to whoever awaits the Work later.
+    """
+    ok = not task.cancelled() and task.exception() is None
+    if task in STAGING:
+        release(task, ok=ok)

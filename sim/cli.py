@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from aiodist.context import getenv
+from aiodist.launch.conventions import DEFAULT_NPROC, rank_tag
 
 from . import faults as F
 from .loop import LANE
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run a program as N virtual ranks")
     p.add_argument("program", help="a .py file with async def main()")
-    p.add_argument("-n", "--nproc", "--world-size", dest="world_size", type=int, default=8)
+    p.add_argument("-n", "--nproc", "--world-size", dest="world_size", type=int, default=DEFAULT_NPROC,
+                   help=f"number of virtual ranks (default {DEFAULT_NPROC}, the same as aiodist run)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--seeds", type=parse_seeds, help="sweep: A:B or A,B,C")
@@ -208,7 +210,7 @@ def replay_command(ns: argparse.Namespace, seed: int) -> str:
 
 
 class RankPrefixedOutput(io.TextIOBase):
-    """Prefixes every line a virtual rank prints with ``[rank R]`` (like ``aiodist run``)."""
+    """Prefixes every line a virtual rank prints with ``[rankR]: `` (as ``aiodist run`` and torchrun do)."""
 
     def __init__(self, out: Any) -> None:
         self._out = out
@@ -223,14 +225,14 @@ class RankPrefixedOutput(io.TextIOBase):
         rank = getenv("RANK") or "?"
         *lines, rest = (self._partial.pop(rank, "") + s).split("\n")
         for line in lines:
-            self._out.write(f"[rank {rank}] {line}\n")
+            self._out.write(f"{rank_tag(rank)}{line}\n")
         if rest:
             self._partial[rank] = rest
         return len(s)
 
     def flush(self) -> None:
         for rank, rest in sorted(self._partial.items()):
-            self._out.write(f"[rank {rank}] {rest}\n")
+            self._out.write(f"{rank_tag(rank)}{rest}\n")
         self._partial.clear()
         self._out.flush()
 

@@ -96,17 +96,16 @@ def test_classify_source(source: str, kind: ProgramKind) -> None:
     assert classify_source(source) is kind
 
 
-def test_build_command_uses_bootstrap_only_for_main_modules(tmp_path) -> None:
+def test_build_command_starts_every_program_through_the_bootstrap(tmp_path) -> None:
+    # The bootstrap applies the program rule in the child and records how the rank ended.
     mod = tmp_path / "mod.py"
     mod.write_text(ASYNC_MAIN_NO_GUARD)
     script = tmp_path / "script.py"
     script.write_text(WITH_GUARD)
-    assert build_command(str(mod), ["-x"], python="py") == ["py", "-m", "aiodist.launch_bootstrap", str(mod), "-x"]
-    assert build_command(str(script), ["-x"], python="py") == ["py", str(script), "-x"]
-    assert build_command(str(tmp_path / "missing.py"), [], python="py") == ["py", str(tmp_path / "missing.py")]
-    assert build_command("pkg.mod", ["a"], module=True, python="py") == [
-        "py", "-m", "aiodist.launch_bootstrap", "-m", "pkg.mod", "a",
-    ]
+    boot = ["py", "-m", "aiodist.launch_bootstrap"]
+    assert build_command(str(mod), ["-x"], python="py") == [*boot, str(mod), "-x"]
+    assert build_command(str(script), ["-x"], python="py") == [*boot, str(script), "-x"]
+    assert build_command("pkg.mod", ["a"], module=True, python="py") == [*boot, "-m", "pkg.mod", "a"]
     assert build_command(str(script), [])[0] == sys.executable
 
 

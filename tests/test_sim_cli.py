@@ -116,7 +116,7 @@ def test_rank_output_is_prefixed_and_program_args_passed(tmp_path: Path, capsys:
     )
     code, out = cli(capsys, "run", "-n", "2", str(prog), "--", "--lr", "0.1")
     assert code == 0
-    assert "[rank 0] hi ['--lr', '0.1']\n[rank 1] hi ['--lr', '0.1']\n" in out
+    assert "[rank0]: hi ['--lr', '0.1']\n[rank1]: hi ['--lr', '0.1']\n" in out
 
 
 def test_parallel_sweep_finds_the_same_seeds(capsys: pytest.CaptureFixture[str], seeds: tuple[int, int]) -> None:

@@ -222,7 +222,7 @@ def test_an_operation_never_awaited_is_a_failure_naming_its_line() -> None:
     assert not res.ok
     assert [f.kind for f in res.failures] == ["unawaited", "unawaited"]
     line = _forgets_a_work.__code__.co_firstlineno + 3
-    assert f"all_reduce #0 (test_sim_process.py:{line} in _forgets_a_work)" in res.failures[0].message
+    assert f"all_reduce #0 of world (test_sim_process.py:{line} in _forgets_a_work)" in res.failures[0].message
     assert sim.run(awaits, world_size=2).ok
 
 

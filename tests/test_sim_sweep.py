@@ -111,7 +111,7 @@ def test_cli_sweep_prints_no_log_records_and_q_drops_program_output(program: str
     code = cli_main(["run", "-n", "2", program, "--seeds", "0:12"])
     out, err = capsys.readouterr()
     assert err == ""  # the error the program handled is not reported seed after seed
-    assert "[rank 0] hello from 0" in out
+    assert "[rank0]: hello from 0" in out
     assert code == 1 and "distinct failure" in out and "ValueError at prog.py:" in out
     cli_main(["run", "-n", "2", program, "--seeds", "0:12", "-q"])
     quiet = capsys.readouterr().out

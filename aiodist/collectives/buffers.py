@@ -1,47 +1,81 @@
-"""Array arguments of collectives: validation and zero-copy byte views.
+"""Array arguments of collectives: validation, zero-copy views, and staging copies for what has no such view.
 
-Collectives work in place on C-contiguous arrays. Anything that would force a
-hidden copy (and so a result written somewhere the caller never sees) is
-refused with :class:`~aiodist.errors.InvalidArrayError` before any
-communication.
+Collectives work in place. A C-contiguous array (or a tensor whose memory is
+one: torch CPU tensors through ``.numpy()``, ``.detach()`` for one that
+requires grad, a same-size integer view re-typed by ``ml_dtypes`` for
+bfloat16 and float8) is used without a copy. Anything else that is still
+plain memory (a Fortran-order array, a strided slice, a transposed or
+non-contiguous tensor) is *staged*: copied into a contiguous array in C
+order when the operation starts, and, where the operation writes, copied
+back into the caller's object when it succeeds, before its ``Work`` reports
+the result. What cannot be viewed at all (a GPU tensor, a dtype numpy has no
+equivalent for) is refused with :class:`~aiodist.errors.InvalidArrayError`
+before any communication.
+
+Staging, in detail: the collectives validate their arguments with
+:func:`as_flat` before they take a sequence number, and their drivers call
+it again on the same objects; one staging copy per object and operation is
+shared by those calls (looked up by the object's identity). The copies made
+while an operation is being started are *claimed* by its :class:`~aiodist.work.Work`
+(:func:`claim`), which releases them (:func:`release`) when the operation
+ends: written back on success, dropped either way. A copy made in a call that
+then failed its validation is dropped at the loop's next turn (:func:`_sweep`),
+and is not reused before that unless the object still holds what was copied. Copies
+made inside a point-to-point operation's task belong to that task
+(:func:`register_task`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ..eager import running_task
 from ..errors import InvalidArrayError
 
-__all__ = ["as_flat", "as_flat_list", "byte_view", "EMPTY_OUT"]
+__all__ = ["as_flat", "as_flat_list", "byte_view", "claim", "register_task", "release", "EMPTY_OUT", "TASKS", "UNCLAIMED"]
 
 EMPTY_OUT = memoryview(bytearray())
 """A writable zero-byte buffer, for receiving empty (barrier) messages."""
 
+_ml: Any
+try:
+    import ml_dtypes as _ml
+except ImportError:  # pragma: no cover - a declared dependency; numpy's own dtypes work without it
+    _ml = None
+
+_EXTRA_DTYPES: dict[str, np.dtype[Any]] = {}
+"""torch dtype name -> numpy dtype from ml_dtypes, for the dtypes numpy has no type of its own for."""
+if _ml is not None:
+    for _name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"):
+        if hasattr(_ml, _name):
+            _EXTRA_DTYPES[_name] = np.dtype(getattr(_ml, _name))
+_SAME_SIZE_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
 
 def as_flat(arr: Any, argument: str, *, writable: bool) -> np.ndarray:
-    """Validate ``arr`` and return a 1-D view of it (no copy).
+    """Validate ``arr`` and return a 1-D C-order array of its elements: a view, or a staging copy (see the module doc).
 
     Accepts numpy arrays, objects exporting the buffer protocol, and tensors
-    whose ``.numpy()`` shares their memory (torch CPU tensors), all viewed
-    through numpy without a copy. Raises InvalidArrayError for anything
-    that is not C-contiguous, or read-only when ``writable``.
+    (torch CPU tensors, or anything with torch's ``numpy()``/``detach()``/
+    ``view(dtype)``). Raises InvalidArrayError for what cannot be viewed, or is
+    read-only when ``writable``.
     """
+    view = arr
     if type(arr) is not np.ndarray:
         # subclasses (np.matrix keeps 2-D on reshape) and foreign objects: a plain view
-        arr = np.asarray(arr) if isinstance(arr, np.ndarray) else _shared_view(arr, argument)
-    if not arr.flags.c_contiguous:
-        raise InvalidArrayError(
-            f"{argument} is not C-contiguous (shape {arr.shape}, strides {arr.strides}); "
-            "collectives work in place, pass np.ascontiguousarray(x) and use the result",
-            argument=argument,
-            reason="not_contiguous",
-        )
-    if writable and not arr.flags.writeable:
+        view = np.asarray(arr) if isinstance(arr, np.ndarray) else _shared_view(arr, argument)
+    if writable and not view.flags.writeable:
         raise InvalidArrayError(f"{argument} is read-only but receives the result", argument=argument, reason="read_only")
-    return arr.reshape(-1)
+    if not view.flags.c_contiguous:
+        return _stage(arr, view, argument, writable)
+    flat: np.ndarray = view.reshape(-1)
+    return flat
 
 
 def _shared_view(obj: Any, argument: str) -> np.ndarray:
@@ -50,21 +84,206 @@ def _shared_view(obj: Any, argument: str) -> np.ndarray:
         return np.asarray(memoryview(obj))
     except TypeError:
         pass
-    to_numpy = getattr(obj, "numpy", None)
-    if callable(to_numpy):
-        try:
-            view = to_numpy()
-        except Exception as e:  # torch: GPU tensors, requires_grad, bfloat16...
-            raise InvalidArrayError(
-                f"{argument}: {type(obj).__name__}.numpy() failed ({e}); pass a CPU tensor or a numpy array",
-                argument=argument,
-                reason="type",
-            ) from e
-        if isinstance(view, np.ndarray):
-            return view
+    if callable(getattr(obj, "numpy", None)):
+        return _tensor_view(obj, argument)
     raise InvalidArrayError(
         f"{argument} must be a numpy array or a buffer, not {type(obj).__name__}", argument=argument, reason="type"
     )
+
+
+def _tensor_view(t: Any, argument: str) -> np.ndarray:
+    """The numpy view of a CPU tensor's memory (torch's rules; no copy)."""
+    device = getattr(t, "device", None)
+    kind = getattr(device, "type", "cpu")
+    if kind != "cpu":
+        raise InvalidArrayError(
+            f"{argument} is a tensor on {device}: aiodist moves host memory; pass x.cpu() and copy the result back",
+            argument=argument,
+            reason="device",
+        )
+    if getattr(t, "requires_grad", False) and callable(getattr(t, "detach", None)):
+        t = t.detach()  # same memory, out of autograd's sight (what torch.distributed does too)
+    dtype_name = str(getattr(t, "dtype", "")).rpartition(".")[2]
+    extra = _EXTRA_DTYPES.get(dtype_name)
+    try:
+        if extra is not None:  # numpy has no such dtype: view the memory as same-size ints, re-typed
+            view = t.view(_torch_dtype(t, _SAME_SIZE_INT[extra.itemsize])).numpy().view(extra)
+        else:
+            view = t.numpy()
+    except Exception as e:
+        if dtype_name == "bfloat16" and _ml is None:
+            why = "numpy has no bfloat16 without the ml_dtypes package: pip install ml_dtypes"
+        else:
+            why = f"{type(t).__name__}.numpy() failed: {e}"
+        raise InvalidArrayError(
+            f"{argument}: a tensor of dtype {getattr(t, 'dtype', '?')} has no numpy view ({why})",
+            argument=argument,
+            reason="type",
+        ) from e
+    if not isinstance(view, np.ndarray):
+        raise InvalidArrayError(
+            f"{argument}: {type(t).__name__}.numpy() returned {type(view).__name__}, not a numpy array",
+            argument=argument,
+            reason="type",
+        )
+    return view
+
+
+def _torch_dtype(t: Any, name: str) -> Any:
+    """The dtype ``name`` of ``t``'s own library (``torch.int16`` for a torch tensor)."""
+    lib = sys.modules.get(type(t).__module__.partition(".")[0])
+    dtype = getattr(lib, name, None)
+    if dtype is None:
+        raise TypeError(f"{type(t).__module__} has no dtype {name}")
+    return dtype
+
+
+# ------------------------------------------------------------------ staging
+
+
+class _Staged:
+    """A contiguous copy of ``obj``'s elements (``view``: a numpy view of its memory) for one operation."""
+
+    __slots__ = ("obj", "view", "flat", "dirty", "owner", "claimed")
+
+    def __init__(self, obj: Any, view: np.ndarray, flat: np.ndarray, dirty: bool, owner: Any) -> None:
+        self.obj = obj
+        self.view = view
+        self.flat = flat
+        self.dirty = dirty  # the operation writes into it: copy back on success
+        self.owner = owner  # the task it was made in, then the operation's task
+        self.claimed = False
+
+    def __repr__(self) -> str:
+        return f"<staged {self.view.dtype.name}{list(self.view.shape)} {'written' if self.dirty else 'read'}>"
+
+
+_STAGED: dict[int, list[_Staged]] = {}  # id(obj) -> its staging copies in use (looked up, never iterated)
+UNCLAIMED: list[_Staged] = []
+"""Staging copies made since the last :func:`claim` (an operation being started)."""
+TASKS: dict[Any, list[_Staged]] = {}
+"""An operation's task -> its staging copies (empty when nothing is staged: the common case)."""
+
+
+def _stage(obj: Any, view: np.ndarray, argument: str, writable: bool) -> np.ndarray:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None:  # not inside an operation: nobody could copy the result back
+        if writable:
+            raise InvalidArrayError(
+                f"{argument} is not C-contiguous (shape {view.shape}, strides {view.strides}); outside a running "
+                "operation it cannot be written in place: pass np.ascontiguousarray(x) and use the result",
+                argument=argument,
+                reason="not_contiguous",
+            )
+        return np.ascontiguousarray(view).reshape(-1)
+    task = running_task(loop)
+    for st in _STAGED.get(id(obj), ()):
+        if st.obj is not obj:
+            continue
+        if st.owner is task and st.claimed:  # the operation of this task, looking at its argument again
+            st.dirty = st.dirty or writable
+            return st.flat
+        if not st.claimed:  # made while this operation is being started, or by a call that failed since
+            if np.array_equal(st.flat.reshape(view.shape), view):
+                st.dirty = st.dirty or writable
+                return st.flat
+            _forget(st)  # stale: the object changed after a call that failed its validation
+            UNCLAIMED.remove(st)
+            break
+    if writable and _called_by_a_driver():
+        raise InvalidArrayError(
+            f"{argument} is not C-contiguous (shape {view.shape}, strides {view.strides}); a collective's "
+            "algorithm called directly writes in place only into contiguous memory: pass np.ascontiguousarray(x) "
+            "and use the result (the group API, e.g. aiodist.all_reduce, copies it back for you)",
+            argument=argument,
+            reason="not_contiguous",
+        )
+    flat = np.ascontiguousarray(view).reshape(-1)  # (not C-contiguous: always a copy)
+    st = _Staged(obj, view, flat, writable, task)
+    _STAGED.setdefault(id(obj), []).append(st)
+    mine = TASKS.get(task)
+    if mine is not None:
+        st.claimed = True
+        mine.append(st)
+    else:
+        if not UNCLAIMED:
+            loop.call_soon(_sweep)
+        UNCLAIMED.append(st)
+    return flat
+
+
+_HERE = os.path.abspath(__file__)
+_DRIVERS = os.path.dirname(_HERE) + os.sep
+
+
+def _called_by_a_driver() -> bool:
+    """Whether as_flat was called by an algorithm of this package rather than while an operation is started.
+
+    Staging copies are written back by the operation's Work; an algorithm
+    called on its own (with a channel, no Work) would write into a copy
+    nobody looks at. (Slow path only: arrays that need a copy.)
+    """
+    f: Any = sys._getframe(3)  # _stage <- as_flat <- its caller
+    while f is not None and os.path.abspath(f.f_code.co_filename) == _HERE:  # (as_flat_list)
+        f = f.f_back
+    return f is not None and os.path.abspath(f.f_code.co_filename).startswith(_DRIVERS)
+
+
+def _forget(st: _Staged) -> None:
+    same = _STAGED.get(id(st.obj))
+    if same is not None:
+        if st in same:
+            same.remove(st)
+        if not same:
+            del _STAGED[id(st.obj)]
+
+
+def _sweep() -> None:
+    """The loop turned: copies nobody claimed belonged to a call that failed its validation."""
+    for st in UNCLAIMED:
+        _forget(st)
+    UNCLAIMED.clear()
+
+
+def claim(task: Any) -> list[_Staged] | None:
+    """The staging copies made while starting the operation that runs as ``task`` (None: none).
+
+    Called by the operation's Work as it is made: the copies made in this
+    synchronous stretch (in the caller's task, or in ``task``'s eager first step).
+    """
+    if not UNCLAIMED:
+        return None
+    try:
+        caller = running_task(asyncio.get_running_loop())
+    except RuntimeError:
+        caller = None
+    mine = [st for st in UNCLAIMED if st.owner is caller or st.owner is task]
+    if not mine:
+        return None
+    UNCLAIMED[:] = [st for st in UNCLAIMED if st.owner is not caller and st.owner is not task]
+    for st in mine:
+        st.owner, st.claimed = task, True
+    TASKS.setdefault(task, []).extend(mine)
+    return mine
+
+
+def register_task(task: Any) -> None:
+    """Copies made inside ``task`` from now on belong to it (a point-to-point operation stages in its task)."""
+    TASKS.setdefault(task, [])
+
+
+def release(task: Any, *, ok: bool) -> None:
+    """The operation of ``task`` ended: its written copies go back into the callers' objects if ``ok``; all are dropped."""
+    stages = TASKS.pop(task, None)
+    if not stages:
+        return
+    for st in stages:
+        if ok and st.dirty:
+            np.copyto(st.view, st.flat.reshape(st.view.shape))
+        _forget(st)
 
 
 def as_flat_list(

@@ -21,6 +21,10 @@ Semantics (matching torch.distributed where it defines them):
 
 Integer overflow wraps around silently, as in torch; floating-point overflow
 gives inf without a warning.
+
+bfloat16 and the float8 types come from ``ml_dtypes`` (numpy has none of its
+own; numpy reports their kind as ``"V"``): they reduce as floats, in their own
+precision (as torch does for bfloat16).
 """
 
 from __future__ import annotations
@@ -84,6 +88,19 @@ _TABLE: dict[ReduceOp, tuple[np.ufunc, np.ufunc | None, frozenset[str]]] = {
 
 _KIND_NAMES = {"b": "bool", "i": "signed integer", "u": "unsigned integer", "f": "floating", "c": "complex"}
 
+_ML_FLOATS = frozenset(
+    ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
+     "float8_e3m4", "float8_e4m3", "float8_e8m0fnu")
+)
+
+
+def dtype_kind(dt: np.dtype[Any]) -> str:
+    """numpy's ``dtype.kind``, with ``"f"`` for ml_dtypes' floats (bfloat16, float8...), which numpy calls ``"V"``."""
+    kind = dt.kind
+    if kind == "V" and dt.name in _ML_FLOATS:
+        return "f"
+    return kind
+
 
 def _coerce_op(op: Any) -> ReduceOp:
     if isinstance(op, ReduceOp):
@@ -114,17 +131,18 @@ def check_op_dtype(op: Any, dtype: np.dtype[Any] | type | str) -> ReduceOp:
     """
     rop = _coerce_op(op)
     dt = np.dtype(dtype)
-    if dt.kind not in _NUMERIC_KINDS:
+    kind = dtype_kind(dt)
+    if kind not in _NUMERIC_KINDS:
         raise UnsupportedReduceOpError(
             f"cannot reduce arrays of dtype {dt.name}: collectives take numeric, bool or complex arrays",
             op=rop.name,
             dtype=dt.name,
         )
     allowed = _TABLE[rop][2]
-    if dt.kind not in allowed:
+    if kind not in allowed:
         what = ", ".join(_KIND_NAMES[k] for k in "biufc" if k in allowed)
         raise UnsupportedReduceOpError(
-            f"ReduceOp.{rop.name} is not defined for dtype {dt.name} ({_KIND_NAMES[dt.kind]}); it applies to: {what}",
+            f"ReduceOp.{rop.name} is not defined for dtype {dt.name} ({_KIND_NAMES[kind]}); it applies to: {what}",
             op=rop.name,
             dtype=dt.name,
         )
@@ -140,9 +158,10 @@ def combiner(op: ReduceOp, dtype: np.dtype[Any]) -> Combiner:
     the end with :func:`finish_avg`.
     """
     number_ufunc, bool_ufunc, _ = _TABLE[op]
-    ufunc = bool_ufunc if np.dtype(dtype).kind == "b" else number_ufunc
+    kind = dtype_kind(np.dtype(dtype))
+    ufunc = bool_ufunc if kind == "b" else number_ufunc
     assert ufunc is not None
-    floating = np.dtype(dtype).kind in "fc"
+    floating = kind in "fc"
 
     if floating:
         return _quiet(ufunc)
@@ -210,7 +229,7 @@ def finish_avg(arr: np.ndarray, world_size: int) -> None:
     """
     if world_size == 1 or arr.size == 0:
         return
-    kind = arr.dtype.kind
+    kind = dtype_kind(arr.dtype)
     if kind in "fc":
         with np.errstate(all="ignore"):
             np.divide(arr, world_size, out=arr)

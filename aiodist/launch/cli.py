@@ -4,24 +4,37 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 
 from ..errors import LaunchError
-from .program import ProgramKind, classify_source
+from .conventions import DEFAULT_NPROC
 from .supervisor import LaunchConfig, launch
 
-__all__ = ["add_cli", "configure_parser", "build_command", "run_command", "main"]
+__all__ = ["add_cli", "configure_parser", "build_command", "resolve_options", "run_command", "main"]
 
-_DESCRIPTION = """\
-Run a program as N ranks on this node (like torchrun --nproc-per-node N).
+_DESCRIPTION = f"""\
+Run a program as N ranks on this node (like torchrun --nproc-per-node N; N
+defaults to {DEFAULT_NPROC}).
 Each rank gets RANK, LOCAL_RANK, GROUP_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT/MAX_RESTARTS/RUN_ID and
 AIODIST_RESTART_COUNT/MAX_RESTARTS/RUN_ID; its output lines are prefixed with
-[rankN]. When a rank fails the others are stopped and the launcher exits
-non-zero naming it. A program without an `if __name__ == "__main__":` guard
-that defines a top-level `main` (e.g. `async def main()`) is imported and its
-main() is run."""
+[rankN]: (torchrun's format).
+
+When a rank fails, the launcher names the rank whose own error started it
+(an exception, a signal, or a clean exit while the others still needed it),
+not merely the first to exit, and by default stops the others (see
+--on-failure). A program without an `if __name__ == "__main__":` guard that
+defines a top-level `main` (e.g. `async def main()`) is imported and its main()
+is run; when it returns, the rank's process groups are destroyed in order and
+operations never awaited are an error.
+
+torchrun's flags are accepted: --standalone, --nproc-per-node, --nnodes,
+--node-rank, --master-addr/--master-port, --rdzv-backend/--rdzv-endpoint/
+--rdzv-id/--rdzv-conf, --max-restarts (with dashes or underscores)."""
+
+_ON_FAILURE = ("stop", "restart", "continue")
 
 
 def _nnodes_arg(raw: str) -> int | tuple[int, int]:
@@ -35,27 +48,81 @@ def _nnodes_arg(raw: str) -> int | tuple[int, int]:
     return (lo, hi) if ":" in str(raw) else lo
 
 
+def _nproc_arg(raw: str) -> int:
+    """``N``, or torchrun's ``auto``/``cpu`` (this node's CPU count)."""
+    if raw in ("auto", "cpu"):
+        return os.cpu_count() or 1
+    if raw == "gpu":
+        raise argparse.ArgumentTypeError("--nproc-per-node gpu: aiodist runs on CPUs (use a number, auto or cpu)")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--nproc-per-node must be a number, auto or cpu, not {raw!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--nproc-per-node must be >= 1, got {n}")
+    return n
+
+
+def _rdzv_conf_arg(raw: str) -> dict[str, str]:
+    """torchrun's ``key=value,key=value``."""
+    conf: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"--rdzv-conf takes key=value pairs separated by commas, got {item!r}")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def _flags(name: str) -> list[str]:
+    """``--nproc-per-node`` and torchrun's ``--nproc_per_node``."""
+    underscored = "--" + name[2:].replace("-", "_")
+    return [name, underscored] if underscored != name else [name]
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``run`` to ``parser``."""
-    parser.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=int, default=1,
-                        metavar="N", help="ranks to start on this node (default: 1)")
+    parser.add_argument("-n", *_flags("--nproc-per-node"), dest="nproc_per_node", type=_nproc_arg,
+                        default=DEFAULT_NPROC, metavar="N",
+                        help=f"ranks to start on this node: a number, or auto/cpu for one per CPU "
+                             f"(default: {DEFAULT_NPROC})")
     parser.add_argument("--nnodes", type=_nnodes_arg, default=1, metavar="N|MIN:MAX",
                         help="number of nodes (default: 1); MIN:MAX: elastic, the nodes meet in rounds at "
                              "--master-addr:--master-port (see aiodist.launch.elastic)")
-    parser.add_argument("--rdzv-last-call", dest="rdzv_last_call", type=float, default=1.0, metavar="SECONDS",
-                        help="elastic: seconds more nodes may join once MIN are there (default: 1)")
-    parser.add_argument("--rdzv-timeout", dest="rdzv_timeout", type=float, default=300.0, metavar="SECONDS",
-                        help="elastic: seconds to wait for a complete round (default: 300)")
-    parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
+    parser.add_argument(*_flags("--node-rank"), dest="node_rank", type=int, default=0,
                         help="this node's rank among the nodes (default: 0)")
-    parser.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
-                        help="address of rank 0's node (default: 127.0.0.1)")
-    parser.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=None,
+    parser.add_argument(*_flags("--master-addr"), dest="master_addr", default=None, metavar="HOST",
+                        help="address of rank 0's node, where the rendezvous store runs (default: 127.0.0.1)")
+    parser.add_argument(*_flags("--master-port"), dest="master_port", type=int, default=None, metavar="PORT",
                         help="port of the rendezvous store (default: a free port, new for every attempt; "
                              "required with --nnodes > 1)")
-    parser.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0,
-                        help="restart the whole job up to this many times after a failure (default: 0)")
-    parser.add_argument("--run-id", "--run_id", dest="run_id", default="none",
+    parser.add_argument("--standalone", action="store_true",
+                        help="torchrun's single-node mode: the store on this host at a free port "
+                             "(what aiodist does anyway with --nnodes 1)")
+    parser.add_argument(*_flags("--rdzv-backend"), dest="rdzv_backend", default=None, metavar="NAME",
+                        help="torchrun's rendezvous backend: c10d or static are accepted (aiodist's own "
+                             "rendezvous runs either way)")
+    parser.add_argument(*_flags("--rdzv-endpoint"), dest="rdzv_endpoint", default=None, metavar="HOST[:PORT]",
+                        help="the rendezvous store's address: the same as --master-addr HOST --master-port PORT")
+    parser.add_argument(*_flags("--rdzv-id"), dest="rdzv_id", default=None, metavar="ID",
+                        help="job id: the same as --run-id")
+    parser.add_argument(*_flags("--rdzv-conf"), dest="rdzv_conf", type=_rdzv_conf_arg, default={},
+                        metavar="K=V,...",
+                        help="rendezvous options; join_timeout=SECONDS and last_call_timeout=SECONDS are used "
+                             "(as --rdzv-timeout and --rdzv-last-call), others are ignored")
+    parser.add_argument("--rdzv-last-call", dest="rdzv_last_call", type=float, default=None, metavar="SECONDS",
+                        help="elastic: seconds more nodes may join once MIN are there (default: 1)")
+    parser.add_argument("--rdzv-timeout", dest="rdzv_timeout", type=float, default=None, metavar="SECONDS",
+                        help="elastic: seconds to wait for a complete round (default: 300)")
+    parser.add_argument(*_flags("--max-restarts"), dest="max_restarts", type=int, default=None, metavar="K",
+                        help="restart the whole job up to K times after a failure (default: 0; 3 with "
+                             "--on-failure restart)")
+    parser.add_argument("--on-failure", dest="on_failure", choices=_ON_FAILURE, default=None,
+                        help="what a rank's failure does to the others: stop (stop them and exit non-zero; the "
+                             "default), restart (stop them and start the whole job again, up to --max-restarts "
+                             "times; the default when --max-restarts is given), continue (let the survivors run "
+                             "to their end, then report every failure and exit non-zero)")
+    parser.add_argument(*_flags("--run-id"), dest="run_id", default=None,
                         help="job id given to the ranks as TORCHELASTIC_RUN_ID / AIODIST_RUN_ID (default: none)")
     parser.add_argument("--grace-period", dest="grace_period", type=float, default=5.0, metavar="SECONDS",
                         help="seconds between SIGTERM and SIGKILL when stopping ranks (default: 5)")
@@ -66,7 +133,60 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-m", "--module", action="store_true",
                         help="treat the program as a module name, as with `python -m`")
     parser.add_argument("program", help="the program file (or module name with -m)")
-    parser.add_argument("program_args", nargs=argparse.REMAINDER, help="arguments for the program")
+    parser.add_argument("program_args", nargs=argparse.REMAINDER,
+                        help="arguments for the program (everything after it is passed on, options included)")
+
+
+def resolve_options(args: argparse.Namespace) -> argparse.Namespace:
+    """Fold torchrun's spellings into aiodist's options (in place); raises ValueError for a contradiction."""
+    if args.rdzv_backend is not None and args.rdzv_backend not in ("c10d", "static", "etcd-v2", "etcd"):
+        raise ValueError(f"--rdzv-backend {args.rdzv_backend!r}: aiodist accepts c10d or static")
+    if args.rdzv_backend in ("etcd", "etcd-v2"):
+        raise ValueError("--rdzv-backend etcd: aiodist has no etcd rendezvous; use c10d (its own store)")
+    if args.rdzv_endpoint:
+        host, sep, port = args.rdzv_endpoint.rpartition(":")
+        if not sep:
+            host, port = args.rdzv_endpoint, ""
+        if args.master_addr is not None and args.master_addr != host:
+            raise ValueError(f"--rdzv-endpoint {args.rdzv_endpoint} and --master-addr {args.master_addr} disagree")
+        args.master_addr = host.strip("[]") or None
+        if port:
+            try:
+                p = int(port)
+            except ValueError:
+                raise ValueError(f"--rdzv-endpoint {args.rdzv_endpoint!r}: the port must be a number") from None
+            if args.master_port is not None and args.master_port != p:
+                raise ValueError(f"--rdzv-endpoint {args.rdzv_endpoint} and --master-port {args.master_port} disagree")
+            args.master_port = p
+    if args.master_addr is None:
+        args.master_addr = "127.0.0.1"
+    if args.rdzv_id is not None:
+        if args.run_id is not None and args.run_id != args.rdzv_id:
+            raise ValueError(f"--rdzv-id {args.rdzv_id} and --run-id {args.run_id} disagree")
+        args.run_id = args.rdzv_id
+    if args.run_id is None:
+        args.run_id = "none"
+    conf = args.rdzv_conf or {}
+    for key, dest in (("join_timeout", "rdzv_timeout"), ("last_call_timeout", "rdzv_last_call")):
+        if key in conf and getattr(args, dest) is None:
+            try:
+                setattr(args, dest, float(conf[key]))
+            except ValueError:
+                raise ValueError(f"--rdzv-conf {key}={conf[key]!r}: expected seconds") from None
+    if args.rdzv_timeout is None:
+        args.rdzv_timeout = 300.0
+    if args.rdzv_last_call is None:
+        args.rdzv_last_call = 1.0
+    if args.standalone and args.nnodes not in (1, (1, 1)):
+        raise ValueError("--standalone runs one node: drop --nnodes")
+    if args.on_failure is None:
+        args.on_failure = "restart" if args.max_restarts else "stop"
+    if args.max_restarts is None:
+        args.max_restarts = 3 if args.on_failure == "restart" else 0
+    if args.on_failure != "restart" and args.max_restarts:
+        raise ValueError(f"--max-restarts {args.max_restarts} restarts the job: it contradicts --on-failure "
+                         f"{args.on_failure}")
+    return args
 
 
 def add_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -85,18 +205,17 @@ def add_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def build_command(program: str, args: Sequence[str], *, module: bool = False, python: str | None = None) -> list[str]:
-    """The argv that starts one rank of ``program`` (rule: :mod:`aiodist.launch.program`)."""
+    """The argv that starts one rank of ``program``: always through the bootstrap.
+
+    The bootstrap applies the rule of :mod:`aiodist.launch.program` in the
+    child (a script runs as ``python prog.py`` would run it, a module with a
+    ``main`` has it called) and records how the rank ended for the launcher
+    (see :mod:`aiodist.launch.outcome`).
+    """
     exe = python or sys.executable
-    if module:  # the bootstrap decides in the child, where the module's sys.path is right
+    if module:
         return [exe, "-m", "aiodist.launch_bootstrap", "-m", program, *args]
-    try:
-        with open(program, "rb") as f:
-            source = f.read()
-    except OSError:
-        return [exe, program, *args]  # python reports the missing file in each rank
-    if classify_source(source, filename=program) is ProgramKind.MAIN_FUNCTION:
-        return [exe, "-m", "aiodist.launch_bootstrap", program, *args]
-    return [exe, program, *args]
+    return [exe, "-m", "aiodist.launch_bootstrap", program, *args]
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -104,6 +223,7 @@ def run_command(args: argparse.Namespace) -> int:
     from .elastic import launch_elastic, parse_nnodes
 
     try:
+        resolve_options(args)
         min_nodes, max_nodes = parse_nnodes(args.nnodes) if isinstance(args.nnodes, str) else (
             args.nnodes if isinstance(args.nnodes, tuple) else (args.nnodes, args.nnodes))
         elastic = min_nodes != max_nodes
@@ -115,6 +235,7 @@ def run_command(args: argparse.Namespace) -> int:
             master_addr=args.master_addr,
             master_port=args.master_port,
             max_restarts=args.max_restarts,
+            on_failure=args.on_failure,
             run_id=args.run_id,
             grace_period=args.grace_period,
             timeout=args.timeout,

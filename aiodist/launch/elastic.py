@@ -106,7 +106,8 @@ async def launch_elastic(
             host, _, port = bytes(await store.get(key, timeout=rdzv_timeout)).decode().rpartition("|")
             say(f"round {r.round}: node {r.rank} of {r.world_size} (workers' store {host}:{port})")
             cfg = dataclasses.replace(config, nnodes=r.world_size, node_rank=r.rank, master_addr=host,
-                                      master_port=int(port), max_restarts=0, restart_base=restarts)
+                                      master_port=int(port), max_restarts=0, restart_base=restarts,
+                                      on_failure="stop" if config.on_failure == "restart" else config.on_failure)
             result = await launch(cfg, stdout=stdout, stderr=stderr, log=log, handle_signals=handle_signals)
             if result.ok or result.signal is not None or result.timed_out or restarts >= config.max_restarts:
                 return dataclasses.replace(result, attempts=restarts + 1)

@@ -6,12 +6,14 @@ each with the prefix, and keeps the unfinished tail for the next chunk.
 
 from __future__ import annotations
 
+from .conventions import rank_tag
+
 __all__ = ["LinePrefixer", "rank_prefix"]
 
 
 def rank_prefix(rank: int) -> bytes:
-    """The tag for ``rank``'s lines: ``b"[rank2]: "``."""
-    return f"[rank{rank}]: ".encode()
+    """The tag for ``rank``'s lines: ``b"[rank2]: "`` (:func:`~aiodist.launch.conventions.rank_tag`)."""
+    return rank_tag(rank).encode()
 
 
 class LinePrefixer:

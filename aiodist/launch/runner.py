@@ -3,7 +3,10 @@
 Used by the bootstrap (``python -m aiodist.launch_bootstrap``) and by the
 children of :func:`aiodist.spawn`: a coroutine gets a fresh event loop of its
 own (uvloop's when installed, unless ``AIODIST_NO_UVLOOP=1``; see
-:mod:`aiodist.eventloop`), closed when it finishes.
+:mod:`aiodist.eventloop`), closed when it finishes. When it returns (not when
+it raises), :func:`aiodist.api.finish_rank` runs on the same loop: the rank's
+groups are destroyed in order (peers are told it left) and operations never
+awaited are an error.
 """
 
 from __future__ import annotations
@@ -15,11 +18,33 @@ from typing import Any
 
 from ..eventloop import loop_factory
 
-__all__ = ["call_entry", "run_awaitable"]
+__all__ = ["call_entry", "finishing_asyncio_run", "run_awaitable"]
 
 
 async def _await(aw: Awaitable[Any]) -> Any:
     return await aw
+
+
+async def _main_then_finish(aw: Awaitable[Any], *, always: bool = True) -> Any:
+    """Await a rank's main, then finish the rank; how it ended is recorded while the loop still runs.
+
+    ``always=False``: finish only if the rank still has a default group (a
+    program's own ``asyncio.run``).
+    """
+    from ..api import finish_rank
+    from ..context import get_default_group
+    from . import outcome
+
+    try:
+        result = await aw
+        if always or get_default_group() is not None:
+            await finish_rank()
+    except BaseException as exc:
+        outcome.rank_ended(exc)
+        raise
+    if always:  # (a script's asyncio.run: the script may go on; the bootstrap records its end)
+        outcome.rank_ended(None)
+    return result
 
 
 def run_awaitable(aw: Awaitable[Any]) -> Any:
@@ -34,8 +59,26 @@ def run_awaitable(aw: Awaitable[Any]) -> Any:
 
 
 def call_entry(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call ``fn``; if it returns an awaitable (an ``async def``), run that to completion too."""
+    """Call a rank's ``fn``; if it returns an awaitable (an ``async def``), run that, then ``finish_rank()``."""
     result = fn(*args, **kwargs)
     if inspect.isawaitable(result):
-        return run_awaitable(result)
+        return run_awaitable(_main_then_finish(result))
     return result
+
+
+def finishing_asyncio_run(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``asyncio.run`` for a launched script: when its coroutine returns, the rank is finished on the same loop.
+
+    A script run by ``aiodist run`` that calls ``asyncio.run(main())`` and never
+    destroys its process group gets what a module's ``main`` gets: the group
+    destroyed in order (peers are told it left) and operations never awaited
+    reported as an error. Anything but a coroutine goes to ``original`` as is.
+    """
+
+    def run(main: Any, *args: Any, **kwargs: Any) -> Any:
+        if not inspect.iscoroutine(main):
+            return original(main, *args, **kwargs)
+        return original(_main_then_finish(main, always=False), *args, **kwargs)
+
+    run.__doc__ = original.__doc__
+    return run

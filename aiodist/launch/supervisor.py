@@ -3,11 +3,18 @@
 One *attempt* starts every local rank with its environment
 (:func:`aiodist.launch.env.rank_env`), copies each rank's stdout and stderr to
 the launcher's own, line by line with a ``[rankN]: `` prefix, and waits. The
-first rank that exits non-zero or is killed by a signal fails the attempt: the
-launcher names it, sends SIGTERM to the others, and SIGKILL to whatever is
-still alive ``grace_period`` seconds later. With ``max_restarts`` the whole job
-is started again (a fresh MASTER_PORT when the launcher picks it, the restart
-count incremented in TORCHELASTIC_RESTART_COUNT / AIODIST_RESTART_COUNT).
+first rank that exits non-zero or is killed by a signal fails the attempt.
+The launcher then names the *root cause*, not merely the first rank to exit:
+each rank records how it ended (:mod:`aiodist.launch.outcome`: its own
+exception, or the consequence of another rank's failure), and the launcher
+waits up to :data:`BLAME_WAIT` seconds for the record that settles it. What
+happens next is ``on_failure``: ``"stop"`` sends SIGTERM to the others, and
+SIGKILL to whatever is still alive ``grace_period`` seconds later;
+``"restart"`` does the same and starts the whole job again, up to
+``max_restarts`` times (a fresh MASTER_PORT when the launcher picks it, the
+restart count incremented in TORCHELASTIC_RESTART_COUNT /
+AIODIST_RESTART_COUNT); ``"continue"`` lets the survivors run to their end and
+reports every failure then.
 
 SIGINT and SIGTERM sent to the launcher are forwarded to the ranks, which are
 then stopped the same way; a second signal during that kills them at once.
@@ -31,13 +38,16 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from ..errors import LaunchError
+from . import outcome as outcomes
 from .env import merged_env, rank_env
+from .outcome import Blame
 from .prefix import LinePrefixer, rank_prefix
 from .status import failure_message, launcher_exit_code
 
@@ -46,6 +56,10 @@ __all__ = ["LaunchConfig", "LaunchResult", "RankExit", "launch", "free_port"]
 _DRAIN_TIMEOUT = 2.0  # output still buffered in a dead rank's pipes
 _KILL_WAIT = 5.0  # after SIGKILL
 TIMEOUT_EXIT_CODE = 124  # as timeout(1)
+BLAME_WAIT = 3.0
+"""Seconds the launcher waits, after the first failure, for the record of the rank that started it."""
+_POLL = 0.05  # how often the ranks' end records are read while waiting for them
+ON_FAILURE = ("stop", "restart", "continue")
 
 # Each rank leads a process group of its own: a Ctrl-C at the terminal reaches
 # the launcher only (which forwards it once), and stopping a rank also stops
@@ -66,6 +80,9 @@ class LaunchConfig:
     master_port: int | None = None
     """``None``: the launcher picks a free port, a new one for every attempt (single node only)."""
     max_restarts: int = 0
+    on_failure: str = "stop"
+    """What a rank's failure does: ``"stop"`` the others (with ``max_restarts`` > 0: restart), ``"restart"`` the
+    whole job (up to ``max_restarts`` times), or ``"continue"``: the survivors run to their end."""
     run_id: str = "none"
     grace_period: float = 5.0
     """Seconds between SIGTERM and SIGKILL when stopping ranks."""
@@ -89,6 +106,10 @@ class LaunchConfig:
             raise ValueError(f"node_rank must be in [0, {self.nnodes}), got {self.node_rank}")
         if self.max_restarts < 0:
             raise ValueError("max_restarts must be >= 0")
+        if self.on_failure not in ON_FAILURE:
+            raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, not {self.on_failure!r}")
+        if self.on_failure == "continue" and self.max_restarts:
+            raise ValueError("on_failure='continue' never restarts: max_restarts must be 0")
         if self.grace_period < 0:
             raise ValueError("grace_period must be >= 0")
         if self.timeout is not None and self.timeout <= 0:
@@ -118,7 +139,9 @@ class LaunchResult:
     exit_code: int
     attempts: int
     failures: tuple[RankExit, ...] = ()
-    """Ranks of the last attempt that failed on their own; the first is the one that failed the job."""
+    """Ranks of the last attempt that failed (stopped ones excepted); the root cause's first when it exited non-zero."""
+    root_cause: Blame | None = None
+    """The rank that started the failure of the last attempt, and how (see :mod:`aiodist.launch.outcome`)."""
     signal: int | None = None
     """The signal that interrupted the launcher, if one did."""
     timed_out: bool = False
@@ -274,9 +297,11 @@ class _Attempt:
         events: asyncio.Queue[_Event],
         out: _Sink,
         err: _Sink,
+        status_dir: str,
     ) -> None:
         self._config = config
         self.index = index
+        self.status_dir = status_dir
         self._master_port = master_port
         self._events = events
         self._out = out
@@ -285,6 +310,7 @@ class _Attempt:
         self._watchers: list[asyncio.Task[None]] = []
         self._exits: list[tuple[RankExit, bool]] = []  # (exit, observed before stop began)
         self.stopping = False
+        self.running_count = 0
 
     def _rank(self, local_rank: int) -> int:
         return self._config.node_rank * self._config.nproc_per_node + local_rank
@@ -312,6 +338,7 @@ class _Attempt:
                 ),
                 nproc_per_node=cfg.nproc_per_node,
             )
+            env[outcomes.STATUS_DIR_ENV] = self.status_dir
             rank = self._rank(local_rank)
             transport, protocol = await loop.subprocess_exec(
                 lambda: _RankProtocol(rank, self._out, self._err),
@@ -326,6 +353,7 @@ class _Attempt:
             )
             started = _Rank(local_rank, transport, protocol)
             self._ranks.append(started)
+            self.running_count += 1
             self._watchers.append(asyncio.create_task(self._watch(started)))
 
     async def _watch(self, started: _Rank) -> None:
@@ -344,18 +372,64 @@ class _Attempt:
         self._exits.append((ended, not self.stopping))
         self._events.put_nowait(_Exited(self.index, ended))
 
-    async def wait(self) -> _Event | None:
-        """Wait until every rank succeeded (``None``), one failed (its ``_Exited``), or a signal/timeout event."""
-        running = len(self._ranks)
-        while running:
+    async def wait(self, *, all_ranks: bool = False) -> _Event | None:
+        """Wait until every rank succeeded (``None``), one failed (its ``_Exited``), or a signal/timeout event.
+
+        ``all_ranks``: a failure does not end the wait; it returns once every rank
+        has exited (the first failure's ``_Exited``, or None) or at a signal/timeout.
+        """
+        first: _Exited | None = None
+        while self.running_count:
             event = await self._events.get()
             if not isinstance(event, _Exited):
                 return event
             if event.attempt != self.index:
                 continue
-            running -= 1
+            self.running_count -= 1
             if event.exit.returncode != 0:
-                return event
+                if not all_ranks:
+                    return event
+                first = first or event
+        return first
+
+    async def settle_blame(self, limit: float) -> Blame | None:
+        """After a failure: wait (up to ``limit`` s) until the root cause is known, then return it.
+
+        Known when a rank failed on its own (its record says so, or it died
+        without a record), or every rank has exited. A signal or timeout event
+        that arrives meanwhile is put back for the caller.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        while True:
+            blame = self.blame()
+            if not self.running_count:
+                return blame
+            if blame is not None and blame.kind in ("raised", "signal", "exit") and self.exit_of(blame.rank):
+                return blame  # (a rank that recorded its error is on its way out: its exit status is its own)
+            left = deadline - loop.time()
+            if left <= 0:
+                return blame
+            try:
+                event = await asyncio.wait_for(self._events.get(), min(_POLL, left))
+            except TimeoutError:
+                continue
+            if not isinstance(event, _Exited):
+                self._events.put_nowait(event)
+                return self.blame()
+            if event.attempt == self.index:
+                self.running_count -= 1
+
+    def blame(self) -> Blame | None:
+        """The root cause as far as the exits and records seen so far tell."""
+        exits = [(e.rank, e.returncode) for e, _ in self._exits]
+        stopped = [e.rank for e, before_stop in self._exits if not before_stop]
+        return outcomes.root_cause(exits, outcomes.load(self.status_dir), stopped=stopped)
+
+    def exit_of(self, rank: int) -> RankExit | None:
+        for e, _ in self._exits:
+            if e.rank == rank:
+                return e
         return None
 
     def failures(self) -> tuple[RankExit, ...]:
@@ -454,9 +528,12 @@ async def launch(
             loop.add_signal_handler(signum, on_signal, signum)
             state.handlers.append(signum)
     timer = loop.call_later(config.timeout, events.put_nowait, _TimedOut()) if config.timeout else None
+    status = tempfile.TemporaryDirectory(prefix="aiodist-run-")
     try:
-        return await _run_attempts(config, events=events, state=state, out=out, err=err, say=say)
+        return await _run_attempts(config, events=events, state=state, out=out, err=err, say=say,
+                                   status_root=status.name)
     finally:
+        status.cleanup()
         if timer is not None:
             timer.cancel()
         for handled in state.handlers:
@@ -471,13 +548,19 @@ async def _run_attempts(
     out: _Sink,
     err: _Sink,
     say: Callable[[str], None],
+    status_root: str,
 ) -> LaunchResult:
     failures: tuple[RankExit, ...] = ()
+    blame: Blame | None = None
+    cont = config.on_failure == "continue"
     for index in range(config.max_restarts + 1):
         if state.signal is not None:
             return LaunchResult(exit_code=128 + state.signal, attempts=index, signal=state.signal)
         port = config.master_port if config.master_port is not None else free_port(config.master_addr)
-        attempt = _Attempt(config, index=index, master_port=port, events=events, out=out, err=err)
+        status_dir = os.path.join(status_root, f"attempt{index}")
+        os.makedirs(status_dir, exist_ok=True)
+        attempt = _Attempt(config, index=index, master_port=port, events=events, out=out, err=err,
+                           status_dir=status_dir)
         state.attempt = attempt
         outcome: _Event | None = None
         try:
@@ -487,10 +570,18 @@ async def _run_attempts(
                 raise LaunchError(f"cannot start {list(config.command)!r}: {exc}") from exc
             outcome = await attempt.wait()
             if isinstance(outcome, _Exited):
-                say(outcome.exit.message)
-                others = attempt.running()
-                if others:
-                    say(f"stopping the other {others} running rank(s)")
+                if cont:
+                    say(f"{outcome.exit.message}; the others go on (--on-failure continue)")
+                    outcome = await attempt.wait(all_ranks=True) or outcome
+                    blame = attempt.blame() if isinstance(outcome, _Exited) else None
+                else:
+                    blame = await attempt.settle_blame(BLAME_WAIT)
+                    if blame is not None:
+                        say(f"root cause: {blame.message}")
+                    say(outcome.exit.message)
+                    others = attempt.running()
+                    if others:
+                        say(f"stopping the other {others} running rank(s)")
         finally:
             forwarded = outcome.signum if isinstance(outcome, _Signalled) else signal.SIGTERM
             await attempt.stop(forwarded)
@@ -505,15 +596,25 @@ async def _run_attempts(
             say(f"the job exceeded its time limit of {config.timeout:g}s; stopped {attempt.size} rank(s)")
             return LaunchResult(exit_code=TIMEOUT_EXIT_CODE, attempts=index + 1, timed_out=True)
         failures = attempt.failures() or (outcome.exit,)
-        if failures[0] != outcome.exit:  # the culprit first
-            failures = (outcome.exit, *[f for f in failures if f != outcome.exit])
-        for other in failures[1:]:
-            say(f"also: {other.message}")
+        culprit = attempt.exit_of(blame.rank) if blame is not None else None
+        first = culprit if culprit is not None and culprit.returncode != 0 else outcome.exit
+        failures = (first, *[f for f in failures if f != first])  # the culprit first
+        if cont:
+            if blame is not None:
+                say(f"root cause: {blame.message}")
+            for f in failures:
+                say(f.message)
+        else:
+            for other in failures[1:]:
+                say(f"also: {other.message}")
         if index < config.max_restarts and state.signal is None:
             say(f"restarting the job (restart {index + 1} of {config.max_restarts})")
-    culprit = failures[0]
+    code = launcher_exit_code(failures[0].returncode)
+    if blame is not None and blame.kind == "raised" and (failures[0].rank != blame.rank or failures[0].returncode < 0):
+        code = 1  # it recorded its exception but was stopped before it exited
     return LaunchResult(
-        exit_code=launcher_exit_code(culprit.returncode),
+        exit_code=code,
         attempts=config.max_restarts + 1,
         failures=failures,
+        root_cause=blame,
     )

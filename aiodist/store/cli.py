@@ -15,15 +15,25 @@ from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
 
 def add_cli(subparsers: Any) -> None:
     """Add ``store serve`` to an argparse sub-parsers object (``func(args) -> int``)."""
-    store = subparsers.add_parser("store", help="the key-value store")
+    store = subparsers.add_parser("store", help="the key-value store (aiodist store serve --help)",
+                                  description="The key-value store. Its one subcommand, serve, runs a store server.")
     sub = store.add_subparsers(dest="store_command", metavar="SUBCOMMAND")
-    serve = sub.add_parser("serve", help="run a standalone store server")
+    serve = sub.add_parser("serve", help="run a standalone store server",
+                           description="Run a standalone store server (what rank 0 hosts in a job) until Ctrl-C "
+                                       "or SIGTERM; ranks reach it with init_process_group(store=...) or "
+                                       "TCPStore.connect(host, port).")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=29500, help="port (default: 29500; 0 picks a free one)")
-    serve.add_argument("--max-value-bytes", type=int, default=DEFAULT_MAX_VALUE_BYTES)
-    serve.add_argument("--max-key-bytes", type=int, default=DEFAULT_MAX_KEY_BYTES)
-    serve.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT, help="seconds; 0 disables")
-    serve.add_argument("--handshake-timeout", type=float, default=DEFAULT_HANDSHAKE_TIMEOUT)
+    serve.add_argument("--max-value-bytes", type=int, default=DEFAULT_MAX_VALUE_BYTES, metavar="N",
+                       help=f"largest value a client may store; bigger requests are refused "
+                            f"(default: {DEFAULT_MAX_VALUE_BYTES})")
+    serve.add_argument("--max-key-bytes", type=int, default=DEFAULT_MAX_KEY_BYTES, metavar="N",
+                       help=f"longest key a client may use (default: {DEFAULT_MAX_KEY_BYTES})")
+    serve.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT, metavar="SECONDS",
+                       help=f"close a client connection silent this long; 0 disables (default: {DEFAULT_IDLE_TIMEOUT:g})")
+    serve.add_argument("--handshake-timeout", type=float, default=DEFAULT_HANDSHAKE_TIMEOUT, metavar="SECONDS",
+                       help=f"drop a new connection that has not completed its handshake in this time "
+                            f"(default: {DEFAULT_HANDSHAKE_TIMEOUT:g})")
     serve.set_defaults(func=serve_main)
     store.set_defaults(func=lambda args: (store.print_help(), 2)[1])
 

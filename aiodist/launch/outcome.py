@@ -1,0 +1,276 @@
+"""How each rank ended, as the rank itself saw it, and which rank started a failure.
+
+A launched rank (the bootstrap, :mod:`aiodist.launch_bootstrap`) writes one
+small JSON record into ``$AIODIST_STATUS_DIR/rank<R>.json`` as it ends:
+
+* ``returned``: its main returned (or the script ran to its end);
+* ``raised``: an exception escaped; with its type, message, the user's line
+  that raised it, and, when the exception is the *consequence* of another
+  rank's failure (:class:`~aiodist.errors.PeerFailureError`, a lost store, a
+  group aborted because of a peer), the rank it blames and the operation it
+  was in;
+* ``exit``: ``sys.exit(N)``.
+
+The launcher reads the records of the ranks that ended and picks the root
+cause with :func:`root_cause` (pure): the first rank to fail *on its own*
+(an exception that is not a consequence, a signal the launcher did not send,
+an exit code without a record), else a rank that returned while the others
+still needed it (the ranks that failed blame it), else the rank most of them
+blame, else the first to exit. The message says which kind it was:
+``rank 2 raised RuntimeError: boom (train.py:41)``, ``rank 3 exited cleanly
+while ranks 0-2 wait in all_reduce #7``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .status import describe_returncode, signal_of
+
+__all__ = ["STATUS_DIR_ENV", "Blame", "describe_exception", "load", "raised_text", "rank_ended", "record", "root_cause"]
+
+STATUS_DIR_ENV = "AIODIST_STATUS_DIR"
+"""The directory a launched rank writes its end record into (set by the launcher)."""
+
+_INTERNAL_DIRS = (
+    os.path.dirname(os.path.abspath(os.__file__)) + os.sep,  # the standard library (asyncio, runpy, json, ...)
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # aiodist
+)
+
+
+def _user_frame(exc: BaseException) -> str | None:
+    """``"train.py:41"``: the innermost traceback frame outside aiodist and the standard library."""
+    where = None
+    for fs in traceback.extract_tb(exc.__traceback__):
+        if fs.filename.startswith("<frozen "):
+            continue
+        path = os.path.abspath(fs.filename)
+        if not path.startswith(_INTERNAL_DIRS):
+            where = f"{os.path.basename(fs.filename)}:{fs.lineno}"
+    return where
+
+
+def _blamed(exc: BaseException) -> tuple[int | None, str | None]:
+    """(rank blamed, operation) if ``exc`` is the consequence of another rank's failure, else (None, None)."""
+    from ..errors import AbortedError, PeerFailureError, StoreConnectionLost
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:  # the exception or what caused it
+        seen.add(id(e))
+        if isinstance(e, PeerFailureError):
+            rank = e.global_rank if e.global_rank is not None else e.rank
+            op = None
+            if e.op:
+                op = e.op if e.seq is None else f"{e.op} #{e.seq}"
+            return (rank if isinstance(rank, int) else -1), op
+        if isinstance(e, (StoreConnectionLost, AbortedError)):
+            return -1, None
+        e = e.__cause__ or e.__context__
+    return None, None
+
+
+def describe_exception(exc: BaseException) -> dict[str, Any]:
+    """The record of a rank that ``exc`` ended (see the module doc)."""
+    blamed, op = _blamed(exc)
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    if len(message) > 300:
+        message = message[:297] + "..."
+    out: dict[str, Any] = {"kind": "raised", "type": type(exc).__name__, "message": message,
+                           "where": _user_frame(exc)}
+    if blamed is not None:
+        out["blames"] = None if blamed < 0 else blamed
+        out["op"] = op
+    return out
+
+
+def record(outcome: Mapping[str, Any], *, rank: int | None = None) -> Path | None:
+    """Write the calling rank's end record (when launched: ``$AIODIST_STATUS_DIR`` is set); errors are ignored."""
+    directory = os.environ.get(STATUS_DIR_ENV)
+    if not directory:
+        return None
+    if rank is None:
+        raw = os.environ.get("RANK", "")
+        if not raw.isdigit():
+            return None
+        rank = int(raw)
+    data = {"rank": rank, "time": time.time(), **outcome}
+    path = Path(directory) / f"rank{rank}.json"
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, default=repr))
+        os.replace(tmp, path)
+    except OSError:
+        return None
+    return path
+
+
+def load(directory: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
+    """The records in ``directory``, by rank (unreadable ones are skipped)."""
+    out: dict[int, dict[str, Any]] = {}
+    for p in sorted(Path(directory).glob("rank*.json")):
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("rank"), int):
+            out[data["rank"]] = data
+    return out
+
+
+@dataclass(frozen=True)
+class Blame:
+    """The rank that started a failure, how (``kind``: raised, signal, exit, returned, unknown), and the message."""
+
+    rank: int
+    kind: str
+    message: str
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    parts: list[str] = []
+    rs = sorted(set(ranks))
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}\u2013{rs[j]}" if j > i + 1 else f"{rs[i]}, {rs[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def raised_text(rec: Mapping[str, Any]) -> str:
+    """``"raised RuntimeError: boom (train.py:41)"`` from a ``raised`` record."""
+    text = f"raised {rec.get('type', 'an exception')}"
+    if rec.get("message"):
+        text += f": {rec['message']}"
+    if rec.get("where"):
+        text += f" ({rec['where']})"
+    return text
+
+
+def _raised(rank: int, rec: Mapping[str, Any]) -> str:
+    return f"rank {rank} {raised_text(rec)}"
+
+
+def _blame_chain(rank: int, consequences: Mapping[int, Mapping[str, Any]]) -> int | None:
+    """Follow "rank r lost rank b" from ``rank`` to the first rank that is not itself a consequence."""
+    seen = {rank}
+    b = consequences[rank].get("blames")
+    while isinstance(b, int) and b in consequences and b not in seen:
+        seen.add(b)
+        nxt = consequences[b].get("blames")
+        if not isinstance(nxt, int):
+            break
+        b = nxt
+    return b if isinstance(b, int) else None
+
+
+def root_cause(
+    exits: Sequence[tuple[int, int]], records: Mapping[int, Mapping[str, Any]], *, stopped: Sequence[int] = ()
+) -> Blame | None:
+    """The rank that started the failure of a job (None: nothing failed).
+
+    ``exits``: (rank, returncode) in the order the ranks exited; ``records``:
+    the ranks' end records (:func:`load`); ``stopped``: ranks the launcher
+    itself stopped (their signal is not a cause).
+    """
+    failed = [(r, code) for r, code in exits if code != 0 and r not in stopped]
+    consequences = {r: rec for r, rec in records.items() if rec.get("kind") == "raised" and "blames" in rec}
+    if not failed and not consequences:
+        return None
+    exited = {r for r, _ in exits}
+    # 1. the earliest failure of a rank on its own
+    own: list[tuple[float, int, Blame]] = []
+    order = {r: i for i, (r, _) in enumerate(exits)}
+    for r, code in failed:
+        rec = records.get(r)
+        when = float(rec["time"]) if rec and isinstance(rec.get("time"), (int, float)) else float("inf")
+        if rec is None or rec.get("kind") == "returned":
+            if signal_of(code) is not None:
+                own.append((when, order[r], Blame(r, "signal", f"rank {r} was killed by {describe_returncode(code)}")))
+            else:
+                own.append((when, order[r], Blame(r, "exit", f"rank {r} exited with code {code}")))
+        elif rec.get("kind") == "exit":
+            own.append((when, order[r], Blame(r, "exit", f"rank {r} exited with code {rec.get('code', code)}")))
+    clean = {r for r, code in exits if code == 0}
+    for r, rec in records.items():  # an own exception counts from its record on, exited or not yet
+        if rec.get("kind") == "raised" and "blames" not in rec and r not in clean:
+            when = float(rec["time"]) if isinstance(rec.get("time"), (int, float)) else float("inf")
+            own.append((when, order.get(r, len(order)), Blame(r, "raised", _raised(r, rec))))
+    if own:
+        own.sort(key=lambda t: (t[0], t[1]))
+        return own[0][2]
+    # 2. a rank the others blame: it returned early, or it is still missing
+    votes: dict[int, list[int]] = {}
+    for r in sorted(consequences):
+        b = _blame_chain(r, consequences)  # rank 0 lost rank 1, which lost rank 3: rank 0 waits on rank 3 too
+        if b is not None:
+            votes.setdefault(b, []).append(r)
+    if votes:
+        culprit = max(sorted(votes), key=lambda b: len(votes[b]))
+        waiting = votes[culprit]
+        ops = sorted({str(records[r].get("op")) for r in waiting if records[r].get("op")})
+        where = f" in {' / '.join(ops)}" if ops else ""
+        rec = records.get(culprit)
+        who = "ranks" if len(waiting) > 1 else "rank"
+        if rec is not None and rec.get("kind") == "returned":
+            return Blame(culprit, "returned",
+                         f"rank {culprit} exited cleanly while {who} {_ranges(waiting)} wait{'s' if len(waiting) == 1 else ''}{where}")
+        if culprit not in exited:
+            return Blame(culprit, "unknown",
+                         f"rank {culprit} stopped responding (still running) while {who} {_ranges(waiting)} "
+                         f"wait{'s' if len(waiting) == 1 else ''}{where}")
+        return Blame(culprit, "unknown", f"rank {culprit} failed; {who} {_ranges(waiting)} lost it{where}")
+    # 3. the first to exit non-zero
+    if failed:
+        r, code = failed[0]
+        rec = records.get(r)
+        if rec is not None and rec.get("kind") == "raised":
+            return Blame(r, "raised", _raised(r, rec))
+        return Blame(r, "exit", f"rank {r} failed with {describe_returncode(code)}")
+    r = min(consequences)
+    return Blame(r, "raised", _raised(r, consequences[r]))
+
+
+_ENDED = False
+
+
+def rank_ended(exc: BaseException | None) -> None:
+    """Record how this launched rank ended (once: the first call wins); an own exception is flight-recorded too.
+
+    ``exc`` None: main returned. ``SystemExit`` is an exit (0/None: returned).
+    """
+    global _ENDED
+    if _ENDED:
+        return
+    _ENDED = True
+    if exc is None:
+        record({"kind": "returned"})
+        return
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None or code == 0:
+            record({"kind": "returned"})
+        else:
+            record({"kind": "exit", "code": code if isinstance(code, int) else 1, "message": "" if isinstance(code, int) else str(code)})
+        return
+    rec = describe_exception(exc)
+    rec["time"] = time.time()
+    record(rec)
+    if "blames" not in rec:  # the rank's own error: the flight recorder names it (its peers' records follow from it)
+        from .. import flight
+
+        try:
+            flight.dump(raised_text(rec), outcome=rec)
+        except Exception:
+            pass

@@ -1,0 +1,83 @@
+"""Every ``aiodist`` subcommand answers ``--help`` with text for every option; torchrun's flags are accepted."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiodist.cli import build_parser
+from aiodist.launch.cli import configure_parser, resolve_options
+from aiodist.launch.conventions import DEFAULT_NPROC, rank_tag
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _aiodist(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "aiodist", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["store", "--help"], ["store", "serve", "--help"],
+                                  ["trace", "--help"], ["sim", "--help"], ["sim", "run", "--help"]])
+def test_every_subcommand_answers_help(args: list[str]) -> None:
+    out = _aiodist(*args)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage:")
+
+
+def _parsers() -> list[argparse.ArgumentParser]:
+    found: list[argparse.ArgumentParser] = []
+    todo = [build_parser()]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+    return found
+
+
+def test_every_option_of_aiodists_own_subcommands_has_help_text() -> None:
+    missing = []
+    for p in _parsers():
+        if p.prog.endswith(" sim"):
+            continue  # the simulator's own parser (python -m sim) answers for itself
+        for action in p._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            if not action.help or action.help == argparse.SUPPRESS:
+                missing.append(f"{p.prog} {'/'.join(action.option_strings) or action.dest}")
+    assert not missing, missing
+
+
+def _run_args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    configure_parser(p)
+    return resolve_options(p.parse_args([*argv, "prog.py"]))
+
+
+def test_torchruns_flags_are_accepted_and_mean_the_same() -> None:
+    a = _run_args("--standalone", "--nproc_per_node", "2", "--max_restarts", "1")
+    assert (a.nproc_per_node, a.max_restarts, a.on_failure, a.master_addr) == (2, 1, "restart", "127.0.0.1")
+    b = _run_args("--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h0:29400",
+                  "--rdzv-id", "job7", "--rdzv-conf", "join_timeout=60,last_call_timeout=2,foo=bar")
+    assert (b.nnodes, b.node_rank, b.master_addr, b.master_port, b.run_id) == (2, 1, "h0", 29400, "job7")
+    assert (b.rdzv_timeout, b.rdzv_last_call) == (60.0, 2.0)
+    c = _run_args("--master_addr", "10.0.0.1", "--master_port", "1234", "--nproc-per-node", "auto")
+    assert (c.master_addr, c.master_port) == ("10.0.0.1", 1234) and c.nproc_per_node >= 1
+    assert _run_args().nproc_per_node == DEFAULT_NPROC
+    with pytest.raises(ValueError, match="etcd"):
+        _run_args("--rdzv-backend", "etcd")
+    with pytest.raises(ValueError, match="disagree"):
+        _run_args("--rdzv-endpoint", "h0:1", "--master-port", "2")
+    with pytest.raises(ValueError, match="contradicts"):
+        _run_args("--on-failure", "continue", "--max-restarts", "2")
+
+
+def test_one_rank_prefix_and_one_default_world_size() -> None:
+    assert rank_tag(3) == "[rank3]: "
+    assert f"default: {DEFAULT_NPROC}" in _aiodist("run", "--help").stdout

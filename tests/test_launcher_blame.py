@@ -1,0 +1,202 @@
+"""The launcher names the rank whose own failure started a job's failure, and says how; ``--on-failure``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from aiodist.launch.outcome import root_cause
+from test_launcher_run import launch_source
+
+# ------------------------------------------------------------------ pure: root_cause
+
+
+def test_an_own_exception_is_the_cause_even_when_a_consequence_exited_first() -> None:
+    records = {
+        0: {"kind": "raised", "type": "PeerFailureError", "blames": 2, "op": "all_reduce #5", "time": 1.0},
+        2: {"kind": "raised", "type": "RuntimeError", "message": "boom", "where": "train.py:41", "time": 2.0},
+    }
+    blame = root_cause([(0, 1), (2, 1)], records)
+    assert blame is not None and (blame.rank, blame.kind) == (2, "raised")
+    assert blame.message == "rank 2 raised RuntimeError: boom (train.py:41)"
+
+
+def test_the_earliest_own_failure_wins_and_a_record_counts_before_the_exit() -> None:
+    records = {
+        1: {"kind": "raised", "type": "ValueError", "message": "late", "time": 5.0},
+        3: {"kind": "raised", "type": "KeyError", "message": "'x'", "time": 4.0},
+    }
+    blame = root_cause([(1, 1)], records)  # rank 3 has recorded its error but not exited yet
+    assert blame is not None and blame.rank == 3
+
+
+def test_a_signal_or_a_bare_exit_code_is_an_own_failure_unless_the_launcher_stopped_it() -> None:
+    blame = root_cause([(0, 1), (1, -9)], {0: {"kind": "raised", "blames": 1, "time": 1.0}})
+    assert blame is not None and blame.kind == "signal" and blame.message == "rank 1 was killed by signal SIGKILL (9)"
+    blame = root_cause([(0, 1), (1, -15)], {0: {"kind": "raised", "blames": 1, "time": 1.0}}, stopped=[1])
+    assert blame is not None and blame.rank == 1 and blame.kind == "unknown"
+    blame = root_cause([(2, 3)], {2: {"kind": "exit", "code": 3}})
+    assert blame is not None and blame.message == "rank 2 exited with code 3"
+
+
+def test_a_clean_exit_that_the_others_lost_is_named_with_what_they_wait_in() -> None:
+    records = {
+        3: {"kind": "returned"},
+        1: {"kind": "raised", "blames": 3, "op": "all_reduce #7"},
+        2: {"kind": "raised", "blames": 3, "op": "all_reduce #7"},
+        0: {"kind": "raised", "blames": 1, "op": "all_reduce #7"},  # lost rank 1, which lost rank 3
+    }
+    blame = root_cause([(3, 0), (1, 1), (2, 1), (0, 1)], records)
+    assert blame is not None and (blame.rank, blame.kind) == (3, "returned")
+    assert blame.message == "rank 3 exited cleanly while ranks 0\u20132 wait in all_reduce #7"
+
+
+def test_nothing_failed_means_no_cause() -> None:
+    assert root_cause([(0, 0), (1, 0)], {0: {"kind": "returned"}, 1: {"kind": "returned"}}) is None
+
+
+# ------------------------------------------------------------------ real processes
+
+RAISES = """
+import numpy as np
+import aiodist
+
+
+async def main():
+    await aiodist.init_process_group()
+    x = np.ones(1000)
+    for _ in range(3):
+        await aiodist.all_reduce(x)
+    if aiodist.get_rank() == 2:
+        raise RuntimeError("boom")
+    for _ in range(10000):
+        await aiodist.all_reduce(x)
+"""
+
+
+async def test_rank_2_raising_is_named_not_the_first_rank_to_exit(tmp_path: Path, monkeypatch) -> None:
+    flight = tmp_path / "flight"
+    monkeypatch.setenv("AIODIST_FLIGHT_RECORDER_DIR", str(flight))
+    for _ in range(3):
+        run = await launch_source(tmp_path, RAISES, 4)
+        blame = run.result.root_cause
+        assert blame is not None and blame.rank == 2 and blame.kind == "raised", run.logs
+        assert blame.message == "rank 2 raised RuntimeError: boom (prog.py:12)"
+        assert run.result.failures[0].rank == 2 and run.result.exit_code == 1
+        assert "root cause: rank 2 raised RuntimeError: boom (prog.py:12)" in run.logs
+    # the rank that raised leaves a flight record of its own, and `aiodist trace` names it
+    record = json.loads((flight / "rank2.json").read_text())
+    assert record["outcome"]["type"] == "RuntimeError" and record["reason"] == "raised RuntimeError: boom (prog.py:12)"
+    from aiodist.flight import load, report
+
+    assert report(load(flight)).splitlines()[0] == "root cause: rank 2 raised RuntimeError: boom (prog.py:12)"
+
+
+async def test_a_rank_that_returns_early_is_named_as_such(tmp_path: Path) -> None:
+    run = await launch_source(
+        tmp_path,
+        """
+        import numpy as np
+        import aiodist
+
+        async def main():
+            await aiodist.init_process_group()
+            x = np.ones(10)
+            for _ in range(7):
+                await aiodist.all_reduce(x)
+            if aiodist.get_rank() == 3:
+                return
+            await aiodist.all_reduce(x)
+        """,
+        4,
+    )
+    blame = run.result.root_cause
+    assert blame is not None and (blame.rank, blame.kind) == (3, "returned"), run.logs
+    assert blame.message == "rank 3 exited cleanly while ranks 0\u20132 wait in all_reduce #7"
+
+
+async def test_a_script_with_its_own_asyncio_run_is_blamed_the_same_way(tmp_path: Path) -> None:
+    run = await launch_source(
+        tmp_path,
+        """
+        import asyncio, os
+
+        async def main():
+            if os.environ["RANK"] == "1":
+                raise ValueError("bad input")
+            await asyncio.sleep(30)
+
+        if __name__ == "__main__":
+            asyncio.run(main())
+        """,
+        2,
+    )
+    blame = run.result.root_cause
+    assert blame is not None and blame.message == "rank 1 raised ValueError: bad input (prog.py:6)", run.logs
+    # the traceback is the program's, without the bootstrap's frames
+    err = "\n".join(run.lines("err", 1))
+    assert "Traceback (most recent call last):" in err and "launch_bootstrap" not in err and "runpy" not in err
+
+
+async def test_on_failure_continue_lets_the_survivors_finish_and_reports_at_the_end(tmp_path: Path) -> None:
+    run = await launch_source(
+        tmp_path,
+        """
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            sys.exit(5)
+        time.sleep(1.0)
+        print("finished")
+        """,
+        3,
+        on_failure="continue",
+    )
+    assert not run.result.ok and run.result.exit_code == 5
+    assert [f.rank for f in run.result.failures] == [1]
+    for r in (0, 2):
+        assert run.lines("out", r) == ["finished"]
+    assert any("the others go on" in m for m in run.logs)
+    assert run.logs[-2:] == ["root cause: rank 1 exited with code 5", run.result.failures[0].message]
+
+
+async def test_on_failure_stop_is_the_default(tmp_path: Path) -> None:
+    run = await launch_source(
+        tmp_path,
+        """
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            sys.exit(5)
+        time.sleep(20)
+        print("finished")
+        """,
+        3,
+    )
+    assert run.result.exit_code == 5 and run.elapsed < 15
+    assert not run.lines("out", 0) and not run.lines("out", 2)
+
+
+# ------------------------------------------------------------------ leaving without destroy_process_group
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def test_the_tutorials_ring_all_reduce_without_destroy_finishes_cleanly(tmp_path: Path) -> None:
+    source = (ROOT / "examples" / "tutorial_ring.py").read_text()
+    assert "destroy_process_group()`" in source and "await aiodist.destroy_process_group" not in source
+    for _ in range(5):  # (base: 12 of 30 runs failed with "PeerFailureError ... connection lost")
+        run = await launch_source(tmp_path, source, 4)
+        assert run.result.ok, run.logs + [run.err[-2000:]]
+        for r in range(4):
+            assert run.lines("out", r) == [f"Rank {r} has data 10.0"]
+
+
+async def test_elastic_shrink_goes_on_under_the_launcher_with_on_failure_continue(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("ELASTIC_KILL", "2@37")
+    source = (ROOT / "examples" / "elastic_train.py").read_text()
+    (tmp_path / "train_dp.py").write_text((ROOT / "examples" / "train_dp.py").read_text())
+    run = await launch_source(tmp_path, source, 4, args=("--ckpt-dir", str(tmp_path / "ckpt"), "--shrink"),
+                              on_failure="continue")
+    assert run.result.exit_code == 128 + 9 and [f.rank for f in run.result.failures] == [2], run.logs
+    assert run.result.root_cause is not None and run.result.root_cause.kind == "signal"
+    assert any(line.endswith("going on with 3 ranks") for line in run.lines("out", 0))
+    assert "OK: weights equal the single-process reference" in "\n".join(run.lines("out", 0))
