@@ -316,3 +316,24 @@ async def test_a_mismatch_on_the_engine_path_raises_on_every_rank_within_a_secon
         assert took < 1.0, (took, msg)
     words = ("broadcast", "all_reduce") if kind == "op" else ("n=100000", "n=120000")
     assert any(all(w in msg for w in words) for _, msg in results), results
+
+
+async def test_the_engine_takes_bfloat16_and_strided_arrays(small_rounds: None) -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+
+    async def rank(r: int) -> Any:
+        await dist.init_process_group(timeout=20)
+        try:
+            x = np.full(100_000, r + 1, ml_dtypes.bfloat16)
+            await dist.all_reduce(x)
+            big = np.arange(400_000, dtype=np.float32).reshape(400, 1000) * (r + 1)
+            await dist.all_reduce(big[:, ::2])  # strided: the dtype layer stages it, the engine sees a copy
+            return x, big, repr(engine_of(dist._world()))
+        finally:
+            await dist.destroy_process_group()
+
+    base = np.arange(400_000, dtype=np.float32).reshape(400, 1000)
+    for r, (x, big, state) in enumerate(await ranks_with([{}] * 2, rank)):
+        assert x.dtype == ml_dtypes.bfloat16 and (x.astype(np.float32) == 3).all()
+        assert np.array_equal(big[:, ::2], base[:, ::2] * 3) and np.array_equal(big[:, 1::2], base[:, 1::2] * (r + 1))
+        assert state.endswith(" on>")
