@@ -336,16 +336,20 @@ async def _reduce_in_place(
 
     def reduce_block(block: int, targets: list[_Array]) -> None:
         lo, hi = offs[block], offs[block + 1]
+        # Straight into our own array when it is a target and one of the first two operands (it is
+        # only read before it is written then): one pass over memory fewer than through ``tmp``.
+        direct = me < 2 and arrays[me] in targets
+        others = [arr for arr in targets if not (direct and arr is arrays[me])]
         for a in range(lo, hi, tmp.size):
             b = min(hi, a + tmp.size)
             srcs = [arr.read(a, b, scratch[j]) for j, arr in enumerate(arrays)]
-            acc = tmp[: b - a]
+            acc = flat[a:b] if direct else tmp[: b - a]
             combine(acc, srcs[0], srcs[1])
             for src in srcs[2:]:
                 combine(acc, acc, src)
             if avg:
                 finish_avg(acc, avg)
-            for arr in targets:
+            for arr in others:
                 arr.write(a, acc)
 
     if into is not None:
