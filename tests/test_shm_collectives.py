@@ -17,7 +17,7 @@ from conftest import free_port, rank_context, rank_env
 
 import aiodist
 import aiodist.api as dist
-from aiodist.collectives import intranode
+from aiodist.collectives import intranode, intranode_ops
 from aiodist.comm.channel import GroupComm
 from aiodist.errors import GroupError
 from aiodist.net import shmpeer
@@ -337,3 +337,51 @@ async def test_the_engine_takes_bfloat16_and_strided_arrays(small_rounds: None) 
         assert x.dtype == ml_dtypes.bfloat16 and (x.astype(np.float32) == 3).all()
         assert np.array_equal(big[:, ::2], base[:, ::2] * 3) and np.array_equal(big[:, 1::2], base[:, 1::2] * (r + 1))
         assert state.endswith(" on>")
+
+
+@pytest.mark.parametrize("p", [2, 3])
+async def test_all_to_all_reads_large_blocks_in_place_and_sends_small_ones(p: int, monkeypatch: Any) -> None:
+    monkeypatch.setattr(intranode, "PAIR_MIN_BYTES", 64 << 10 if p == 3 else 32 << 10)
+    read: list[int] = []
+    real = intranode_ops._Array.read_into
+    monkeypatch.setattr(intranode_ops._Array, "read_into", lambda self, lo, out: (read.append(out.nbytes), real(self, lo, out)))
+
+    async def rank(r: int) -> Any:
+        await dist.init_process_group(timeout=20)
+        try:
+            await dist.all_reduce(np.ones(1 << 20, np.float32))  # an earlier collective turned the engine on
+            await dist.barrier()
+            read.clear()
+            await dist.barrier()
+            ins = [(j + 1) * (r + 1) * 5000 for j in range(p)]  # rank r sends rank j this many: uneven
+            outs = [(r + 1) * (j + 1) * 5000 for j in range(p)]
+            x = np.concatenate([np.full(n, 100 * r + j, np.float32) for j, n in enumerate(ins)])
+            out = np.zeros(sum(outs), np.float32)
+            await dist.all_to_all_single(out, x, output_split_sizes=outs, input_split_sizes=ins)
+            return np.split(out, np.cumsum(outs)[:-1])
+        finally:
+            await dist.destroy_process_group()
+
+    for r, blocks in enumerate(await ranks_with([{}] * p, rank)):
+        assert [set(b.tolist()) for b in blocks] == [{100.0 * j + r} for j in range(p)]
+    sizes = [4 * (r + 1) * (j + 1) * 5000 for r in range(p) for j in range(p) if r != j]
+    least = intranode.PAIR_MIN_BYTES
+    assert sorted(read) == sorted(n for n in sizes if n >= least) and read  # every large block, and only those, in place
+    assert any(n < least for n in sizes) or p == 2  # (and some small ones went as messages)
+
+
+async def test_all_to_all_blocks_of_other_sizes_are_a_mismatch_in_place_too(monkeypatch: Any) -> None:
+    monkeypatch.setattr(intranode, "PAIR_MIN_BYTES", 64 << 10)
+
+    async def rank(r: int) -> Any:
+        await dist.init_process_group(timeout=20)
+        try:
+            await dist.all_reduce(np.ones(1 << 20, np.float32))
+            n = 40_000 if r == 0 else 50_000  # rank 0 sends 160 KB, rank 1 expects 200 KB from it
+            x = np.zeros(2 * n, np.float32)
+            with pytest.raises(aiodist.CollectiveMismatchError):
+                await dist.all_to_all_single(np.zeros(2 * n, np.float32), x)
+        finally:
+            await dist.destroy_process_group()
+
+    await ranks_with([{}] * 2, rank, timeout=30)

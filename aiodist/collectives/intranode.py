@@ -82,7 +82,10 @@ from ..net import shmpeer
 from ..net.shmseg import PEERS, Segment, SegmentRef, SharedMemoryError
 from ..shared import locate
 
-__all__ = ["ENGINE_MIN_BYTES", "ENGINE_MIN_BYTES_MANY", "ROUND_BYTES", "NBUF", "CHUNK_BYTES", "GroupEngine", "engine_for"]
+__all__ = [
+    "ENGINE_MIN_BYTES", "ENGINE_MIN_BYTES_MANY", "PAIR_MIN_BYTES", "ROUND_BYTES", "NBUF", "CHUNK_BYTES",
+    "GroupEngine", "engine_for", "engine_on",
+]
 
 ENGINE_MIN_BYTES = 2 << 20
 """Collectives of two ranks with fewer bytes (per rank's array) take the usual message path: one
@@ -90,6 +93,9 @@ exchange of messages costs less than the engine's two or three messages and the 
 (each message a rank waits for is a wake-up, and on a busy machine a wait for the scheduler)."""
 ENGINE_MIN_BYTES_MANY = 1 << 20
 """The same for three ranks or more (the usual algorithms then take several steps)."""
+PAIR_MIN_BYTES = 1 << 20
+"""all_to_all: a block of at least this many bytes is read by its receiver in place (see
+:func:`aiodist.collectives.intranode_ops.exchange_in_place`); smaller ones travel as messages."""
 ROUND_BYTES = 4 << 20
 """Bytes of each of a rank's staging buffers: a larger array is moved in rounds of this size."""
 NBUF = 3
@@ -129,6 +135,18 @@ def engine_for(ch: Any, nbytes: int, algorithm: str | None) -> GroupEngine | Non
             return None
         eng = _ENGINES[comm] = GroupEngine(comm)
     return None if eng.state is State.OFF else eng
+
+
+def engine_on(ch: Any) -> GroupEngine | None:
+    """The group's engine if it is on and its members read each other's memory directly; never sets it up.
+
+    For operations whose sizes the ranks need not agree on (all_to_all): they
+    may use an engine some earlier collective set up, and decide pair by pair.
+    """
+    if type(ch) is not OpChannel:
+        return None
+    eng = _ENGINES.get(ch.comm)
+    return eng if eng is not None and eng.state is State.ON and eng.direct else None
 
 
 def key(round_: int, phase: int) -> tuple[Any, ...]:

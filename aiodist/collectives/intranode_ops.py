@@ -31,16 +31,18 @@ from typing import Any
 
 import errno
 
+import msgpack
 import numpy as np
 
 from ..comm.channel import OpChannel
-from ..errors import GroupError
+from ..errors import CollectiveMismatchError, GroupError
 from ..net import shmpeer
+from .buffers import EMPTY_OUT
 from .intranode import NBUF, ROUND_BYTES, GroupEngine, key
 from .ops import Combiner, ReduceOp, combiner, finish_avg
 from .schedules import partition
 
-__all__ = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]
+__all__ = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "exchange_in_place"]
 
 _HELLO, _PUB, _RED, _ACK, _DONE, _NEVER = 0, 1, 2, 3, 4, 5
 
@@ -512,3 +514,49 @@ async def broadcast(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int
         if k + NBUF < len(rounds):  # the root waits for this before it writes that buffer again
             await eng.tell(ch, [root], key(k, _ACK))
     eng.end(first, len(rounds))
+
+
+# ------------------------------------------------------------------ all_to_all
+
+
+async def exchange_in_place(
+    eng: GroupEngine, ch: OpChannel, key_: tuple[Any, ...], outs: list[np.ndarray], ins: list[np.ndarray], minimum: int
+) -> None:
+    """all_to_all's large blocks: each receiver reads its block straight out of the sender's array.
+
+    A pair whose block has at least ``minimum`` bytes (both ends know its size)
+    sends, under ``key_``, where the block is instead of the block itself; the
+    receiver copies it in place and answers *done* (``key_ + (1,)``), which the
+    sender waits for before it returns (its array must stay as it is till then).
+    A disagreement on the size shows as a message of the wrong size, as for a
+    block sent whole. The smaller blocks are left to the caller.
+    """
+    p, me = ch.size, ch.rank
+    peers = _others(p, me)
+    send_in_place = [j for j in peers if ins[j].nbytes >= minimum]
+    recv_in_place = [j for j in peers if outs[j].nbytes >= minimum]
+    for j in send_in_place:
+        await ch.send(j, key_, msgpack.packb([eng.describe(ins[j]), ins[j].nbytes]))
+    for j in recv_in_place:
+        raw = await ch.recv_bytes(j, key_)
+        desc = _unpack_block(raw, outs[j].nbytes, ch, j)
+        block = _Array(eng, j, desc, np.dtype(np.uint8), outs[j].nbytes)
+        await _direct(eng, ch, lambda: block.read_into(0, outs[j].view(np.uint8)), [])
+        await ch.send(j, key_ + (1,), b"")
+    for j in send_in_place:
+        await ch.recv_into(j, key_ + (1,), EMPTY_OUT)
+
+
+def _unpack_block(raw: memoryview, expected: int, ch: OpChannel, src: int) -> Any:
+    """The description of the block ``src`` sends in place; CollectiveMismatchError if it sent another size."""
+    try:
+        desc, nbytes = msgpack.unpackb(raw)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        desc, nbytes = None, raw.nbytes  # it sent its block whole: it expects another size than we do
+    if nbytes != expected or desc is None:
+        raise CollectiveMismatchError(
+            f"all_to_all: rank {src} sends this rank {nbytes} bytes but this rank expects {expected}",
+            calls={src: f"sends {nbytes} bytes", ch.rank: f"expects {expected} bytes"},
+            seq=ch.seq,
+        )
+    return desc
