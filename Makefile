@@ -1,11 +1,12 @@
 # The two commands of the README: `make demo` and `make test`.
 # Each creates .venv with the project installed (idempotent), then runs.
+# `make test-matrix`: the suite on every other supported Python found (.ci/test-matrix).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-matrix bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +20,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+test-matrix:
+	.ci/test-matrix
+
 bench: $(STAMP)
 	$(PY) benchmarks/store_bench.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-3.* build *.egg-info

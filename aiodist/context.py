@@ -1,4 +1,4 @@
-"""Per-rank context: the rank's environment, its network and its default group.
+"""Per-rank context: the rank's environment (from :mod:`.rankenv`), its network and its default group.
 
 In a real job one process is one rank, and these fall back to the process
 environment and the TCP network. In the simulator N ranks share a process;
@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import contextvars
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from .rankenv import getenv, rank_environ, set_rank_environ
 
 if TYPE_CHECKING:
     from .net.base import Network
 
-_env: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("aiodist_env", default=None)
+__all__ = [
+    "current_network", "get_default_group", "getenv", "new_rank_scope", "rank_environ", "rank_scope",
+    "set_default_group", "set_network", "set_rank_environ", "set_token_source", "token_bytes",
+]
+
 _network: contextvars.ContextVar[Network | None] = contextvars.ContextVar("aiodist_network", default=None)
 _scope: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("aiodist_rank_scope", default=None)
 _entropy: contextvars.ContextVar[Callable[[int], bytes] | None] = contextvars.ContextVar("aiodist_entropy", default=None)
@@ -26,25 +32,6 @@ _entropy: contextvars.ContextVar[Callable[[int], bytes] | None] = contextvars.Co
 _process_scope: dict[str, Any] = {}
 
 _tcp_network: Network | None = None
-
-
-def getenv(name: str, default: str | None = None) -> str | None:
-    """Look ``name`` up in this rank's environment (the process env outside the simulator)."""
-    env = _env.get()
-    if env is not None:
-        return env.get(name, default)
-    return os.environ.get(name, default)
-
-
-def rank_environ() -> Mapping[str, str]:
-    """This rank's whole environment mapping."""
-    env = _env.get()
-    return env if env is not None else os.environ
-
-
-def set_rank_environ(env: Mapping[str, str] | None) -> contextvars.Token[Mapping[str, str] | None]:
-    """Give the current context its own environment (used by the simulator)."""
-    return _env.set(None if env is None else dict(env))
 
 
 def token_bytes(n: int) -> bytes:

@@ -252,6 +252,16 @@ class PeerRefusedError(PeerFailureError):
         self.reason = reason
 
 
+class EvictedError(PeerFailureError):
+    """The other ranks declared *this* rank failed (it was silent too long: stopped, cut off, or its
+    event loop blocked), so its groups are broken.
+
+    ``.rank`` / ``.global_rank`` name this rank itself; ``.how`` says what the
+    others reported. Raised by every operation of a broken group on the rank
+    that was declared failed, instead of blaming the peer that hung up on it.
+    """
+
+
 class RendezvousTimeoutError(RendezvousError, TimeoutError):
     """Rendezvous did not complete in time.
 

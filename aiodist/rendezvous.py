@@ -4,8 +4,9 @@ Three ways in, as in torch:
 
 * ``env://`` reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``
   (and ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) from the rank's environment;
-  rank 0 starts the store server on ``MASTER_ADDR:MASTER_PORT``, the others
-  connect to it, retrying until the timeout;
+  rank 0 starts the store server on ``MASTER_ADDR:MASTER_PORT`` (unless
+  ``TORCHELASTIC_USE_AGENT_STORE=True``: then, as under torchrun, an agent
+  hosts it), the others connect to it, retrying until the timeout;
 * ``tcp://host:port`` does the same with the address from the URL and rank
   and world size from the arguments (or the environment);
 * ``store=`` uses a store the caller made (rank and world size from the
@@ -93,7 +94,7 @@ async def _open_store(host: str, port: int, rank: int, timeout: float) -> tuple[
 
     owned: list[Callable[[], Awaitable[None]]] = []
     server = None
-    if rank == 0:
+    if rank == 0 and (getenv("TORCHELASTIC_USE_AGENT_STORE") or "").lower() not in ("true", "1"):
         try:
             server = await StoreServer.start(host=host, port=port)
         except (OSError, ConnectionError) as e:

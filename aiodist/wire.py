@@ -17,6 +17,13 @@ bytes arrived (:meth:`FrameDecoder.buffer_updated`). While a large payload is
 arriving, ``get_buffer`` hands out the payload's final destination (possibly a
 caller-supplied buffer from a :data:`~aiodist.net.base.PayloadSink`), so the
 bytes are written once, by the kernel, where they belong.
+
+Memory follows bytes: nothing is filled in from what a prefix *claims*. A
+payload with no destination of its own gets uninitialised memory
+(:func:`payload_buffer`), whose pages the kernel provides as the bytes are
+written: address space is reserved for the claim, resident memory only for
+what arrives. A header larger than the staging area grows the staging area as
+its bytes arrive. Both stay within ``max_frame_size``.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from .errors import FrameTooLargeError, ProtocolError
 
@@ -48,11 +56,17 @@ _STAGING_MAX = (1 << 17) + (1 << 12)
 payload then arrives in one read and is decoded in one pass (two reads and two decoder passes
 cost more than copying it out of the staging area). Connections of small frames never grow."""
 
-DEFER: Any = type("Defer", (), {"__repr__": lambda self: "DEFER", "__slots__": ()})()
-"""A sink may return this: "no buffer yet". The decoder then stops at the
-payload (see :meth:`FrameDecoder.awaiting_target`) until
-:meth:`FrameDecoder.provide_target` names its destination; the connection
-should stop reading meanwhile, so the payload later lands in place."""
+def payload_buffer(nbytes: int) -> memoryview:
+    """A writable buffer of ``nbytes`` for a payload with no destination of its own.
+
+    Uninitialised (``numpy.empty``): nothing writes the claimed size up front,
+    so the pages of a large buffer (a fresh mapping) become resident only as
+    the received bytes are written into them, and a small one reuses freed
+    memory without clearing it first. The frame is delivered only once every
+    byte was written, so nothing stale is ever seen.
+    """
+    return np.empty(nbytes, dtype=np.uint8).data
+
 
 Sink = Callable[[dict[str, Any], int], Any]
 
@@ -109,12 +123,15 @@ _ST_PREAMBLE = 0
 _ST_PREFIX = 1
 _ST_HEADER = 2
 _ST_PAYLOAD = 3
-_ST_DEFERRED = 4  # a payload whose destination the sink has not named yet
-_ST_BROKEN = 5
-_STATE_NAMES = ("preamble", "prefix", "header", "payload", "deferred", "broken")
+_ST_BROKEN = 4
+_ST_DISCARD = 5  # released: whatever still arrives is dropped
+_STATE_NAMES = ("preamble", "prefix", "header", "payload", "broken", "discard")
+_DISCARD_SIZE = 1 << 12
 
 _unpack_prefix = _PREFIX_STRUCT.unpack_from
 _unpackb = msgpack.unpackb
+
+Frames = list[tuple[dict[str, Any], "memoryview | None"]]
 
 
 class FrameDecoder:
@@ -125,7 +142,7 @@ class FrameDecoder:
     as ``(header, payload)`` tuples, ``payload`` being ``None`` or a memoryview.
     Any violation raises :class:`ProtocolError` and leaves the decoder broken:
     the connection must be closed. Sizes are checked before anything is
-    allocated for them.
+    allocated for them, and memory is only allocated as bytes arrive.
     """
 
     def __init__(
@@ -136,6 +153,7 @@ class FrameDecoder:
         expect_preamble: bool = True,
         sink: Sink | None = None,
     ) -> None:
+        self._max_header = max_header_size
         self.max_frame_size = max_frame_size
         self.max_header_size = min(max_header_size, max_frame_size)
         self.sink = sink
@@ -147,35 +165,35 @@ class FrameDecoder:
         self._hlen = 0
         self._plen = 0
         self._header: dict[str, Any] = {}
-        self._target: memoryview | None = None
+        self._target: memoryview | None = None  # where the payload being received goes
         self._pos = 0
+        self.completed: Frames = []
+        """After :meth:`buffer_updated` raised: the frames it had completed before the failure."""
 
     def __repr__(self) -> str:
         return f"<FrameDecoder state={_STATE_NAMES[self._state]} staged={self._end - self._start}>"
 
-    @property
-    def awaiting_target(self) -> bool:
-        """True while a payload waits for :meth:`provide_target` (its sink returned :data:`DEFER`)."""
-        return self._state == _ST_DEFERRED
-
-    def provide_target(self, target: memoryview | None) -> list[tuple[dict[str, Any], memoryview | None]]:
-        """Give the deferred payload its destination (``None``: a new buffer); return the frames completed.
-
-        Bytes received meanwhile were staged and are copied there; decoding
-        then goes on with whatever is staged behind the payload.
-        """
-        if self._state != _ST_DEFERRED:
-            raise RuntimeError("no payload is waiting for a destination")
-        frames: list[tuple[dict[str, Any], memoryview | None]] = []
-        self._begin_payload(target, frames)
-        if self._state == _ST_PREFIX:
-            self._parse(frames)
-        return frames
+    def set_max_frame_size(self, n: int) -> None:
+        """Limit frames whose prefix has not been decoded yet to ``n`` bytes (header + payload)."""
+        if n <= 0:
+            raise ValueError(f"max_frame_size must be positive, got {n}")
+        self.max_frame_size = n
+        self.max_header_size = min(self._max_header, n)
 
     @property
     def handshake_done(self) -> bool:
         """True once the peer's preamble was received and accepted."""
-        return self._state != _ST_PREAMBLE and self._state != _ST_BROKEN
+        return self._state == _ST_PREFIX or self._state == _ST_HEADER or self._state == _ST_PAYLOAD
+
+    def release(self) -> None:
+        """Drop every buffer and the sink at once (the connection closed); bytes that still arrive are dropped."""
+        self._state = _ST_DISCARD
+        self.sink = None
+        self._buf = bytearray(_DISCARD_SIZE)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+        self._header = {}
+        self._target = None
 
     # -- BufferedProtocol-style interface ---------------------------------
 
@@ -195,28 +213,32 @@ class FrameDecoder:
             n = end - self._start
             self._buf[:n] = self._buf[self._start : end]
             self._start, self._end = 0, n
-            if n == len(self._buf):  # a header larger than the staging area
+            if n == len(self._buf):  # a header larger than the staging area: grow as its bytes arrive
                 self._grow(n * 2)
         return self._view[self._end :]
 
-    def buffer_updated(self, nbytes: int) -> list[tuple[dict[str, Any], memoryview | None]]:
+    def buffer_updated(self, nbytes: int) -> Frames:
         """Account for ``nbytes`` written into the last :meth:`get_buffer`; return complete frames."""
-        frames: list[tuple[dict[str, Any], memoryview | None]] = []
+        frames: Frames = []
         state = self._state
-        if state == _ST_PAYLOAD:
-            self._pos += nbytes
-            if self._pos == self._plen:
-                self._finish_payload(frames)
-            return frames
-        end = self._end + nbytes
-        self._end = end
-        if state == _ST_PREFIX:
-            self._parse_small(frames, end)
-        elif self._start != end:
-            self._parse(frames)
+        try:
+            if state == _ST_PAYLOAD:
+                self._pos += nbytes
+                if self._pos == self._plen:
+                    self._finish_payload(frames)
+                return frames
+            end = self._end + nbytes
+            self._end = end
+            if state == _ST_PREFIX:
+                self._parse_small(frames, end)
+            elif self._start != end:
+                self._parse(frames)
+        except Exception:
+            self.completed = frames  # the frames before the bad one (see ``completed``)
+            raise
         return frames
 
-    def _parse_small(self, frames: list[tuple[dict[str, Any], memoryview | None]], end: int) -> None:
+    def _parse_small(self, frames: Frames, end: int) -> None:
         """Fast path: decode whole frames staged back to back, then hand over to :meth:`_parse`.
 
         Small messages arrive whole, one or several per read; this loop
@@ -235,7 +257,7 @@ class FrameDecoder:
             stop = start + PREFIX_SIZE + hlen
             fend = stop + plen
             if fend > end or hlen == 0 or hlen > max_header or hlen + plen > max_frame:
-                if fend > len(buf) and fend - start <= _STAGING_MAX and 0 < hlen <= max_header:
+                if fend > len(buf) and fend - start <= _STAGING_MAX and 0 < hlen <= max_header and hlen + plen <= max_frame:
                     # Still at a frame boundary: move it to the front of an area it fits in, and wait.
                     if fend - start > len(buf):
                         self._start = start
@@ -258,12 +280,8 @@ class FrameDecoder:
                 self._start = stop
                 raise self._fail(ProtocolError(f"frame header is a {type(header).__name__}, not a map"))
             if plen:
-                self._start = stop  # (where the payload begins, should the sink raise or defer it)
+                self._start = stop  # (where the payload begins, should the sink raise)
                 target = self.sink(header, plen) if self.sink is not None else None
-                if target is DEFER:
-                    self._header, self._hlen, self._plen = header, hlen, plen
-                    self._state = _ST_DEFERRED
-                    return
                 if target is None:
                     target = memoryview(bytearray(view[stop:fend]))
                 else:
@@ -277,10 +295,10 @@ class FrameDecoder:
         if start != end:
             self._parse(frames)
 
-    def feed(self, data: Any) -> list[tuple[dict[str, Any], memoryview | None]]:
+    def feed(self, data: Any) -> Frames:
         """Decode a chunk of bytes of any size; return the frames it completed."""
         src = as_byte_view(data)
-        frames: list[tuple[dict[str, Any], memoryview | None]] = []
+        frames: Frames = []
         off = 0
         while off < len(src):
             buf = self.get_buffer(len(src) - off)
@@ -306,7 +324,7 @@ class FrameDecoder:
         self._state = _ST_BROKEN
         return exc
 
-    def _parse(self, frames: list[tuple[dict[str, Any], memoryview | None]]) -> None:
+    def _parse(self, frames: Frames) -> None:
         while True:
             avail = self._end - self._start
             state = self._state
@@ -322,8 +340,6 @@ class FrameDecoder:
                 if self._hlen == 0:
                     raise self._fail(ProtocolError("frame without a header"))
                 self._state = _ST_HEADER
-                if self._hlen > len(self._buf):
-                    self._grow(self._hlen)
             elif state == _ST_HEADER:
                 if avail < self._hlen:
                     return
@@ -342,11 +358,9 @@ class FrameDecoder:
                     self._state = _ST_PREFIX
                     continue
                 self._header = header
-                self._start_payload(frames)
-                if self._state != _ST_PREFIX:  # waiting for the rest (written in place) or for a target
+                self._begin_payload(frames)
+                if self._state != _ST_PREFIX:  # waiting for the rest (written in place)
                     return
-            elif state == _ST_DEFERRED:
-                return
             elif state == _ST_PREAMBLE:
                 if avail < PREAMBLE_SIZE:
                     return
@@ -358,19 +372,17 @@ class FrameDecoder:
                 if version != VERSION:
                     raise self._fail(ProtocolError(f"peer speaks protocol version {version}, this side {VERSION}"))
                 self._state = _ST_PREFIX
+            elif state == _ST_DISCARD:
+                self._start = self._end = 0
+                return
             else:  # BROKEN
                 raise ProtocolError("decoder already failed; close the connection")
 
-    def _start_payload(self, frames: list[tuple[dict[str, Any], memoryview | None]]) -> None:
-        target = self.sink(self._header, self._plen) if self.sink is not None else None
-        if target is DEFER:
-            self._state = _ST_DEFERRED
-            return
-        self._begin_payload(target, frames)
-
-    def _begin_payload(self, target: memoryview | None, frames: list[tuple[dict[str, Any], memoryview | None]]) -> None:
+    def _begin_payload(self, frames: Frames) -> None:
+        """The header is decoded: ask the sink where the payload goes, take what is staged, go on."""
         plen = self._plen
-        target = memoryview(bytearray(plen)) if target is None else self._usable(target, plen)
+        target = self.sink(self._header, plen) if self.sink is not None else None
+        target = payload_buffer(plen) if target is None else self._usable(target, plen)
         self._target = target
         staged = min(self._end - self._start, plen)
         if staged:
@@ -382,6 +394,13 @@ class FrameDecoder:
         else:
             self._state = _ST_PAYLOAD
 
+    def _finish_payload(self, frames: Frames) -> None:
+        frames.append((self._header, self._target))
+        self._header = {}
+        self._target = None
+        self._pos = 0
+        self._state = _ST_PREFIX
+
     def _usable(self, target: memoryview, plen: int) -> memoryview:
         """The sink's buffer for a payload of ``plen`` bytes, as a flat byte view (or the decoder fails)."""
         if target.nbytes != plen or target.readonly or not target.c_contiguous:
@@ -389,10 +408,3 @@ class FrameDecoder:
         if target.format != "B" or target.ndim != 1:
             target = target.cast("B")
         return target
-
-    def _finish_payload(self, frames: list[tuple[dict[str, Any], memoryview | None]]) -> None:
-        frames.append((self._header, self._target))
-        self._header = {}
-        self._target = None
-        self._pos = 0
-        self._state = _ST_PREFIX

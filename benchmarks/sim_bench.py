@@ -6,6 +6,7 @@
     PYTHONPATH=. python benchmarks/sim_bench.py kernel        # the simulator alone: seam ping-pong
     PYTHONPATH=. python benchmarks/sim_bench.py ratio --ranks 1024 --repeat 3   # scale / kernel, same run
     PYTHONPATH=. python benchmarks/sim_bench.py sweep -n 8 --seeds 20 --vs /work/base   # seeds per second
+    PYTHONPATH=. python benchmarks/sim_bench.py explore -n 8 --seeds 30       # exploration's cost per seed
 
 ratio: the full stack's deliveries per CPU second at ``--ranks`` (scale) over
 the kernel's, both measured in this process, alternating, medians of
@@ -31,6 +32,11 @@ that size (gamma = 0: the simulator charges nothing for reducing).
 
 kernel: N/2 pairs ping-pong frames over the raw network seam, so the number
 is the simulator's own ceiling, without the collective stack on top.
+
+scale, kernel and fidelity run with fixed timing (``explore=False``): they
+measure the simulator, not what a seed's exploration draws. explore: the
+same program and seeds with exploration on and off, alternating in this
+process: CPU seconds per seed (medians over the seeds' runs) and the ratio.
 
 The wall clock is read here (benchmarks/), never inside sim/ or aiodist/.
 """
@@ -96,7 +102,7 @@ def bench_scale(sizes: list[int], schedule: str, profile: bool = False) -> list[
         t0 = time.perf_counter()
         c0 = time.process_time()
         res = sim.run(rendezvous_and_allreduce, world_size=n, seed=1, trace=False, schedule=schedule,
-                      time_limit=36000)
+                      time_limit=36000, explore=False)
         wall = time.perf_counter() - t0
         cpu = time.process_time() - c0
         ok = res.ok and all(v == float(n) ** 10 for v in res.rank_results)
@@ -121,7 +127,8 @@ PINGS = 2000
 def bench_kernel(world_size: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     c0 = time.process_time()
-    res = sim.run(sim_pingpong.main, world_size=world_size, seed=1, trace=False, schedule="fifo", args=(PINGS,))
+    res = sim.run(sim_pingpong.main, world_size=world_size, seed=1, trace=False, schedule="fifo", args=(PINGS,),
+                  explore=False)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     row = {"kernel_ranks": world_size, "ok": res.ok, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
@@ -188,6 +195,35 @@ def bench_sweep(program: str, n: int, seeds: int, repeat: int, vs: str | None) -
               f"{rows['this'][1] / rows['vs'][1]:.2f}x per CPU second (medians of {repeat})")
 
 
+# --------------------------------------------------------------------------- exploration's cost
+
+
+def bench_explore(program: str, n: int, seeds: int) -> float:
+    """CPU seconds per seed with exploration on and off (alternating, seed by seed): the ratio of medians."""
+    import statistics
+
+    from sim.cli import load_main
+
+    main = load_main(program)
+    cost: dict[bool, list[float]] = {True: [], False: []}
+    virtual: dict[bool, list[float]] = {True: [], False: []}
+    for seed in range(seeds):
+        for explore in ((True, False) if seed % 2 == 0 else (False, True)):
+            c0 = time.process_time()
+            res = sim.run(main, world_size=n, seed=seed, trace=False, explore=explore)
+            cost[explore].append(time.process_time() - c0)
+            virtual[explore].append(res.virtual_time)
+    on, off = statistics.median(cost[True]), statistics.median(cost[False])
+    print(json.dumps({"program": program, "ranks": n, "seeds": seeds, "cpu_s_per_seed_explore": round(on, 4),
+                      "cpu_s_per_seed_fixed": round(off, 4), "mean_cpu_explore": round(statistics.mean(cost[True]), 4),
+                      "mean_cpu_fixed": round(statistics.mean(cost[False]), 4),
+                      "virtual_s_median_explore": round(statistics.median(virtual[True]), 4),
+                      "virtual_s_median_fixed": round(statistics.median(virtual[False]), 4)}), flush=True)
+    print(f"exploration costs {100 * (on / off - 1):+.1f}% CPU per seed (median), "
+          f"{100 * (statistics.mean(cost[True]) / statistics.mean(cost[False]) - 1):+.1f}% (mean)")
+    return on / off
+
+
 # --------------------------------------------------------------------------- fidelity
 
 ALPHA = 1e-4
@@ -243,7 +279,7 @@ def bench_fidelity(world_sizes: list[int]) -> list[dict[str, Any]]:
     net = sim.Network.ideal(alpha=ALPHA, bandwidth=BANDWIDTH)
     for p in world_sizes:
         for collective, nbytes in FIDELITY_CASES:
-            res = sim.run(timed_collective, args=(collective, nbytes), world_size=p, seed=0, network=net,
+            res = sim.run(timed_collective, args=(collective, nbytes), world_size=p, seed=0, network=net, explore=False,
                           trace=False, schedule="fifo")
             if not res.ok:
                 row = {"collective": collective, "p": p, "nbytes": nbytes, "error": res.summary()[:300]}
@@ -279,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--seeds", type=int, default=20)
     w.add_argument("--repeat", type=int, default=3)
     w.add_argument("--vs", default=None, help="another checkout to compare with (PYTHONPATH)")
+    e = sub.add_parser("explore")
+    e.add_argument("--program", default="examples/train_dp.py")
+    e.add_argument("-n", type=int, default=8)
+    e.add_argument("--seeds", type=int, default=30)
     ns = parser.parse_args(argv)
     if ns.what == "scale":
         rows = bench_scale([int(x) for x in ns.sizes.split(",")], ns.schedule, ns.profile)
@@ -293,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_ratio(ns.ranks, ns.repeat)
     elif ns.what == "sweep":
         bench_sweep(ns.program, ns.n, ns.seeds, ns.repeat, ns.vs)
+    elif ns.what == "explore":
+        bench_explore(ns.program, ns.n, ns.seeds)
     else:
         rows = bench_fidelity([int(x) for x in ns.world_sizes.split(",")])
         good = sum(1 for r in rows if r.get("within_1pct"))

@@ -10,6 +10,10 @@
     # (--on-failure continue: the launcher lets them; it reports rank 2's death at the end, exit status 137)
     ELASTIC_KILL=2@37 aiodist run -n 4 --on-failure continue examples/elastic_train.py --ckpt-dir /tmp/ckpt --shrink
 
+    # a rank restarted alone (a process supervisor; the simulator's Restart fault) rejoins: the survivors and
+    # the restarted rank meet in the next round of the elastic rendezvous, and go on with whoever came
+    python -m sim run -n 4 examples/elastic_train.py --restart 2@sent:150+0.2 -- --ckpt-dir /tmp/ckpt --rejoin
+
     # deterministic, in the simulator (the kill is a sim.Crash there: see tests/test_elastic_example.py)
     python -m sim run -n 4 examples/elastic_train.py
 
@@ -26,7 +30,17 @@ With ``--shrink`` a failure is survived in place: every survivor gets
 ``PeerFailureError`` naming the dead rank, calls ``aiodist.abort()``, and joins
 a new rendezvous round of the survivors (renumbered 0..n-2, rank 0 hosting the
 store again: so the dead rank must not be rank 0 in this mode), reloads the
-last checkpoint and continues. Either way the final weights must equal the
+last checkpoint and continues. (Each survivor decides who died from its own
+error: a survivor that was stalled meanwhile may blame another survivor.)
+
+With ``--rejoin`` the ranks agree on who is in through
+:class:`aiodist.ElasticRendezvous`, round by round, in the job's store (rank 0
+hosts it for the whole job, unless an agent does: ``TORCHELASTIC_USE_AGENT_STORE``;
+so rank 0 must live): after a failure every survivor aborts and opens the next
+round; a restarted process (``AIODIST_RESTART_COUNT`` > 0) opens it too, since
+the round it was in is broken. Whoever joins within the last call (a second)
+makes the new world: the restarted rank is back, or, if it does not come, the
+job goes on without it. Either way the final weights must equal the
 single-process reference (rank 0 checks; a mismatch raises).
 
 ``main()`` returns a dict: final loss, accuracy, the step it resumed from and
@@ -67,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="checkpoint directory (default: $ELASTIC_CKPT_DIR; none: no checkpoints)")
     ap.add_argument("--every", type=int, default=10, help="checkpoint every N steps (default: 10)")
     ap.add_argument("--shrink", action="store_true", help="survive a failure in place with fewer ranks")
+    ap.add_argument("--rejoin", action="store_true",
+                    help="survive failures in place: the ranks that are alive (a restarted one included) "
+                         "meet again through the elastic rendezvous")
     return ap.parse_args(sys.argv[1:] if argv is None else argv)
 
 
@@ -130,9 +147,84 @@ async def train(args: argparse.Namespace, x: np.ndarray, y: np.ndarray, original
     return start, w
 
 
+async def _job_store(original_rank: int) -> tuple[aiodist.TCPStore, aiodist.StoreServer | None]:
+    """The store the whole job meets in (``--rejoin``): rank 0's first process hosts it unless an agent does."""
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    server = None
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("true", "1")
+    if original_rank == 0 and not agent and os.environ.get("AIODIST_RESTART_COUNT", "0") == "0":
+        server = await aiodist.StoreServer.start(host=host, port=port)
+    return await aiodist.TCPStore.connect(host, port, timeout=60), server
+
+
+async def _next_world(rdzv: aiodist.ElasticRendezvous, store: aiodist.TCPStore) -> aiodist.ElasticRound:
+    """Join the next round of the rendezvous and make its world this rank's default group."""
+    rnd = await rdzv.next_round()
+    await aiodist.init_process_group(rank=rnd.rank, world_size=rnd.world_size, timeout=60,
+                                     store=aiodist.PrefixStore(f"job/round{rnd.round}", store))
+    return rnd
+
+
+async def main_rejoin(args: argparse.Namespace, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """``--rejoin``: rounds of the elastic rendezvous decide the world, after every failure (see the module doc)."""
+    original_rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    store, server = await _job_store(original_rank)
+    rdzv = aiodist.ElasticRendezvous(store, str(original_rank), min_nodes=1, max_nodes=world, last_call=1.0,
+                                     prefix="job/elastic/")
+    if os.environ.get("AIODIST_RESTART_COUNT", "0") != "0":
+        state = await rdzv.state()  # this process is new: the round its predecessor was in is broken
+        if state["status"] == "frozen" and str(original_rank) in state["participants"]:
+            await rdzv.open_next_round(after=state["round"])
+    recoveries = 0
+    try:
+        rnd = await _next_world(rdzv, store)
+        while True:
+            try:
+                resumed, w = await train(args, x, y, original_rank)
+                break
+            except PeerFailureError as e:
+                recoveries += 1
+                print(f"rank {original_rank}: round {rnd.round} broke ({e.how}); meeting again", flush=True)
+                await abort()
+                await rdzv.open_next_round(after=rnd.round)
+                rnd = await _next_world(rdzv, store)
+                print(f"rank {original_rank}: round {rnd.round}: rank {rnd.rank} of {rnd.world_size}", flush=True)
+        result = await _report(w, x, y, resumed, recoveries)
+        await aiodist.destroy_process_group()
+        # The job's store lives on rank 0's first process: it waits for the others to be done with it.
+        if int(await store.add(f"job/left/{rnd.round}", 1)) == rnd.world_size:
+            await store.set(f"job/all_left/{rnd.round}", "1")
+        if server is not None:
+            await store.wait([f"job/all_left/{rnd.round}"], timeout=60)
+        return result
+    finally:
+        if aiodist.is_initialized():
+            await aiodist.abort()
+        await store.close()
+        if server is not None:
+            await server.close()
+
+
+async def _report(w: np.ndarray, x: np.ndarray, y: np.ndarray, resumed: int, recoveries: int) -> dict[str, float]:
+    """Rank 0 checks the weights against the single-process reference; every rank returns its numbers."""
+    loss, accuracy = loss_and_accuracy(w, x, y)
+    if aiodist.get_rank() == 0:
+        reference = train_single_process(x, y)
+        diff = float(np.max(np.abs(w - reference)))
+        if not np.allclose(w, reference):
+            raise AssertionError(f"elastic weights differ from the single-process ones by {diff:g}")
+        restarts = os.environ.get("AIODIST_RESTART_COUNT", "0")
+        print(f"world size {aiodist.get_world_size()}, resumed at step {resumed}, restart {restarts}, "
+              f"{recoveries} in-place recoveries: loss {loss:.4f}, accuracy {accuracy:.3f}")
+        print(f"OK: weights equal the single-process reference (max abs diff {diff:.2e})")
+    return {"loss": loss, "accuracy": accuracy, "resumed": float(resumed), "recoveries": float(recoveries)}
+
+
 async def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
     x, y = make_data()
+    if args.rejoin:
+        return await main_rejoin(args, x, y)
     await aiodist.init_process_group(timeout=60)
     original_rank, world = aiodist.get_rank(), aiodist.get_world_size()
     members = list(range(world))  # original ranks of the current group, in its rank order
@@ -153,18 +245,7 @@ async def main(argv: list[str] | None = None) -> dict[str, float]:
                 await abort()
                 await aiodist.init_process_group(rank=members.index(original_rank), world_size=len(members),
                                                  timeout=60)
-        rank = aiodist.get_rank()
-        loss, accuracy = loss_and_accuracy(w, x, y)
-        if rank == 0:
-            reference = train_single_process(x, y)
-            diff = float(np.max(np.abs(w - reference)))
-            if not np.allclose(w, reference):
-                raise AssertionError(f"elastic weights differ from the single-process ones by {diff:g}")
-            restarts = os.environ.get("AIODIST_RESTART_COUNT", "0")
-            print(f"world size {aiodist.get_world_size()}, resumed at step {resumed}, restart {restarts}, "
-                  f"{recoveries} in-place recoveries: loss {loss:.4f}, accuracy {accuracy:.3f}")
-            print(f"OK: weights equal the single-process reference (max abs diff {diff:.2e})")
-        return {"loss": loss, "accuracy": accuracy, "resumed": float(resumed), "recoveries": float(recoveries)}
+        return await _report(w, x, y, resumed, recoveries)
     finally:
         if aiodist.is_initialized():
             await aiodist.destroy_process_group()

@@ -9,28 +9,24 @@ simulated network), :mod:`sim.faults` and :mod:`sim.runner`.
 """
 
 from .errors import SimDeadlockError, SimLivelockError, SimTimeLimitError, SimulationError, SimUnsupportedError
-from .faults import (
-    Chaos,
-    Clog,
-    Crash,
-    CrashStore,
-    MessageReceived,
-    MessageSent,
-    Partition,
-    ResetConnection,
-    Restart,
-    Straggler,
-)
-from .latency import Constant, Exponential, Uniform
+from .chaos import Chaos
+from .explore import Exploration, replay_plan
+from .faults import Clog, Crash, CrashStore, FaultError, Partition, Pause, ResetConnection, Restart, Straggler
+from .latency import Constant, Exponential, Tail, Uniform
 from .loop import SimLoop
 from .network import Network
 from .runner import Failure, Result, run
+from .shrink import Shrunk, shrink, signature
+from .swarm import Swarm
 from .sweep import SweepReport, sweep
 from .trace import TraceEvent
+from .triggers import MessageReceived, MessageSent
 
 __all__ = [
-    "run", "sweep", "SweepReport", "Result", "Failure", "Network", "Constant", "Uniform", "Exponential", "SimLoop", "TraceEvent",
-    "Chaos", "Crash", "Restart", "Straggler", "CrashStore", "Partition", "Clog", "ResetConnection",
+    "run", "sweep", "SweepReport", "Result", "Failure", "Network", "Constant", "Uniform", "Exponential", "Tail",
+    "SimLoop", "TraceEvent",
+    "Chaos", "Crash", "Restart", "Pause", "Straggler", "CrashStore", "Partition", "Clog", "ResetConnection",
+    "FaultError", "Exploration", "replay_plan", "Swarm", "shrink", "Shrunk", "signature",
     "MessageSent", "MessageReceived",
     "SimulationError", "SimUnsupportedError", "SimDeadlockError", "SimTimeLimitError", "SimLivelockError",
 ]

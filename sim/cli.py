@@ -36,7 +36,10 @@ from typing import Any
 from aiodist.context import getenv
 from aiodist.launch.conventions import DEFAULT_NPROC, rank_tag
 
-from . import faults as F
+from . import replay
+from .chaos import parse_chaos
+from .fault_flags import FAULT_FLAGS
+from .faults import FaultError
 from .loop import LANE
 from .latency import Constant, Exponential, LatencyModel, Uniform
 from .network import Network
@@ -89,17 +92,9 @@ def parse_seeds(spec: str) -> list[int]:
 
 
 _FAULT_FLAGS: list[tuple[str, Callable[[str], Any], str]] = [
-    ("--crash", F.parse_crash, "RANK@TIME | RANK@sent:N | RANK@recv:N: kill a rank"),
-    ("--vanish", lambda s: F.parse_crash(s, silent=True), "RANK@TIME | RANK@sent:N: the rank's machine vanishes"),
-    ("--restart", F.parse_restart, "RANK@TIME[+DELAY]: kill a rank and start it again"),
-    ("--partition", F.parse_partition, "A,B/C,D@START[:HEAL]: cut hosts A,B from C,D"),
-    ("--one-way-partition", lambda s: F.parse_partition(s, one_way=True), "A/B@START[:HEAL]: cut A->B only"),
-    ("--clog", F.parse_clog, "SRC-DST@START:END: hold messages on one link"),
-    ("--straggler", F.parse_straggler, "RANKxFACTOR[@TIME]: slow a rank down"),
-    ("--reset", F.parse_reset, "A-B@TIME: reset connections between two hosts"),
-    ("--crash-store", F.parse_crash_store, "TIME: kill the store service at MASTER_ADDR:MASTER_PORT"),
-    ("--chaos", F.parse_chaos, "crashes=N,partitions=N,clogs=N,resets=N,stragglers=N,window=A:B: random faults "
-                               "drawn from the seed"),
+    *FAULT_FLAGS,
+    ("--chaos", parse_chaos, "crashes=N,partitions=N,clogs=N,resets=N,stragglers=N,window=A:B: random faults "
+                             "drawn from the seed"),
 ]
 
 
@@ -144,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drop what the program prints; print only the verdict (and a sweep's failure groups)")
     for flag, parse, help_text in _FAULT_FLAGS:
         p.add_argument(flag, type=parse, action="append", default=[], help=help_text, dest=flag[2:].replace("-", "_"))
+    replay.add_plan_options(p)  # exploration, swarm, store host, shrinking (sim/replay.py)
     return parser
 
 
@@ -157,6 +153,7 @@ def _network(ns: argparse.Namespace) -> Network:
         kw["bandwidth"] = ns.bandwidth
     kw["overhead"] = ns.overhead
     kw["contention"] = not ns.no_contention
+    kw.update(replay.network_kwargs(ns))
     return Network(**kw)
 
 
@@ -167,16 +164,8 @@ def _faults(ns: argparse.Namespace) -> list[Any]:
     return out
 
 
-def _latency_cli(m: LatencyModel) -> str:
-    if isinstance(m, Constant):
-        return f"const:{m.value!r}"
-    if isinstance(m, Uniform):
-        return f"uniform:{m.low!r}:{m.high!r}"
-    return f"exp:{m.mean_extra!r}:{m.minimum!r}"
-
-
-def replay_command(ns: argparse.Namespace, seed: int) -> str:
-    """The exact command line that replays ``seed`` with the same options."""
+def replay_command(ns: argparse.Namespace, seed: int, result: Result | None = None) -> str:
+    """The exact command line that replays ``seed`` with the same options (and ``result``'s plan, spelled out)."""
     parts = ["python", "-m", "sim", "run", "-n", str(ns.world_size), ns.program,
              "--seed", str(seed)]
     if ns.schedule != "random":
@@ -184,7 +173,7 @@ def replay_command(ns: argparse.Namespace, seed: int) -> str:
     if ns.pct_depth != 3:
         parts += ["--pct-depth", str(ns.pct_depth)]
     if ns.latency is not None:
-        parts += ["--latency", _latency_cli(ns.latency)]
+        parts += ["--latency", replay.latency_spec(ns.latency)]
     if ns.infinite_bandwidth:
         parts.append("--infinite-bandwidth")
     elif ns.bandwidth is not None:
@@ -201,8 +190,10 @@ def replay_command(ns: argparse.Namespace, seed: int) -> str:
         parts.append("--keep-going")
     if ns.master_port != DEFAULT_MASTER_PORT:
         parts += ["--master-port", str(ns.master_port)]
-    for fault in _faults(ns):
-        parts += shlex.split(fault.to_cli())
+    if not replay.explicit(ns, result):
+        for fault in _faults(ns):
+            parts += shlex.split(fault.to_cli())
+    parts += replay.plan_args(ns, result)
     cmd = " ".join(shlex.quote(p) for p in parts)
     if ns.args:
         cmd += " -- " + " ".join(shlex.quote(a) for a in ns.args)
@@ -317,9 +308,10 @@ def _run_once(ns: argparse.Namespace, main: Callable[..., Awaitable[Any]], seed:
     collector = RankLogCollector()
     try:
         with contextlib.redirect_stdout(out), collector.capture():
-            return run(main, world_size=ns.world_size, seed=seed, network=_network(ns), faults=_faults(ns),
-                       time_limit=ns.time_limit, schedule=ns.schedule, pct_depth=ns.pct_depth, trace=keep,
-                       master_port=ns.master_port, env=env, stop_on_error=not ns.keep_going, compute=ns.compute)
+            return run(main, world_size=ns.world_size, seed=seed, network=_network(ns),
+                       faults=_faults(ns) + replay.extra_faults(ns), time_limit=ns.time_limit,
+                       schedule=ns.schedule, pct_depth=ns.pct_depth, trace=keep, master_port=ns.master_port,
+                       env=env, stop_on_error=not ns.keep_going, compute=ns.compute, **replay.run_kwargs(ns))
     finally:
         out.flush()
         sys.argv = saved
@@ -330,7 +322,7 @@ def _run_once(ns: argparse.Namespace, main: Callable[..., Awaitable[Any]], seed:
 def _check_determinism(ns: argparse.Namespace, result: Result, seed: int) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         dump = os.path.join(tmp, "events.json")
-        argv = [sys.executable, "-m", "sim", *shlex.split(replay_command(ns, seed))[3:]]
+        argv = [sys.executable, "-m", "sim", *shlex.split(replay_command(ns, seed, result))[3:]]
         at = argv.index("--") if "--" in argv else len(argv)
         argv[at:at] = ["--dump-events", dump, "--quiet"]
         env = dict(os.environ)
@@ -388,7 +380,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if ns.check_determinism and not _check_determinism(ns, result, ns.seed):
             ok = False
         if not ok:
-            print(f"FAILED seed {ns.seed}. Replay with:\n  {replay_command(ns, ns.seed)}")
+            print(f"FAILED seed {ns.seed}. Replay with:\n  {replay_command(ns, ns.seed, result)}")
+            if ns.shrink and not result.ok:
+                kw = dict(world_size=ns.world_size, time_limit=ns.time_limit, schedule=ns.schedule,
+                          pct_depth=ns.pct_depth, master_port=ns.master_port, stop_on_error=not ns.keep_going,
+                          store_host=ns.store_host)
+                replay.shrink_and_report(ns, main, result, _network(ns), kw, replay_command)
             return 1
         return 0
     _loaded[ns.program] = main
@@ -411,6 +408,8 @@ class CliSeed:
             main = _loaded[ns.program] = load_main(ns.program)
         result = _run_once(ns, main, seed, keep=False, logs=False)
         extra = {}
+        if not result.ok:
+            extra["replay"] = replay_command(ns, seed, result)  # (its plan spelled out: sim/replay.py)
         if not result.ok and ns.trace:
             again = _run_once(ns, main, seed, keep=True, logs=False)
             stem, ext = os.path.splitext(ns.trace)
@@ -483,11 +482,12 @@ def _report_sweep(ns: argparse.Namespace, report: SweepReport) -> int:
         return 0
     shown = " ".join(str(s) for s in failing[:50]) + (" ..." if len(failing) > 50 else "")
     print(f"{len(failing)} of {len(report.records)} seeds failed: {shown}")
-    print("\n".join(report.group_lines(replay=lambda seed: replay_command(ns, seed))))
+    replays = {rec["seed"]: rec["replay"] for rec in report.records if rec.get("replay")}
+    print("\n".join(report.group_lines(replay=lambda seed: replays.get(seed) or replay_command(ns, seed))))
     for rec in report.records:
         if rec.get("trace"):
             print(f"trace of seed {rec['seed']}: {rec['trace']}")
-    print(f"Replay the first with:\n  {replay_command(ns, failing[0])}")
+    print(f"Replay the first with:\n  {replays.get(failing[0]) or replay_command(ns, failing[0])}")
     return 1
 
 
@@ -500,5 +500,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     ns.args = prog_args
     if ns.command == "run":
-        return cmd_run(ns)
+        try:
+            return cmd_run(ns)
+        except FaultError as e:  # a fault this world cannot have: the command line's mistake
+            print(f"sim: {e}", file=sys.stderr)
+            return 2
     return 2  # pragma: no cover - argparse enforces the command

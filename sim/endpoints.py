@@ -1,33 +1,26 @@
 """The simulated network seam: connections, listeners and each host's network view.
 
 :class:`SimConnection`, :class:`SimListener` and :class:`HostNetwork`
-implement :mod:`aiodist.net.base` over a :class:`~sim.network.Fabric`, which
-owns timing, faults and hosts. See :mod:`sim.network` for the model.
+implement :mod:`aiodist.net.base`. An endpoint owns its buffers (frames the
+program has not read, the kernel's receive buffer, frames waiting for room
+in the window) and hands what it sends to its outgoing
+:class:`~sim.links.Stream`; :class:`~sim.links.Links` decides when each frame
+arrives. Connecting goes through the run's fabric (:mod:`sim.network`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiodist.errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost
-from aiodist.net.base import Address, Connection, ConnectionHandler, Frame, Header, Listener, PayloadSink
+from aiodist.net.base import Address, Connection, ConnectionHandler, Frame, FrameHandler, Header, Listener, PayloadSink
 from aiodist.net.base import Network as _SeamNetwork
-from aiodist.wire import DEFAULT_MAX_FRAME_SIZE, as_byte_view
+from aiodist.wire import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADER_SIZE, as_byte_view, encode_header
 
 from .headers import wire_header
-
-if TYPE_CHECKING:
-    from .network import Fabric, Host
-
-# Frame is a frozen, slotted dataclass: filling its two slots directly skips two
-# object.__setattr__ calls per delivered frame. Only if it still has exactly those slots.
-_FAST_FRAME = getattr(Frame, "__slots__", None) == ("header", "payload")
-_new_frame = object.__new__
-_set_header = Frame.header.__set__ if _FAST_FRAME else None  # type: ignore[attr-defined]
-_set_payload = Frame.payload.__set__ if _FAST_FRAME else None  # type: ignore[attr-defined]
+from .links import Host, Links, Stream
 
 LOCAL_NAMES = frozenset({"", "0.0.0.0", "::", "127.0.0.1", "localhost", "::1"})
 """Addresses that mean "this host" (listen on them, or connect to yourself)."""
@@ -45,8 +38,6 @@ def _wake_future(fut: asyncio.Future[Any]) -> None:
 
 def _copied(payload: Any) -> tuple[bytearray | None, int]:
     """A payload's bytes, copied at the send (the sender may reuse its buffer), and their count."""
-    if payload is None:
-        return None, 0
     mv = as_byte_view(payload)
     n = mv.nbytes
     return (bytearray(mv) if n else None), n
@@ -66,27 +57,24 @@ class SimConnection(Connection):
     """One endpoint of a simulated connection (see the module docstring)."""
 
     # set_frame_handler (class defaults: no memory per endpoint until used)
-    _on_frame: Callable[[Frame], None] | None = None
+    _on_frame: FrameHandler | None = None
     _draining = False
     # send_nowait: frames the window could not take yet (TCP: asyncio's write buffer), and drained() waiters
     _outbox: deque[tuple[Header, bytearray | None, int]] | tuple[()] = ()
     _drainers: list[asyncio.Future[None]] | tuple[()] = ()
 
-    def __init__(self, fabric: Fabric, host: Host, peer_host: Host, cid: int, max_frame_size: int) -> None:
-        self._fabric = fabric
+    def __init__(self, links: Links, host: Host, peer_host: Host, cid: int, max_frame_size: int) -> None:
+        self._links = links
         self._host = host
         self._peer_host = peer_host
         self._id = cid
         self._peer_ep: SimConnection | None = None
+        self._out: Stream | None = None  # what this side sends travels there (set once both ends exist)
         self._frames: deque[Frame] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._exc: ConnectionClosedError | None = None
         self._sink: PayloadSink | None = None
-        self._held: deque[Any] | None = None
-        self._vanished = False
-        self._last = 0.0
         self._fin_sent = False
-        self._fin_reason = "closed"
         self._max_frame_size = max_frame_size
         self._closed_fut: asyncio.Future[None] | None = None
         # Flow control (see Network.max_unread_frames / socket_buffer): frames this side's
@@ -114,9 +102,16 @@ class SimConnection(Connection):
         return self._exc is not None
 
     def set_payload_sink(self, sink: PayloadSink | None) -> None:
-        self._sink = sink
+        if self._exc is None:
+            self._sink = sink
 
-    def set_frame_handler(self, handler: Callable[[Frame], None] | None) -> None:
+    def set_max_frame_size(self, n: int) -> None:
+        """Frames delivered from now on are limited to ``n`` bytes (msgpack header + payload), as on TCP."""
+        if n <= 0:
+            raise ValueError(f"max_frame_size must be positive, got {n}")
+        self._max_frame_size = n
+
+    def set_frame_handler(self, handler: FrameHandler | None) -> None:
         """Deliver frames by calling ``handler(frame)`` as they arrive, instead of through :meth:`recv`.
 
         The same contract as :meth:`aiodist.net.tcp.TCPConnection.set_frame_handler`:
@@ -127,8 +122,8 @@ class SimConnection(Connection):
         self._on_frame = handler
         if handler is not None and not self._draining:
             self._dispatch()  # (while a dispatch runs, it hands the rest to the new handler)
-        elif self._paused and self._exc is None and len(self._frames) < self._fabric.max_unread_frames:
-            self._resume(self._fabric.max_unread_frames)
+        elif self._paused and self._exc is None and len(self._frames) < self._links.max_unread_frames:
+            self._resume(self._links.max_unread_frames)
 
     def _dispatch(self) -> None:
         """Hand the queued frames to the frame handler, in order, then read what waits in the kernel.
@@ -146,10 +141,10 @@ class SimConnection(Connection):
                     return
         finally:
             self._draining = False
-        if self._paused and self._exc is None and len(frames) < self._fabric.max_unread_frames:
-            self._resume(self._fabric.max_unread_frames)  # the queue emptied: read what waits in the kernel
+        if self._paused and self._exc is None and len(frames) < self._links.max_unread_frames:
+            self._resume(self._links.max_unread_frames)  # the queue emptied: read what waits in the kernel
 
-    def _handle(self, handler: Callable[[Frame], None], frame: Frame) -> bool:
+    def _handle(self, handler: FrameHandler, frame: Frame) -> bool:
         try:
             handler(frame)
         except Exception as e:  # noqa: BLE001 - mirror TCP: a failing handler breaks the connection
@@ -168,42 +163,40 @@ class SimConnection(Connection):
         if self._exc is not None:
             raise self._exc
         h = wire_header(header)
-        data, n = _copied(payload)
-        fabric = self._fabric
-        host = self._host
-        loop = fabric.loop
-        if loop._lane in loop._dead:  # the rest of a step of a process that just crashed
+        data, n = (None, 0) if payload is None else _copied(payload)
+        links = self._links
+        loop = links.loop
+        if loop.lane in loop.dead_lanes:  # the rest of a step of a process that just crashed
             await loop.create_future()
         peer = self._peer_ep
-        if self._outbox or (peer is not None and peer._incoming + peer._kernel_bytes > fabric.socket_buffer):
+        if self._outbox or (peer is not None and peer._incoming + peer._kernel_bytes > links.socket_buffer):
             await self._wait_for_room(peer)  # the window is full: bytes in flight or unread in the peer's kernel
-        now = loop._now
-        depart = self._departure()
+        now = loop.now
+        depart = self._departure() if links.overhead else now
         self._put(h, data, n, depart)
-        if fabric.on_send is not None:
-            fabric.on_send(host)
-            if loop._lane in loop._dead:
-                await loop.create_future()
+        if loop.lane in loop.dead_lanes:  # a send trigger crashed this process
+            await loop.create_future()
         if depart > now:
             waiter = loop.create_future()
-            loop.call_in_lane(depart, loop._lane, _wake_future, waiter)
+            loop.schedule(depart, loop.lane, _wake_future, (waiter,), links.kernel_ctx)
             await waiter
 
     def try_send(self, header: Header, payload: Any = None) -> bool:
         """:meth:`send` when it would not wait (True), without a coroutine; else send nothing (False).
 
-        It would wait with a per-message overhead, a send trigger (it may crash
-        the sender), a full window, or in a crashed process.
+        It would wait with a per-message overhead, a send trigger due at this
+        frame (it may crash the sender), a full window, or in a crashed process.
         """
-        fabric = self._fabric
-        loop = fabric.loop
+        links = self._links
+        loop = links.loop
         peer = self._peer_ep
-        if (self._exc is not None or fabric._overhead or fabric.on_send is not None or peer is None or self._outbox
-                or peer._incoming + peer._kernel_bytes > fabric.socket_buffer or loop._lane in loop._dead):
+        host = self._host
+        if (self._exc is not None or links.overhead or host.sent + 1 >= host.watch_fatal or peer is None
+                or self._outbox or peer._incoming + peer._kernel_bytes > links.socket_buffer or loop.lane in loop.dead_lanes):
             return False
         h = wire_header(header)
-        data, n = _copied(payload)
-        self._put(h, data, n, loop._now)
+        data, n = (None, 0) if payload is None else _copied(payload)
+        self._put(h, data, n, loop.now)
         return True
 
     def send_nowait(self, header: Header, payload: Any = None) -> bool:
@@ -218,13 +211,13 @@ class SimConnection(Connection):
         if self._exc is not None:
             raise self._exc
         h = wire_header(header)
-        data, n = _copied(payload)
-        fabric = self._fabric
-        loop = fabric.loop
-        if loop._lane in loop._dead:
+        data, n = (None, 0) if payload is None else _copied(payload)
+        links = self._links
+        loop = links.loop
+        if loop.lane in loop.dead_lanes:
             return False
         peer = self._peer_ep
-        if self._outbox or (peer is not None and peer._incoming + peer._kernel_bytes > fabric.socket_buffer):
+        if self._outbox or (peer is not None and peer._incoming + peer._kernel_bytes > links.socket_buffer):
             if not self._outbox:
                 self._outbox = deque()
                 self._flush_when_read()
@@ -232,19 +225,17 @@ class SimConnection(Connection):
             return False
         depart = self._departure()
         self._put(h, data, n, depart)
-        if fabric.on_send is not None:
-            fabric.on_send(self._host)
-            if loop._lane in loop._dead:
-                return False
-        return depart <= loop._now
+        if loop.lane in loop.dead_lanes:  # a send trigger crashed this process
+            return False
+        return depart <= loop.now
 
     async def drained(self) -> None:
         """Wait until the frames :meth:`send_nowait` queued have left and the CPU is done with them.
 
         Raises if the connection broke. Cancellation leaves the queued frames queued.
         """
-        loop = self._fabric.loop
-        if loop._lane in loop._dead:
+        loop = self._links.loop
+        if loop.lane in loop.dead_lanes:
             await loop.create_future()
         while self._outbox and self._exc is None:
             fut: asyncio.Future[None] = loop.create_future()
@@ -259,16 +250,16 @@ class SimConnection(Connection):
         if self._exc is not None:
             raise self._exc
         busy = self._host.cpu_free
-        if busy > loop._now:
+        if busy > loop.now:
             waiter = loop.create_future()
-            loop.call_in_lane(busy, loop._lane, _wake_future, waiter)
+            loop.schedule(busy, loop.lane, _wake_future, (waiter,), self._links.kernel_ctx)
             await waiter
 
     def _flush_when_read(self) -> None:
         """Send the outbox on once the peer reads (a writer's wake-up on the peer's side)."""
         peer = self._peer_ep
         assert peer is not None
-        fut = self._fabric.loop.create_future()
+        fut = self._links.loop.create_future()
         fut.add_done_callback(self._flush_outbox)
         if not peer._writers:
             peer._writers = deque()
@@ -277,19 +268,17 @@ class SimConnection(Connection):
     def _flush_outbox(self, _: Any = None) -> None:
         """Hand queued frames to the link while the window has room; the rest waits for the next read."""
         outbox = self._outbox
-        fabric = self._fabric
-        loop = fabric.loop
+        links = self._links
+        loop = links.loop
         peer = self._peer_ep
         while outbox and self._exc is None:
-            if peer is not None and peer._exc is None and peer._incoming + peer._kernel_bytes > fabric.socket_buffer:
+            if peer is not None and peer._exc is None and peer._incoming + peer._kernel_bytes > links.socket_buffer:
                 self._flush_when_read()
                 return
             h, data, n = outbox.popleft()  # type: ignore[union-attr]
             self._put(h, data, n, self._departure())
-            if fabric.on_send is not None:
-                fabric.on_send(self._host)
-                if loop._lane in loop._dead:
-                    return
+            if loop.lane in loop.dead_lanes:  # a send trigger crashed this process
+                return
         self._outbox = ()
         self._wake_drainers()
 
@@ -301,33 +290,39 @@ class SimConnection(Connection):
 
     def _departure(self) -> float:
         """When a frame sent now leaves: now, or once the sender's CPU is done with it (o each, LogP)."""
-        fabric = self._fabric
-        now = fabric.loop._now
-        if not fabric._overhead:
+        links = self._links
+        now = links.loop.now
+        if not links.overhead:
             return now
         host = self._host
         start = now if now > host.cpu_free else host.cpu_free
-        host.cpu_free = start + fabric._overhead * host.factor
+        host.cpu_free = start + links.overhead * host.factor
         return host.cpu_free
 
     def _put(self, h: Header, data: bytearray | None, n: int, depart: float) -> None:
-        """Hand the frame to the link (it departs at ``depart``)."""
-        fabric = self._fabric
+        """Hand the frame to the link (it departs at ``depart``); a send trigger due now fires."""
         peer = self._peer_ep
-        if self._held is None and not fabric.blocks and peer is not None and not peer._vanished:
-            peer._incoming += n  # Fabric.transmit's fast path: nothing holds the link
-            fabric._schedule(self, h, data, n, depart)
+        if peer is not None:
+            peer._incoming += n  # in flight towards the peer (held frames too) until delivered
+        links = self._links
+        out = self._out
+        assert out is not None
+        if out.held is None and not links.blocks and not out.vanished:
+            links.launch(out, h, data, n, depart)  # (transmit's common case, without the call)
         else:
-            fabric.transmit(self, h, data, n, depart)
-        self._host.sent += 1
+            links.transmit(out, h, data, n, depart)
+        host = self._host
+        host.sent += 1
+        if host.sent >= host.watch_sent:
+            links.on_send(host, out.dst)
 
     async def _wait_for_room(self, peer: SimConnection) -> None:
         """Block like a TCP send whose kernel buffer is full (or behind queued frames), until the peer reads.
 
         Cancellation: nothing was queued.
         """
-        loop = self._fabric.loop
-        limit = self._fabric.socket_buffer
+        loop = self._links.loop
+        limit = self._links.socket_buffer
         while (self._outbox or peer._incoming + peer._kernel_bytes > limit) and self._exc is None and peer._exc is None:
             fut = loop.create_future()
             if not peer._writers:
@@ -342,44 +337,56 @@ class SimConnection(Connection):
             raise self._exc
 
     def _deliver(self, header: Header, data: bytearray | None, n: int, msg: int) -> None:
+        """A frame arrived (the link's delivery): account for it, fire a receive trigger, then let it in."""
         self._incoming -= n
-        if self._writers and self._incoming + self._kernel_bytes <= self._fabric.socket_buffer:
+        links = self._links
+        if self._writers and self._incoming + self._kernel_bytes <= links.socket_buffer:
             self._wake_writers()
         if self._exc is not None:
             return
         host = self._host
-        fabric = self._fabric
-        tracer = fabric.tracer
-        if tracer.keep:
-            tracer.delivered(fabric.loop._now, host.name, self._peer_host.name, n, msg)
-        else:  # Tracer.delivered inlined (the hot path of big runs)
-            buf = tracer._buf
-            buf.append((fabric.loop._now, msg))
-            if len(buf) >= 2048:
-                tracer._flush()
+        loop = links.loop
+        tracer = links.tracer
+        if tracer.keep:  # (the digest has the arrival already: the send's entry holds it)
+            tracer.delivered(loop.now, host, self._peer_host, n, msg)
         host.received += 1
-        if fabric.on_recv is not None:
-            # A MessageReceived trigger fires before the program sees the frame: a crash it
-            # causes leaves the frame unread (the handler would otherwise run first).
-            fabric.on_recv(host)
+        if host.received >= host.watch_recv:
+            # A receive trigger fires before the program sees the frame: a crash it causes leaves
+            # the frame unread (the handler would otherwise run first); a pause it causes holds it.
+            links.on_recv(host)
             if self._exc is not None:
                 return
+            if loop.lane_paused(host.lane):  # the program reads it first thing once it runs again
+                loop.first_on_resume(host.lane, self._arrived, (header, data, n), host.ctx)  # type: ignore[arg-type]
+                return
         if self._paused:  # our protocol stopped reading: the bytes wait in the kernel
-            if not self._kernel:
-                self._kernel = deque()
-            self._kernel.append((header, data, n))
-            self._kernel_bytes += n
+            self._buffer(header, data, n)
         else:
             self._take(header, data, n)
 
+    def _arrived(self, header: Header, data: bytearray | None, n: int) -> None:
+        """The rest of a delivery a receive trigger paused this process for."""
+        if self._exc is None:
+            if self._paused:
+                self._buffer(header, data, n)
+            else:
+                self._take(header, data, n)
+
+    def _buffer(self, header: Header, data: bytearray | None, n: int) -> None:
+        if not self._kernel:
+            self._kernel = deque()
+        self._kernel.append((header, data, n))
+        self._kernel_bytes += n
+
     def _take(self, header: Header, data: bytearray | None, n: int) -> None:
         """The protocol reads one frame: into the sink's buffer or a fresh one, then the queue."""
+        limit = self._max_frame_size
+        if n + DEFAULT_MAX_HEADER_SIZE > limit and n + len(encode_header(header)) > limit:  # (rarely encoded)
+            self._abort(f"frame of {n + len(encode_header(header))} bytes from {self._peer_host.name} exceeds "
+                        f"the limit of {limit} bytes")
+            return
         if data is None:
             payload = None
-        elif n > self._max_frame_size:
-            self._abort(f"frame of {n} bytes from {self._peer_host.name} exceeds the limit of "
-                        f"{self._max_frame_size} bytes")
-            return
         else:
             sink = self._sink
             target = None
@@ -396,12 +403,7 @@ class SimConnection(Connection):
                     self._abort(f"payload sink failed on connection to {self.peer}: {e!r}")
                     return
             payload = target if target is not None else memoryview(data)
-        if _FAST_FRAME:  # Frame(header, payload) without the frozen dataclass's __init__
-            frame = _new_frame(Frame)
-            _set_header(frame, header)
-            _set_payload(frame, payload)
-        else:
-            frame = Frame(header, payload)
+        frame = Frame(header, payload)
         frames = self._frames
         handler = self._on_frame
         if handler is not None and not frames and not self._draining:
@@ -419,7 +421,7 @@ class SimConnection(Connection):
                 self._dispatch()
             return
         frames.append(frame)
-        if len(frames) >= self._fabric.max_unread_frames:
+        if len(frames) >= self._links.max_unread_frames:
             self._paused = True  # like aiodist.net.tcp: stop reading beyond this many unread frames
         if handler is not None:
             if not self._draining:
@@ -439,7 +441,7 @@ class SimConnection(Connection):
             self._take(header, data, n)
         if kernel:
             self._paused = True
-        if self._writers and self._incoming + self._kernel_bytes <= self._fabric.socket_buffer:
+        if self._writers and self._incoming + self._kernel_bytes <= self._links.socket_buffer:
             self._wake_writers()
 
     def _wake_writers(self) -> None:
@@ -456,14 +458,14 @@ class SimConnection(Connection):
         while not self._frames:
             if self._exc is not None:
                 raise self._exc
-            self._waiter = asyncio.Future(loop=self._fabric.loop)
+            self._waiter = asyncio.Future(loop=self._links.loop)
             try:
                 await self._waiter
             finally:
                 self._waiter = None
         frame = self._frames.popleft()
-        if self._paused and len(self._frames) <= self._fabric.max_unread_frames // 2:
-            self._resume(self._fabric.max_unread_frames)
+        if self._paused and len(self._frames) <= self._links.max_unread_frames // 2:
+            self._resume(self._links.max_unread_frames)
         return frame
 
     def _wake(self) -> None:
@@ -481,6 +483,7 @@ class SimConnection(Connection):
             self._exc = exc
         self._fin_sent = True
         self._host.endpoints.pop(self._id, None)
+        self._release()
         self._wake()
 
     def _abort(self, reason: str) -> None:
@@ -498,17 +501,23 @@ class SimConnection(Connection):
             self._take(header, data, n)
         if self._exc is None:
             self._exc = ConnectionLost(f"{self._peer_host.name} closed the connection ({reason})")
-            self._fabric.tracer.emit(self._fabric.loop._now, "fin", self._host.name, self._peer_host.name,
-                                     detail=reason)
+            self._links.tracer.emit(self._links.loop.now, "fin", self._host.name, self._peer_host.name,
+                                    detail=reason)
         self._fin_sent = True
         self._host.endpoints.pop(self._id, None)
+        self._release()
         self._wake()
 
     def _send_fin(self, reason: str) -> None:
-        if not self._fin_sent and self._peer_ep is not None:
+        if not self._fin_sent and self._out is not None:
             self._fin_sent = True
-            self._fin_reason = reason
-            self._fabric.transmit(self, None, None, 0, self._fabric.loop._now)
+            self._out.fin_reason = reason
+            self._links.transmit(self._out, None, None, 0, self._links.loop.now)
+
+    def _broke(self, reason: str) -> None:
+        """The link gave up on what this side sent (retransmit timeout): the connection is lost here."""
+        if self._exc is None:
+            self._fail(ConnectionLost(reason))
 
     def _die(self, reason: str) -> None:
         """The owning process crashed: the kernel delivers what was sent, then a FIN."""
@@ -516,16 +525,48 @@ class SimConnection(Connection):
         if self._exc is None:
             self._exc = ConnectionLost(reason)
 
+    def _vanish(self, reason: str) -> None:
+        """The owning machine vanished: nothing is sent or acknowledged any more; the peer is not told."""
+        peer = self._peer_ep
+        if peer is not None and peer._out is not None:
+            peer._out.vanished = True
+        if self._exc is None:
+            self._exc = ConnectionLost(reason)
+
     def close(self) -> None:
+        """Close in order: what :meth:`send_nowait` queued still leaves, then the FIN. See the seam."""
         if self._exc is None:
             self._exc = ConnectionClosedLocally(f"connection to {self.peer} was closed by this side")
             self._frames.clear()
             outbox, self._outbox = self._outbox, ()
             for h, data, n in outbox:  # what was queued still leaves, before the FIN (as TCP flushes on close)
-                self._put(h, data, n, self._fabric.loop._now)
+                self._put(h, data, n, self._links.loop.now)
         self._send_fin("closed")
         self._host.endpoints.pop(self._id, None)
+        self._release()
         self._wake()
+
+    def abort(self) -> None:
+        """Reset: frames still queued here are dropped and the peer sees ConnectionLost at once."""
+        if self._exc is None or not isinstance(self._exc, ConnectionLost):
+            self._exc = ConnectionClosedLocally(f"connection to {self.peer} was aborted by this side")
+        self._frames.clear()
+        self._outbox = ()
+        self._fin_sent = True
+        self._host.endpoints.pop(self._id, None)
+        self._release()
+        self._wake()
+        peer = self._peer_ep
+        if peer is not None and peer._exc is None:
+            self._links.tracer.emit(self._links.loop.now, "reset", self._host.name, self._peer_host.name,
+                                    detail="aborted")
+            peer._fail(ConnectionLost(f"connection reset by {self._host.name}"))
+
+    def _release(self) -> None:
+        """Forget the sink and the frame handler (they may refer back to this connection)."""
+        self._sink = None
+        if self._on_frame is not None:
+            self._on_frame = None
 
     async def wait_closed(self) -> None:
         return None
@@ -534,9 +575,10 @@ class SimConnection(Connection):
 class SimListener(Listener):
     """Accepts simulated connections on one host:port; owns the handler tasks."""
 
-    def __init__(self, fabric: Fabric, host: Host, address: Address, handler: ConnectionHandler,
-                 max_frame_size: int) -> None:
-        self._fabric = fabric
+    def __init__(self, loop: Any, host: Host, address: Address, handler: ConnectionHandler,
+                 max_frame_size: int, errors: list[str]) -> None:
+        self._loop = loop
+        self._errors = errors  # (where a handler's unexpected error is reported)
         self._host = host
         self._address = address
         self._handler = handler
@@ -554,7 +596,7 @@ class SimListener(Listener):
 
     def _accept(self, conn: SimConnection) -> None:
         self._conns[conn._id] = conn
-        self._tasks[conn._id] = self._fabric.loop.create_task(self._run_handler(conn))
+        self._tasks[conn._id] = self._loop.create_task(self._run_handler(conn))
 
     async def _run_handler(self, conn: SimConnection) -> None:
         try:
@@ -562,7 +604,7 @@ class SimListener(Listener):
         except (asyncio.CancelledError, ConnectionClosedError):
             pass
         except Exception as e:  # noqa: BLE001 - like TCP: log, close the connection, keep serving
-            self._fabric.handler_errors.append(f"{self._host.name}: connection handler failed: {e!r}")
+            self._errors.append(f"{self._host.name}: connection handler failed: {e!r}")
         finally:
             conn.close()
             self._conns.pop(conn._id, None)
@@ -595,30 +637,45 @@ class SimListener(Listener):
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+class Dialer(Protocol):
+    """What a host's network view needs from the run's fabric (:class:`sim.network.Fabric`)."""
+
+    links: Links
+    handler_errors: list[str]
+
+    async def connect(self, src: Host, address: Address, timeout: float | None) -> SimConnection: ...
+
+
 class HostNetwork(_SeamNetwork):
     """One virtual host's view of the simulated network (aiodist's Network seam)."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Host, fabric: Dialer) -> None:
         self._host = host
-        self.fabric: Fabric | None = None
+        self.fabric = fabric
 
     def __repr__(self) -> str:
         return f"<sim.HostNetwork {self._host.name}>"
 
-    def default_host(self) -> str:
+    async def default_host(self) -> str:
         return self._host.name
 
-    async def connect(self, address: Address, *, timeout: float | None = None, **_: Any) -> Connection:
+    async def connect(self, address: Address, *, timeout: float | None = None,
+                      max_frame_size: int | None = None, ssl: Any = None) -> Connection:
         """Open a connection (a round trip). ConnectionLost if refused/unknown; TimeoutError on timeout.
+
+        ``ssl`` is accepted and has no effect: the simulated links run inside
+        one process, with nothing to encrypt.
 
         Cancellation (or the timeout): nothing is left behind; a connection
         the peer accepted meanwhile is closed (the peer sees ConnectionLost).
         """
-        assert self.fabric is not None
-        loop = self.fabric.loop
-        if loop._lane in loop._dead:
+        loop = self.fabric.links.loop
+        if loop.lane in loop.dead_lanes:
             await loop.create_future()
-        return await self.fabric.connect(self._host, address, timeout)
+        conn = await self.fabric.connect(self._host, address, timeout)
+        if max_frame_size is not None:
+            conn.set_max_frame_size(max_frame_size)
+        return conn
 
     async def listen(
         self,
@@ -627,10 +684,11 @@ class HostNetwork(_SeamNetwork):
         *,
         max_frame_size: int | None = None,
         handshake_timeout: float | None = None,
+        ssl: Any = None,
     ) -> Listener:
-        """Bind ``address`` on this host (port 0 picks a free port); ConnectionLost if taken."""
+        """Bind ``address`` on this host (port 0 picks a free port); ConnectionLost if taken. (``ssl``: as connect.)"""
         fabric = self.fabric
-        assert fabric is not None
+        links = fabric.links
         host, port = address
         h = self._host
         if str(host) not in LOCAL_NAMES and str(host) != h.name:
@@ -643,8 +701,8 @@ class HostNetwork(_SeamNetwork):
             h.next_port += 1
         if port in h.listeners:
             raise ConnectionLost(f"cannot listen on {host}:{port}: address already in use")
-        listener = SimListener(fabric, h, (str(host) or h.name, port), handler,
-                               max_frame_size or DEFAULT_MAX_FRAME_SIZE)
+        listener = SimListener(links.loop, h, (str(host) or h.name, port), handler,
+                               max_frame_size or DEFAULT_MAX_FRAME_SIZE, fabric.handler_errors)
         h.listeners[port] = listener
-        fabric.tracer.emit(fabric.loop.time(), "listen", h.name, detail=str(port))
+        links.tracer.emit(links.loop.now, "listen", h.name, detail=str(port))
         return listener

@@ -1,50 +1,52 @@
 """Faults as data: pass them to ``sim.run(faults=[...])`` or as CLI flags.
 
-Each fault is a frozen dataclass that knows how to install itself into a run
-(:meth:`install`, called once before the ranks start) and how to spell itself
-as a ``python -m sim run`` flag (:meth:`to_cli`), so that a failing run can be
-replayed exactly. Ranks are ints; hosts may also be given by name ("store").
+Each fault is a frozen dataclass that knows which hosts it names
+(:meth:`hosts`, checked against the world before the run), how to install
+itself into a run (:meth:`install`) and how to spell itself as a
+``python -m sim run`` flag (:meth:`to_cli`, parsed back by
+:mod:`sim.fault_flags`), so a failing run replays exactly.
+
+Ranks are ints; other hosts are named: ``"store"`` is the store's own host
+with ``store_host="separate"``. Faults that happen "when" take either ``at=``
+(a virtual time) or ``on=`` (a :class:`~sim.triggers.MessageSent` /
+:class:`~sim.triggers.MessageReceived` trigger: the n-th frame a rank sends
+or receives); faults that last take ``duration=`` (or an end time).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+from .errors import SimulationError
+from .triggers import MessageReceived, MessageSent, Trigger
 
 if TYPE_CHECKING:
     from .runner import Simulation
 
-
-# --------------------------------------------------------------------------- triggers
-
-
-@dataclass(frozen=True)
-class MessageSent:
-    """Fires when ``rank`` hands its ``n``-th message (1-based) to the network; it still goes out."""
-
-    rank: int
-    n: int
-
-    def to_cli(self) -> str:
-        return f"sent:{self.n}"
+HostRef = int | str
 
 
-@dataclass(frozen=True)
-class MessageReceived:
-    """Fires when ``rank`` has received its ``n``-th message (1-based)."""
+class FaultError(SimulationError, ValueError):
+    """A fault that cannot take effect in this world (an unknown rank or host, a bad time). ``.fault`` is it."""
 
-    rank: int
-    n: int
-
-    def to_cli(self) -> str:
-        return f"recv:{self.n}"
-
-
-Trigger = MessageSent | MessageReceived
+    def __init__(self, fault: object, problem: str) -> None:
+        super().__init__(f"{fault!r}: {problem}")
+        self.fault = fault
 
 
 class Fault(Protocol):
-    def install(self, sim: Simulation) -> None: ...
+    """A fault: the hosts it names, how it is armed in a run, what it does when it fires, its CLI flag."""
+
+    def hosts(self) -> Iterable[HostRef]: ...
+
+    def install(self, sim: Simulation) -> None:
+        """Arm it in ``sim`` (before the ranks start): ``apply`` runs at its time or trigger."""
+
+    def apply(self, sim: Simulation) -> None:
+        """Do it now (and schedule its end, if it lasts)."""
 
     def to_cli(self) -> str: ...
 
@@ -53,8 +55,42 @@ def _fmt(t: float) -> str:
     return repr(float(t))
 
 
-def _hosts_cli(hosts: tuple[int | str, ...]) -> str:
+def _hosts_cli(hosts: Iterable[HostRef]) -> str:
     return ",".join(str(h) for h in hosts)
+
+
+def _when_cli(at: float | None, on: Trigger | None, own: HostRef) -> str:
+    """``TIME``, ``sent:N`` (the fault's own rank) or ``R:sent:N``."""
+    if on is None:
+        return _fmt(at)  # type: ignore[arg-type]
+    spec = on.to_cli()
+    return spec if on.rank == own else f"{on.rank}:{spec}"
+
+
+def _arm(sim: Simulation, at: float | None, on: Trigger | None, action: Callable[[], None], *,
+         fatal: bool = False) -> None:
+    if on is not None:
+        sim.when(on, action, fatal=fatal)
+    else:
+        sim.at(at, action)  # type: ignore[arg-type]
+
+
+def _check_when(fault: object, at: float | None, on: Trigger | None) -> None:
+    if (at is None) == (on is None):
+        raise FaultError(fault, "needs exactly one of at= (a time) or on= (a trigger)")
+    if at is not None and not (math.isfinite(at) and at >= 0):
+        raise FaultError(fault, f"at={at!r} is not a time >= 0")
+    if on is not None and not (isinstance(on, (MessageSent, MessageReceived)) and on.n >= 1):
+        raise FaultError(fault, f"on={on!r} is not a trigger with n >= 1")
+
+
+def _check_duration(fault: object, name: str, value: float | None, *, zero_ok: bool = False) -> None:
+    if value is not None and not (math.isfinite(value) and (value > 0 or (zero_ok and value == 0))):
+        raise FaultError(fault, f"{name}={value!r} is not a positive number of seconds")
+
+
+def _trigger_hosts(on: Trigger | None) -> tuple[HostRef, ...]:
+    return () if on is None else (on.rank,)
 
 
 # --------------------------------------------------------------------------- process faults
@@ -68,90 +104,165 @@ class Crash:
     connections deliver what was already sent, then close: peers see
     ConnectionLost. ``silent``: the whole machine vanishes instead, nothing
     closes: peers only notice through their own timeouts (or, when they send,
-    after the network's retransmit timeout).
+    after the network's retransmit timeout). ``rank`` may be ``"store"``.
     """
 
-    rank: int
+    rank: HostRef
     at: float | None = None
     on: Trigger | None = None
     silent: bool = False
 
     def __post_init__(self) -> None:
-        if (self.at is None) == (self.on is None):
-            raise ValueError("Crash needs exactly one of at= or on=")
+        _check_when(self, self.at, self.on)
+
+    def hosts(self) -> tuple[HostRef, ...]:
+        return (self.rank, *_trigger_hosts(self.on))
 
     def install(self, sim: Simulation) -> None:
-        if self.at is not None:
-            sim.at(self.at, lambda: sim.crash_rank(self.rank, "Crash fault", silent=self.silent))
-        else:
-            assert self.on is not None
-            sim.when(self.on, lambda: sim.crash_rank(self.rank, f"Crash fault on {self.on}", silent=self.silent))
+        _arm(sim, self.at, self.on, lambda: self.apply(sim), fatal=True)
+
+    def apply(self, sim: Simulation) -> None:
+        why = "Crash fault" if self.on is None else f"Crash fault on {self.on}"
+        sim.crash_host(self.rank, why, silent=self.silent)
 
     def to_cli(self) -> str:
-        when = _fmt(self.at) if self.at is not None else self.on.to_cli()  # type: ignore[union-attr]
-        return f"--{'vanish' if self.silent else 'crash'} {self.rank}@{when}"
+        return f"--{'vanish' if self.silent else 'crash'} {self.rank}@{_when_cli(self.at, self.on, self.rank)}"
 
 
 @dataclass(frozen=True)
 class Restart:
-    """Crash ``rank`` at ``at`` (if it still runs) and start its main again ``delay`` later.
+    """Crash ``rank`` at ``at`` (or when ``on`` fires) and start its main again ``delay`` later.
 
     The new incarnation sees TORCHELASTIC_RESTART_COUNT / AIODIST_RESTART_COUNT
-    one higher, a fresh rank scope, and none of the old process's state.
+    one higher, a fresh rank scope, and none of the old process's state. (A
+    restarted ``"store"`` host starts an empty store.)
     """
 
-    rank: int
-    at: float
+    rank: HostRef
+    at: float | None = None
     delay: float = 0.0
+    on: Trigger | None = None
+
+    def __post_init__(self) -> None:
+        _check_when(self, self.at, self.on)
+        _check_duration(self, "delay", self.delay, zero_ok=True)
+
+    def hosts(self) -> tuple[HostRef, ...]:
+        return (self.rank, *_trigger_hosts(self.on))
 
     def install(self, sim: Simulation) -> None:
-        sim.expect_restart(self.rank)
-        sim.at(self.at, lambda: sim.crash_rank(self.rank, "Restart fault"))
-        sim.at(self.at + self.delay, lambda: sim.restart_rank(self.rank))
+        sim.expect_restart(self.rank, self.at)
+        _arm(sim, self.at, self.on, lambda: self.apply(sim), fatal=True)
+
+    def apply(self, sim: Simulation) -> None:
+        sim.restart_host(self.rank, self.delay, counted=self.at is not None)
 
     def to_cli(self) -> str:
         extra = f"+{_fmt(self.delay)}" if self.delay else ""
-        return f"--restart {self.rank}@{_fmt(self.at)}{extra}"
+        return f"--restart {self.rank}@{_when_cli(self.at, self.on, self.rank)}{extra}"
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Stop ``rank`` (SIGSTOP) at ``at`` or when ``on`` fires, for ``duration`` seconds (then SIGCONT).
+
+    Nothing of it runs meanwhile: its timers fire late, what arrives for it
+    waits in its kernel, its peers hear nothing from it (heartbeats included).
+    Connections stay up. ``rank`` may be ``"store"``.
+    """
+
+    rank: HostRef
+    at: float | None = None
+    duration: float = 0.0
+    on: Trigger | None = None
+
+    def __post_init__(self) -> None:
+        _check_when(self, self.at, self.on)
+        _check_duration(self, "duration", self.duration)
+
+    def hosts(self) -> tuple[HostRef, ...]:
+        return (self.rank, *_trigger_hosts(self.on))
+
+    def install(self, sim: Simulation) -> None:
+        _arm(sim, self.at, self.on, lambda: self.apply(sim))
+
+    def apply(self, sim: Simulation) -> None:
+        sim.pause_host(self.rank, self.duration)
+
+    def to_cli(self) -> str:
+        return f"--pause {self.rank}@{_when_cli(self.at, self.on, self.rank)}+{_fmt(self.duration)}"
 
 
 @dataclass(frozen=True)
 class Straggler:
-    """Make ``rank`` ``factor`` times slower from ``at`` on: its messages' delays and its sleeps."""
+    """Make ``rank`` ``factor`` times slower from ``at`` (or when ``on`` fires) for ``duration`` (None: for good).
+
+    Slower: its messages' latency and transmission time, and its sleeps.
+    """
 
     rank: int
     factor: float
-    at: float = 0.0
+    at: float | None = None
+    duration: float | None = None
+    on: Trigger | None = None
+
+    def __post_init__(self) -> None:
+        if self.at is None and self.on is None:
+            object.__setattr__(self, "at", 0.0)  # from the start
+        _check_when(self, self.at, self.on)
+        _check_duration(self, "duration", self.duration)
+        if not (math.isfinite(self.factor) and self.factor > 0):
+            raise FaultError(self, f"factor={self.factor!r} is not a positive number")
+
+    def hosts(self) -> tuple[HostRef, ...]:
+        return (self.rank, *_trigger_hosts(self.on))
 
     def install(self, sim: Simulation) -> None:
-        sim.at(self.at, lambda: sim.set_straggler(self.rank, self.factor))
+        _arm(sim, self.at, self.on, lambda: self.apply(sim))
+
+    def apply(self, sim: Simulation) -> None:
+        sim.set_straggler(self.rank, self.factor, self.duration)
 
     def to_cli(self) -> str:
-        at = f"@{_fmt(self.at)}" if self.at else ""
-        return f"--straggler {self.rank}x{self.factor:g}{at}"
+        when = "" if self.at == 0.0 and self.duration is None else f"@{_when_cli(self.at, self.on, self.rank)}"
+        span = f"+{_fmt(self.duration)}" if self.duration is not None else ""
+        return f"--straggler {self.rank}x{self.factor:g}{when}{span}"
 
 
 @dataclass(frozen=True)
 class CrashStore:
-    """Kill the service listening on MASTER_ADDR:MASTER_PORT (the store) at ``at``.
+    """Kill the store at ``at`` (or when ``on`` fires).
 
-    Its connections break (clients see ConnectionLost) and its handler tasks
-    are cancelled; the rank hosting it keeps running.
+    With the store on rank 0's host (the default) only the service listening
+    on MASTER_ADDR:MASTER_PORT dies: its connections break (clients see
+    ConnectionLost), rank 0 keeps running. With ``store_host="separate"`` the
+    store's whole host crashes.
     """
 
-    at: float
+    at: float | None = None
+    on: Trigger | None = None
+
+    def __post_init__(self) -> None:
+        _check_when(self, self.at, self.on)
+
+    def hosts(self) -> tuple[HostRef, ...]:
+        return _trigger_hosts(self.on)
 
     def install(self, sim: Simulation) -> None:
-        sim.at(self.at, sim.crash_store)
+        _arm(sim, self.at, self.on, lambda: self.apply(sim))
+
+    def apply(self, sim: Simulation) -> None:
+        sim.crash_store()
 
     def to_cli(self) -> str:
-        return f"--crash-store {_fmt(self.at)}"
+        return f"--crash-store {_when_cli(self.at, self.on, -1)}"
 
 
 # --------------------------------------------------------------------------- network faults
 
 
-class _Block:
-    """An active partition or clog: which directions it blocks, whether it breaks TCP."""
+class Block:
+    """A partition or clog in force: which directions it cuts, whether TCP gives up behind it."""
 
     def __init__(self, a: frozenset[str], b: frozenset[str], one_way: bool, breaks: bool, label: str) -> None:
         self.a, self.b, self.one_way, self.breaks, self.label = a, b, one_way, breaks, label
@@ -165,9 +276,24 @@ class _Block:
         return self.label
 
 
+def _block_now(sim: Simulation, block: Block, duration: float | None) -> None:
+    """Put ``block`` in force now, for ``duration`` (None: for good)."""
+    sim.add_block(block)
+    if duration is not None:
+        sim.after(duration, lambda: sim.remove_block(block))
+
+
+def _span_cli(at: float | None, on: Trigger | None, own: HostRef, until: float | None,
+              duration: float | None) -> str:
+    when = _when_cli(at, on, own)
+    if until is not None:
+        return f"{when}:{_fmt(until)}"
+    return f"{when}+{_fmt(duration)}" if duration is not None else when
+
+
 @dataclass(frozen=True)
 class Partition:
-    """From ``at`` to ``heal_at`` (None: never), hosts ``a`` cannot reach hosts ``b``.
+    """From ``at`` (or when ``on`` fires) until ``heal_at`` / for ``duration`` (neither: for good), ``a`` cannot reach ``b``.
 
     ``one_way``: only a -> b is cut. Messages on live connections are held in
     order (TCP retransmits) and delivered on heal; held longer than the
@@ -175,228 +301,103 @@ class Partition:
     across the cut wait likewise.
     """
 
-    a: tuple[int | str, ...]
-    b: tuple[int | str, ...]
-    at: float
+    a: tuple[HostRef, ...]
+    b: tuple[HostRef, ...]
+    at: float | None = None
     heal_at: float | None = None
     one_way: bool = False
+    on: Trigger | None = None
+    duration: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_when(self, self.at, self.on)
+        _check_duration(self, "duration", self.duration)
+        if not self.a or not self.b:
+            raise FaultError(self, "both sides need at least one host")
+        if set(self.a) & set(self.b):
+            raise FaultError(self, f"hosts {sorted(map(str, set(self.a) & set(self.b)))} are on both sides")
+        if self.heal_at is not None and (self.duration is not None or self.at is None or self.heal_at < self.at):
+            raise FaultError(self, "heal_at needs at= and comes after it (or give duration= instead)")
+
+    def hosts(self) -> tuple[HostRef, ...]:
+        return (*self.a, *self.b, *_trigger_hosts(self.on))
 
     def install(self, sim: Simulation) -> None:
-        block = _Block(sim.host_names(self.a), sim.host_names(self.b), self.one_way, True, self.to_cli())
-        sim.at(self.at, lambda: sim.add_block(block))
-        if self.heal_at is not None:
-            sim.at(self.heal_at, lambda: sim.remove_block(block))
+        _arm(sim, self.at, self.on, lambda: self.apply(sim))
+
+    def apply(self, sim: Simulation) -> None:
+        block = Block(sim.host_names(self.a), sim.host_names(self.b), self.one_way, True, self.to_cli())
+        heal = self.duration if self.heal_at is None else self.heal_at - self.at  # type: ignore[operator]
+        _block_now(sim, block, heal)
 
     def to_cli(self) -> str:
-        heal = f":{_fmt(self.heal_at)}" if self.heal_at is not None else ""
         flag = "--one-way-partition" if self.one_way else "--partition"
-        return f"{flag} {_hosts_cli(self.a)}/{_hosts_cli(self.b)}@{_fmt(self.at)}{heal}"
+        span = _span_cli(self.at, self.on, -1, self.heal_at, self.duration)  # (a trigger names its rank)
+        return f"{flag} {_hosts_cli(self.a)}/{_hosts_cli(self.b)}@{span}"
 
 
 @dataclass(frozen=True)
 class Clog:
-    """Hold every message on the link ``link = (src, dst)`` from ``at`` until ``until``; never breaks it."""
+    """Hold every message on the link ``link = (src, dst)`` from ``at`` (or ``on``) until ``until`` / for ``duration``.
 
-    link: tuple[int | str, int | str]
-    at: float
-    until: float
+    Never breaks the link: held messages are delivered, in order, when it ends.
+    ``src == dst`` clogs the host's connections to itself (a client of a
+    service on its own machine).
+    """
+
+    link: tuple[HostRef, HostRef]
+    at: float | None = None
+    until: float | None = None
+    on: Trigger | None = None
+    duration: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_when(self, self.at, self.on)
+        _check_duration(self, "duration", self.duration)
+        if (self.until is None) == (self.duration is None):
+            raise FaultError(self, "needs exactly one of until= (a time) or duration=")
+        if self.until is not None and (self.at is None or self.until < self.at):
+            raise FaultError(self, "until needs at= and comes after it (or give duration= instead)")
+
+    def hosts(self) -> tuple[HostRef, ...]:
+        return (*self.link, *_trigger_hosts(self.on))
 
     def install(self, sim: Simulation) -> None:
+        _arm(sim, self.at, self.on, lambda: self.apply(sim))
+
+    def apply(self, sim: Simulation) -> None:
         src, dst = self.link
-        block = _Block(sim.host_names((src,)), sim.host_names((dst,)), True, False, self.to_cli())
-        sim.at(self.at, lambda: sim.add_block(block))
-        sim.at(self.until, lambda: sim.remove_block(block))
+        block = Block(sim.host_names((src,)), sim.host_names((dst,)), True, False, self.to_cli())
+        _block_now(sim, block, self.duration if self.until is None else self.until - self.at)  # type: ignore[operator]
 
     def to_cli(self) -> str:
-        return f"--clog {self.link[0]}-{self.link[1]}@{_fmt(self.at)}:{_fmt(self.until)}"
+        return f"--clog {self.link[0]}-{self.link[1]}@{_span_cli(self.at, self.on, self.link[0], self.until, self.duration)}"
 
 
 @dataclass(frozen=True)
 class ResetConnection:
-    """At ``at``, reset every connection between ``a`` and ``b``: both ends see ConnectionLost."""
+    """At ``at`` (or when ``on`` fires), reset every connection between ``a`` and ``b``: both ends see ConnectionLost."""
 
-    a: int | str
-    b: int | str
-    at: float
+    a: HostRef
+    b: HostRef
+    at: float | None = None
+    on: Trigger | None = None
 
-    def install(self, sim: Simulation) -> None:
-        sim.at(self.at, lambda: sim.reset_connections(self.a, self.b))
+    def __post_init__(self) -> None:
+        _check_when(self, self.at, self.on)
 
-    def to_cli(self) -> str:
-        return f"--reset {self.a}-{self.b}@{_fmt(self.at)}"
-
-
-# --------------------------------------------------------------------------- CLI parsing
-
-
-def _host(s: str) -> int | str:
-    return int(s) if s.isdigit() else s
-
-
-def _hosts(s: str) -> tuple[int | str, ...]:
-    return tuple(_host(x) for x in s.split(",") if x)
-
-
-def _span(s: str) -> tuple[float, float | None]:
-    if ":" in s:
-        a, b = s.split(":", 1)
-        return float(a), float(b)
-    return float(s), None
-
-
-def parse_crash(spec: str, *, silent: bool = False) -> Crash:
-    """``RANK@TIME``, ``RANK@sent:N`` or ``RANK@recv:N``."""
-    rank_s, when = spec.split("@", 1)
-    rank = int(rank_s)
-    if when.startswith("sent:"):
-        return Crash(rank, on=MessageSent(rank, int(when[5:])), silent=silent)
-    if when.startswith("recv:"):
-        return Crash(rank, on=MessageReceived(rank, int(when[5:])), silent=silent)
-    return Crash(rank, at=float(when), silent=silent)
-
-
-def parse_restart(spec: str) -> Restart:
-    """``RANK@TIME`` or ``RANK@TIME+DELAY``."""
-    rank_s, when = spec.split("@", 1)
-    delay = 0.0
-    if "+" in when:
-        when, d = when.split("+", 1)
-        delay = float(d)
-    return Restart(int(rank_s), at=float(when), delay=delay)
-
-
-def parse_partition(spec: str, *, one_way: bool = False) -> Partition:
-    """``A,B/C,D@START[:HEAL]``."""
-    sides, when = spec.split("@", 1)
-    a, b = sides.split("/", 1)
-    at, heal = _span(when)
-    return Partition(_hosts(a), _hosts(b), at=at, heal_at=heal, one_way=one_way)
-
-
-def parse_clog(spec: str) -> Clog:
-    """``SRC-DST@START:END``."""
-    link, when = spec.split("@", 1)
-    src, dst = link.split("-", 1)
-    at, until = _span(when)
-    if until is None:
-        raise ValueError("--clog needs START:END")
-    return Clog((_host(src), _host(dst)), at=at, until=until)
-
-
-def parse_straggler(spec: str) -> Straggler:
-    """``RANKxFACTOR`` or ``RANKxFACTOR@TIME``."""
-    at = 0.0
-    if "@" in spec:
-        spec, t = spec.split("@", 1)
-        at = float(t)
-    rank_s, factor = spec.split("x", 1)
-    return Straggler(int(rank_s), float(factor), at=at)
-
-
-def parse_reset(spec: str) -> ResetConnection:
-    """``A-B@TIME``."""
-    link, when = spec.split("@", 1)
-    a, b = link.split("-", 1)
-    return ResetConnection(_host(a), _host(b), at=float(when))
-
-
-def parse_crash_store(spec: str) -> CrashStore:
-    return CrashStore(at=float(spec))
-
-
-# --------------------------------------------------------------------------- random faults
-
-
-@dataclass(frozen=True)
-class Chaos:
-    """Random faults drawn from the run's seed (FoundationDB/VOPR style): same seed, same faults.
-
-    Draws ``crashes`` crashes, ``partitions`` partitions (random halves, healed
-    after up to ``max_duration``), ``clogs`` clogged links, ``resets``
-    connection resets and ``stragglers`` slow ranks (x2..x10), at times
-    uniform in ``window``. Ranks in ``spare`` are never crashed (rank 0 hosts
-    the store by default). The concrete faults are listed in
-    ``Result.faults`` and marked in the trace.
-    """
-
-    crashes: int = 0
-    partitions: int = 0
-    clogs: int = 0
-    resets: int = 0
-    stragglers: int = 0
-    window: tuple[float, float] = (0.0, 1.0)
-    max_duration: float = 1.0
-    spare: tuple[int, ...] = (0,)
-
-    def draw(self, seed: int | str, world_size: int) -> list[Fault]:
-        """The concrete faults for ``seed`` (pure: no simulation needed)."""
-        import random
-
-        rng = random.Random(f"{seed}:chaos")
-        lo, hi = self.window
-        ranks = list(range(world_size))
-        victims = [r for r in ranks if r not in self.spare]
-        out: list[Fault] = []
-
-        def when() -> float:
-            return round(lo + (hi - lo) * rng.random(), 6)
-
-        def duration() -> float:
-            return round(self.max_duration * rng.random(), 6)
-
-        for _ in range(self.crashes):
-            if victims:
-                out.append(Crash(victims.pop(rng.randrange(len(victims))), at=when()))
-        if world_size >= 2:
-            for _ in range(self.partitions):
-                shuffled = ranks[:]
-                rng.shuffle(shuffled)
-                cut = rng.randrange(1, world_size)
-                at = when()
-                out.append(Partition(tuple(sorted(shuffled[:cut])), tuple(sorted(shuffled[cut:])), at=at,
-                                     heal_at=round(at + duration(), 6), one_way=rng.random() < 0.25))
-            for _ in range(self.clogs):
-                a, b = rng.sample(ranks, 2)
-                at = when()
-                out.append(Clog((a, b), at=at, until=round(at + duration(), 6)))
-            for _ in range(self.resets):
-                a, b = rng.sample(ranks, 2)
-                out.append(ResetConnection(a, b, at=when()))
-        for _ in range(self.stragglers):
-            out.append(Straggler(rng.choice(ranks), float(rng.randint(2, 10)), at=when()))
-        return out
+    def hosts(self) -> tuple[HostRef, ...]:
+        return (self.a, self.b, *_trigger_hosts(self.on))
 
     def install(self, sim: Simulation) -> None:
-        for fault in self.draw(sim.seed, sim.world_size):
-            sim.add_fault(fault)
+        _arm(sim, self.at, self.on, lambda: self.apply(sim))
+
+    def apply(self, sim: Simulation) -> None:
+        sim.reset_connections(self.a, self.b)
 
     def to_cli(self) -> str:
-        parts = [f"{k}={getattr(self, k)}" for k in ("crashes", "partitions", "clogs", "resets", "stragglers")
-                 if getattr(self, k)]
-        parts.append(f"window={self.window[0]!r}:{self.window[1]!r}")
-        if self.max_duration != 1.0:
-            parts.append(f"max_duration={self.max_duration!r}")
-        if self.spare != (0,):
-            parts.append(f"spare={'/'.join(str(r) for r in self.spare)}")
-        return f"--chaos {','.join(parts)}"
+        return f"--reset {self.a}-{self.b}@{_when_cli(self.at, self.on, self.a)}"
 
 
-def parse_chaos(spec: str) -> Chaos:
-    """``crashes=1,partitions=2,clogs=1,resets=1,stragglers=1,window=0:5,max_duration=2,spare=0/1``."""
-    kw: dict[str, object] = {}
-    for item in spec.split(","):
-        if not item:
-            continue
-        key, _, value = item.partition("=")
-        if key in ("crashes", "partitions", "clogs", "resets", "stragglers"):
-            kw[key] = int(value)
-        elif key == "window":
-            a, b = value.split(":", 1)
-            kw[key] = (float(a), float(b))
-        elif key == "max_duration":
-            kw[key] = float(value)
-        elif key == "spare":
-            kw[key] = tuple(int(r) for r in value.split("/") if r)
-        else:
-            raise ValueError(f"unknown --chaos option {key!r}")
-    return Chaos(**kw)  # type: ignore[arg-type]
+CONCRETE: tuple[type, ...] = (Crash, Restart, Pause, Straggler, CrashStore, Partition, Clog, ResetConnection)
+"""The fault types a plan is made of (what ``Chaos`` and ``Swarm`` draw, what shrinking works on)."""

@@ -1,7 +1,8 @@
 """Latency models: how long a message's first byte takes to cross a link.
 
 Each model samples from the generator it is given (the run's seeded "net"
-stream), never from the global one.
+stream), never from the global one. :class:`Tail` is not a model of its own:
+it adds a rare long delay on top of whichever model a link has.
 """
 
 from __future__ import annotations
@@ -55,6 +56,38 @@ class Exponential:
 
 
 LatencyModel = Constant | Uniform | Exponential
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """With probability ``p`` a message is delayed by an extra log-uniform amount in [``low``, ``high``] seconds.
+
+    Real latency has a tail (scheduling, a GC pause, a retransmission): a
+    band such as ``Uniform(50e-6, 150e-6)`` never reorders two events more
+    than its width apart, a tail does. Log-uniform: each decade between
+    ``low`` and ``high`` is as likely as the next. ``budget`` bounds the
+    delays added up (a message-heavy program would otherwise pay a tail in
+    almost every step).
+    """
+
+    p: float
+    low: float
+    high: float
+    budget: float | None = None
+    """At most this many seconds of extra delay in all (then no more tails): None, no bound."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p <= 1.0 or not 0.0 < self.low <= self.high or (self.budget is not None and self.budget < 0):
+            raise ValueError(f"Tail needs 0 <= p <= 1, 0 < low <= high and budget >= 0, got {self!r}")
+
+    def to_cli(self) -> str:
+        return f"{self.p!r}:{self.low!r}:{self.high!r}" + (f":{self.budget!r}" if self.budget is not None else "")
+
+    @classmethod
+    def parse(cls, spec: str) -> Tail:
+        """``P:LOW:HIGH[:BUDGET]`` (seconds)."""
+        p, low, high, *budget = (float(x) for x in spec.split(":"))
+        return cls(p, low, high, budget[0] if budget else None)
 
 
 def as_model(value: float | LatencyModel) -> LatencyModel:

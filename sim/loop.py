@@ -1,36 +1,33 @@
 """A deterministic asyncio event loop on a virtual clock.
 
-Design (robust across CPython 3.11+): :class:`SimLoop` subclasses
-:class:`asyncio.AbstractEventLoop` directly and owns all scheduling; it does
-not touch ``BaseEventLoop`` internals. Every callback of program code is an
-ordinary :class:`asyncio.Handle` / :class:`asyncio.TimerHandle` (so ``Task``,
-``Future``, ``asyncio.sleep``, ``asyncio.timeout`` work unchanged); the
-simulator's own events (message deliveries, wake-ups: :meth:`SimLoop.post`)
-are lighter, non-cancellable ``_Event`` objects. All are ordered by ONE
-(time, sequence) key:
+:class:`SimLoop` subclasses :class:`asyncio.AbstractEventLoop` directly and
+owns all scheduling (no ``BaseEventLoop`` internals), robust across CPython
+3.11+. Program code gets ordinary :class:`asyncio.Handle` /
+:class:`asyncio.TimerHandle` objects (so ``Task``, ``Future``,
+``asyncio.sleep``, ``asyncio.timeout`` work unchanged); the simulator's own
+callbacks (message deliveries, fault actions, wake-ups) come in through ONE
+method, :meth:`SimLoop.schedule`, as lighter non-cancellable events.
 
-* timers live in a heap of ``(when, seq, lane, handle)``; ``seq`` is a global
-  counter, so callbacks due at the same virtual instant keep FIFO order
-  (asyncio's own timer heap does not guarantee this);
-* callbacks due now wait in a ready queue. When it is empty the clock *jumps*
-  to the earliest timer and everything due at that instant becomes ready, so
+Every callback, of either kind, enters one of two places:
+
+* the *timers*: due later, ordered by ``(when, seq)`` with ``seq`` a global
+  counter, so callbacks due at the same instant keep FIFO order (asyncio's own
+  heap does not promise this). They live in two heaps, a small "near" one
+  (what is due within ~:data:`NEAR`: deliveries in flight) and a "far" one
+  (timeouts, sleeps), so a delivery never sifts through long timers;
+* the *ready queue*: due now. When it is empty the clock jumps to the
+  earliest timer and everything due then becomes ready, so
   ``await asyncio.sleep(3600)`` costs nothing.
 
-Lanes and schedule exploration: every callback belongs to a *lane* (one per
-virtual process incarnation, read from the ``context`` the callback runs in,
-see :data:`LANE`). Inside a lane, callbacks always run in FIFO order, as
-asyncio guarantees to a real process. Across lanes, the order of callbacks
-ready at the same instant is what a real distributed system leaves open; the
-``schedule`` mode chooses it:
+One run loop takes callbacks from the ready queue; the *strategy* of that
+queue (:mod:`sim.ready`: ``"fifo"``, ``"random"`` or ``"pct"``) decides the
+order, across lanes, of callbacks ready at the same instant. A *lane* is one
+virtual process incarnation (read from the callback's ``context``, see
+:data:`LANE`); inside a lane the order is always FIFO.
 
-* ``"fifo"``: global (time, sequence) order;
-* ``"random"``: at every step a seeded generator picks the lane to run next;
-* ``"pct"``: PCT-style: each lane gets a random priority, the highest-priority
-  ready lane runs, and at ``pct_depth - 1`` random steps the running lane's
-  priority drops below all others.
-
-Lanes can be *killed* (a crashed process): their pending callbacks are
-dropped and never run, so no ``finally`` block of a crashed rank runs.
+Lanes can be *killed* (a crashed process: its callbacks never run again, no
+``finally`` of it runs) or *paused* until a virtual time (SIGSTOP: nothing of
+it runs meanwhile, its timers fire late, then it resumes in order).
 
 No wall clock, real I/O, threads, subprocesses or signals: those loop
 methods raise :class:`~sim.errors.SimUnsupportedError`. Calls handed to an
@@ -50,99 +47,49 @@ import random
 import threading
 import weakref
 from asyncio import events, futures
-from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .errors import SimDeadlockError, SimLivelockError, SimTimeLimitError, SimUnsupportedError
+from .handles import KernelEvent, LoopHandle, LoopTimerHandle
+from .ready import SCHEDULES, PctReady, new_ready
 
 LANE: contextvars.ContextVar[int] = contextvars.ContextVar("sim_lane", default=-1)
 """The lane of the code running in a context (-1: the simulator kernel)."""
 
-SCHEDULES = ("fifo", "random", "pct")
+__all__ = ["LANE", "SCHEDULES", "SimLoop", "run"]
 
 NEAR = 1e-3
 """Seconds ahead of the clock that count as "near" (see :meth:`SimLoop._advance`): message
 deliveries land there, long timers (timeouts, sleeps) beyond it."""
 
-_sleep_callback = futures._set_result_unless_cancelled  # what asyncio.sleep schedules
+_sleep_callback = futures._set_result_unless_cancelled  # type: ignore[attr-defined]  # what asyncio.sleep schedules
 _new_handle = object.__new__
-
-
-class _Handle(asyncio.Handle):
-    """An asyncio.Handle built without the debug-mode check (the hot path)."""
-
-    __slots__ = ()
-
-    def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...], loop: SimLoop,
-                 context: contextvars.Context | None) -> None:
-        self._context = context if context is not None else contextvars.copy_context()
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
-
-
-class _TimerHandle(asyncio.TimerHandle):
-    """An asyncio.TimerHandle built without the debug-mode check (the hot path)."""
-
-    __slots__ = ()
-
-    def __init__(self, when: float, callback: Callable[..., Any], args: tuple[Any, ...], loop: SimLoop,
-                 context: contextvars.Context | None) -> None:
-        self._context = context if context is not None else contextvars.copy_context()
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
-        self._when = when
-        self._scheduled = False
-
-
-class _Event:
-    """A simulator-internal callback (message delivery, wake-up): a handle without asyncio's extras.
-
-    The loop only reads ``_cancelled``, ``_context``, ``_callback`` and
-    ``_args`` and writes ``_scheduled``; these are never cancelled and never
-    handed to user code, so they skip TimerHandle's bookkeeping.
-    """
-
-    __slots__ = ("_context", "_callback", "_args", "_scheduled")
-    _cancelled = False
-
-    def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...],
-                 context: contextvars.Context) -> None:
-        self._context = context
-        self._callback = callback
-        self._args = args
-        self._scheduled = False
-
-    def __repr__(self) -> str:
-        return f"<sim event {getattr(self._callback, '__qualname__', self._callback)!r}>"
 
 
 class _Idle(Exception):
     """Internal: nothing ready, nothing scheduled."""
 
 
-_read_now = operator.attrgetter("_now")
+_KERNEL_CONTEXT = contextvars.Context()
+"""The context of the loop's own kernel events (resuming a paused lane)."""
+
+
+_read_now = operator.attrgetter("now")
 _read_debug = operator.attrgetter("_debug")
 
 
 class SimLoop(asyncio.AbstractEventLoop):
     """Deterministic virtual-time event loop. See the module docstring.
 
-    ``time_limit``: virtual time beyond which :meth:`run_until_complete` raises
+    ``schedule``: the ready-queue strategy, ``"fifo"``, ``"random"`` or
+    ``"pct"`` (``pct_depth`` - 1 change points over an estimated
+    ``pct_steps`` steps); ``seed`` seeds its generator. ``time_limit``:
+    virtual time beyond which :meth:`run_until_complete` raises
     :class:`SimTimeLimitError` instead of jumping the clock;
-    ``max_steps_per_instant``: callbacks allowed at one virtual instant before
-    :class:`SimLivelockError` (a ``sleep(0)`` spin would otherwise never end).
-    ``pct_steps`` is PCT's estimate k of the run's length in steps (where its
-    change points fall). ``on_step`` is an optional callable invoked after
-    every callback with the lane that ran (keep ``None`` for speed).
+    ``max_steps_per_instant``: callbacks allowed at one virtual instant
+    before :class:`SimLivelockError` (a ``sleep(0)`` spin would otherwise
+    never end).
     """
 
     def __init__(
@@ -155,29 +102,41 @@ class SimLoop(asyncio.AbstractEventLoop):
         time_limit: float | None = None,
         max_steps_per_instant: int = 20_000_000,
     ) -> None:
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-        self._now = 0.0
+        self.now = 0.0
+        """The virtual clock (read-only): what :meth:`time` returns, without a call."""
         # time() and create_future() run several times per simulated message: as C callables
         # (no Python frame) they shadow the methods below, which say what they do.
         self.time = functools.partial(_read_now, self)  # type: ignore[method-assign]
         self.create_future = functools.partial(asyncio.Future, loop=self)  # type: ignore[method-assign]
         self.get_debug = functools.partial(_read_debug, self)  # type: ignore[method-assign]  # (every Future asks)
+        self.strategy = schedule
+        self._ready = new_ready(schedule, random.Random(f"{seed}:schedule"), pct_depth=pct_depth,
+                                pct_steps=pct_steps)
+        self._push = self._ready.push
+        self._note_lane = self._ready.note_lane if isinstance(self._ready, PctReady) else None
         self._seq = itertools.count()
         # Timers in two heaps of (when, seq, lane, handle): every entry of ``_heap`` is due before
         # ``_bound`` and every entry of ``_far`` at or after it (see _advance).
-        self._heap: list[tuple[float, int, int, asyncio.TimerHandle]] = []
-        self._far: list[tuple[float, int, int, asyncio.TimerHandle]] = []
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._far: list[tuple[float, int, int, Any]] = []
         self._bound = NEAR
+        self._daemons: list[tuple[float, int, int, Any]] = []  # (see schedule(daemon=True))
         self._ncancelled = 0
-        self._lane = -1
-        self._dead: set[int] = set()
+        self.lane = -1
+        """The lane of the callback running now (-1: the simulator kernel, or nothing running). Read-only."""
+        self.dead_lanes: set[int] = set()
+        """Killed lanes (read-only). ``loop.lane in loop.dead_lanes``: the rest of a step of a process
+        that was just killed runs (it must have no effect)."""
+        self._stopped: set[int] = set()  # dead or paused lanes: the run loop diverts their callbacks
+        self._paused: dict[int, list[Any]] = {}  # paused lane -> its callbacks held until it resumes
+        self._resume_at: dict[int, float] = {}
+        self._firsts: dict[int, int] = {}  # paused lane -> how many held callbacks go before the others
         self._stretch: dict[int, float] = {}
         self._closed = False
         self._discarding = False
         self._task_lane: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
         self._zombies: list[asyncio.Task[Any]] = []
-        self._graveyard: list[asyncio.Handle] = []  # dropped callbacks of dead lanes, kept alive until discard()
+        self._graveyard: list[Any] = []  # dropped callbacks of dead lanes, kept alive until discard()
         self._running = False
         self._stopping = False
         self._debug = False
@@ -188,48 +147,53 @@ class SimLoop(asyncio.AbstractEventLoop):
         self.max_steps_per_instant = max_steps_per_instant
         self.steps = 0
         self.unhandled: list[dict[str, Any]] = []
-        self.on_step: Callable[[int], None] | None = None
-        self.schedule = schedule
-        self._fifo = schedule == "fifo"
-        self._rng = random.Random(f"{seed}:schedule")
-        if schedule == "fifo":
-            self._ready: deque[tuple[int, asyncio.Handle]] = deque()
-            self._push = self._push_fifo
-        else:
-            self._lanes: dict[int, deque[asyncio.Handle]] = {}
-            self._active: list[int] = []
-            self._push = self._push_lane
-            self._prio: dict[int, float] = {}
-            self._pct_depth = max(1, pct_depth)
-            self._change_points = sorted(self._rng.randrange(max(1, pct_steps)) for _ in range(self._pct_depth - 1))
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "running" if self._running else "idle"
+        return f"<SimLoop {state} t={self.now:.6f}s {self.strategy} ready={len(self._ready)}>"
 
     # ------------------------------------------------------------------ clock
 
     def time(self) -> float:
         """Virtual seconds since the loop was created."""
-        return self._now
+        return self.now
 
-    # ------------------------------------------------------------------ scheduling
+    # ------------------------------------------------------------------ the way in
 
-    def _push_fifo(self, lane: int, handle: asyncio.Handle) -> None:
-        self._ready.append((lane, handle))
+    def schedule(self, when: float, lane: int, callback: Callable[..., Any], args: tuple[Any, ...],
+                 context: contextvars.Context, *, daemon: bool = False) -> None:
+        """Run ``callback(*args)`` in ``context`` at virtual time ``when``, as a callback of ``lane``.
 
-    def _new_lane(self, lane: int) -> deque[asyncio.Handle]:
-        dq: deque[asyncio.Handle] = deque()
-        self._lanes[lane] = dq
-        if self.schedule == "pct":
-            self._prio[lane] = self._pct_depth + self._rng.random()
-        return dq
+        The simulator's own way in (deliveries, fault actions, wake-ups): the
+        event is not cancellable and costs less than a TimerHandle. Lane -1 is
+        the simulator kernel (never killed, never paused). A ``daemon`` event
+        does not keep the run going: when nothing else is left it never runs
+        (the loop is idle, as without it).
+        """
+        event = _new_handle(KernelEvent)  # KernelEvent.__init__ inlined (a delivery each)
+        event._context = context
+        event._callback = callback
+        event._args = args
+        if daemon:
+            event._scheduled = True
+            heapq.heappush(self._daemons, (max(when, self.now), next(self._seq), lane, event))
+            return
+        if when <= self.now:
+            event._scheduled = False
+            self._push(lane, event)
+        else:
+            event._scheduled = True
+            heapq.heappush(self._heap if when < self._bound else self._far, (when, next(self._seq), lane, event))
 
-    def _push_lane(self, lane: int, handle: asyncio.Handle) -> None:
-        dq = self._lanes.get(lane)
-        if dq is None:
-            dq = self._new_lane(lane)
-        if not dq:
-            self._active.append(lane)
-        dq.append(handle)
+    def _enqueue(self, when: float, lane: int, handle: Any) -> None:
+        """A handle into the ready queue (due now) or the timers."""
+        if when <= self.now:
+            self._push(lane, handle)
+        else:
+            handle._scheduled = True
+            heapq.heappush(self._heap if when < self._bound else self._far, (when, next(self._seq), lane, handle))
 
-    def call_soon(
+    def call_soon(  # type: ignore[override]  # (any callback, as asyncio's own loop takes)
         self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
     ) -> asyncio.Handle:
         if self._closed:
@@ -237,11 +201,11 @@ class SimLoop(asyncio.AbstractEventLoop):
                 return asyncio.Handle(callback, args, self, context)
             raise RuntimeError("Event loop is closed")
         if context is None:
-            lane = self._lane
+            lane = self.lane
             context = contextvars.copy_context()
         else:
-            lane = context.get(LANE, self._lane)
-        handle = _new_handle(_Handle)  # _Handle.__init__ inlined: the loop's most frequent allocation
+            lane = context.get(LANE, self.lane)
+        handle = _new_handle(LoopHandle)  # LoopHandle.__init__ inlined: the loop's most frequent allocation
         handle._context = context
         handle._loop = self
         handle._callback = callback
@@ -249,59 +213,29 @@ class SimLoop(asyncio.AbstractEventLoop):
         handle._cancelled = False
         handle._repr = None
         handle._source_traceback = None
-        if self._fifo:
-            self._ready.append((lane, handle))
-            return handle
-        dq = self._lanes.get(lane)
-        if dq:
-            dq.append(handle)
-        elif dq is not None:
-            self._active.append(lane)
-            dq.append(handle)
-        else:
-            self._push_lane(lane, handle)
+        self._push(lane, handle)  # (_enqueue's due-now case)
         return handle
 
-    def call_at(
+    def call_at(  # type: ignore[override]  # (any callback, as asyncio's own loop takes)
         self, when: float, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
     ) -> asyncio.TimerHandle:
         if self._closed:
             if self._discarding:
                 return asyncio.TimerHandle(when, callback, args, self, context)
             raise RuntimeError("Event loop is closed")
-        lane = self._lane if context is None else context.get(LANE, self._lane)
-        if self._stretch and callback is _sleep_callback and lane in self._stretch and when > self._now:
-            when = self._now + (when - self._now) * self._stretch[lane]
-        handle = _TimerHandle(when, callback, args, self, context)
-        if when <= self._now:
-            self._push(lane, handle)
-        else:
-            handle._scheduled = True  # type: ignore[attr-defined]
-            heapq.heappush(self._heap if when < self._bound else self._far, (when, next(self._seq), lane, handle))
+        lane = self.lane if context is None else context.get(LANE, self.lane)
+        if self._stretch and callback is _sleep_callback and lane in self._stretch and when > self.now:
+            when = self.now + (when - self.now) * self._stretch[lane]
+        handle = LoopTimerHandle(when, callback, args, self, context)
+        self._enqueue(when, lane, handle)
         return handle
 
-    def call_later(
+    def call_later(  # type: ignore[override]  # (any callback, as asyncio's own loop takes)
         self, delay: float, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
     ) -> asyncio.TimerHandle:
-        return self.call_at(self._now + delay, callback, *args, context=context)
+        return self.call_at(self.now + delay, callback, *args, context=context)
 
-    def call_in_lane(self, when: float, lane: int, callback: Callable[..., Any], *args: Any,
-                     context: contextvars.Context | None = None) -> None:
-        """Simulator-internal: run ``callback(*args)`` at ``when`` in an explicit ``lane`` (not cancellable)."""
-        self.post(when, lane, callback, args, context if context is not None else contextvars.copy_context())
-
-    def post(self, when: float, lane: int, callback: Callable[..., Any], args: tuple[Any, ...],
-             context: contextvars.Context) -> None:
-        """:meth:`call_in_lane` for the hot path: ``args`` as a tuple, ``context`` given."""
-        event = _Event(callback, args, context)
-        if when <= self._now:
-            self._push(lane, event)  # type: ignore[arg-type]
-        else:
-            event._scheduled = True
-            heapq.heappush(self._heap if when < self._bound else self._far,  # type: ignore[arg-type]
-                           (when, next(self._seq), lane, event))
-
-    def call_soon_threadsafe(
+    def call_soon_threadsafe(  # type: ignore[override]  # (any callback, as asyncio's own loop takes)
         self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
     ) -> asyncio.Handle:
         if self._thread_id is not None and threading.get_ident() != self._thread_id:
@@ -326,7 +260,14 @@ class SimLoop(asyncio.AbstractEventLoop):
         heapq.heapify(kept)
         return kept
 
+    def pending_timers(self) -> int:
+        """Timers and events scheduled for later (cancelled ones not yet dropped included)."""
+        return len(self._heap) + len(self._far)
+
     # ------------------------------------------------------------------ lanes
+
+    def lane_alive(self, lane: int) -> bool:
+        return lane not in self.dead_lanes
 
     def kill_lane(self, lane: int) -> None:
         """Drop every pending and future callback of ``lane`` (a crashed process).
@@ -335,10 +276,83 @@ class SimLoop(asyncio.AbstractEventLoop):
         mid-run, so no ``finally`` of theirs runs at a random moment) until
         :meth:`discard`.
         """
-        self._dead.add(lane)
+        self.dead_lanes.add(lane)
+        self._stopped.add(lane)
+        held = self._paused.pop(lane, None)
+        if held:
+            self._graveyard.extend(held)
+        self._resume_at.pop(lane, None)
         for task, task_lane in list(self._task_lane.items()):
             if task_lane == lane and not task.done():
                 self._zombies.append(task)
+
+    def retire_lane(self, lane: int) -> None:
+        """``lane``'s process ended and none of its tasks is left: nothing of it runs again (no scan for tasks)."""
+        self.dead_lanes.add(lane)
+        self._stopped.add(lane)
+
+    def pause_lane(self, lane: int, until: float) -> None:
+        """Stop ``lane`` until virtual time ``until`` (SIGSTOP, then SIGCONT).
+
+        Nothing of it runs meanwhile: its ready callbacks, timers that fall due
+        and deliveries to it wait, in order, and run after it resumes (its
+        timers fire late). Pausing a paused lane extends the pause.
+        """
+        if lane < 0 or lane in self.dead_lanes or until <= self.now:
+            return
+        if lane in self._paused:
+            if until <= self._resume_at[lane]:
+                return
+        else:
+            self._paused[lane] = []
+            self._firsts.pop(lane, None)
+            self._stopped.add(lane)
+        self._resume_at[lane] = until
+        self.schedule(until, -1, self._resume_lane, (lane,), _KERNEL_CONTEXT)
+
+    def lane_paused(self, lane: int) -> bool:
+        return lane in self._paused
+
+    def first_on_resume(self, lane: int, callback: Callable[..., Any], args: tuple[Any, ...],
+                        context: contextvars.Context) -> None:
+        """The rest of the running step of ``lane``, which was just paused: it runs first when the lane resumes.
+
+        (Before the lane's callbacks that were due meanwhile, even those already ready at this
+        instant: a receive that paused its process is read before anything that came after it.)
+        """
+        event = _new_handle(KernelEvent)
+        event._context = context
+        event._callback = callback
+        event._args = args
+        event._scheduled = False
+        held = self._paused[lane]
+        held.insert(self._firsts.get(lane, 0), event)
+        self._firsts[lane] = self._firsts.get(lane, 0) + 1
+
+    def _resume_lane(self, lane: int) -> None:
+        if lane not in self._paused or self._resume_at[lane] > self.now:
+            return  # killed meanwhile, or the pause was extended
+        held = self._paused.pop(lane)
+        del self._resume_at[lane]
+        self._firsts.pop(lane, None)
+        self._stopped.discard(lane)
+        if held:
+            self._ready.requeue_front(lane, held)
+
+    def _divert(self, lane: int, handle: Any) -> None:
+        """A callback of a dead or paused lane came up: drop it, or hold it until the lane resumes."""
+        held = self._paused.get(lane)
+        if held is None:
+            self._graveyard.append(handle)
+        else:
+            held.append(handle)
+
+    def stretch_sleeps(self, lane: int, factor: float) -> None:
+        """Make ``asyncio.sleep`` in ``lane`` last ``factor`` times longer (a straggler)."""
+        if factor == 1.0:
+            self._stretch.pop(lane, None)
+        else:
+            self._stretch[lane] = factor
 
     def discard(self) -> None:
         """Close the loop and every coroutine of every unfinished task, silently.
@@ -351,6 +365,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         tasks = list(self._zombies) + list(self._task_lane.keys())  # before close() drops the queues
         self._zombies = []
         self._graveyard = []
+        self._paused.clear()
         self.close()
         self._discarding = True
         for task in tasks:
@@ -358,88 +373,65 @@ class SimLoop(asyncio.AbstractEventLoop):
                 continue
             coro = task.get_coro()
             try:
-                coro.close()  # type: ignore[union-attr]
+                coro.close()
             except BaseException:  # noqa: BLE001 - a closed world: nothing can observe it
                 pass
 
-    def lane_alive(self, lane: int) -> bool:
-        return lane not in self._dead
-
-    def stretch_sleeps(self, lane: int, factor: float) -> None:
-        """Make ``asyncio.sleep`` in ``lane`` last ``factor`` times longer (a straggler)."""
-        if factor == 1.0:
-            self._stretch.pop(lane, None)
-        else:
-            self._stretch[lane] = factor
-
-    @property
-    def current_lane(self) -> int:
-        return self._lane
-
     # ------------------------------------------------------------------ running
 
-    def _advance(self) -> tuple[int, asyncio.Handle] | None:
+    def _advance(self) -> tuple[int, Any] | None:
         """Jump the clock to the next timer and make everything due then ready.
 
         Fast path: when exactly one callback is due at that instant (the usual
         case: each delivery has its own random arrival time), return it as
         ``(lane, handle)`` instead of queueing it, and the run loop runs it at
         once. That is the order the ready queue would give (it is the only
-        ready callback, and with one ready lane no schedule draws a random
+        ready callback, and with one ready lane no strategy draws a random
         number), minus a push and a pop.
         """
         heap = self._heap
         pop = heapq.heappop
         while True:
-            while heap and heap[0][3]._cancelled:  # type: ignore[attr-defined]
-                pop(heap)[3]._scheduled = False  # type: ignore[attr-defined]
+            while heap and heap[0][3]._cancelled:
+                pop(heap)[3]._scheduled = False
                 self._ncancelled -= 1
             if heap:
                 break
             if not self._far:
                 raise _Idle
             self._bring_near(self._far[0][0] + NEAR)  # nothing near: the next far timers become near
-        when, _, lane, handle = heap[0]
+        when, seq, lane, handle = heap[0]
         if self.time_limit is not None and when > self.time_limit:
-            self._now = max(self._now, self.time_limit)
+            self.now = max(self.now, self.time_limit)
             raise SimTimeLimitError(self.time_limit)
-        if when > self._now:
-            self._now = when
+        daemons = self._daemons
+        if daemons and daemons[0][:2] < (when, seq):  # a daemon comes first (only while there is a next event)
+            when, _, lane, handle = pop(daemons)
+            handle._scheduled = False
+            if when > self.now:
+                self.now = when
+            if self._note_lane is not None:
+                self._note_lane(lane)
+            return lane, handle
+        if when > self.now:
+            self.now = when
         if when + NEAR > self._bound:  # keep the near window ahead of the clock, a window at a time
             self._bring_near(when + 2 * NEAR)
         pop(heap)
-        handle._scheduled = False  # type: ignore[attr-defined]
+        handle._scheduled = False
         if not heap or heap[0][0] > when:
-            if not self._fifo and lane not in self._lanes:
-                self._new_lane(lane)  # what _push_lane would do first (a PCT priority draw)
+            if self._note_lane is not None:
+                self._note_lane(lane)  # what pushing it would do first (a PCT priority draw)
             return lane, handle
-        if self._fifo:
-            ready = self._ready
-            ready.append((lane, handle))
-            while heap and heap[0][0] <= when:
-                _, _, lane, handle = pop(heap)
-                handle._scheduled = False  # type: ignore[attr-defined]
-                if handle._cancelled:  # type: ignore[attr-defined]
-                    self._ncancelled -= 1
-                else:
-                    ready.append((lane, handle))
-            return None
-        self._push_lane(lane, handle)
-        lanes = self._lanes
+        push = self._push
+        push(lane, handle)
         while heap and heap[0][0] <= when:
             _, _, lane, handle = pop(heap)
-            handle._scheduled = False  # type: ignore[attr-defined]
-            if handle._cancelled:  # type: ignore[attr-defined]
+            handle._scheduled = False
+            if handle._cancelled:
                 self._ncancelled -= 1
-                continue
-            dq = lanes.get(lane)
-            if dq:
-                dq.append(handle)
-            elif dq is not None:
-                self._active.append(lane)
-                dq.append(handle)
             else:
-                self._push_lane(lane, handle)
+                push(lane, handle)
         return None
 
     def _bring_near(self, bound: float) -> None:
@@ -461,127 +453,51 @@ class SimLoop(asyncio.AbstractEventLoop):
             while far and far[0][0] < bound:
                 push(heap, pop(far))
 
-    def _callback_failed(self, handle: asyncio.Handle, exc: BaseException) -> None:
+    def _callback_failed(self, handle: Any, exc: BaseException) -> None:
         self.call_exception_handler({
-            "message": f"Exception in callback {handle._callback!r}",  # type: ignore[attr-defined]
+            "message": f"Exception in callback {handle._callback!r}",
             "exception": exc,
             "handle": handle,
         })
 
-    def _run_fifo(self) -> None:
-        ready = self._ready
-        dead = self._dead
-        on_step = self.on_step
-        steps = 0
-        limit = self.max_steps_per_instant
-        deadline = limit
-        try:
-            while not self._stopping:
-                if ready:
-                    if steps >= deadline:
-                        raise SimLivelockError(limit, self._now)
-                    lane, handle = ready.popleft()
-                    if handle._cancelled:  # type: ignore[attr-defined]
-                        continue
-                else:
-                    before = self._now
-                    due = self._advance()
-                    if self._now != before:
-                        deadline = steps + limit
-                    if due is None:
-                        continue
-                    lane, handle = due  # the only callback due at this instant: run it without queueing
-                    if steps >= deadline:  # (only with max_steps_per_instant=0: the clock just moved)
-                        raise SimLivelockError(limit, self._now)
-                if lane in dead:
-                    self._graveyard.append(handle)
-                    continue
-                self._lane = lane
-                try:  # Handle._run, inlined
-                    handle._context.run(handle._callback, *handle._args)  # type: ignore[attr-defined]
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:  # noqa: BLE001 - asyncio reports, never dies
-                    self._callback_failed(handle, exc)
-                steps += 1
-                if on_step is not None:
-                    on_step(lane)
-        finally:
-            self.steps += steps
-            self._lane = -1
-
-    def _pick_pct(self) -> int:
-        active = self._active
-        prio = self._prio
-        best = 0
-        best_p = prio[active[0]]
-        for i in range(1, len(active)):
-            p = prio[active[i]]
-            if p > best_p:
-                best, best_p = i, p
-        return best
-
-    def _run_lanes(self) -> None:
-        lanes = self._lanes
-        active = self._active
-        dead = self._dead
-        on_step = self.on_step
-        rand = self._rng.random
-        is_random = self.schedule == "random"
-        change_points = self._change_points
+    def _run(self) -> None:
+        """The run loop: take the next ready callback (the strategy's pick), run it; when none, advance the clock."""
+        pop = self._ready.pop
+        ready = self._ready.any
+        stopped = self._stopped
         steps = self.steps
         limit = self.max_steps_per_instant
         deadline = steps + limit
         try:
             while not self._stopping:
-                n = len(active)
-                if n:
-                    if steps >= deadline:
-                        raise SimLivelockError(limit, self._now)
-                    if n == 1:
-                        i = 0
-                    elif is_random:
-                        i = int(rand() * n)
-                    else:
-                        i = self._pick_pct()
-                    lane = active[i]
-                    dq = lanes[lane]
-                    handle = dq.popleft()
-                    if not dq:
-                        active[i] = active[-1]
-                        active.pop()
-                    if handle._cancelled:  # type: ignore[attr-defined]
-                        continue
+                if ready:
+                    lane, handle = pop()
                 else:
-                    before = self._now
+                    before = self.now
                     due = self._advance()
-                    if self._now != before:
+                    if self.now != before:
                         deadline = steps + limit
                     if due is None:
                         continue
                     lane, handle = due  # the only callback due at this instant: run it without queueing
-                    if steps >= deadline:  # (only with max_steps_per_instant=0: the clock just moved)
-                        raise SimLivelockError(limit, self._now)
-                if lane in dead:
-                    self._graveyard.append(handle)
+                if steps >= deadline:
+                    raise SimLivelockError(limit, self.now)
+                if handle._cancelled:
                     continue
-                self._lane = lane
+                if lane in stopped:
+                    self._divert(lane, handle)
+                    continue
+                self.lane = lane
                 try:  # Handle._run, inlined
-                    handle._context.run(handle._callback, *handle._args)  # type: ignore[attr-defined]
+                    handle._context.run(handle._callback, *handle._args)
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:  # noqa: BLE001 - asyncio reports, never dies
                     self._callback_failed(handle, exc)
                 steps += 1
-                if change_points and steps >= change_points[0]:
-                    k = self._pct_depth - len(change_points)
-                    change_points.pop(0)
-                    self._prio[lane] = float(self._pct_depth - k)
-                if on_step is not None:
-                    on_step(lane)
         finally:
             self.steps = steps
-            self._lane = -1
+            self.lane = -1
 
     def run_forever(self) -> None:
         """Run until :meth:`stop`. Raises SimTimeLimitError; returns when idle is impossible.
@@ -598,10 +514,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         self._running = True
         self._thread_id = threading.get_ident()
         try:
-            if self.schedule == "fifo":
-                self._run_fifo()
-            else:
-                self._run_lanes()
+            self._run()
         finally:
             self._stopping = False
             self._running = False
@@ -623,7 +536,7 @@ class SimLoop(asyncio.AbstractEventLoop):
             fut.remove_done_callback(self._stop_cb)
         if not fut.done():
             raise SimDeadlockError(
-                f"deadlock at virtual time {self._now:.6f}s: nothing is ready, no timer is pending, "
+                f"deadlock at virtual time {self.now:.6f}s: nothing is ready, no timer is pending, "
                 "and the awaited work is not done"
             )
         return fut.result()
@@ -654,11 +567,8 @@ class SimLoop(asyncio.AbstractEventLoop):
         self._closed = True
         self._heap.clear()
         self._far.clear()
-        if self.schedule == "fifo":
-            self._ready.clear()
-        else:
-            self._lanes.clear()
-            self._active.clear()
+        self._daemons.clear()
+        self._ready.clear()
 
     async def shutdown_asyncgens(self) -> None:
         return None
@@ -671,7 +581,7 @@ class SimLoop(asyncio.AbstractEventLoop):
     executor_cost: float | Callable[[Callable[..., Any], tuple[Any, ...]], float] = 0.0
     """Virtual seconds an offloaded call takes: a number, or ``cost(func, args)`` (see run_in_executor)."""
 
-    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:  # type: ignore[override]
         """Run ``func(*args)`` now, inline, and resolve the future ``executor_cost`` virtual seconds later.
 
         What a thread pool (``asyncio.to_thread``, any ``executor``) would do,
@@ -690,7 +600,7 @@ class SimLoop(asyncio.AbstractEventLoop):
             outcome, failed = exc, True
         cost = self.executor_cost
         delay = float(cost(func, args) if callable(cost) else cost)
-        self.call_at(self._now + delay, _settle, fut, outcome, failed)
+        self.call_at(self.now + delay, _settle, fut, outcome, failed)
         return fut
 
     def set_default_executor(self, executor: Any) -> None:
@@ -701,7 +611,7 @@ class SimLoop(asyncio.AbstractEventLoop):
     def create_future(self) -> asyncio.Future[Any]:
         return asyncio.Future(loop=self)
 
-    def create_task(
+    def create_task(  # type: ignore[override]  # (a coroutine, as asyncio's own loop takes)
         self, coro: Coroutine[Any, Any, Any], *, name: str | None = None, context: contextvars.Context | None = None
     ) -> asyncio.Task[Any]:
         if self._closed:
@@ -715,7 +625,7 @@ class SimLoop(asyncio.AbstractEventLoop):
             task = factory(self, coro, context=context) if context is not None else factory(self, coro)
             if name is not None:
                 task.set_name(name)
-        self._task_lane[task] = self._lane if context is None else context.get(LANE, self._lane)
+        self._task_lane[task] = self.lane if context is None else context.get(LANE, self.lane)
         return task
 
     def set_task_factory(self, factory: Callable[..., Any] | None) -> None:
@@ -790,7 +700,7 @@ def run(main: Coroutine[Any, Any, Any], *, seed: int | str = 0, schedule: str = 
     Raises SimDeadlockError / SimTimeLimitError; remaining tasks are left
     unscheduled (never resumed) when the loop closes.
     """
-    loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit)
+    loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit)  # type: ignore[abstract]  # (see _UNSUPPORTED)
     try:
         return loop.run_until_complete(main)
     finally:

@@ -1,30 +1,20 @@
-"""The simulated network: configuration, hosts, timing and faults of virtual links.
+"""The simulated network: its configuration, and the fabric of hosts and connections of one run.
 
 :class:`Network` is the *configuration* a user passes to ``sim.run``.
-:class:`Fabric` is the simulation-wide state (hosts, listeners, links); each
-virtual host gets a :class:`~sim.endpoints.HostNetwork`, which implements
-:class:`aiodist.net.base.Network` (see :mod:`sim.endpoints`), so the
-production store, rendezvous and collective code runs on it unchanged.
+:class:`Fabric` is one run's network: its hosts (each with a
+:class:`~sim.endpoints.HostNetwork`, the :class:`aiodist.net.base.Network`
+the production store, rendezvous and collectives run on unchanged), how
+connections are made, and what crashes and resets do to them. When a frame
+arrives is :mod:`sim.links`' business; what the endpoints buffer is
+:mod:`sim.endpoints`'.
 
-Model (all times virtual):
-
-* A connection is a pair of :class:`SimConnection` endpoints; each direction
-  is a FIFO stream of :class:`~aiodist.net.base.Frame` objects (headers are
-  copied the way msgpack would round-trip them: tuples become lists; payload
-  bytes are copied at ``send`` so the sender may reuse its buffer). No silent
-  loss on a live connection: a frame is delivered, or the connection breaks.
-* A message of n bytes sent at t arrives at ``t + o + latency + n / bandwidth
-  + o`` (o = per-message CPU ``overhead`` on each side; ``send`` itself
-  returns after the sender's o). With ``contention`` each host's outgoing and
-  incoming NIC serialize transmissions. Later messages on a link never
-  overtake earlier ones.
 * ``connect`` costs a round trip; an address nobody listens on is refused
-  (ConnectionLost) after a round trip; an unknown host fails the same way.
-* Flow control (``max_unread_frames``, ``socket_buffer``): a receiver that
-  does not read stops absorbing frames and its peer's ``send`` blocks.
-* Faults hook in here: crashed hosts' connections deliver what was already
-  sent, then a FIN (peers see ConnectionLost); blocked links (partitions,
-  clogs) hold messages in order until released.
+  (ConnectionLost) after a round trip; an unknown host fails the same way;
+  a connect across a partition waits for it to heal (or the retransmit
+  timeout).
+* A crashed host's connections deliver what was already sent, then an
+  end-of-stream (peers see ConnectionLost); a host that vanished (a silent
+  crash) tells nobody: what is sent to it is never acknowledged.
 """
 
 from __future__ import annotations
@@ -32,27 +22,21 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import random
-from collections import deque
-from heapq import heappush
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiodist.errors import ConnectionLost
-from aiodist.net.base import Address, Connection, Header
+from aiodist.net.base import Address, Connection
 from aiodist.wire import DEFAULT_MAX_FRAME_SIZE
 
 from .endpoints import LOCAL_NAMES, HostNetwork, SimConnection, SimListener, _connected, _fail_future
-from .latency import Constant, Exponential, LatencyModel, Uniform, as_model
-from .loop import _Event
-
-_new_event = object.__new__
+from .latency import Constant, Exponential, LatencyModel, Tail, Uniform
+from .links import Host, Links, Stream
 
 if TYPE_CHECKING:
     from .loop import SimLoop
     from .trace import Tracer
-
-EPHEMERAL_PORT_BASE = 40000
 
 
 # --------------------------------------------------------------------------- configuration
@@ -64,12 +48,17 @@ class Network:
 
     ``latency``: seconds or a model (:class:`~sim.latency.Constant`,
     :class:`~sim.latency.Uniform`, :class:`~sim.latency.Exponential`); the
-    default varies so that seed sweeps explore interleavings.
+    default varies so that seed sweeps explore interleavings. ``tail``: a
+    :class:`~sim.latency.Tail` (a rare long extra delay on any message; the
+    exploration of ``sim.run`` draws one per seed when this is None).
     ``bandwidth``: bytes/second per host NIC (None: infinite).
     ``overhead``: CPU seconds per message on the sender and on the receiver.
-    ``contention``: serialize transmissions at each host's NIC.
+    ``contention``: each host's NIC serves one frame's bytes at a time, in
+    each direction (see :mod:`sim.links`).
     ``links``: per-link latency overrides, keyed by (src, dst) host names or
     rank numbers (directional; add both directions for a symmetric link).
+    ``slow``: per-link latency multipliers, keyed the same way (a slow link;
+    ``(0, 0)``: rank 0's connections to itself).
     ``retransmit_timeout``: a message held by a partition longer than this
     breaks its connection (as TCP gives up); None: wait forever.
     ``max_unread_frames`` / ``socket_buffer``: flow control as in
@@ -81,10 +70,12 @@ class Network:
     """
 
     latency: float | LatencyModel = field(default_factory=lambda: Uniform(50e-6, 150e-6))
+    tail: Tail | None = None
     bandwidth: float | None = 1.25e9
     overhead: float = 0.0
     contention: bool = True
     links: Mapping[tuple[str | int, str | int], float | LatencyModel] = field(default_factory=dict)
+    slow: Mapping[tuple[str | int, str | int], float] = field(default_factory=dict)
     retransmit_timeout: float | None = 60.0
     max_unread_frames: int | None = 4096
     socket_buffer: int | None = 4 * 1024 * 1024
@@ -96,44 +87,16 @@ class Network:
 
     @classmethod
     def fixed(cls, latency: float = 1e-4) -> Network:
-        """Constant latency, infinite bandwidth: the same timing for every seed."""
+        """Constant latency, infinite bandwidth: the same timing for every seed (with ``explore=False``)."""
         return cls(latency=Constant(latency), bandwidth=None)
 
 
-__all__ = ["Network", "Fabric", "HostNetwork", "SimConnection", "SimListener", "Constant", "Uniform", "Exponential"]
+__all__ = ["Network", "Fabric", "Host", "HostNetwork", "SimConnection", "SimListener", "Constant", "Uniform",
+           "Exponential", "Tail"]
 
 
 def host_name(h: str | int) -> str:
     return f"rank{h}" if isinstance(h, int) else h
-
-
-# --------------------------------------------------------------------------- hosts
-
-
-class Host:
-    """One virtual machine/process incarnation: its lane, context, listeners, NIC state."""
-
-    __slots__ = ("name", "num", "rank", "lane", "ctx", "alive", "vanished", "listeners", "endpoints", "tx_free",
-                 "rx_free", "cpu_free", "next_port", "sent", "received", "factor", "net")
-
-    def __init__(self, name: str, rank: int | None, num: int) -> None:
-        self.name = name
-        self.num = num  # (its number in the digest: hosts are added in a deterministic order)
-        self.rank = rank
-        self.lane = -1
-        self.ctx: contextvars.Context | None = None
-        self.alive = False
-        self.vanished = False
-        self.listeners: dict[int, SimListener] = {}
-        self.endpoints: dict[int, SimConnection] = {}
-        self.tx_free = 0.0
-        self.rx_free = 0.0
-        self.cpu_free = 0.0
-        self.next_port = EPHEMERAL_PORT_BASE
-        self.sent = 0
-        self.received = 0
-        self.factor = 1.0
-        self.net = HostNetwork(self)
 
 
 class _Pending:
@@ -146,38 +109,18 @@ class _Pending:
 
 
 class Fabric:
-    """All hosts and links of one simulation run."""
+    """All hosts and connections of one simulation run."""
 
     def __init__(self, config: Network, loop: SimLoop, rng: random.Random, tracer: Tracer) -> None:
         self.config = config
         self.loop = loop
-        self.rng = rng
         self.tracer = tracer
         self.hosts: dict[str, Host] = {}
-        self._latency = as_model(config.latency)
-        lm = self._latency
-        self._uniform = (lm.low, lm.high - lm.low) if isinstance(lm, Uniform) else None
-        self._random = rng.random
-        self._links = {(host_name(a), host_name(b)): as_model(m) for (a, b), m in config.links.items()}
-        # Per-message constants of _schedule (the model never changes during a run): the default
-        # model's draw inlined; a constant latency needs no draw at all (Constant.sample draws none).
-        self._lat_low, self._lat_span = self._uniform if self._uniform is not None and not self._links else (0.0, 0.0)
-        self._lat_drawn = self._uniform is not None and not self._links
-        self._lat_const = lm.value if isinstance(lm, Constant) and not self._links else None
-        self._bw = config.bandwidth
-        self._overhead = config.overhead
-        self._contention = config.contention
-        self.max_unread_frames = config.max_unread_frames or (1 << 62)
-        self.socket_buffer = config.socket_buffer if config.socket_buffer is not None else (1 << 62)
-        self._next_conn = 0
-        self._next_msg = 0
-        self.blocks: list[Any] = []  # active partition/clog objects with .blocks(src, dst) and .breaks
-        self._holding: dict[int, SimConnection] = {}
-        self._pending: list[_Pending] = []
-        self.on_send: Callable[[Host], None] | None = None
-        self.on_recv: Callable[[Host], None] | None = None
-        self.handler_errors: list[str] = []
         self.kernel_ctx = contextvars.Context()
+        self.links = Links(config, loop, rng, tracer, self.kernel_ctx)
+        self._next_conn = 0
+        self._pending: list[_Pending] = []
+        self.handler_errors: list[str] = []
 
     # -- hosts ---------------------------------------------------------------
 
@@ -185,7 +128,7 @@ class Fabric:
         if name in self.hosts:
             raise ValueError(f"host {name!r} exists")
         host = self.hosts[name] = Host(name, rank, len(self.hosts))
-        host.net.fabric = self
+        host.net = HostNetwork(host, self)
         return host
 
     def boot(self, host: Host, lane: int, ctx: contextvars.Context) -> None:
@@ -203,22 +146,17 @@ class Fabric:
             return src
         return self.hosts.get(name)
 
-    def latency(self, src: Host, dst: Host) -> float:
-        model = self._links.get((src.name, dst.name)) if self._links else None
-        return (model or self._latency).sample(self.rng)
-
-    def blocked(self, src: Host, dst: Host) -> Any:
-        for b in self.blocks:
-            if b.blocks(src.name, dst.name):
-                return b
-        return None
+    @property
+    def messages(self) -> int:
+        """Frames sent so far (each has a message id in the trace)."""
+        return self.links.messages
 
     # -- crash ---------------------------------------------------------------
 
     def crash(self, host: Host, reason: str, *, silent: bool = False) -> None:
         """The process on ``host`` dies: its callbacks never run again.
 
-        Peers see FINs (the OS closes a dead process's sockets), unless
+        Peers see end-of-streams (the OS closes a dead process's sockets), unless
         ``silent``: the machine vanished, nothing tells the peers; what they
         send is never acknowledged and breaks their connection after the
         retransmit timeout, and connects to it go unanswered.
@@ -245,9 +183,7 @@ class Fabric:
         host.listeners = {}
         for ep in list(host.endpoints.values()):
             if silent:
-                ep._vanished = True
-                if ep._exc is None:
-                    ep._exc = ConnectionLost(f"{host.name} vanished")
+                ep._vanish(f"{host.name} vanished")
             elif reset_unread and (ep._frames or ep._kernel):
                 ep._abort(f"{reason} leaving data unread")
             else:
@@ -268,148 +204,49 @@ class Fabric:
         """Reset (RST) every connection between hosts ``a`` and ``b``; returns how many."""
         n = 0
         for ep in list(a.endpoints.values()):
-            if ep._peer_ep is not None and ep._peer_ep._host is b and ep._exc is None:
+            peer = ep._peer_ep
+            if peer is not None and peer._host is b and ep._exc is None:
                 msg = f"connection {a.name}<->{b.name} was reset by the network"
                 ep._fail(ConnectionLost(msg))
-                ep._peer_ep._fail(ConnectionLost(msg))
+                peer._fail(ConnectionLost(msg))
                 n += 1
         self.tracer.emit(self.loop.time(), "reset", a.name, b.name, detail=f"{n} connection(s)")
         return n
 
-    # -- message path ----------------------------------------------------------
-
-    def transmit(self, ep: SimConnection, header: Header | None, data: bytearray | None, n: int, now: float) -> None:
-        """Put one frame (or a FIN when ``header`` is None) on ``ep``'s outgoing link."""
-        peer = ep._peer_ep
-        if peer is not None:
-            peer._incoming += n  # in flight towards peer (held frames too) until delivered
-        if ep._held is not None or (peer is not None and peer._vanished) or (
-                self.blocks and self.blocked(ep._host, ep._peer_host)):
-            if ep._held is None:
-                ep._held = deque()
-                self._holding[ep._id] = ep
-                blocker = self.blocked(ep._host, ep._peer_host)
-                breaks = (blocker is not None and blocker.breaks) or (peer is not None and peer._vanished)
-                if breaks and self.config.retransmit_timeout is not None:
-                    self.loop.call_in_lane(now + self.config.retransmit_timeout, -1, self._give_up, ep,
-                                           ep._held, context=self.kernel_ctx)
-            ep._held.append((header, data, n))
-            return
-        self._schedule(ep, header, data, n, now)
-
-    def _schedule(self, ep: SimConnection, header: Header | None, data: bytearray | None, n: int,
-                  now: float) -> None:
-        """Time one frame (or FIN) on ``ep``'s link and post its arrival: the per-message hot path.
-
-        The arithmetic is kept operation for operation (same draws, same
-        float results): digests and virtual times do not depend on the fast paths.
-        """
-        src = ep._host
-        dst = ep._peer_host
-        if self._lat_drawn:  # the default Uniform model, inlined (the same draw as Uniform.sample)
-            lat = self._lat_low + self._lat_span * self._random()
-        elif self._lat_const is not None:
-            lat = self._lat_const
-        else:
-            lat = self.latency(src, dst)
-        bw = self._bw
-        tx = n / bw if (bw and n) else 0.0
-        factor = src.factor
-        if factor != 1.0:
-            lat *= factor
-            tx *= factor
-        if tx and self._contention:
-            start = now if now > src.tx_free else src.tx_free
-            src.tx_free = start + tx
-            t = start + tx + lat
-            rx_done = dst.rx_free + tx
-            if rx_done > t:
-                t = rx_done
-            dst.rx_free = t
-        else:
-            t = now + lat + tx
-        if self._overhead:  # the receiver's CPU handles one message at a time
-            o = self._overhead * dst.factor
-            t = (t if t > dst.cpu_free else dst.cpu_free) + o
-            dst.cpu_free = t
-        if t < ep._last:
-            t = ep._last
-        ep._last = t
-        peer = ep._peer_ep
-        assert peer is not None
-        loop = self.loop
-        if header is None:
-            loop.call_in_lane(t, dst.lane, peer._remote_closed, ep._fin_reason, context=dst.ctx)
-            return
-        msg = self._next_msg = self._next_msg + 1
-        tracer = self.tracer
-        if tracer.keep:
-            tracer.message(now, src.name, dst.name, n, msg, header, (src.num, dst.num))
-        else:  # Tracer.message inlined (the hot path of big runs)
-            buf = tracer._buf
-            buf.append((now, src.num, dst.num, n, msg, header))
-            if len(buf) >= 2048:
-                tracer._flush()
-        event = _new_event(_Event)  # _Event.__init__ inlined
-        event._context = dst.ctx if dst.ctx is not None else contextvars.copy_context()
-        event._callback = peer._deliver
-        event._args = (header, data, n, msg)
-        if t <= loop._now:
-            event._scheduled = False
-            loop._push(dst.lane, event)  # type: ignore[arg-type]
-        else:  # SimLoop.post inlined
-            event._scheduled = True
-            heappush(loop._heap if t < loop._bound else loop._far,  # type: ignore[arg-type]
-                     (t, next(loop._seq), dst.lane, event))
-
     def release(self) -> None:
-        """Re-check held links and connects after a partition/clog ended."""
-        now = self.loop.time()
-        for cid, ep in list(self._holding.items()):
-            if ep._held is None:
-                del self._holding[cid]
-                continue
-            if self.blocked(ep._host, ep._peer_host) or (ep._peer_ep is not None and ep._peer_ep._vanished):
-                continue
-            held, ep._held = ep._held, None
-            del self._holding[cid]
-            for header, data, n in held:
-                self._schedule(ep, header, data, n, now)
+        """Re-check held streams and connects after a partition or clog ended."""
+        self.links.release()
         pending, self._pending = self._pending, []
         for p in pending:
             if p.fut.done():
                 continue
-            if self.blocked(p.src, p.dst) or self.blocked(p.dst, p.src):
+            if self.links.blocked(p.src, p.dst) or self.links.blocked(p.dst, p.src):
                 self._pending.append(p)
             else:
                 self._syn(p)
-
-    def _give_up(self, ep: SimConnection, held: deque[Any]) -> None:
-        if ep._held is held and ep._exc is None:
-            ep._fail(ConnectionLost(f"connection {ep._host.name}->{ep._peer_host.name} timed out "
-                                    f"(unreachable for {self.config.retransmit_timeout:g}s)"))
-            ep._fin_reason = "reset after retransmission timeout"
-            held.append((None, None, 0))
 
     # -- connecting --------------------------------------------------------------
 
     async def connect(self, src: Host, address: Address, timeout: float | None) -> SimConnection:
         host, port = address
         loop = self.loop
+        links = self.links
         fut: asyncio.Future[Connection] = loop.create_future()
         dst = self.resolve(src, str(host))
         now = loop.time()
         self.tracer.emit(now, "connect", src.name, str(host), detail=str(port))
         if dst is None:
-            loop.call_in_lane(now + 2 * self._latency.mean, loop.current_lane, _fail_future, fut,
-                              ConnectionLost(f"could not connect to {host}:{port}: unknown host"))
+            loop.schedule(now + 2 * links.mean_latency, loop.lane, _fail_future,
+                          (fut, ConnectionLost(f"could not connect to {host}:{port}: unknown host")),
+                          self.kernel_ctx)
         else:
-            p = _Pending(src, dst, int(port), fut, loop.current_lane)
-            if self.blocks and (self.blocked(src, dst) or self.blocked(dst, src)):
+            p = _Pending(src, dst, int(port), fut, loop.lane)
+            if links.blocks and (links.blocked(src, dst) or links.blocked(dst, src)):
                 self._pending.append(p)
-                if self.config.retransmit_timeout is not None:
-                    loop.call_in_lane(now + self.config.retransmit_timeout, loop.current_lane, _fail_future, fut,
-                                      ConnectionLost(f"could not connect to {host}:{port}: unreachable"))
+                if links.retransmit_timeout is not None:
+                    loop.schedule(now + links.retransmit_timeout, loop.lane, _fail_future,
+                                  (fut, ConnectionLost(f"could not connect to {host}:{port}: unreachable")),
+                                  self.kernel_ctx)
             else:
                 self._syn(p)
         # The timeout as one timer failing ``fut`` (what ``asyncio.timeout`` does, minus its context
@@ -430,33 +267,39 @@ class Fabric:
         return conn
 
     def _syn(self, p: _Pending) -> None:
-        lat = self.latency(p.src, p.dst)
-        self.loop.call_in_lane(self.loop.time() + lat, -1, self._syn_arrived, p, context=self.kernel_ctx)
+        lat = self.links.latency(p.src, p.dst)
+        self.loop.schedule(self.loop.time() + lat, -1, self._syn_arrived, (p,), self.kernel_ctx)
 
     def _syn_arrived(self, p: _Pending) -> None:
         now = self.loop.time()
         dst, src = p.dst, p.src
+        links = self.links
         if dst.vanished:  # nobody answers: the caller's timeout, or TCP's, ends the wait
-            if self.config.retransmit_timeout is not None:
-                self.loop.call_in_lane(now + self.config.retransmit_timeout, p.lane, _fail_future, p.fut,
-                                       ConnectionLost(f"could not connect to {dst.name}:{p.port}: no answer"))
+            if links.retransmit_timeout is not None:
+                self.loop.schedule(now + links.retransmit_timeout, p.lane, _fail_future,
+                                   (p.fut, ConnectionLost(f"could not connect to {dst.name}:{p.port}: no answer")),
+                                   self.kernel_ctx)
             return
-        back = now + self.latency(dst, src)
+        back = now + links.latency(dst, src)
         listener = dst.listeners.get(p.port) if dst.alive else None
         if listener is None or listener._closing or not src.alive:
             self.tracer.emit(now, "refused", dst.name, src.name, detail=str(p.port))
-            self.loop.call_in_lane(back, p.lane, _fail_future, p.fut,
-                                   ConnectionLost(f"could not connect to {dst.name}:{p.port}: connection refused"))
+            self.loop.schedule(back, p.lane, _fail_future,
+                               (p.fut, ConnectionLost(f"could not connect to {dst.name}:{p.port}: connection refused")),
+                               self.kernel_ctx)
             return
         self._next_conn += 1
         cid = self._next_conn
-        client = SimConnection(self, src, dst, cid * 2, DEFAULT_MAX_FRAME_SIZE)
-        server = SimConnection(self, dst, src, cid * 2 + 1, listener._max_frame_size)
+        client = SimConnection(links, src, dst, cid * 2, DEFAULT_MAX_FRAME_SIZE)
+        server = SimConnection(links, dst, src, cid * 2 + 1, listener._max_frame_size)
         client._peer_ep, server._peer_ep = server, client
-        client._last = server._last = now
+        client._out = Stream(client._id, src, dst, server._deliver, server._remote_closed, client._broke, now,
+                             links.slowness(src, dst))
+        server._out = Stream(server._id, dst, src, client._deliver, client._remote_closed, server._broke, now,
+                             links.slowness(dst, src))
         src.endpoints[client._id] = client
         dst.endpoints[server._id] = server
         self.tracer.emit(now, "accept", dst.name, src.name, detail=str(p.port))
         assert dst.ctx is not None
         dst.ctx.run(listener._accept, server)
-        self.loop.call_in_lane(back, p.lane, _connected, p.fut, client)
+        self.loop.schedule(back, p.lane, _connected, (p.fut, client), self.kernel_ctx)

@@ -376,8 +376,8 @@ class RankNetwork(SeamNetwork):
     def __repr__(self) -> str:
         return f"<sim.RankNetwork {self._host.name}>"
 
-    def default_host(self) -> str:
-        return self._net.default_host()
+    async def default_host(self) -> str:
+        return await self._net.default_host()
 
     def resolve(self, name: str, port: int) -> str:
         """The virtual host a connection to ``name:port`` reaches (``name`` itself if not loopback)."""
@@ -401,8 +401,8 @@ class RankNetwork(SeamNetwork):
         return await self._net.connect(address, timeout=timeout, **kwargs)
 
     async def listen(self, address: Address, handler: ConnectionHandler, *, max_frame_size: int | None = None,
-                     handshake_timeout: float | None = None) -> Listener:
+                     handshake_timeout: float | None = None, ssl: Any = None) -> Listener:
         if address[0] in LOOPBACK_NAMES and address[0] not in LOCAL_NAMES:  # (the machine's host name)
             address = ("", address[1])
         return await self._net.listen(address, handler, max_frame_size=max_frame_size,
-                                      handshake_timeout=handshake_timeout)
+                                      handshake_timeout=handshake_timeout, ssl=ssl)

@@ -29,21 +29,26 @@ import os
 import random
 import re
 import traceback as tb
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiodist import inflight
 from aiodist.api import finish_rank
-from aiodist.context import new_rank_scope, rank_environ, rank_scope, set_network, set_rank_environ, set_token_source
+from aiodist.context import (get_default_group, new_rank_scope, rank_environ, rank_scope, set_network,
+                             set_rank_environ, set_token_source)
 from aiodist.errors import UnawaitedOperationError
 
 from .errors import SimTimeLimitError
-from .faults import Fault, MessageReceived, MessageSent, Trigger, _Block
+from .explore import Exploration, Explorer, TimingPlan, env_detector
+from .faults import Block, Fault, HostRef
 from .loop import LANE, SimLoop
 from .network import Fabric, Host, Network
+from .plan import World, expand, validate
 from .process import PROCESS, ProcessGlobals, RankNetwork, RankProcess, inherited_environment, job_secret
+from .storehost import STORE_HOST, StoreHost
 from .trace import TraceEvent, Tracer
+from .triggers import Trigger, Watches
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -156,7 +161,11 @@ class Result:
     restarts: dict[int, int] = field(default_factory=dict)
     unhandled: list[str] = field(default_factory=list)
     faults: list[Any] = field(default_factory=list)
-    """Every fault of the run, ``Chaos`` expanded into the concrete faults it drew."""
+    """Every fault of the run, ``Chaos`` and ``Swarm`` expanded into the concrete faults they drew."""
+    explored: list[Any] = field(default_factory=list)
+    """The timing perturbations exploration applied, as concrete faults (see :mod:`sim.explore`)."""
+    timing: TimingPlan | None = None
+    """What exploration drew for this seed (None: ``explore=False``)."""
     ops: dict[int, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     """Per rank, its last operations from aiodist's flight recorder (start/end virtual times)."""
 
@@ -166,6 +175,9 @@ class Result:
         lines = [head]
         if self.faults:
             lines.append("  faults: " + "; ".join(f.to_cli().lstrip("-") for f in self.faults))
+        if self.timing is not None:
+            lines.append(f"  explored: {self.timing.describe()}"
+                         + "".join(f"; {f.to_cli().lstrip('-')}" for f in self.explored))
         if len(self.failures) <= Failure.MAX_RANK_LINES:
             lines += [str(f) for f in self.failures]
         else:  # a big run: failures that differ only in numbers (ranks, times) share one entry
@@ -189,7 +201,7 @@ class Result:
 
 
 class _Incarnation:
-    __slots__ = ("rank", "count", "lane", "ctx", "scope", "task", "state", "result", "exiting")
+    __slots__ = ("rank", "count", "lane", "ctx", "scope", "task", "state", "result", "exiting", "env")
 
     def __init__(self, rank: int, count: int, lane: int, ctx: contextvars.Context, scope: dict[str, Any]) -> None:
         self.rank, self.count, self.lane, self.ctx, self.scope = rank, count, lane, ctx, scope
@@ -197,6 +209,7 @@ class _Incarnation:
         self.exiting: Any = None  # the task finishing the process after main ended
         self.state = "running"  # running | finishing | done | failed | crashed
         self.result: Any = None
+        self.env: Mapping[str, str] = {}
 
     @property
     def alive(self) -> bool:
@@ -223,9 +236,13 @@ class Simulation:
         stop_on_error: bool,
         master_port: int,
         compute: float | Callable[[Callable[..., Any], tuple[Any, ...]], float] = 0.0,
+        explore: bool | Exploration = True,
+        store_host: str = "rank0",
     ) -> None:
         if world_size < 1:
             raise ValueError("world_size must be >= 1")
+        if store_host not in ("rank0", "separate"):
+            raise ValueError(f"store_host must be 'rank0' or 'separate', got {store_host!r}")
         self.main = main
         self.world_size = world_size
         self.seed = seed
@@ -233,7 +250,16 @@ class Simulation:
         self.extra_env = dict(env or {})
         self.stop_on_error = stop_on_error
         self.master_port = master_port
-        self.loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit, pct_depth=pct_depth)
+        self.store_separate = store_host == "separate"
+        world = World(seed, world_size, self.store_separate, env_detector(self.extra_env))
+        concrete = expand(faults, world)
+        validate(concrete, world)
+        self.timing: TimingPlan | None = None
+        if explore:
+            self.timing = (explore if isinstance(explore, Exploration) else Exploration()).draw(
+                seed, world.budget, world_size)
+            network = Explorer.network(network, self.timing)
+        self.loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit, pct_depth=pct_depth)  # type: ignore[abstract]
         self.loop.executor_cost = compute
         self.globals = ProcessGlobals()
         self.base_env = inherited_environment(os.environ)
@@ -245,66 +271,57 @@ class Simulation:
         self.fabric = Fabric(network, self.loop, random.Random(f"{seed}:net"), self.tracer)
         self.kernel = self.fabric.kernel_ctx
         self.hosts = [self.fabric.add_host(f"rank{r}", r) for r in range(world_size)]
+        self.store: StoreHost | None = None
         self.current: list[_Incarnation | None] = [None] * world_size
         self.restarts: dict[int, int] = {}
         self.pending_restarts: dict[int, int] = {}
+        self._starting: set[int] = set()  # ranks whose restart's start is due
         self.failures: list[Failure] = []
         self._started = 0  # incarnations started ...
         self._ended = 0  # ... and ended (returned, raised or crashed)
         self._next_lane = world_size
-        self._watch_sent: dict[int, list[tuple[int, Callable[[], None]]]] = {}
-        self._watch_recv: dict[int, list[tuple[int, Callable[[], None]]]] = {}
-        self.faults: list[Fault] = []  # every concrete fault installed (Chaos expanded)
-        self.max_restarts = sum(1 for f in faults if type(f).__name__ == "Restart")
-        for fault in faults:
-            if type(fault).__name__ == "Chaos":
-                fault.install(self)
-            else:
-                self.add_fault(fault)
+        self.watches = Watches(self.fabric.links)
+        if self.store_separate:
+            self.store = StoreHost(self, self.fabric.add_host(STORE_HOST), master_port)
+        self.faults: list[Fault] = []  # every concrete fault installed (Chaos and Swarm expanded)
+        self.max_restarts = sum(1 for f in concrete if type(f).__name__ == "Restart")
+        for fault in concrete:
+            self.add_fault(fault)
+        self.explorer = Explorer(self, self.timing, seed) if self.timing is not None else None
+        if self.explorer is not None:
+            self.explorer.install(self.hosts)
 
-    # -- fault API ----------------------------------------------------------------
+    # -- fault API (what faults do to the run; see sim.faults) ------------------------
 
     def add_fault(self, fault: Fault) -> None:
-        """Install one concrete fault (also used by ``Chaos`` for the faults it draws)."""
+        """Install one concrete fault."""
         self.faults.append(fault)
         fault.install(self)
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` in the simulator kernel at virtual time ``t``."""
-        self.loop.call_in_lane(t, -1, fn, context=self.kernel)
+        self.loop.schedule(t, -1, fn, (), self.kernel)
 
-    def when(self, trigger: Trigger, fn: Callable[[], None]) -> None:
-        """Run ``fn`` (synchronously, inside the triggering step) when ``trigger`` fires."""
-        table = self._watch_sent if isinstance(trigger, MessageSent) else self._watch_recv
-        if not isinstance(trigger, (MessageSent, MessageReceived)):
-            raise TypeError(f"unknown trigger {trigger!r}")
-        table.setdefault(trigger.rank, []).append((trigger.n, fn))
-        if self._watch_sent:
-            self.fabric.on_send = self._on_send
-        if self._watch_recv:
-            self.fabric.on_recv = self._on_recv
+    def after(self, delay: float, fn: Callable[[], None], *, daemon: bool = False) -> None:
+        """Run ``fn`` in the simulator kernel ``delay`` seconds from now (``daemon``: only if the run goes on)."""
+        self.loop.schedule(self.loop.time() + delay, -1, fn, (), self.kernel, daemon=daemon)
 
-    def _on_send(self, host: Host) -> None:
-        self._fire(self._watch_sent, host, host.sent)
+    def when(self, trigger: Trigger, fn: Callable[[], None], *, fatal: bool = False) -> None:
+        """Run ``fn`` (synchronously, inside the triggering step) when ``trigger`` fires (``fatal``: it may kill)."""
+        self.watches.add(self.hosts[trigger.rank], trigger, fn, fatal=fatal)
 
-    def _on_recv(self, host: Host) -> None:
-        self._fire(self._watch_recv, host, host.received)
-
-    def _fire(self, table: dict[int, list[tuple[int, Callable[[], None]]]], host: Host, count: int) -> None:
-        watches = table.get(host.rank) if host.rank is not None else None
-        if not watches:
-            return
-        for n, fn in list(watches):
-            if n == count:
-                watches.remove((n, fn))
-                fn()
-
-    def host_names(self, hosts: Iterable[int | str]) -> frozenset[str]:
+    def host_names(self, hosts: Iterable[HostRef]) -> frozenset[str]:
         return frozenset(f"rank{h}" if isinstance(h, int) else h for h in hosts)
 
-    def _host(self, h: int | str) -> Host:
+    def _host(self, h: HostRef) -> Host:
         name = f"rank{h}" if isinstance(h, int) else h
         return self.fabric.hosts[name]
+
+    def crash_host(self, ref: HostRef, reason: str, *, silent: bool = False) -> None:
+        if isinstance(ref, int):
+            self.crash_rank(ref, reason, silent=silent)
+        elif self.store is not None and ref == STORE_HOST:
+            self.store.crash(reason, silent=silent)
 
     def crash_rank(self, rank: int, reason: str, *, silent: bool = False) -> None:
         inc = self.current[rank]
@@ -315,43 +332,103 @@ class Simulation:
         self.fabric.crash(self.hosts[rank], reason, silent=silent)
         self._maybe_finish()
 
-    def expect_restart(self, rank: int) -> None:
-        self.pending_restarts[rank] = self.pending_restarts.get(rank, 0) + 1
+    def expect_restart(self, ref: HostRef, at: float | None) -> None:
+        """A restart at ``at`` is coming: the run does not end before it (one on a trigger counts once it fires)."""
+        if at is not None and isinstance(ref, int):
+            self.pending_restarts[ref] = self.pending_restarts.get(ref, 0) + 1
+
+    def restart_host(self, ref: HostRef, delay: float, *, counted: bool = False) -> None:
+        """Crash ``ref`` now (if it still runs) and start it again ``delay`` later.
+
+        A rank that finished, or whose start is already due (an earlier
+        restart), is left alone: one process per rank at a time. ``counted``:
+        :meth:`expect_restart` counted it already (a restart at a time).
+        """
+        if not isinstance(ref, int):
+            if self.store is not None and ref == STORE_HOST and not self.store.starting:
+                self.store.crash("Restart fault")
+                self.store.starting = True
+                self.after(delay, self.store.start)
+            return
+        inc = self.current[ref]
+        if (inc is not None and inc.state in ("done", "failed")) or ref in self._starting:
+            if counted:
+                self.pending_restarts[ref] -= 1  # nothing to restart
+            self._maybe_finish()
+            return
+        if not counted:
+            self.pending_restarts[ref] = self.pending_restarts.get(ref, 0) + 1
+        self.crash_rank(ref, "Restart fault")
+        self._starting.add(ref)
+        self.after(delay, lambda: self.restart_rank(ref))
 
     def restart_rank(self, rank: int) -> None:
+        self._starting.discard(rank)
         self.pending_restarts[rank] -= 1
         inc = self.current[rank]
-        if inc is not None and inc.state in ("done", "failed"):
+        others = [o for o in self.current if o is not None and o.rank != rank]
+        if (inc is not None and inc.state in ("done", "failed")) or (others and not any(o.alive for o in others)):
+            # It finished before the restart was due, or the job is over (every other rank ended):
+            # nothing to restart, as a launcher would not restart a worker of a finished job.
             self._maybe_finish()
-            return  # it finished before the restart was due: nothing to restart
+            return
         self.restarts[rank] = self.restarts.get(rank, 0) + 1
         self.tracer.emit(self.loop.time(), "restart", f"rank{rank}", detail=f"restart {self.restarts[rank]}")
         self._start_rank(rank)
 
-    def set_straggler(self, rank: int, factor: float) -> None:
+    def pause_host(self, ref: HostRef, duration: float) -> None:
+        """Stop ``ref``'s process for ``duration`` seconds (SIGSTOP, then SIGCONT); nothing if it is not running."""
+        host = self._host(ref)
+        if host.alive:
+            self.loop.pause_lane(host.lane, self.loop.time() + duration)
+            self.tracer.emit(self.loop.time(), "fault", host.name, detail=f"pause {duration:g}s")
+
+    def set_straggler(self, rank: int, factor: float, duration: float | None = None) -> None:
         host = self.hosts[rank]
         host.factor = factor
         self.loop.stretch_sleeps(host.lane, factor)
         self.tracer.emit(self.loop.time(), "fault", host.name, detail=f"straggler x{factor:g}")
+        if duration is not None:
+            self.after(duration, lambda: self._end_straggler(host, factor))
+
+    def _end_straggler(self, host: Host, factor: float) -> None:
+        if host.factor == factor:
+            host.factor = 1.0
+            self.loop.stretch_sleeps(host.lane, 1.0)
+            self.tracer.emit(self.loop.time(), "fault", host.name, detail="straggler ends")
 
     def crash_store(self) -> None:
+        if self.store is not None:
+            self.store.crash("CrashStore fault")
+            return
         addr = self.rank_env(0, 0)["MASTER_ADDR"]
         host = self.fabric.hosts.get(addr)
         if host is None or not self.fabric.crash_listener(host, self.master_port, "CrashStore fault"):
             self.tracer.emit(self.loop.time(), "fault", addr, detail="CrashStore: no store listening")
 
-    def add_block(self, block: _Block) -> None:
-        self.fabric.blocks.append(block)
+    def add_block(self, block: Block) -> None:
+        self.fabric.links.add_block(block)
         self.tracer.emit(self.loop.time(), "fault", "net", detail=f"begin {block!r}")
 
-    def remove_block(self, block: _Block) -> None:
-        if block in self.fabric.blocks:
-            self.fabric.blocks.remove(block)
+    def remove_block(self, block: Block) -> None:
+        if block in self.fabric.links.blocks:
             self.tracer.emit(self.loop.time(), "fault", "net", detail=f"end {block!r}")
+            self.fabric.links.remove_block(block)
             self.fabric.release()
 
-    def reset_connections(self, a: int | str, b: int | str) -> None:
+    def reset_connections(self, a: HostRef, b: HostRef) -> None:
         self.fabric.reset(self._host(a), self._host(b))
+
+    def live_ranks(self) -> Iterator[tuple[Mapping[str, str], Any]]:
+        """(environment, default group or None) of every running rank."""
+        for inc in self.current:
+            if inc is not None and inc.alive:
+                yield inc.env, inc.ctx.copy().run(get_default_group)  # (a copy: this one may be running)
+
+    def new_lane(self) -> int:
+        lane = self._next_lane
+        self._next_lane += 1
+        return lane
 
     # -- ranks ----------------------------------------------------------------------
 
@@ -366,11 +443,13 @@ class Simulation:
         env = {
             "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
             "WORLD_SIZE": n, "LOCAL_WORLD_SIZE": n, "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": n,
-            "MASTER_ADDR": "rank0", "MASTER_PORT": str(self.master_port),
+            "MASTER_ADDR": STORE_HOST if self.store_separate else "rank0", "MASTER_PORT": str(self.master_port),
             "TORCHELASTIC_RESTART_COUNT": str(restart_count), "AIODIST_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts), "AIODIST_MAX_RESTARTS": str(self.max_restarts),
             "TORCHELASTIC_RUN_ID": run_id, "AIODIST_RUN_ID": run_id,
         }
+        if self.store_separate:  # (the store runs on its own host: rank 0 does not start one)
+            env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
         env.update(self.extra_env)
         if not any(k in self.extra_env for k in ("AIODIST_SECRET", "AIODIST_SECRET_FILE", "AIODIST_INSECURE")):
             env["AIODIST_SECRET"] = job_secret(self.seed)  # as `aiodist run` gives every rank a fresh one
@@ -383,7 +462,7 @@ class Simulation:
         if self.globals.torch is not None:
             coro = self.globals.wrap(coro, PROCESS.get() if context is None else context.get(PROCESS))
         task = SimLoop.create_task(loop, coro, name=name, context=context)
-        lane = loop._lane if context is None else context.get(LANE, loop._lane)
+        lane = loop.lane if context is None else context.get(LANE, loop.lane)
         tasks = self._lane_tasks.get(lane)
         if tasks is None:
             self._lane_tasks[lane] = [task]
@@ -395,9 +474,7 @@ class Simulation:
 
     def _start_rank(self, rank: int) -> None:
         count = self.restarts.get(rank, 0)
-        lane = rank if count == 0 else self._next_lane
-        if count:
-            self._next_lane += 1
+        lane = rank if count == 0 else self.new_lane()
         host = self.hosts[rank]
         env = dict(self.base_env)
         env.update(self.rank_env(rank, count))
@@ -416,6 +493,7 @@ class Simulation:
 
         scope, _ = ctx.run(setup)
         inc = _Incarnation(rank, count, lane, ctx, scope)
+        inc.env = env
         self._started += 1
         self.current[rank] = inc
         self.fabric.boot(host, lane, ctx)
@@ -480,7 +558,7 @@ class Simulation:
             inc.state = "done" if failure is None else "failed"
         host = self.hosts[inc.rank]
         self.tracer.emit(self.loop.time(), "exit", host.name, detail="ok" if failure is None else failure.kind)
-        self.loop._dead.add(inc.lane)  # (its tasks have all ended: nothing to keep, no scan of them)
+        self.loop.retire_lane(inc.lane)  # (its tasks have all ended: nothing to keep, no scan of them)
         self.fabric.exit(host)
         self._lane_tasks.pop(inc.lane, None)
         if failure is not None:
@@ -493,6 +571,23 @@ class Simulation:
     def _maybe_finish(self) -> None:
         if self._running_count == 0 and not any(self.pending_restarts.values()):
             self.loop.stop()
+        elif self._job_finished():
+            # What still runs are restarted ranks whose job is over: every other rank returned.
+            # (A launcher tears a finished job down; left alone, they would wait for a store
+            # and peers that are gone.)
+            for inc in self.current:
+                if inc is not None and inc.alive:
+                    self.tracer.emit(self.loop.time(), "exit", f"rank{inc.rank}",
+                                     detail="stopped: the job finished (every other rank returned)")
+            self.loop.stop()
+
+    def _job_finished(self) -> bool:
+        if not self.restarts:  # (only restarted ranks can outlive their job)
+            return False
+        running = [inc for inc in self.current if inc is not None and inc.alive]
+        others = [inc for inc in self.current if inc is not None and not inc.alive]
+        return bool(running) and bool(others) and all(inc.count > 0 for inc in running) and all(
+            inc.state == "done" for inc in others)
 
     @property
     def _running_count(self) -> int:
@@ -517,6 +612,8 @@ class Simulation:
             return self._run()
 
     def _run(self) -> Result:
+        if self.store is not None:
+            self.store.start()
         for r in range(self.world_size):
             self._start_rank(r)
         idle = False
@@ -553,11 +650,13 @@ class Simulation:
             failures=self.failures,
             trace=self.tracer.events,
             steps=self.loop.steps,
-            messages=self.fabric._next_msg,
+            messages=self.fabric.messages,
             crashed=crashed,
             restarts=dict(self.restarts),
             unhandled=unhandled,
             faults=list(self.faults),
+            explored=list(self.timing.explored) if self.timing is not None else [],
+            timing=self.timing,
             ops={inc.rank: inc.ctx.run(inflight.recent) for inc in self.current if inc is not None},
         )
 
@@ -630,8 +729,17 @@ def run(
     stop_on_error: bool = True,
     master_port: int = DEFAULT_MASTER_PORT,
     compute: float | Callable[[Callable[..., Any], tuple[Any, ...]], float] = 0.0,
+    explore: bool | Exploration = True,
+    store_host: str = "rank0",
 ) -> Result:
     """Run ``main(*args)`` as ``world_size`` virtual ranks; return a :class:`Result`.
+
+    ``explore`` (default on): draw this seed's timing perturbations, each
+    short enough for a correct program to tolerate (see :mod:`sim.explore`);
+    False: fixed timing. ``store_host="separate"``: the store runs on a host
+    of its own (``"store"``), so faults can hit it apart from rank 0.
+    Faults naming a rank or host the world does not have raise
+    :class:`~sim.faults.FaultError` before anything runs.
 
     ``schedule``: "fifo", "random" (default) or "pct" with ``pct_depth`` - 1
     priority change points (see :mod:`sim.loop`).
@@ -653,8 +761,8 @@ def run(
     gc.set_threshold(max(thresholds[0], 400_000, 1000 * world_size), *thresholds[1:])
     sim = Simulation(main, world_size=world_size, seed=seed, network=network or Network(), faults=faults,
                      time_limit=time_limit, env=env, args=args, schedule=schedule, pct_depth=pct_depth,
-                     keep_trace=trace,
-                     stop_on_error=stop_on_error, master_port=master_port, compute=compute)
+                     keep_trace=trace, stop_on_error=stop_on_error, master_port=master_port, compute=compute,
+                     explore=explore, store_host=store_host)
     try:
         return sim.run()
     finally:

@@ -53,7 +53,7 @@ class Tracer:
     events are kept.
     """
 
-    _BATCH = 2048  # the network's inlined appends use the same number
+    _BATCH = 2048  # (message() and delivered() spell it out: they run once per message)
 
     def __init__(self, *, keep: bool = True) -> None:
         self.keep = keep
@@ -71,31 +71,29 @@ class Tracer:
         if len(buf) >= self._BATCH:
             self._flush()
 
-    def message(self, time: float, host: str, peer: str, nbytes: int, msg: int, header: Any, hosts: tuple[int, int]) -> None:
-        """A send of message ``msg`` from ``host`` to ``peer`` (numbered ``hosts``): a "send" event.
+    def message(self, time: float, arrival: float, src: Any, dst: Any, nbytes: int, msg: int, header: Any) -> None:
+        """Message ``msg`` sent at ``time`` from host ``src`` to host ``dst``, due at ``arrival``: a "send" event.
 
-        Its digest entry is compact, ``(time, host number, peer number, nbytes, msg, header)``:
-        the host names (and the kind) would be serialized again for every message. The
-        ``repr`` of the header is built only when events are kept.
+        Hosts have ``.name`` and ``.num``. The digest entry is compact, ``(time, arrival, src
+        number, dst number, nbytes, msg, header)``: the names (and the kind) would be serialized
+        again for every message, and the arrival makes a digest entry for the delivery
+        unnecessary. The ``repr`` of the header is built only when events are kept.
         """
         buf = self._buf
-        buf.append((time, hosts[0], hosts[1], nbytes, msg, header))
+        buf.append((time, arrival, src.num, dst.num, nbytes, msg, header))
         if self.keep:
-            self.events.append(TraceEvent(time, "send", host, peer, nbytes, msg, repr(header)))
-        if len(buf) >= self._BATCH:
+            self.events.append(TraceEvent(time, "send", src.name, dst.name, nbytes, msg, repr(header)))
+        if len(buf) >= 2048:
             self._flush()
 
-    def delivered(self, time: float, host: str, peer: str, nbytes: int, msg: int) -> None:
-        """Message ``msg`` reached ``host``: a "recv" event; its digest entry is ``(time, msg)``.
+    def delivered(self, time: float, host: Any, peer: Any, nbytes: int, msg: int) -> None:
+        """Message ``msg`` from host ``peer`` reached host ``host``: a "recv" event, kept for the trace only.
 
-        (Who sent it, to whom and how big: its send entry says, under the same ``msg``.)
+        (The digest has the arrival time in the send's entry; a frame that arrives at a
+        closed connection is never delivered, and the events that closed it say so.)
         """
-        buf = self._buf
-        buf.append((time, msg))
         if self.keep:
-            self.events.append(TraceEvent(time, "recv", host, peer, nbytes, msg, ""))
-        if len(buf) >= self._BATCH:
-            self._flush()
+            self.events.append(TraceEvent(time, "recv", host.name, peer.name, nbytes, msg, ""))
 
     def _flush(self) -> None:
         buf = self._buf

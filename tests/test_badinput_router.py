@@ -154,7 +154,8 @@ def test_conflicting_arrival_is_the_public_form_of_arrived_sigs() -> None:
     assert r.conflicting_arrival(0, 4, "all_reduce", sources=[0, 1]) is None
     assert r.conflicting_arrival(0, 4, "broadcast", sources=[0, 1, 2]) == (1, "all_reduce")
     assert r.conflicting_arrival(0, 5, "x") is None
-    assert r._arrived_sigs[(0, 4, 2)][0] == "broadcast"  # the private table still works
+    t = r.table
+    assert t._arrived[t._seqs[(0, 4)].first[2]].header["o"] == "broadcast"  # the private table still works
     assert r.conflicting_arrival(0, 4, "all_reduce", sources={2: 0}) == (2, "broadcast")  # any container
 
 

@@ -1,4 +1,4 @@
-"""Bad input over real TCP: a raw peer (speaking the transport's hello) sends impossible frames.
+"""Bad input over real TCP: a raw peer (that shook hands knowing the secret) sends impossible frames.
 
 Per case, what the legitimate ranks do (see aiodist/comm/router.py):
 
@@ -16,6 +16,7 @@ Per case, what the legitimate ranks do (see aiodist/comm/router.py):
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,11 +24,14 @@ import numpy as np
 import pytest
 
 from aiodist.comm import GroupComm, OpChannel, Transport
+from aiodist.comm.connect import format_address
+from aiodist.comm.handshake import DialHandshake, Verdict
 from aiodist.errors import PeerFailureError
 from aiodist.net.base import Connection
 from aiodist.net.tcp import TCPNetwork
 from aiodist.store import MemoryStore
 
+SECRET = b"the job's secret"
 WORLD = 3  # ranks 0 and 1 are real; rank 2 is the raw peer
 SUB = 1  # a group of ranks 0 and 1 only
 
@@ -36,7 +40,8 @@ SUB = 1  # a group of ranks 0 and 1 only
 async def job() -> AsyncIterator[tuple[list[Transport], MemoryStore]]:
     store = MemoryStore()
     ts = [
-        await Transport.start(rank=r, world_size=WORLD, job_id="job", store=store, key_prefix="t/", timeout=5.0)
+        await Transport.start(rank=r, world_size=WORLD, job_id="job", store=store, key_prefix="t/", timeout=5.0,
+                              secret=SECRET)
         for r in range(2)
     ]
     for t in ts:
@@ -50,11 +55,16 @@ async def job() -> AsyncIterator[tuple[list[Transport], MemoryStore]]:
 
 
 async def raw_peer(t: Transport, rank: int = 2) -> Connection:
+    """A connection to ``t`` that shook hands (knowing the job's secret) as rank ``rank``."""
     assert t.address is not None
+    hs = DialHandshake(SECRET, job="job", rank=rank, world=WORLD, peer_rank=t.rank,
+                       address=format_address(t.address), nonce=os.urandom(32))
     conn = await TCPNetwork().connect(t.address, timeout=5.0)
-    await conn.send({"t": "hello", "job": "job", "rank": rank, "world": WORLD})
-    reply = await asyncio.wait_for(conn.recv(), 5.0)
-    assert reply.header["t"] == "welcome"
+    await conn.send(hs.hello())
+    answer = hs.on_reply((await asyncio.wait_for(conn.recv(), 5.0)).header)
+    assert isinstance(answer, dict)
+    await conn.send(answer)
+    assert hs.on_verdict((await asyncio.wait_for(conn.recv(), 5.0)).header).verdict is Verdict.WELCOME
     return conn
 
 
@@ -118,7 +128,7 @@ async def test_a_flood_of_unmatched_frames_is_bounded_and_closes_the_peer(job: A
         except Exception:
             break  # closed under us: fine
     await expect_rejection(ts, conn, "too many messages nobody waits for: 200 frames")  # never more
-    assert len(ts[0].router._arrived) == 0
+    assert len(ts[0].router.table._arrived) == 0
 
 
 async def test_a_byte_flood_is_bounded_too(job: Any) -> None:
@@ -202,7 +212,7 @@ async def test_frames_for_a_destroyed_group_are_dropped_and_nobody_is_blamed(job
             break
         await asyncio.sleep(0.01)
     assert ts[0].router.dropped_destroyed == 500
-    assert ts[0].router.buffered(2) == (0, 0) and len(ts[0].router._arrived) == 0
+    assert ts[0].router.buffered(2) == (0, 0) and len(ts[0].router.table._arrived) == 0
     assert ts[0].failed_peers() == [] and not conn.closed
     assert await sub_exchange(ts, 1) == [11, 10]
     conn.close()

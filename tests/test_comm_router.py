@@ -242,7 +242,11 @@ def test_any_interleaving_of_posts_and_arrivals_delivers_each_message_once(data:
         assert len(sinks[i].results) == 1 and isinstance(sinks[i].results[0], Delivery)
         assert outs[i] == bytes([i, i, i])
     assert router.pending() == []
-    assert not router._posted_sigs and not router._arrived_sigs and not router._arrived_srcs  # the mismatch index does not leak
+    for g in {g for g, _, _ in slots}:  # (the key's first element, its "seq", is g here)
+        assert router.settle(g, g, f"op{g}", None, 0) is None  # every message was taken: no leftovers
+    t = router.table
+    assert not t._calls and not t._seqs and not t._arrived  # the mismatch index does not leak
+    assert all(router.buffered(src) == (0, 0) for src in range(4))
 
 
 @settings(max_examples=150, deadline=None)
@@ -297,3 +301,87 @@ def test_a_vetoed_p2p_message_does_not_hold_up_the_ones_after_it() -> None:
     router.post_p2p(nxt)
     d = s_next.results[0]
     assert isinstance(d, Delivery) and d.header["n"] == 1
+
+
+# ---------------------------------------------------------------------- completions
+
+
+def test_a_waiter_that_posts_from_its_callback_finds_the_tables_consistent() -> None:
+    """fail_group ends receives whose callbacks post into the point-to-point tables it walks.
+
+    Each end is resolved only once the tables are consistent: the new receive fails at once
+    (its group is broken), nothing raises "dictionary changed size during iteration".
+    """
+    router = Router()
+    later: list[Sink] = []
+
+    def repost(result: Delivery | BaseException) -> None:
+        first.results.append(result)
+        for tag in (7, 8):  # new (group, tag) queues
+            r, s = p2p(1, tag, memoryview(bytearray(1)), group=5)
+            router.post_p2p(r)
+            later.append(s)
+
+    first = Sink()
+    router.post_p2p(Receive(group=5, src=1, out=memoryview(bytearray(1)), on_done=repost, tag=0))
+    other, so = p2p(1, 0, memoryview(bytearray(1)), group=5)
+    router.post_p2p(other)
+    router.fail_group(5, lambda r: PeerFailureError("rank 1 died", rank=1))
+    assert isinstance(first.results[0], PeerFailureError) and isinstance(so.results[0], PeerFailureError)
+    assert [type(s.results[0]) for s in later] == [PeerFailureError, PeerFailureError]
+    assert router.pending() == []
+
+
+def test_the_table_returns_what_it_ended_and_resolves_nothing() -> None:
+    table = Router().table
+    r, s = keyed(1, (0, "a"), memoryview(bytearray(2)))
+    assert table.post_keyed(r) is None
+    done = table.fail_source(1, lambda rc: PeerFailureError("gone", rank=1))
+    assert [c.receive for c in done] == [r] and isinstance(done[0].result, PeerFailureError)
+    assert r.done and s.results == []  # marked ended; the driver resolves it
+
+
+def test_withdrawn_slots_are_forgotten_once_their_operation_is_settled() -> None:
+    """A receive cancelled (its operation timed out) whose message never comes is not kept forever."""
+    router = Router()
+    for seq in range(100):
+        r, _ = keyed(1, (seq, "x"), memoryview(bytearray(1)), sig="all_reduce")
+        router.post_keyed(r)
+        router.cancel(r)
+        router.settle(0, seq, "all_reduce", None, seq + 1)
+    assert len(router.table._abandoned) == 0 and not router.table._calls
+    # the message of a settled operation that comes after all is dropped, not buffered
+    m = router.route(1, msg((5, "x"), sig="all_reduce"), 1)
+    assert m.drop and m.late and router.buffered(1) == (0, 0)
+    assert router.late_count(1) == 1
+
+
+def test_withdrawn_slots_below_the_floor_go_when_it_rises() -> None:
+    router = Router()
+    for seq in range(10):
+        r, _ = keyed(1, (seq, "x"), memoryview(bytearray(1)))
+        router.post_keyed(r)
+        router.cancel(r)
+    assert len(router.table._abandoned) == 10
+    router.retire(0, 6)
+    assert sorted(s[1][0] for s in router.table._abandoned) == [6, 7, 8, 9]
+
+
+def test_what_nobody_took_is_dropped_when_its_operation_ends() -> None:
+    router = Router()
+    r, _ = keyed(1, (3, "a"), memoryview(bytearray(1)), sig="all_reduce")
+    router.post_keyed(r)
+    arrive(router, 1, msg((3, "a"), sig="all_reduce"), b"x")
+    arrive(router, 2, msg((3, "b"), sig="broadcast"), b"yy")  # rank 2 called something else
+    assert router.buffered(2) == (1, 2)
+    assert router.settle(0, 3, "all_reduce", {1: 0, 2: 1}, 4) == (2, "broadcast")
+    assert router.buffered(2) == (0, 0) and not router.table._arrived and not router.table._seqs
+
+
+def test_a_nested_tuple_key_is_frozen_on_both_sides() -> None:
+    router = Router()
+    out = memoryview(bytearray(1))
+    r, s = keyed(1, (0, ["a", 1]), out)  # a tuple with a list inside
+    router.post_keyed(r)
+    arrive(router, 1, msg((0, ["a", 1])), b"z")
+    assert isinstance(s.results[0], Delivery) and bytes(out) == b"z"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from aiodist.comm import GroupComm, OpChannel, Transport
+from aiodist.comm import frames
 from aiodist.errors import PeerFailureError, PeerRefusedError
 from aiodist.store import MemoryStore
 
@@ -169,14 +170,14 @@ async def test_a_connection_with_another_world_size_or_rank_is_refused(closing: 
 def count_dials(t: Transport) -> list[int]:
     """Count the connections ``t`` dials (its network's connect calls)."""
     dials: list[int] = []
-    net = t._net
+    net = t._links._net
     connect = net.connect
 
     async def counting(*args: Any, **kwargs: Any) -> Any:
         dials.append(1)
         return await connect(*args, **kwargs)
 
-    t._net = type("CountingNetwork", (), {"connect": staticmethod(counting)})()  # type: ignore[assignment]
+    t._links._net = type("CountingNetwork", (), {"connect": staticmethod(counting)})()  # type: ignore[assignment]
     return dials
 
 
@@ -186,7 +187,7 @@ async def test_a_symmetric_exchange_is_dialed_once_by_the_lower_rank(closing: li
     ts = await start(2, MemoryStore())
     closing.extend(ts)
     for t in ts:
-        t._dial_defer = 5.0  # plenty for rank 0's connection to arrive, however slow the machine
+        t.links.dial_defer = 5.0  # plenty for rank 0's connection to arrive, however slow the machine
     dials = [count_dials(t) for t in ts]
     a, b = (channel(t, 2) for t in ts)
     bufs = [np.empty(8, np.uint8) for _ in range(2)]
@@ -208,7 +209,7 @@ async def test_the_higher_rank_dials_itself_when_the_lower_one_never_does(closin
     """Rank 1 sends to rank 0, which neither sends nor waits yet: after the deferral rank 1 dials."""
     ts = await start(2, MemoryStore())
     closing.extend(ts)
-    ts[1]._dial_defer = 0.2
+    ts[1].links.dial_defer = 0.2
     dials = [count_dials(t) for t in ts]
     a, b = (channel(t, 2) for t in ts)
     loop = asyncio.get_running_loop()
@@ -227,7 +228,7 @@ async def test_a_receive_from_a_higher_rank_dials_it_at_once(closing: list[Trans
     when its receive is posted, so rank 1's send finds the connection and need not wait out its deferral."""
     ts = await start(2, MemoryStore())
     closing.extend(ts)
-    ts[1]._dial_defer = 5.0
+    ts[1].links.dial_defer = 5.0
     dials = [count_dials(t) for t in ts]
     a, b = (channel(t, 2) for t in ts)
     out = np.empty(4, np.uint8)
@@ -248,15 +249,15 @@ async def test_a_receive_from_a_higher_rank_dials_it_at_once(closing: list[Trans
 async def test_a_deferred_dial_to_a_lower_rank_that_is_gone_still_fails_fast(closing: list[Transport]) -> None:
     ts = await start(2, MemoryStore())
     closing.extend(ts)
-    ts[1]._dial_defer = 0.1
+    ts[1].links.dial_defer = 0.1
     await ts[0].close()  # rank 0 is gone: nobody listens at its address
     with pytest.raises(PeerFailureError) as ei:
         await channel(ts[1], 2).send(0, ("z",), b"hi")
     assert ei.value.rank == 0 and "unreachable" in str(ei.value)
 
 
-async def test_heartbeat_watchers_start_only_after_the_first_interval(closing: list[Transport]) -> None:
-    """A connection costs no watcher task during its first heartbeat interval; heartbeats then flow."""
+async def test_heartbeats_cost_no_task_per_connection_and_flow_both_ways(closing: list[Transport]) -> None:
+    """One heartbeat timer per rank, not a watcher task per connection; heartbeat frames flow both ways."""
     ts = await start(2, MemoryStore())
     closing.extend(ts)
     for t in ts:
@@ -264,13 +265,134 @@ async def test_heartbeat_watchers_start_only_after_the_first_interval(closing: l
     a, b = (channel(t, 2) for t in ts)
     await a.send(1, ("hi",), b"")
     await b.recv_into(0, ("hi",), memoryview(bytearray()))
+    beats = {0: 0, 1: 0}
+    for t in ts:
+        original = t._on_control
 
-    def watchers(t: Transport) -> int:
-        return sum(1 for task in t._tasks if "_watch" in task.get_coro().__qualname__)  # type: ignore[union-attr]
+        def spy(p: Any, kind: Any, h: dict[str, Any], original: Any = original, me: int = t.rank) -> None:
+            beats[me] += kind == frames.HEARTBEAT
+            original(p, kind, h)
 
-    assert [watchers(t) for t in ts] == [0, 0]
-    heard = ts[1]._peers[0].last_heard
-    await asyncio.sleep(0.35)
-    assert [watchers(t) for t in ts] == [1, 1]
-    assert ts[1]._peers[0].last_heard > heard  # rank 0's heartbeats arrive
+        t._on_control = spy  # type: ignore[method-assign]
+    tasks = [len(t._links._tasks) for t in ts]
+    await asyncio.sleep(0.45)
+    assert [len(t._links._tasks) for t in ts] == tasks  # (rank 0's dial task reads the connection; nothing else)
+    assert beats[0] >= 2 and beats[1] >= 2, beats
     assert ts[0].failed_peers() == [] and ts[1].failed_peers() == []
+
+
+async def test_a_rank_declared_silent_is_told_before_it_is_hung_up_on(closing: list[Transport]) -> None:
+    """What a stopped rank finds when it resumes: the notice comes before the end of the connection, so
+    it blames itself (EvictedError naming its own rank), not the healthy peer that hung up on it."""
+    ts = await start(2, MemoryStore())
+    closing.extend(ts)
+    a, b = (channel(t, 2) for t in ts)
+    await a.send(1, ("hi",), b"")
+    await b.recv_into(0, ("hi",), memoryview(bytearray()))
+    pending = asyncio.ensure_future(b.recv_into(0, ("never",), memoryview(bytearray(1))))
+    await asyncio.sleep(0.01)
+    ts[0]._links._silent(1, "hung or unreachable: heard nothing for 3.0s")  # (what the detector would decide)
+    with pytest.raises(PeerFailureError) as e:
+        await asyncio.wait_for(pending, 5)
+    assert type(e.value).__name__ == "EvictedError" and e.value.global_rank == 1
+    assert "declared failed by its peers" in str(e.value) and "heard nothing" in str(e.value)
+    for _ in range(200):  # then the end of the connection
+        if 0 in ts[1].failed_peers():
+            break
+        await asyncio.sleep(0.01)
+    assert ts[1].failed_peers() == [0, 1] and ts[0].failed_peers() == [1]
+    assert type(ts[1].peer_error(0)).__name__ == "EvictedError"  # rank 0 hung up because of it
+
+
+async def _stalled_rank(t: Transport, rank: int, secret: bytes) -> asyncio.StreamWriter:
+    """A rank ``rank`` that shakes hands with ``t`` (it knows the secret) and then never reads again."""
+    import os
+
+    from aiodist.comm.connect import format_address
+    from aiodist.comm.handshake import DialHandshake, Verdict
+    from aiodist.wire import PREAMBLE, FrameDecoder, encode_frame
+
+    assert t.address is not None
+    reader, writer = await asyncio.open_connection(*t.address)
+    writer.write(PREAMBLE)
+    decoder = FrameDecoder()
+    hs = DialHandshake(secret, job=t.job_id, rank=rank, world=t.world_size, peer_rank=t.rank,
+                       address=format_address(t.address), nonce=os.urandom(32))
+
+    async def reply() -> dict[str, Any]:
+        while True:
+            data = await asyncio.wait_for(reader.read(1), 5)  # (a byte at a time: nothing read past the verdict)
+            assert data, "closed during the handshake"
+            got = decoder.feed(data)
+            if got:
+                return got[0][0]
+
+    writer.write(encode_frame(hs.hello())[0])
+    answer = hs.on_reply(await reply())
+    assert isinstance(answer, dict)
+    writer.write(encode_frame(answer)[0])
+    assert hs.on_verdict(await reply()).verdict is Verdict.WELCOME
+    return writer  # (its reader is never read again: the kernel's buffers fill up, then the sender's)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_cancelled_large_send_leaves_no_reference_to_the_callers_buffer(loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seam promises "queued whole or not at all": a send cancelled while its payload is still queued
+    (the peer does not read) leaves the connection holding no reference to that payload (the caller may
+    reuse it at once), and the link stays up: the connection hands the kernel only what it takes at once.
+    (uvloop and asyncio >= 3.12 would otherwise write a large payload without copying it.)"""
+    import gc
+    import weakref
+
+    uvloop = pytest.importorskip("uvloop") if loop == "uvloop" else None
+    secret = b"test secret"
+
+    async def main() -> tuple[bool, list[int]]:
+        t = await Transport.start(rank=0, world_size=2, job_id="job", store=MemoryStore(), key_prefix="t/",
+                                  timeout=5.0, secret=secret)
+        try:
+            writer = await _stalled_rank(t, 1, secret)
+            for _ in range(200):
+                if t.connected_peers() == [1]:
+                    break
+                await asyncio.sleep(0.01)
+            data = np.ones(64 << 17)  # 64 MiB: more than the kernel's buffers take
+            ref = weakref.ref(data)
+            pending = t.send_soon(1, {"t": "m", "g": 0, "k": (0, "big"), "o": "test"}, data, 0)
+            assert pending is not None
+            task = asyncio.ensure_future(pending)
+            await asyncio.sleep(0.1)
+            assert not task.done()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            del data, pending, task
+            for _ in range(5):
+                gc.collect()
+                await asyncio.sleep(0.01)
+            writer.close()
+            return ref() is None, t.failed_peers()
+        finally:
+            await t.close()
+
+    factory = uvloop.new_event_loop if uvloop is not None else None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        released, failed = runner.run(main())
+    assert released, "the connection still holds the cancelled send's payload"
+    assert failed == []  # (nothing had to be reset)
+
+
+async def test_a_mismatch_report_connects_if_needed(closing: list[Transport]) -> None:
+    """report_mismatch is fire and forget, and reaches a rank this one never talked to."""
+    from aiodist.errors import CollectiveMismatchError
+
+    ts = await start(3, MemoryStore())
+    closing.extend(ts)
+    chans = [channel(t, 3) for t in ts]
+    pending = asyncio.ensure_future(chans[2].recv_into(1, ("x",), memoryview(bytearray(1))))  # rank 2 waits on 1
+    await asyncio.sleep(0.01)
+    assert ts[0].connected_peers() == []
+    ts[0].report_mismatch(2, 0, 0, "rank 0 called broadcast", {0: "broadcast", 2: "all_reduce"})
+    with pytest.raises(CollectiveMismatchError) as e:
+        await asyncio.wait_for(pending, 5)
+    assert "reported by rank 0" in str(e.value) and ts[0].connected_peers() == [2]

@@ -11,7 +11,8 @@ import pytest
 from conftest import run_ranks
 
 import aiodist.api as dist
-from aiodist.comm.transport import HEARTBEAT_INTERVAL, HEARTBEAT_MISSES, _heartbeat_timeout
+from aiodist.comm.settings import HEARTBEAT_INTERVAL, HEARTBEAT_MISSES
+from aiodist.comm.settings import heartbeat_from_env as _heartbeat_timeout
 from aiodist.context import new_rank_scope, set_rank_environ
 
 

@@ -127,8 +127,36 @@ def test_a_mismatch_reaches_every_rank_through_the_reports_not_the_store_check(k
     from aiodist.group import MISMATCH_CHECK_AFTER
 
     for seed in (0, 1, 2):
-        res = sim.run(lambda: mismatch_main(kind), world_size=4, seed=seed)
+        res = sim.run(lambda: mismatch_main(kind), world_size=4, seed=seed, explore=False)  # (timing below)
         assert res.ok, res.summary()
         _check(kind, res.rank_results)
         took = [out[0] for out in res.rank_results]
         assert max(took) < MISMATCH_CHECK_AFTER / 3, (seed, took)
+
+
+async def cold_mismatch_main(kind: str) -> Any:
+    """The mismatch is the group's first collective (members that never talked yet), with no store check."""
+    pg = await dist.init_process_group(timeout=20)
+    pg.mismatch_check_after = 0  # the reports are the only way the others learn it
+    loop = asyncio.get_running_loop()
+    x = np.ones(4, np.float32)
+    start = loop.time()
+    try:
+        try:
+            await SCENARIOS[kind](pg, x)
+            await pg.all_reduce(x)
+        except CollectiveMismatchError:
+            took = loop.time() - start
+            await asyncio.sleep(1.0)  # (the others must not see us leave before they learnt it)
+            return took
+        return "completed"
+    finally:
+        await dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kind", sorted(SCENARIOS))
+def test_a_mismatch_report_reaches_members_this_rank_never_talked_to(kind: str) -> None:
+    for seed in (0, 1):
+        res = sim.run(lambda: cold_mismatch_main(kind), world_size=4, seed=seed)
+        assert res.ok, res.summary()
+        assert all(isinstance(t, float) and t < 0.1 for t in res.rank_results), (seed, res.rank_results)

@@ -69,9 +69,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _scenario(
-    scenario: str, victim: int, *, signum: int | None = None, cap: float = 15.0, transport: str = "auto"
-) -> tuple[float, dict[int, dict[str, Any]]]:
+async def _scenario(scenario: str, victim: int, *, signum: int | None = None, cap: float = 15.0,
+                    resume: bool = False, transport: str = "auto") -> tuple[float, dict[int, dict[str, Any]]]:
     port = _free_port()
     procs = []
     for r in range(WORLD):
@@ -109,6 +108,11 @@ async def _scenario(
         deadline = time.monotonic() + cap
         while time.monotonic() < deadline and len([r for r in events if r != victim]) < WORLD - 1:
             await asyncio.sleep(0.01)
+        if resume:  # the stopped rank comes back: what does it make of it?
+            procs[victim].send_signal(signal.SIGCONT)
+            deadline = time.monotonic() + cap
+            while time.monotonic() < deadline and victim not in events:
+                await asyncio.sleep(0.01)
     finally:
         for p in procs:
             try:
@@ -153,6 +157,18 @@ async def test_sigstop_one_of_four_every_survivor_names_it_within_five_seconds(t
     _check(t, events, 3, "PeerFailureError", 5.0)
     for r in (0, 1, 2):
         assert "heard nothing" in events[r]["msg"], events[r]
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+async def test_a_stopped_rank_that_resumes_learns_that_it_was_declared_failed(transport: str) -> None:
+    """SIGSTOP past the heartbeat timeout, then SIGCONT: the others named it; it must blame itself
+    (EvictedError naming its own rank), not a healthy peer that hung up on it."""
+    t, events = await _scenario("loop", 3, signum=signal.SIGSTOP, resume=True, transport=transport)
+    _check(t, events, 3, "PeerFailureError", 5.0)
+    ev = events.get(3)
+    assert ev is not None, f"the resumed rank never raised: {events}"
+    assert ev["type"] == "EvictedError" and ev["rank"] == 3, ev
+    assert "declared failed" in ev["msg"], ev
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])

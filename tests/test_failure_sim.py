@@ -29,14 +29,16 @@ async def loop_main(iters: int = 10_000) -> Any:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_vanished_rank_is_named_by_every_survivor_through_heartbeats(seed: int) -> None:
     """Crash(silent=True): the host vanishes, nothing closes (what SIGSTOP or a pulled cable looks like)."""
-    res = sim.run(loop_main, world_size=4, seed=seed, faults=[sim.Crash(3, at=0.05, silent=True)], stop_on_error=False)
+    # Fixed timing: every pair is connected before the crash at 0.05 s.
+    res = sim.run(loop_main, world_size=4, seed=seed, faults=[sim.Crash(3, at=0.05, silent=True)], stop_on_error=False,
+                  explore=False)
     assert res.ok, res.summary()
     for r in range(3):
         culprit, how, when = res.rank_results[r]
         assert culprit == 3, res.rank_results
         assert when - 0.05 < 5.0, res.rank_results  # default heartbeats: 3 s of silence
     again = sim.run(loop_main, world_size=4, seed=seed, faults=[sim.Crash(3, at=0.05, silent=True)],
-                    stop_on_error=False)
+                    stop_on_error=False, explore=False)
     assert again.digest == res.digest
 
 
@@ -51,7 +53,8 @@ def test_heartbeats_can_be_tuned_from_init_process_group() -> None:
         except PeerFailureError as e:
             return e.global_rank, loop.time()
 
-    res = sim.run(main, world_size=4, seed=0, faults=[sim.Crash(1, at=0.05, silent=True)], stop_on_error=False)
+    res = sim.run(main, world_size=4, seed=0, faults=[sim.Crash(1, at=0.05, silent=True)], stop_on_error=False,
+                  explore=False)  # (fixed timing: every pair connected before the crash)
     assert res.ok, res.summary()
     for r in (0, 2, 3):
         assert res.rank_results[r][0] == 1
@@ -129,3 +132,33 @@ def test_a_slow_link_is_not_a_hung_peer() -> None:
     assert res.ok, res.summary()
     for took, value in res.rank_results:
         assert value == 4.0 and took > 3.0
+
+
+async def blame_main() -> Any:
+    loop = asyncio.get_running_loop()
+    await dist.init_process_group(timeout=60)
+    x = np.ones(16)
+    try:
+        while True:
+            await dist.all_reduce(x)
+            x[:] = 1
+    except PeerFailureError as e:
+        return type(e).__name__, e.global_rank, loop.time()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_paused_rank_that_resumes_learns_that_it_was_declared_failed(seed: int) -> None:
+    """SIGSTOP past the heartbeat timeout, then SIGCONT: the others name it, and it blames itself
+    (EvictedError naming its own rank), not a healthy peer that hung up on it."""
+    if not hasattr(sim, "Pause"):
+        pytest.skip("this simulator cannot pause a rank (sim.Pause)")
+    res = sim.run(blame_main, world_size=4, seed=seed, faults=[sim.Pause(3, at=0.05, duration=6.0)],
+                  stop_on_error=False)
+    assert res.ok, res.summary()
+    for r in range(3):
+        kind, culprit, when = res.rank_results[r]
+        assert (kind, culprit) == ("PeerFailureError", 3), res.rank_results
+        assert when - 0.05 < 5.0, res.rank_results
+    kind, culprit, when = res.rank_results[3]
+    assert (kind, culprit) == ("EvictedError", 3), res.rank_results
+    assert when >= 6.05, res.rank_results  # (it could only learn it once it ran again)

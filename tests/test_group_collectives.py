@@ -184,7 +184,10 @@ async def test_sixteen_ranks_all_dialing_each_other_at_once() -> None:
         h = pg.all_to_all_single(out, np.repeat(np.arange(pg.size) + 100 * pg.rank, 3))  # everyone to everyone
         x = pg.all_reduce(np.full(1000, pg.rank, np.float64))
         await h
-        return out[::3].tolist(), float((await x)[0]), len(pg.transport.connected_peers())
+        x_done = float((await x)[0])
+        peers = len(pg.transport.connected_peers())
+        await pg.barrier()  # nobody leaves (and says bye) before every rank has counted its peers
+        return out[::3].tolist(), x_done, peers
 
     res = await run_world(16, body, timeout=40)
     for r, (out, x, peers) in enumerate(res):

@@ -1,8 +1,9 @@
 """The hot-path shortcuts of the TCP transport keep their semantics.
 
-* a large keyed payload that arrives before its receive waits in the socket
-  (DEFER) and is then written straight into the receive's buffer; a receive
-  that comes too late still gets it, and frames behind it are not held up;
+* a large keyed payload that arrives before its receive is read at once (the
+  connection never pauses for it) and copied into the receive's buffer when it
+  is posted; frames behind it are not held up; a payload whose receive is
+  posted in time lands straight in the receive's buffer;
 * the first frame of a loop iteration is written at once, later ones in the
   same iteration are coalesced, order is kept;
 * the frame-handler fast path delivers queued frames first, in order;
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,9 +27,9 @@ from aiodist.comm.router import freeze
 from aiodist.net.base import Frame
 from aiodist.net.tcp import TCPNetwork
 from aiodist.store import MemoryStore
-from aiodist.wire import DEFER, FrameDecoder, encode_frame, encode_header
+from aiodist.wire import encode_header
 
-BIG = 1 << 20  # above DEFER_MIN_BYTES
+BIG = 1 << 20
 
 
 @pytest.fixture
@@ -48,93 +50,61 @@ async def pair() -> AsyncIterator[tuple[list[Transport], OpChannel, OpChannel]]:
         await t.close()
 
 
-def _spy_resume(t: Transport) -> list[Any]:
-    """Record the targets handed to resume_payload on t's connections."""
-    seen: list[Any] = []
-    for p in t._peers.values():
-        conn = p.conn
-        if conn is None:
-            continue
-        original = conn.resume_payload  # type: ignore[attr-defined]
-
-        def spy(target: Any, original: Any = original) -> None:
-            seen.append(target)
-            original(target)
-
-        conn.resume_payload = spy  # type: ignore[attr-defined]
-    return seen
-
-
-async def test_an_early_large_payload_waits_in_the_socket_and_lands_in_place(pair: Any) -> None:
+async def test_an_early_large_payload_is_taken_at_once_and_copied_into_its_receive_later(pair: Any) -> None:
     ts, a, b = pair
-    seen = _spy_resume(ts[1])
     data = np.arange(BIG // 8, dtype=np.float64)
-    send = asyncio.ensure_future(a.send(1, ("big",), data))
-    for _ in range(200):  # until the header has arrived and the payload was deferred
-        await asyncio.sleep(0.001)
-        if ts[1]._deferred:
+    await a.send(1, ("big",), data)
+    for _ in range(500):  # it is read off the connection although nobody waits for it yet
+        if ts[1].router.buffered(0) == (1, BIG):
             break
-    assert ts[1]._deferred, "the early large payload was not deferred"
+        await asyncio.sleep(0.002)
+    assert ts[1].router.buffered(0) == (1, BIG)
     out = np.zeros_like(data)
-    view = memoryview(out).cast("B")
-    await b.recv_into(0, ("big",), view)
-    await send
-    assert (out == data).all()
-    assert len(seen) == 1 and seen[0] is view  # read straight into the receive's buffer
-    assert not ts[1]._deferred
+    await asyncio.wait_for(b.recv_into(0, ("big",), memoryview(out).cast("B")), 5)
+    assert (out == data).all() and ts[1].router.buffered(0) == (0, 0)
 
 
-async def test_a_deferred_payload_falls_back_to_a_new_buffer_and_unblocks_what_follows(pair: Any) -> None:
+async def test_frames_behind_an_early_large_payload_are_not_held_up(pair: Any, monkeypatch: Any) -> None:
+    """The connection never pauses for a payload nobody waits for: a small frame behind it arrives at once
+    (the removed deferral waited in the socket for the receive, up to its fallback timer, made long here)."""
     ts, a, b = pair
-    seen = _spy_resume(ts[1])
+    monkeypatch.setattr(transport_mod, "DEFER_TIMEOUT", 60.0, raising=False)
+    small = np.zeros(1, np.int32)
+    recv = asyncio.ensure_future(b.recv_into(0, ("small",), memoryview(small).cast("B")))
     data = np.arange(BIG // 4, dtype=np.int32)
     await asyncio.gather(a.send(1, ("big",), data), a.send(1, ("small",), np.array([7], np.int32)))
-    small = np.zeros(1, np.int32)
-    # The small frame is behind the deferred big one on the same connection: it still arrives.
-    await asyncio.wait_for(b.recv_into(0, ("small",), memoryview(small).cast("B")), 5)
+    await asyncio.wait_for(recv, 5)
     assert small[0] == 7
-    assert seen == [None]  # the fallback: a new buffer after DEFER_TIMEOUT
     out = np.zeros_like(data)
     await b.recv_into(0, ("big",), memoryview(out).cast("B"))
     assert (out == data).all()
 
 
-async def test_closing_with_a_deferred_payload_cancels_its_timer(pair: Any, monkeypatch: Any) -> None:
+async def test_no_sink_answer_but_a_buffer_or_none(pair: Any) -> None:
+    """The payload sink answers the posted receive's own buffer, or None (the connection allocates)."""
     ts, a, b = pair
-    monkeypatch.setattr(transport_mod, "DEFER_TIMEOUT", 60.0)
-    await a.send(1, ("big",), np.zeros(BIG, np.uint8))
-    for _ in range(200):
-        await asyncio.sleep(0.001)
-        if ts[1]._deferred:
-            break
-    timers = [e[3] for e in ts[1]._deferred.values()]
-    assert timers
-    await ts[1].close()
-    assert not ts[1]._deferred and all(t.cancelled() for t in timers)
+    answers: list[Any] = []
+    p = ts[1]._peers[0]
+    conn = p.conn
+    assert conn is not None
+    sink = functools.partial(ts[1]._sink, p)
 
+    def spy(header: Any, nbytes: int) -> Any:
+        answers.append(sink(header, nbytes))
+        return answers[-1]
 
-def test_decoder_defers_then_writes_into_the_target_and_goes_on() -> None:
-    asked: list[int] = []
-
-    def sink(header: dict[str, Any], n: int) -> Any:
-        asked.append(n)
-        return DEFER if header.get("defer") else None
-
-    dec = FrameDecoder(expect_preamble=False, sink=sink)
-    payload = bytes(range(256)) * 40
-    raw = b"".join(h + (bytes(p) if p is not None else b"") for h, p in (encode_frame({"defer": 1}, payload), encode_frame({"i": 2}, b"xy")))
-    assert dec.feed(raw[:50]) == []
-    assert dec.awaiting_target
-    rest = dec.feed(raw[50:])  # staged while waiting, nothing decoded past the deferred payload
-    assert rest == [] and dec.awaiting_target
-    target = memoryview(bytearray(len(payload)))
-    frames = dec.provide_target(target)
-    assert [h for h, _ in frames] == [{"defer": 1}, {"i": 2}]
-    assert frames[0][1] is target and bytes(target) == payload
-    assert bytes(frames[1][1]) == b"xy"
-    assert not dec.awaiting_target
-    with pytest.raises(RuntimeError):
-        dec.provide_target(None)
+    conn.set_payload_sink(spy)
+    out = np.zeros(BIG // 8, np.float64)
+    view = memoryview(out).cast("B")
+    recv = asyncio.ensure_future(b.recv_into(0, ("posted",), view))
+    await asyncio.sleep(0.01)
+    await a.send(1, ("posted",), np.ones(BIG // 8))
+    await a.send(1, ("early",), np.ones(BIG // 8))
+    await asyncio.wait_for(recv, 5)
+    late = np.zeros(BIG // 8)
+    await b.recv_into(0, ("early",), memoryview(late).cast("B"))
+    assert len(answers) == 2 and answers[0] is view and answers[1] is None
+    assert out.sum() == late.sum() == BIG // 8
 
 
 def test_a_failed_header_encoding_leaves_the_packer_clean() -> None:

@@ -367,3 +367,36 @@ def test_memory_for_payloads_nobody_waited_for_is_reused_once_they_are_dropped(l
         await listener.wait_closed()
 
     run_on(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_without_a_ring_of_its_own_a_side_sends_inline_and_still_receives_through_the_peers(
+    loop: str, monkeypatch: Any
+) -> None:
+    real = Segment.create
+    made: list[int] = []
+
+    def one_ring_only(nbytes: int, *, name: str = "aiodist") -> Segment:
+        made.append(1)
+        if len(made) == 1:
+            raise SharedMemoryError("no memory today", reason="create")
+        return real(nbytes, name=name)
+
+    monkeypatch.setattr(Segment, "create", staticmethod(one_ring_only))
+
+    async def main() -> None:
+        a, b, listener = await pair()  # one of the two sides has no ring
+        await asyncio.sleep(0.05)
+        flags = [(c._inline, c._space is not None) for c in (a, b)]  # type: ignore[attr-defined]
+        assert sorted(flags) == [(False, True), (True, False)], flags
+        big = np.arange(500_000, dtype=np.int64)
+        await a.send({"i": 0}, big)  # one through its ring, the other inline
+        await b.send({"i": 1}, big)
+        fa, fb = await b.recv(), await a.recv()
+        assert np.array_equal(np.frombuffer(fa.payload, np.int64), big)  # type: ignore[arg-type]
+        assert np.array_equal(np.frombuffer(fb.payload, np.int64), big)  # type: ignore[arg-type]
+        a.close()
+        listener.close()
+        await listener.wait_closed()
+
+    run_on(loop, main)

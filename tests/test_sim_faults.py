@@ -35,7 +35,7 @@ async def store_program(body: Body, timeout: float = 300.0) -> Any:
 def run_store(body: Body, *, world_size: int = 3, faults: list[Any] = (), timeout: float = 300.0,
               network: sim.Network | None = None, seed: int = 0) -> sim.Result:
     return sim.run(store_program, args=(body, timeout), world_size=world_size, faults=faults, seed=seed,
-                   network=network or sim.Network.fixed(1e-3))
+                   network=network or sim.Network.fixed(1e-3), explore=False)
 
 
 async def error_name(aw: Awaitable[Any]) -> str:
@@ -99,7 +99,7 @@ def test_peers_of_a_crashed_rank_see_connection_lost() -> None:
             await conn.recv()
         return loop.time()
 
-    res = sim.run(main, world_size=2, faults=[sim.Crash(0, at=1.0)], network=sim.Network.fixed(1e-3))
+    res = sim.run(main, world_size=2, faults=[sim.Crash(0, at=1.0)], network=sim.Network.fixed(1e-3), explore=False)
     assert res.ok, res.summary()
     assert res.rank_results[1] == pytest.approx(1.001)  # one latency after the crash
 
@@ -128,7 +128,7 @@ def test_silent_crash_is_only_noticed_through_timeouts() -> None:
         return t_broken
 
     net = sim.Network(latency=1e-3, bandwidth=None, retransmit_timeout=3.0)
-    res = sim.run(main, world_size=2, faults=[sim.Crash(0, at=1.0, silent=True)], network=net)
+    res = sim.run(main, world_size=2, faults=[sim.Crash(0, at=1.0, silent=True)], network=net, explore=False)
     assert res.ok, res.summary()
     assert res.rank_results[1] == pytest.approx(0.102 + 5.0 + 3.0, abs=1e-6)  # connect RTT, wait, retransmit
 

@@ -28,7 +28,7 @@ from aiodist.collectives import selected_cost  # noqa: E402
 )
 def test_simulated_time_matches_alpha_beta_cost(collective: str, nbytes: int, p: int) -> None:
     net = sim.Network.ideal(alpha=ALPHA, bandwidth=BANDWIDTH)
-    res = sim.run(timed_collective, args=(collective, nbytes), world_size=p, network=net, trace=False)
+    res = sim.run(timed_collective, args=(collective, nbytes), world_size=p, network=net, trace=False, explore=False)
     assert res.ok, res.summary()
     _, model = selected_cost(collective, p, nbytes, ALPHA, 1.0 / BANDWIDTH, 0.0)
     assert max(res.rank_results) == pytest.approx(model, rel=0.01)
@@ -38,6 +38,6 @@ def test_contention_makes_a_many_to_one_pattern_slower_than_the_ideal() -> None:
     ideal = sim.Network.ideal(alpha=ALPHA, bandwidth=BANDWIDTH)
     contended = sim.Network(latency=ALPHA, bandwidth=BANDWIDTH, contention=True)
     args = ("all_to_all", 4 * 1024 * 1024)
-    t_ideal = max(sim.run(timed_collective, args=args, world_size=4, network=ideal).rank_results)
-    t_cont = max(sim.run(timed_collective, args=args, world_size=4, network=contended).rank_results)
+    t_ideal = max(sim.run(timed_collective, args=args, world_size=4, network=ideal, explore=False).rank_results)
+    t_cont = max(sim.run(timed_collective, args=args, world_size=4, network=contended, explore=False).rank_results)
     assert t_cont >= t_ideal

@@ -168,6 +168,6 @@ def test_cancelled_timers_do_not_pile_up() -> None:
             async with asyncio.timeout(300):
                 await asyncio.sleep(0)
         loop = asyncio.get_running_loop()
-        return len(loop._heap) + len(loop._far)  # type: ignore[attr-defined]  # near and far timers
+        return loop.pending_timers()  # type: ignore[attr-defined]  # near and far timers
 
     assert run(main()) < 1000

@@ -70,7 +70,7 @@ def test_each_rank_has_its_own_environment_scope_and_network() -> None:
         await asyncio.sleep(0.1 * (3 - int(getenv("RANK") or 0)))
         return (getenv("RANK"), getenv("WORLD_SIZE"), getenv("LOCAL_RANK"), getenv("LOCAL_WORLD_SIZE"),
                 getenv("MASTER_ADDR"), getenv("MASTER_PORT"), getenv("TORCHELASTIC_RESTART_COUNT"),
-                getenv("EXTRA"), rank_scope()["mine"], current_network().default_host())
+                getenv("EXTRA"), rank_scope()["mine"], await current_network().default_host())
 
     res = sim.run(main, world_size=3, env={"EXTRA": "x"})
     assert res.ok
@@ -109,7 +109,7 @@ def test_deadlock_report_names_each_ranks_blocked_operation() -> None:
         with waiting_in("recv", peer=0, seq=7):
             await conn.recv()  # everybody waits for somebody: a deadlock
 
-    res = sim.run(main, world_size=3)
+    res = sim.run(main, world_size=3, explore=False)  # (fixed timing: the start times below)
     assert not res.ok
     (failure,) = res.failures
     assert failure.kind == "deadlock"

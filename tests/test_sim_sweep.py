@@ -50,7 +50,7 @@ def test_sweep_on_local_processes_streams_records_and_resumes(tmp_path: Path, ex
 
 
 def test_sweep_on_a_dask_cluster_gives_the_same_records(expected: dict[int, bool]) -> None:
-    seeds = [s for s in SEEDS if not expected[s]][:2] + [0, 1, 2]
+    seeds = [s for s in SEEDS if not expected[s]][:2] + [s for s in SEEDS if expected[s]][:3]
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                   host="127.0.0.1") as cluster, distributed.Client(cluster) as client:
         report = sim.sweep(sim_race.main, seeds=seeds, world_size=4, executor=client.get_executor())
@@ -195,7 +195,8 @@ def test_perfetto_flows_are_balanced_and_arguments_are_json_values(tmp_path: Pat
             await aiodist.all_reduce(np.ones(8))
         await aiodist.destroy_process_group()
 
-    res = sim.run(main, world_size=4, seed=1, faults=[sim.Crash(2, at=0.004)], stop_on_error=False)
+    res = sim.run(main, world_size=4, seed=1, faults=[sim.Crash(2, at=0.004)], stop_on_error=False,
+                  explore=False)  # (fixed timing: the crash comes mid-collectives)
     out = tmp_path / "t.json"
     write_chrome(res.trace, str(out), ops=res.ops)
     data = json.loads(out.read_text())["traceEvents"]

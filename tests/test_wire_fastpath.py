@@ -2,8 +2,8 @@
 
 * the decoder's fast path (whole frames staged back to back) hands over to
   the general state machine at any frame it cannot take, fails like it on
-  bad headers, and gives payloads to the sink exactly as it does (in place,
-  a new buffer, or deferred);
+  bad headers, and gives payloads to the sink exactly as it does (in place or
+  a new buffer);
 * request/reply traffic writes each frame at once and schedules no deferred
   flush (no extra loop iteration per round trip);
 * replies that a frame handler sends for a batch of frames received together
@@ -21,7 +21,7 @@ import pytest
 
 from aiodist.errors import FrameTooLargeError, ProtocolError
 from aiodist.net.base import Frame
-from aiodist.net.tcp import TCPNetwork, _make_frame
+from aiodist.net.tcp import TCPNetwork
 from aiodist.wire import PREAMBLE, FrameDecoder
 from test_wire import _stream
 
@@ -49,32 +49,22 @@ def test_small_frames_then_a_payload_then_a_partial_frame_in_one_read() -> None:
     assert [h["i"] for h, _ in got] == [4]
 
 
-def test_whole_frames_with_payloads_land_where_the_sink_says_and_a_deferral_stops_the_batch() -> None:
-    from aiodist.wire import DEFER
-
+def test_whole_frames_with_payloads_land_where_the_sink_says() -> None:
     places = {"in": bytearray(3)}
     asked: list[tuple[int, int]] = []
 
     def sink(header: dict[str, Any], nbytes: int) -> Any:
         asked.append((header["i"], nbytes))
-        if header.get("to") == "defer":
-            return DEFER
         return memoryview(places[header["to"]]) if header.get("to") in places else None
 
     dec = FrameDecoder(expect_preamble=False)
     dec.sink = sink
-    data = _wire(
-        ({"i": 0, "to": "in"}, b"abc"), ({"i": 1}, b"new"), ({"i": 2, "to": "defer"}, b"later"), ({"i": 3}, None)
-    )
+    data = _wire(({"i": 0, "to": "in"}, b"abc"), ({"i": 1}, b"new"), ({"i": 2}, None))
     got = _put(dec, data)
-    assert asked == [(0, 3), (1, 3), (2, 5)]  # the frame behind the deferred payload waits for it
-    assert [h["i"] for h, _ in got] == [0, 1]
+    assert asked == [(0, 3), (1, 3)]
+    assert [h["i"] for h, _ in got] == [0, 1, 2]
     assert got[0][1].obj is places["in"] and bytes(places["in"]) == b"abc"  # in place, no copy handed out
-    assert bytes(got[1][1]) == b"new"
-    assert dec.awaiting_target
-    out = bytearray(5)
-    rest = dec.provide_target(memoryview(out))
-    assert [h["i"] for h, _ in rest] == [2, 3] and bytes(out) == b"later"
+    assert bytes(got[1][1]) == b"new" and got[2][1] is None
 
 
 def test_a_sink_buffer_of_the_wrong_size_breaks_the_decoder_in_the_fast_path_too() -> None:
@@ -115,11 +105,12 @@ def test_an_oversize_header_is_refused_by_the_fast_path_too() -> None:
         _put(dec, _wire(({"ok": 1}, None)) + struct.pack("<IQ", 17, 0) + b"\x80" * 17)
 
 
-def test_the_frame_maker_builds_ordinary_frames() -> None:
-    f = _make_frame({"a": 1}, None)
-    assert type(f) is Frame and f == Frame({"a": 1}, None)
-    with pytest.raises(AttributeError):
-        f.header = {}  # type: ignore[misc]  # still frozen
+def test_a_frame_is_a_plain_slotted_object_that_compares_by_value() -> None:
+    f = Frame({"a": 1}, None)
+    assert f == Frame({"a": 1}) and f != Frame({"a": 2}) and f.payload is None
+    assert Frame({}, memoryview(b"xy")) == Frame({}, memoryview(bytearray(b"xy")))
+    assert not hasattr(f, "__dict__")  # slots only: no per-frame dict
+    assert "no payload" in repr(f) and "2 bytes" in repr(Frame({}, memoryview(b"xy")))
 
 
 async def _echo_pair(net: TCPNetwork, on_server: Any) -> tuple[Any, Any, Any]:
@@ -146,7 +137,7 @@ async def test_request_reply_writes_each_frame_at_once_without_a_deferred_flush(
     writes: list[int] = []
     flushes: list[int] = []
     original_write = conn._transport.write
-    original_flush = conn._flush
+    original_flush = conn._outbox._flush
 
     def spy_write(data: Any) -> None:
         writes.append(len(data))
@@ -157,7 +148,7 @@ async def test_request_reply_writes_each_frame_at_once_without_a_deferred_flush(
         original_flush()
 
     conn._transport.write = spy_write
-    conn._flush = spy_flush  # call_soon(self._flush) would find this one
+    conn._outbox._flush = spy_flush  # call_soon(self._flush) would find this one
     for i in range(20):
         assert conn.send_nowait({"i": i})
         assert await asyncio.wait_for(replies.get(), 5) == i
@@ -230,9 +221,9 @@ async def test_a_frame_sent_in_a_later_iteration_goes_out_at_once() -> None:
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert conn.send_nowait({"i": 1})
-    assert not conn._wbuf  # written, not batched
+    assert not conn._outbox._wbuf  # written, not batched
     assert conn.send_nowait({"i": 2})  # the same iteration: this one is batched
-    assert conn._wbuf
+    assert conn._outbox._wbuf
     for _ in range(200):
         if len(frames) == 3:
             break

@@ -54,9 +54,9 @@ async def _monitor_goes_quiet() -> Any:
     loop = asyncio.get_running_loop()
     for _ in range(50):
         await pg.all_reduce(np.ones(2))
-    armed = pg._monitor is not None  # (one timer for all 50, not 50)
+    armed = pg._runner.monitor is not None  # (one timer for all 50, not 50)
     await asyncio.sleep(31)
-    quiet = pg._monitor is None and not pg._running
+    quiet = pg._runner.monitor is None and not pg._runner.running
     t = loop.time()
     await pg.barrier()
     await dist.destroy_process_group()

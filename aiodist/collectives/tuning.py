@@ -44,6 +44,8 @@ barrier            dissemination, ceil(lg p) rounds.
 
 from __future__ import annotations
 
+from .alphabeta import alpha_beta_cost
+
 __all__ = [
     "ALLREDUCE_RD_MAX_BYTES",
     "ALLREDUCE_RING_MIN_BYTES",
@@ -129,8 +131,6 @@ def choose_all_reduce(p: int, nbytes: int, algorithm: str | None = None) -> str:
         return "recursive_doubling"
     if nbytes >= ALLREDUCE_RING_MIN_BYTES:
         return "ring"
-    from .cost import alpha_beta_cost
-
     rd = alpha_beta_cost("all_reduce.recursive_doubling", p, nbytes, MODEL_ALPHA, MODEL_BETA, MODEL_GAMMA)
     rab = alpha_beta_cost("all_reduce.rabenseifner", p, nbytes, MODEL_ALPHA, MODEL_BETA, MODEL_GAMMA)
     return "recursive_doubling" if rd <= rab else "rabenseifner"

@@ -99,7 +99,7 @@ def new_receive(
 ) -> tuple[Receive, asyncio.Future[Delivery | BaseException]]:
     """A receive (global ``src``) and the future it completes."""
     fut: asyncio.Future[Delivery | BaseException] = asyncio.get_running_loop().create_future()
-    return Receive(comm.gid, src, out, None, key, tag, check, None, False, fut), fut
+    return Receive(group=comm.gid, src=src, out=out, key=key, tag=tag, check=check, fut=fut), fut
 
 
 class OpChannel:
@@ -223,7 +223,7 @@ class OpChannel:
         """Post the receive of ``key`` from ``peer`` (counted as waited for); its future."""
         src = self._ranks[peer] if 0 <= peer < self.size else self._global(peer)
         fut = self.loop.create_future()
-        r = Receive(self.comm.gid, src, out, None, (self.seq, *key), None, self._check, self.sig, False, fut)
+        r = Receive(group=self.comm.gid, src=src, out=out, key=(self.seq, *key), check=self._check, sig=self.sig, fut=fut)
         self.comm.transport.post(r)
         waits = self._recv_waits
         waits[peer] = waits.get(peer, 0) + 1
@@ -237,13 +237,17 @@ class OpChannel:
             self.comm.transport.router.cancel(r)  # a receive cut short by a timeout was still waiting
             raise
         self._untrack(self._recv_waits, peer)
-        if isinstance(result, PeerFailureError):
-            raise self.comm.localize(result, op=self.op, seq=self.seq) from None
-        if isinstance(result, CollectiveMismatchError):
-            raise self._mismatch(result, peer, r.src, r.out) from None  # type: ignore[arg-type]
         if isinstance(result, BaseException):
-            raise result
+            raise self._failed(result, peer, r) from None
         return result  # type: ignore[no-any-return]
+
+    def _failed(self, e: BaseException, peer: int, r: Receive) -> BaseException:
+        """What a receive from ``peer`` that ended with ``e`` raises: in this group's numbering."""
+        if isinstance(e, PeerFailureError):
+            return self.comm.localize(e, op=self.op, seq=self.seq)
+        if isinstance(e, CollectiveMismatchError):
+            return self._mismatch(e, peer, r.src, r.out)  # type: ignore[arg-type]
+        return e
 
     async def _recv(self, peer: int, key: tuple[Any, ...], out: memoryview | None) -> Delivery:
         r, fut = self._post(peer, key, out)

@@ -1,22 +1,30 @@
 """The network seam: what the runtime needs from a network, and nothing more.
 
 Two implementations exist: :mod:`aiodist.net.tcp` (asyncio TCP, the real one)
-and ``sim.network`` (simulated links on a virtual clock). The runtime only ever
-talks to :func:`aiodist.net.current_network`, never to a concrete class, so the
-simulator runs the production code unchanged.
+and ``sim.endpoints`` (simulated links on a virtual clock). The runtime only
+ever talks to :func:`aiodist.context.current_network`, never to a concrete
+class, so the simulator runs the production code unchanged. Every method the
+runtime calls is declared here; ``tests/net_conformance`` runs the same tests
+against both implementations.
 
 A :class:`Connection` carries *frames*: a msgpack-able ``dict`` header plus an
 optional raw byte payload. Frames are delivered whole and in order (TCP-like:
-no silent loss on a live connection). Failures show up as
-:class:`~aiodist.errors.ConnectionLost` (the peer or the network broke it) or
-:class:`~aiodist.errors.ConnectionClosedLocally` (this side closed it).
+no silent loss on a live connection). Errors say whose fault it is:
+
+* :class:`~aiodist.errors.ConnectionLost`: the peer closed or reset the
+  connection, the network broke it, or the peer sent bytes that break the
+  protocol (a frame over the size limit included). Not your doing.
+* :class:`~aiodist.errors.ConnectionClosedLocally`: this side called
+  :meth:`Connection.close` or :meth:`Connection.abort`. Your doing.
+* ``TypeError`` / ``ValueError`` from a send: the header is not serializable
+  or the payload is not a C-contiguous buffer; nothing was sent.
 """
 
 from __future__ import annotations
 
 import abc
+import ssl as _ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 Address = tuple[str, int]
@@ -26,16 +34,21 @@ Header = dict[str, Any]
 
 PayloadSink = Callable[[Header, int], "memoryview | None"]
 """Called with (header, payload_nbytes) when a frame's header has arrived and
-before its payload is read. Return a writable, C-contiguous, byte-format
-``memoryview`` of exactly ``payload_nbytes`` bytes to receive the payload
-straight into it (zero copy), or ``None`` to let the connection allocate.
-It runs synchronously inside the connection's receive path: it must be quick
-and must not raise (an exception closes the connection)."""
+before its payload is read. Return a writable, C-contiguous ``memoryview`` of
+exactly ``payload_nbytes`` bytes to receive the payload straight into it (zero
+copy), or ``None``: the connection then receives the payload into memory of
+its own that grows with the bytes that actually arrive (never the size the
+header claims, up front). It runs synchronously inside the connection's
+receive path: it must be quick. One that raises, or returns an unusable
+buffer, is a local bug: the connection is broken (both ends see
+:class:`~aiodist.errors.ConnectionLost`) and the error is logged."""
+
+FrameHandler = Callable[["Frame"], None]
+"""Called with each complete frame, synchronously, in order (see :meth:`Connection.set_frame_handler`)."""
 
 ConnectionHandler = Callable[["Connection"], Awaitable[None]]
 
 
-@dataclass(frozen=True, slots=True)
 class Frame:
     """One message: a header dict and an optional payload.
 
@@ -44,34 +57,41 @@ class Frame:
     :data:`PayloadSink` supplied one).
     """
 
-    header: Header
-    payload: memoryview | None = None
+    __slots__ = ("header", "payload")
+
+    def __init__(self, header: Header, payload: memoryview | None = None) -> None:
+        self.header = header
+        self.payload = payload
+
+    def __repr__(self) -> str:
+        size = "no payload" if self.payload is None else f"{self.payload.nbytes} bytes"
+        return f"Frame({self.header!r}, {size})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Frame):
+            return NotImplemented
+        return self.header == other.header and self.payload == other.payload
+
+    __hash__ = None  # type: ignore[assignment]  # (a header is a dict)
 
 
 class Connection(abc.ABC):
     """A bidirectional, ordered, framed connection.
 
-    ``send`` may be called from several tasks at once: frames never interleave.
-    ``recv`` is meant for one reader task at a time.
+    Sending: ``send`` may be called from several tasks at once; frames never
+    interleave and leave in the order of the calls. A payload is ``None`` or
+    any C-contiguous object exporting the buffer protocol (bytes, bytearray,
+    memoryview, numpy array).
 
-    Optional fast paths, found with ``getattr`` (callers fall back to
-    ``send``/``recv`` when an implementation lacks them):
+    Receiving: either with :meth:`recv` (one reader task at a time) or with a
+    frame handler (:meth:`set_frame_handler`). A payload lands in the buffer a
+    :data:`PayloadSink` names, or in memory of the connection's own.
 
-    * ``set_frame_handler(cb)``: complete frames are handed to ``cb(frame)``
-      synchronously instead of through ``recv`` (queued ones first, in order);
-      ``recv`` then only reports the end of the connection. A handler that
-      steps aside (``set_frame_handler(None)``) gets no more frames, not even
-      the rest of a batch that arrived together: those go to ``recv``, in order.
-    * ``send_nowait(header, payload) -> bool``: queue a frame without waiting;
-      ``False`` means the buffer is full and the caller should wait
-      (``await drained()``) before sending more. A frame may be batched with
-      the others sent in the same loop iteration, never held longer.
-    * ``try_send(header, payload) -> bool``: send a frame at once if that
-      needs no waiting (``True``); otherwise send nothing and return ``False``
-      (the caller then uses ``send``). No coroutine per frame on the common path.
-    * ``resume_payload(target)``: the payload sink may answer
-      :data:`aiodist.wire.DEFER` ("no buffer yet"); reading from the
-      connection pauses until ``resume_payload`` names the destination.
+    Closing: :meth:`close` is orderly (frames already queued still leave,
+    then end-of-stream), :meth:`abort` is a reset (queued frames are
+    dropped). After either, this side's ``send``/``recv``/``drained`` raise
+    :class:`~aiodist.errors.ConnectionClosedLocally`, and the connection drops
+    its receive buffers at once (it keeps no reference cycle alive).
     """
 
     @property
@@ -79,45 +99,122 @@ class Connection(abc.ABC):
     def peer(self) -> str:
         """A printable name of the other end (``"127.0.0.1:5000"``, ``"sim:rank3"``)."""
 
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool:
+        """True once closed or aborted by either side, or broken."""
+
+    # -- sending -----------------------------------------------------------
+
     @abc.abstractmethod
     async def send(self, header: Header, payload: Any = None) -> None:
-        """Queue one frame and wait until the transport can take more (flow control).
+        """Queue one frame and wait until the caller may reuse ``payload`` (flow control).
 
-        ``payload`` is ``None`` or any C-contiguous object exporting the buffer
-        protocol (bytes, bytearray, memoryview, numpy array); it is *not*
-        copied on the TCP path, so the caller must not modify it until ``send``
-        returns. Raises :class:`~aiodist.errors.ConnectionClosedError`.
-        Cancellation: the frame was either fully queued or not at all.
+        The payload is not copied where that can be avoided, so the caller
+        must not modify it until ``send`` returns. Raises
+        :class:`~aiodist.errors.ConnectionClosedError` (nothing was queued).
+
+        Cancellation: the frame was either queued whole (it will be sent and
+        the connection no longer refers to ``payload``) or not at all.
         """
+
+    def try_send(self, header: Header, payload: Any = None) -> bool:
+        """Send one frame at once if that needs no waiting (True); else send nothing (False).
+
+        No coroutine and no copy of the caller's obligations: a frame taken
+        here is sent as :meth:`send` would send it, and ``payload`` may be
+        reused as soon as this returns. False (nothing sent) also on a closed
+        connection: the caller then uses :meth:`send`, which raises. The
+        default takes nothing; implementations take what they can.
+        """
+        return False
+
+    @abc.abstractmethod
+    def send_nowait(self, header: Header, payload: Any = None) -> bool:
+        """Queue one frame without waiting; False: the buffer is full, ``await drained()`` before more.
+
+        The frame is queued either way (in order with every other send). A
+        True result means ``payload`` may be reused now; after False it may
+        still be read until :meth:`drained` (or a later ``send``) returns. A
+        frame may be batched with the others sent in the same loop iteration,
+        never held longer. Raises :class:`~aiodist.errors.ConnectionClosedError`
+        on a closed connection (nothing queued).
+        """
+
+    @abc.abstractmethod
+    async def drained(self) -> None:
+        """Wait until every frame queued so far has been handed to the network.
+
+        Then every payload passed to :meth:`send_nowait` may be reused. Raises
+        :class:`~aiodist.errors.ConnectionClosedError` if the connection
+        closed or broke. Cancellation leaves the queued frames queued.
+        """
+
+    # -- receiving -----------------------------------------------------------
 
     @abc.abstractmethod
     async def recv(self) -> Frame:
         """Wait for the next frame.
 
-        Raises :class:`~aiodist.errors.ConnectionLost` when the peer closed or
-        the stream broke (including protocol errors from the peer), and
-        :class:`~aiodist.errors.ConnectionClosedLocally` after ``close()``.
-        Cancellation leaves the connection intact; no frame is lost.
+        Frames that arrived before the peer closed are returned first; then
+        :class:`~aiodist.errors.ConnectionLost`. After this side's ``close()``
+        or ``abort()``: :class:`~aiodist.errors.ConnectionClosedLocally`.
+        While a frame handler is installed, frames go to it: ``recv`` only
+        reports the end of the connection. Cancellation leaves the connection
+        intact; no frame is lost.
+        """
+
+    @abc.abstractmethod
+    def set_frame_handler(self, handler: FrameHandler | None) -> None:
+        """Deliver frames by calling ``handler(frame)`` as they complete, instead of through :meth:`recv`.
+
+        No task wake-up and no future per frame. Frames already queued for
+        ``recv`` are handed over first, in order. A handler that steps aside
+        (``set_frame_handler(None)``, even from inside the handler) gets no
+        more frames, not even the rest of a batch that arrived together:
+        those go to ``recv``, in order. A handler that raises is a local bug:
+        the error is logged and the connection is broken (both ends see
+        :class:`~aiodist.errors.ConnectionLost`).
         """
 
     @abc.abstractmethod
     def set_payload_sink(self, sink: PayloadSink | None) -> None:
-        """Install (or remove) the :data:`PayloadSink` used for incoming payloads."""
+        """Install (or remove) the :data:`PayloadSink` asked where each incoming payload goes."""
+
+    @abc.abstractmethod
+    def set_max_frame_size(self, n: int) -> None:
+        """Limit frames whose header has not been read yet to ``n`` bytes (header + payload).
+
+        A protocol keeps frames to a few KiB before a connection has
+        authenticated and raises the limit after, before it tells the peer
+        that it may send more. A frame over the limit is the peer's fault:
+        the connection breaks with :class:`~aiodist.errors.ConnectionLost`
+        before anything is allocated for it.
+        """
+
+    # -- closing -------------------------------------------------------------
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Close now. Pending and later ``send``/``recv`` raise ConnectionClosedLocally."""
+        """Close in order: frames already queued are still delivered, then end-of-stream.
+
+        Returns at once (see :meth:`wait_closed`). Unread received frames are
+        dropped. Idempotent.
+        """
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Reset now: queued frames are dropped and the peer sees ConnectionLost. Idempotent."""
 
     @abc.abstractmethod
     async def wait_closed(self) -> None:
-        """Wait until the underlying transport is fully closed."""
+        """Wait until the connection is fully closed (after close/abort, or once the peer ended it).
 
-    @property
-    @abc.abstractmethod
-    def closed(self) -> bool:
-        """True once closed by either side."""
+        Cancellation only stops the wait.
+        """
 
     async def aclose(self) -> None:
+        """:meth:`close`, then :meth:`wait_closed`."""
         self.close()
         await self.wait_closed()
 
@@ -133,7 +230,9 @@ class Listener(abc.ABC):
 
     The listener owns those tasks: :meth:`close` stops accepting, closes every
     accepted connection and cancels the handler tasks; :meth:`wait_closed`
-    awaits them. A handler's return closes its connection.
+    awaits them. A handler's return closes its connection; a handler that
+    raises (other than a ConnectionClosedError) is logged and its connection
+    closed; the listener keeps serving.
     """
 
     @property
@@ -142,12 +241,15 @@ class Listener(abc.ABC):
         """The address peers should connect to (real port, never 0)."""
 
     @abc.abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Stop accepting, close every accepted connection, cancel the handler tasks. Idempotent."""
 
     @abc.abstractmethod
-    async def wait_closed(self) -> None: ...
+    async def wait_closed(self) -> None:
+        """Wait until every handler task has ended."""
 
     async def aclose(self) -> None:
+        """:meth:`close`, then :meth:`wait_closed`."""
         self.close()
         await self.wait_closed()
 
@@ -162,8 +264,25 @@ class Network(abc.ABC):
     """Factory of connections and listeners for one host."""
 
     @abc.abstractmethod
-    async def connect(self, address: Address, *, timeout: float | None = None) -> Connection:
-        """Open a connection. Raises ConnectionLost (refused/unreachable) or TimeoutError."""
+    async def connect(
+        self,
+        address: Address,
+        *,
+        timeout: float | None = None,
+        max_frame_size: int | None = None,
+        ssl: _ssl.SSLContext | None = None,
+    ) -> Connection:
+        """Open a connection to ``address``.
+
+        Raises :class:`~aiodist.errors.ConnectionLost` (refused, unreachable,
+        unknown host, or the TLS handshake failed) or ``TimeoutError``.
+        ``max_frame_size``: the initial :meth:`Connection.set_max_frame_size`
+        (None: the default, 1 GiB of payload). ``ssl``: a client-side context:
+        the connection runs over TLS, the server checked as the context says.
+        (The simulator's links run inside one process: it accepts ``ssl`` and
+        has nothing to encrypt.) Cancellation (or the timeout) leaves nothing
+        behind.
+        """
 
     @abc.abstractmethod
     async def listen(
@@ -173,9 +292,20 @@ class Network(abc.ABC):
         *,
         max_frame_size: int | None = None,
         handshake_timeout: float | None = None,
+        ssl: _ssl.SSLContext | None = None,
     ) -> Listener:
-        """Listen on ``address`` (port 0: pick a free port)."""
+        """Listen on ``address`` (port 0: pick a free port) and run ``handler`` for each connection.
+
+        ``max_frame_size``: the initial limit of every accepted connection.
+        ``handshake_timeout``: a peer that sends nothing valid within it is
+        dropped. ``ssl``: a server-side context: every connection runs over
+        TLS (a peer without it gets nowhere). Raises
+        :class:`~aiodist.errors.ConnectionLost` if the address cannot be bound.
+        """
 
     @abc.abstractmethod
-    def default_host(self) -> str:
-        """The host name/IP under which peers can reach listeners of this network."""
+    async def default_host(self) -> str:
+        """The host name/IP under which peers can reach listeners of this network.
+
+        May look a name up (with the loop's resolver: it never blocks the loop).
+        """

@@ -44,10 +44,10 @@ from typing import Any
 
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
 from ..wire import DEFAULT_MAX_FRAME_SIZE, as_byte_view, encode_header
-from .base import Connection, Frame, Header, PayloadSink
+from .base import Connection, Frame, FrameHandler, Header, PayloadSink
 from .shmring import RingSpace, Spares
 from .shmseg import PEERS, Segment, SegmentRef, SharedMemoryError
-from .tcp import TCPConnection
+from .tcp_connection import TCPConnection
 
 log = logging.getLogger("aiodist.net")
 
@@ -121,6 +121,12 @@ class FrameStream(TCPConnection):
         if owner is not None:
             owner._stream_lost(exc)
 
+    def take_unread(self) -> list[Frame]:
+        """The frames kept for ``recv`` (while no handler took them), in order; they are no longer kept."""
+        frames = list(self._frames)
+        self._frames.clear()
+        return frames
+
 
 class ShmConnection(Connection):
     """A connection to a process of this host (see the module doc)."""
@@ -142,6 +148,8 @@ class ShmConnection(Connection):
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._out: Segment | None = None  # the ring we send into
         self._space: RingSpace | None = None  # set once the peer mapped it (READY)
+        self._inline = False  # no ring (ours failed, or the peer could not map it): payloads go inline
+        self._answered = False  # the peer said whether it mapped our ring
         self._in: Segment | None = None  # the ring the peer sends into
         self._incoming: _Incoming | None = None
         self._spares = Spares(SPARE_BYTES)
@@ -154,11 +162,12 @@ class ShmConnection(Connection):
             hello["ring"] = self._out.ref.pack()
         except SharedMemoryError as e:
             log.info("no shared memory ring towards %s (payloads go inline): %s", self._peer, e)
+            self._inline = True
         stream.send_nowait(hello)
 
     def __repr__(self) -> str:
         state = "closed" if self._exc is not None else "closing" if self._closing else "open"
-        ring = "ring" if self._space is not None else "inline"
+        ring = "ring" if self._space is not None else "inline" if self._inline else "ring pending"
         return f"<ShmConnection {self._peer} {state} {ring} queued={len(self._jobs)}>"
 
     # ------------------------------------------------------------------ seam
@@ -174,10 +183,18 @@ class ShmConnection(Connection):
     def set_payload_sink(self, sink: PayloadSink | None) -> None:
         # Called here, in frame order, for inline payloads and ring payloads alike (the stream's
         # decoder would call it for the inline ones as it parses, ahead of a ring payload's first piece).
-        self._sink = sink
+        if self._exc is None:
+            self._sink = sink
 
-    def set_frame_handler(self, handler: Callable[[Frame], None] | None) -> None:
+    def set_max_frame_size(self, n: int) -> None:
+        """Frames (inline or through the ring) whose header has not arrived yet are limited to ``n`` bytes."""
+        self._max_frame_size = n
+        self._stream.set_max_frame_size(n)
+
+    def set_frame_handler(self, handler: FrameHandler | None) -> None:
         """Deliver frames to ``handler(frame)`` as they complete (queued ones first) instead of through recv."""
+        if self._exc is not None and handler is not None:
+            return  # (closed: nothing will arrive, and the handler must not be kept alive)
         self._on_frame = handler
         while handler is not None and self._frames and self._on_frame is handler:
             handler(self._frames.popleft())
@@ -193,12 +210,12 @@ class ShmConnection(Connection):
             raise ValueError(f"a frame header may not contain the key {_K!r} (reserved for the shared memory layer)")
         if self._exc is not None or self._closing or self._jobs:
             return False
-        if payload is None or self._space is None:
+        if payload is None:
             return self._stream.try_send(header, payload)
         view = as_byte_view(payload)
-        if view.nbytes <= INLINE_MAX:
+        if view.nbytes <= INLINE_MAX or self._inline:
             return self._stream.try_send(header, view)
-        if self._space.free < view.nbytes:
+        if self._space is None or self._space.free < view.nbytes:
             return False
         encode_header(header)  # (raises TypeError now if it cannot go: the ring is not touched for nothing)
         self._jobs.append(_Job(header, view, None))
@@ -214,7 +231,7 @@ class ShmConnection(Connection):
         if _K in header:
             raise ValueError(f"a frame header may not contain the key {_K!r} (reserved for the shared memory layer)")
         view = None if payload is None else as_byte_view(payload)
-        large = view is not None and view.nbytes > INLINE_MAX and self._space is not None
+        large = view is not None and view.nbytes > INLINE_MAX and not self._inline
         if not large and not self._jobs:
             return self._stream.send_nowait(header, view)
         if view is not None and not large:
@@ -231,11 +248,11 @@ class ShmConnection(Connection):
         copied, so the caller's buffer is free) or not at all.
         """
         if self._exc is None and not self._closing and not self._jobs and _K not in header:
-            view = None if payload is None else as_byte_view(payload)
-            if view is None or view.nbytes <= INLINE_MAX or self._space is None:
-                await self._stream.send(header, view)
+            if payload is None or self._inline or _nbytes(payload) <= INLINE_MAX:
+                await self._stream.send(header, payload)
                 return
         if not self.send_nowait(header, payload) and self._jobs:
+            # (No view of ``payload`` is kept in this frame: a cancelled send's traceback must not hold it.)
             job = self._jobs[-1]
             job.fut = fut = self._loop.create_future()
             try:
@@ -243,6 +260,8 @@ class ShmConnection(Connection):
             except asyncio.CancelledError:
                 self._withdraw(job)
                 raise
+            finally:
+                del job
         await self._stream.drained()
 
     def _withdraw(self, job: _Job) -> None:
@@ -252,6 +271,7 @@ class ShmConnection(Connection):
             return
         if not job.started:
             self._jobs.remove(job)
+            job.data = None
             self._wake_drainers()
         elif job.data is not None:
             job.data = memoryview(bytes(job.data))
@@ -284,14 +304,31 @@ class ShmConnection(Connection):
         again), then end-of-stream; later sends and receives raise ConnectionClosedLocally."""
         if self._exc is None:
             self._exc = ConnectionClosedLocally(f"connection to {self._peer} was closed by this side")
-            self._frames.clear()
             for job in self._jobs:
                 if job.data is not None and not isinstance(job.data.obj, bytes):
                     job.data = memoryview(bytes(job.data))
         self._closing = True
+        self._drop_received()
         self._wake(self._recv_waiter)
         if not self._jobs:
             self._stream.close()
+            self._unmap()  # (the peer keeps its own mapping of what it still has to read)
+
+    def abort(self) -> None:
+        """Reset now: queued frames are dropped (their senders get ConnectionClosedLocally); the peer sees ConnectionLost."""
+        if self._exc is None or self._closing:
+            self._exc = ConnectionClosedLocally(f"connection to {self._peer} was aborted by this side")
+        self._closing = True
+        self._set_exc(self._exc)
+        self._drop_received()
+        self._stream.abort()
+
+    def _drop_received(self) -> None:
+        """Unread frames, a half-arrived payload, the sink and the handler go at once (they may refer back to us)."""
+        self._frames.clear()
+        self._incoming = None
+        self._sink = None
+        self._on_frame = None
 
     async def wait_closed(self) -> None:
         await self._stream.wait_closed()
@@ -305,11 +342,13 @@ class ShmConnection(Connection):
             while jobs:
                 job = jobs[0]
                 data = job.data
-                if data is None or data.nbytes <= INLINE_MAX and not job.started:
+                if data is None or data.nbytes <= INLINE_MAX and not job.started or self._inline:
                     stream.send_nowait(job.header, data)
                 else:
                     space, ring = self._space, self._out
-                    assert space is not None and ring is not None and ring.view is not None
+                    if space is None:
+                        return  # until the peer says whether it mapped our ring
+                    assert ring is not None and ring.view is not None
                     while data.nbytes:
                         offset, n = space.place(data.nbytes)
                         if n == 0:
@@ -337,6 +376,7 @@ class ShmConnection(Connection):
         self._wake_drainers()
         if self._closing:
             self._stream.close()
+            self._unmap()
 
     # ------------------------------------------------------------------ receiving
 
@@ -377,7 +417,11 @@ class ShmConnection(Connection):
     def _resume_if_drained(self) -> None:
         if self._paused and len(self._frames) <= MAX_QUEUED_FRAMES // 2:
             self._paused = False
-            self._stream.set_frame_handler(self._on_stream_frame)
+            if self._stream.closed:  # (it takes no handler any more: what it kept for us comes out here)
+                for frame in self._stream.take_unread():
+                    self._on_stream_frame(frame)
+            else:
+                self._stream.set_frame_handler(self._on_stream_frame)
 
     def _control(self, h: Header) -> None:
         kind = h[_K]
@@ -392,8 +436,15 @@ class ShmConnection(Connection):
         elif kind == _HELLO:
             self._hello(h)
         elif kind == _READY:
-            if h["ok"] is True and self._out is not None and self._space is None:
+            if self._answered:
+                raise ProtocolError("a second answer about the ring")
+            self._answered = True
+            if h["ok"] is True and self._out is not None:
                 self._space = RingSpace(self._out.ref.size, PIECE_BYTES)
+            else:
+                self._inline = True
+            if self._jobs:
+                self._pump()
         else:
             raise ProtocolError(f"unknown shared memory frame kind {kind!r}")
 
@@ -438,7 +489,8 @@ class ShmConnection(Connection):
             raise ProtocolError(f"pieces of {inc.pos + n} bytes for a payload of {inc.total}")
         inc.target[inc.pos : inc.pos + n] = ring.view[offset : offset + n]
         inc.pos += n
-        self._stream.send_nowait({_K: _ACK, "l": n})
+        if not self._stream.closed:  # (after the end the peer needs no acknowledgement)
+            self._stream.send_nowait({_K: _ACK, "l": n})
         if inc.pos == inc.total:
             self._incoming = None
             self._deliver(Frame(inc.header, inc.target))
@@ -451,6 +503,10 @@ class ShmConnection(Connection):
         self._stream.close()
 
     def _stream_lost(self, exc: Exception | None) -> None:
+        if self._paused and self._exc is None:  # frames it kept for us arrived before the end: they count
+            self._paused = False
+            for frame in self._stream.take_unread():
+                self._on_stream_frame(frame)
         if exc is None:
             self._set_exc(ConnectionLost(f"{self._peer} closed the connection"))
         else:
@@ -471,12 +527,15 @@ class ShmConnection(Connection):
         self._wake_drainers()
 
     def _release(self) -> None:
-        """Drop every buffer and unmap both rings (the stream ended)."""
-        self._frames.clear()
+        """The stream ended: drop what refers back to us and unmap both rings (frames not read yet stay for recv)."""
         self._incoming = None
-        self._stream.set_frame_handler(None)
-        self._on_frame = None
         self._sink = None
+        self._on_frame = None
+        self._stream.set_frame_handler(None)
+        self._unmap()
+
+    def _unmap(self) -> None:
+        """Both rings and the spare memory go (nothing is sent or read through them any more)."""
         for seg in (self._out, self._in):
             if seg is not None:
                 seg.close()
@@ -494,6 +553,12 @@ class ShmConnection(Connection):
     def _wake(fut: asyncio.Future[None] | None) -> None:
         if fut is not None and not fut.done():
             fut.set_result(None)
+
+
+def _nbytes(payload: Any) -> int:
+    """The size of ``payload``'s buffer, without keeping a view of it."""
+    with memoryview(payload) as view:
+        return view.nbytes
 
 
 def _usable(target: memoryview, nbytes: int) -> memoryview:

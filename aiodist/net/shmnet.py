@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl as _ssl
 
 from ..wire import DEFAULT_MAX_FRAME_SIZE
 from .base import Address, Connection, ConnectionHandler, Listener, Network
@@ -85,9 +86,13 @@ class ShmListener(TCPListener):
 
 
 async def connect_local(
-    name: str, *, timeout: float | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    name: str, *, timeout: float | None = None, max_frame_size: int | None = None
 ) -> ShmConnection | None:
-    """Connect to the abstract Unix socket ``name``; None when nobody listens there (the peer is elsewhere)."""
+    """Connect to the abstract Unix socket ``name``; None when nobody listens there (the peer is elsewhere).
+
+    Cancellation (or the timeout) leaves nothing behind.
+    """
+    max_frame_size = max_frame_size or DEFAULT_MAX_FRAME_SIZE
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
@@ -108,7 +113,7 @@ async def connect_local(
         raise
     pid = stream.peer_pid
     if pid is None:
-        stream.close()
+        stream.abort()
         return None
     return ShmConnection(stream, peer_pid=pid, max_frame_size=max_frame_size)
 
@@ -146,8 +151,8 @@ class HostNetwork(Network):
     def __repr__(self) -> str:
         return f"<HostNetwork host={self.host_id} over {self.tcp!r}>"
 
-    def default_host(self) -> str:
-        return self.tcp.default_host()
+    async def default_host(self) -> str:
+        return await self.tcp.default_host()
 
     async def listen(
         self,
@@ -156,8 +161,17 @@ class HostNetwork(Network):
         *,
         max_frame_size: int | None = None,
         handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT,
+        ssl: _ssl.SSLContext | None = None,
     ) -> Listener:
-        tcp = await self.tcp.listen(address, handler, max_frame_size=max_frame_size, handshake_timeout=handshake_timeout)
+        """Listen on TCP ``address`` and, for this host's processes, on its Unix socket twin.
+
+        With ``ssl`` (links that cross machines encrypted) everything is TCP and TLS.
+        """
+        tcp = await self.tcp.listen(
+            address, handler, max_frame_size=max_frame_size, handshake_timeout=handshake_timeout, ssl=ssl
+        )
+        if ssl is not None:
+            return tcp
         try:
             local = await ShmListener.start(
                 endpoint_name(self.host_id, tcp.address),
@@ -175,9 +189,18 @@ class HostNetwork(Network):
         return _BothListener(tcp, local)
 
     async def connect(
-        self, address: Address, *, timeout: float | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+        self,
+        address: Address,
+        *,
+        timeout: float | None = None,
+        max_frame_size: int | None = None,
+        ssl: _ssl.SSLContext | None = None,
     ) -> Connection:
-        conn = await connect_local(endpoint_name(self.host_id, address), timeout=timeout, max_frame_size=max_frame_size)
-        if conn is not None:
-            return conn
-        return await self.tcp.connect(address, timeout=timeout, max_frame_size=max_frame_size)  # type: ignore[call-arg]
+        """A connection to ``address``: through its Unix socket twin if it is on this host, else TCP (and TLS
+        with ``ssl``)."""
+        if ssl is None:
+            local = endpoint_name(self.host_id, address)
+            conn = await connect_local(local, timeout=timeout, max_frame_size=max_frame_size)
+            if conn is not None:
+                return conn
+        return await self.tcp.connect(address, timeout=timeout, max_frame_size=max_frame_size, ssl=ssl)

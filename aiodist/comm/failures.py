@@ -1,0 +1,92 @@
+"""What ends a receive at once, now and later: a failed source, a broken group, a void operation.
+
+Pure bookkeeping for the routing tables (:mod:`.routing`): when a peer fails,
+a group breaks or a rank reports a mismatch, the receives waiting for it end
+at once, and so does every receive posted for it later. Each failure is an
+:data:`~.receives.ErrorFactory` that builds the exception a receive ends with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .receives import ErrorFactory, Receive
+
+
+class FailedFrom:
+    """Every keyed receive of a group at ``seq`` or later fails with ``factory``."""
+
+    __slots__ = ("seq", "factory")
+
+    def __init__(self, seq: int, factory: ErrorFactory) -> None:
+        self.seq = seq
+        self.factory = factory
+
+
+class Failures:
+    """What ends a receive at once, now and later: a failed source, group, operation, or group from a seq on."""
+
+    __slots__ = ("source", "group", "seq", "since", "active")
+
+    def __init__(self) -> None:
+        self.source: dict[int, ErrorFactory] = {}
+        self.group: dict[Any, ErrorFactory] = {}
+        self.seq: dict[tuple[Any, Any, int | None], ErrorFactory] = {}  # (group, seq, src or None: any)
+        self.since: dict[Any, FailedFrom] = {}
+        self.active = False  # any of them is set (what a receive posted checks first)
+
+    def __repr__(self) -> str:
+        return f"<Failures sources={list(self.source)} groups={list(self.group)} since={list(self.since)}>"
+
+    def add_source(self, src: int, factory: ErrorFactory) -> None:
+        """Source ``src`` failed: every receive from it fails."""
+        self.source[src] = factory
+        self.active = True
+
+    def add_group(self, group: Any, factory: ErrorFactory) -> None:
+        """``group`` broke: every receive of it fails."""
+        self.group[group] = factory
+        self.active = True
+
+    def add_seq(self, group: Any, seq: Any, src: int | None, factory: ErrorFactory) -> None:
+        """Operation ``seq`` of ``group`` is void: its keyed receives from ``src`` (None: any) fail."""
+        self.seq[(group, seq, src)] = factory
+        self.active = True
+
+    def add_since(self, group: Any, seq: int, factory: ErrorFactory) -> bool:
+        """Fail ``group`` from ``seq`` on; False if it failed from an earlier one already."""
+        cur = self.since.get(group)
+        if cur is not None and cur.seq <= seq:
+            return False
+        self.since[group] = FailedFrom(seq, factory)
+        self.active = True
+        return True
+
+    def factory_for(self, r: Receive) -> ErrorFactory | None:
+        """How ``r`` fails at once, or None if nothing failed that it depends on."""
+        f = self.group.get(r.group)
+        if f is not None:
+            return f
+        if r.tag is None and r.key:
+            seq = r.key[0]
+            ff = self.since.get(r.group) if self.since else None
+            if ff is not None and type(seq) is int and seq >= ff.seq:
+                return ff.factory
+            if self.seq and r.src is not None:
+                f = self.seq.get((r.group, seq, r.src)) or self.seq.get((r.group, seq, None))
+                if f is not None:
+                    return f
+        if r.src is not None:
+            return self.source.get(r.src)
+        return None
+
+    def forget_group(self, group: Any) -> None:
+        """``group`` was destroyed: forget its operations' failures (a failed group stays failed)."""
+        self.forget_seqs(group, None)
+        self.since.pop(group, None)
+        self.active = bool(self.source or self.group or self.seq or self.since)
+
+    def forget_seqs(self, group: Any, below: int | None) -> None:
+        """Forget the failures of ``group``'s operations below ``below`` (None: all of them)."""
+        for k in [k for k in self.seq if k[0] == group and (below is None or (type(k[1]) is int and k[1] < below))]:
+            del self.seq[k]

@@ -1,0 +1,133 @@
+"""The frames of a rank-to-rank link: every kind, every header key, one builder each.
+
+This is the one place that names the wire keys of rank links (the store and
+the simulator have their own protocols). A frame is a msgpack map (see
+:mod:`aiodist.wire`); its kind is under :data:`KIND`. Schema, by kind::
+
+    handshake (in this order; before it completes frames are limited to a few KiB)
+      hello      dialer -> acceptor  {t, job, rank, world, to: the rank it means to reach, nonce?}
+      challenge  acceptor -> dialer  {t, nonce?, proof?}
+      answer     dialer -> acceptor  {t, proof?}
+      welcome    acceptor -> dialer  {t}                      the link is up
+      dup        acceptor -> dialer  {t}                      the other connection of the pair is kept
+      refused    acceptor -> dialer  {t, reason?, condemned?} then closed
+
+    on a link that is up
+      m     {t, g: group id, k: key (seq first), o: the call's signature}  + payload  (collectives)
+      p     {t, g: group id, tag, n: per (group, destination, tag) number} + payload  (point to point)
+      hb    {t}                                  heartbeat
+      bye   {t}                                  this rank leaves the job (its group was destroyed)
+      fail  {t, rank, how}                       rank ``rank`` failed (``how``); may name the receiver
+      x     {t, g, s: seq, m: message, c: [[global rank, call], ...]}   collective mismatch report
+
+``nonce``/``proof`` are :mod:`aiodist.auth`'s fields (absent when
+authentication is off). A refusal before the dialer has authenticated says
+only what the dialer itself sent (its job, rank or world size), never this
+rank's; ``condemned`` (the receiver was declared failed) comes only after.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from ..auth import NONCE, PROOF
+
+Header = dict[str, Any]
+
+KIND: Final = "t"
+
+# kinds
+HELLO: Final = "hello"
+CHALLENGE: Final = "challenge"
+ANSWER: Final = "answer"
+WELCOME: Final = "welcome"
+DUP: Final = "dup"
+REFUSED: Final = "refused"
+MESSAGE: Final = "m"
+P2P: Final = "p"
+HEARTBEAT: Final = "hb"
+BYE: Final = "bye"
+FAIL: Final = "fail"
+MISMATCH: Final = "x"
+
+# handshake keys
+JOB: Final = "job"
+RANK: Final = "rank"
+TO: Final = "to"
+WORLD: Final = "world"
+REASON: Final = "reason"
+CONDEMNED: Final = "condemned"
+AUTH_NONCE: Final = NONCE
+AUTH_PROOF: Final = PROOF
+
+# message keys
+GROUP: Final = "g"
+KEY: Final = "k"
+SIG: Final = "o"
+TAG: Final = "tag"
+NUMBER: Final = "n"
+
+# failure and mismatch reports
+HOW: Final = "how"
+SEQ: Final = "s"
+TEXT: Final = "m"
+CALLS: Final = "c"
+
+MAX_HANDSHAKE_FRAME: Final = 8 * 1024
+"""Bytes a frame may have before the link has authenticated (a hello is ~200)."""
+
+
+def message(group: Any, key: Any, sig: str | None) -> Header:
+    """A collective's message (keyed: the first part of ``key`` is the operation's sequence number)."""
+    return {KIND: MESSAGE, GROUP: group, KEY: key, SIG: sig}
+
+
+def p2p(group: Any, tag: int, number: int) -> Header:
+    """A point-to-point message."""
+    return {KIND: P2P, GROUP: group, TAG: tag, NUMBER: number}
+
+
+def hello(job: str, rank: int, world: int, to: int, auth: Header) -> Header:
+    return {KIND: HELLO, JOB: job, RANK: rank, WORLD: world, TO: to, **auth}
+
+
+def challenge(auth: Header) -> Header:
+    return {KIND: CHALLENGE, **auth}
+
+
+def answer(auth: Header) -> Header:
+    return {KIND: ANSWER, **auth}
+
+
+def refused(reason: str | None = None, condemned: str | None = None) -> Header:
+    h: Header = {KIND: REFUSED}
+    if reason is not None:
+        h[REASON] = reason
+    if condemned is not None:
+        h[CONDEMNED] = condemned
+    return h
+
+
+def fail(rank: int, how: str) -> Header:
+    """Rank ``rank`` failed (sent to the others, and to ``rank`` itself so it can blame itself)."""
+    return {KIND: FAIL, RANK: rank, HOW: how}
+
+
+def mismatch(group: Any, seq: int, text: str, calls: dict[int, Any]) -> Header:
+    return {KIND: MISMATCH, GROUP: group, SEQ: seq, TEXT: text, CALLS: [[int(k), str(v)] for k, v in calls.items()]}
+
+
+def welcome() -> Header:
+    return {KIND: WELCOME}
+
+
+def dup() -> Header:
+    return {KIND: DUP}
+
+
+def bye() -> Header:
+    return {KIND: BYE}
+
+
+def heartbeat() -> Header:
+    return {KIND: HEARTBEAT}

@@ -1,0 +1,93 @@
+"""The heartbeat driver: one timer per rank runs the :class:`.detector.FailureDetector` check.
+
+Every interval it sends a heartbeat frame on each watched link (only if the
+connection takes it at once: a full window is made of frames that are signs
+of life too) and reports the peers the detector declares failed. No task, and
+no timer at all while no link is watched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ConnectionClosedError
+from . import frames as F
+from .detector import FailureDetector, Watch
+from .settings import heartbeat_from_env, heartbeat_with
+
+_HEARTBEAT = F.heartbeat()
+
+
+class Heartbeats:
+    """``conn_of(rank)``: the link's connection; ``on_silent(rank, how)``: the detector declared it failed."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        conn_of: Callable[[int], Any],
+        on_silent: Callable[[int, str], None],
+    ) -> None:
+        self._loop = loop
+        self._conn_of = conn_of
+        self._on_silent = on_silent
+        self.config = heartbeat_from_env()  # (interval, misses) or None: off
+        self._detector: FailureDetector | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        return f"<Heartbeats {self.config} {self._detector!r}>"
+
+    def configure(self, interval: float | None, misses: int | None) -> None:
+        """Set the interval (s; 0: off) and misses; None keeps a value (see :func:`.settings.heartbeat_with`)."""
+        self.config = heartbeat_with(self.config, interval, misses)
+        if self._detector is not None:
+            if self.config is None:
+                self._cancel()
+                self._detector = None
+            else:
+                self._detector.interval, self._detector.misses = self.config
+
+    def watch(self, w: Watch) -> None:
+        if self.config is None or self._stopped:
+            return
+        if self._detector is None:
+            self._detector = FailureDetector(*self.config)
+        self._detector.watch(w)
+        if self._timer is None:
+            due = self._loop.time() + self._detector.interval
+            self._timer = self._loop.call_at(due, self._check, due)
+
+    def unwatch(self, rank: int) -> None:
+        if self._detector is not None:
+            self._detector.unwatch(rank)
+
+    def stop(self) -> None:
+        """No more checks (the transport closes)."""
+        self._stopped = True
+        self._cancel()
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self, due: float) -> None:
+        self._timer = None
+        det = self._detector
+        if det is None:
+            return
+        now = self._loop.time()
+        beats, silent = det.check(now, due)
+        for rank in beats:
+            try:
+                self._conn_of(rank).try_send(_HEARTBEAT)
+            except ConnectionClosedError:
+                pass
+        for rank, how in silent:
+            self._on_silent(rank, how)
+        if det.watching() and not self._stopped:
+            due = now + det.interval
+            self._timer = self._loop.call_at(due, self._check, due)

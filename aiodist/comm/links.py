@@ -1,0 +1,498 @@
+"""The life cycle of one rank's links to the other ranks: a pure state machine.
+
+:class:`Links` takes the events of the rank's links as method calls (a send
+needs a link, our dial ended so, a peer's dial authenticated, a connection
+broke, a peer said bye, another rank reports a failure, a peer was silent too
+long...) and returns :class:`Action` lists for the driver
+(:class:`~aiodist.comm.peers.PeerLinks`) to carry out in order: dial,
+start or cancel the dial deferral, install a connection, send a control frame,
+close a connection, wake the sends waiting for a link, fail the receives from
+a rank, break the groups containing a rank, start or stop watching a peer's
+heartbeats, log. No I/O, no clock, no asyncio: connections are opaque tokens.
+
+One link per peer rank (:class:`Link`, state :class:`LinkState`)::
+
+               need (we are the higher rank)
+        IDLE ---------------------------------> DEFERRED
+        |  ^                                       |  deferral expired
+        |  | dup / lookup failed                   v
+        |  +-------------------------------------- DIALING ---refused------------> REFUSED
+        |   need (we are the lower rank),          |   |
+        +-- expect (a receive from a higher rank) -+   +--unreachable, not authentic--+
+                                                   |                                  v
+                               welcome, accepted   |                                FAILED
+        IDLE, DEFERRED --------- accepted -------> READY --lost, silent, bad input-----^
+                                                   |
+                                                   +--bye--> LEFT
+
+    besides:  reported by another rank:  IDLE, DEFERRED, DIALING, READY --> FAILED (the connection is kept)
+              refused, "you are condemned":  DIALING --> IDLE (and this rank is condemned)
+              a speculative dial that fails or is refused:  DIALING --> IDLE (no verdict)
+              accepted while DIALING, we being the lower rank:  answered dup (our dial is the one kept)
+              close() / abort():  every state that is not over --> CLOSED
+
+Terminal states: LEFT (the peer left cleanly: only receives still expecting it
+fail), FAILED (``how`` says why; its groups break and the other ranks are
+told), REFUSED (the peer refused our connection: ``reason``), CLOSED (this
+rank closed). The two ranks of a pair may dial each other at the same time:
+the acceptor keeps the connection dialed by the lower rank and answers the
+other ``dup``, so exactly one connection per pair survives.
+
+This rank itself can be *condemned* (:attr:`Links.condemned`): another rank
+reports that it was declared failed, or a peer refuses our connection because
+it considers us failed. Its groups then break blaming this rank, and every
+error it raises says so (:class:`~aiodist.errors.EvictedError`). A failure
+that is only reported to us keeps the connection to the accused rank and tells
+it, and a rank silent for too long is told before it is hung up on, so that a
+rank that was stopped or cut off and comes back learns that *it* was declared
+failed, instead of blaming whoever hung up on it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import EvictedError, GroupError, PeerFailureError, PeerRefusedError
+from . import frames as F
+from .actions import (
+    Action,
+    Actions,
+    BreakGroups,
+    CancelTimer,
+    Close,
+    Dial,
+    FailReceives,
+    Install,
+    Log,
+    Send,
+    StartTimer,
+    Unwatch,
+    Wake,
+    Watch,
+)
+from .handshake import Outcome, Verdict
+
+
+class LinkState(enum.Enum):
+    IDLE = "idle"  # no connection, and nobody of ours dialing
+    DEFERRED = "deferred"  # a send waits; we are the higher rank: the lower one may dial us first
+    DIALING = "dialing"  # our dial is under way (address lookup, connect, handshake)
+    READY = "ready"  # a connection is installed
+    LEFT = "left"  # the peer said bye
+    FAILED = "failed"  # declared failed (by us, or reported by another rank)
+    REFUSED = "refused"  # the peer refused our connection
+    CLOSED = "closed"  # this rank closed its links
+
+
+_IDLE, _DEFERRED, _DIALING, _READY = LinkState.IDLE, LinkState.DEFERRED, LinkState.DIALING, LinkState.READY
+_LEFT, _FAILED, _REFUSED, _CLOSED = LinkState.LEFT, LinkState.FAILED, LinkState.REFUSED, LinkState.CLOSED
+TERMINAL = frozenset({_LEFT, _FAILED, _REFUSED, _CLOSED})
+
+
+class Link:
+    """What this rank knows of its link to one other rank.
+
+    ``conn``: the installed connection (READY; also kept by a FAILED link whose
+    failure was only reported, to tell the accused). ``wanted``: sends wait for
+    the link. ``speculative``: our dial was started by a receive alone (a
+    failure of it blames nobody unless a send came to need it meanwhile).
+    ``how``: why it ended; ``reason``: the peer's refusal; ``rejected``: the
+    bad input it sent (nothing it says counts since); ``after_eviction``: it
+    failed after this rank was declared failed (a consequence: errors about
+    it blame this rank).
+    """
+
+    __slots__ = ("rank", "state", "conn", "wanted", "speculative", "how", "reason", "rejected", "after_eviction")
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.state = _IDLE
+        self.conn: Any = None
+        self.wanted = False
+        self.speculative = False
+        self.how: str | None = None
+        self.reason: str | None = None
+        self.rejected: str | None = None
+        self.after_eviction = False
+
+    def __repr__(self) -> str:
+        extra = f" ({self.how})" if self.how else ""
+        return f"<Link {self.rank} {self.state.value}{extra}>"
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+class Links:
+    """The links of rank ``rank`` of a ``world_size``-rank job (see the module doc)."""
+
+    def __init__(self, rank: int, world_size: int, *, dial_defer: float) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.dial_defer = dial_defer
+        self.condemned: str | None = None  # why the other ranks consider this rank failed, if they do
+        self.closing = False  # close() or abort() ran: no new links, failures are quiet
+        self._links: dict[int, Link] = {}
+
+    def __repr__(self) -> str:
+        counts: dict[str, int] = {}
+        for link in self._links.values():
+            counts[link.state.value] = counts.get(link.state.value, 0) + 1
+        states = " ".join(f"{k}={v}" for k, v in counts.items())
+        me = " condemned" if self.condemned is not None else " closing" if self.closing else ""
+        return f"<Links rank={self.rank}/{self.world_size}{me} {states}>".replace("  ", " ")
+
+    def __iter__(self) -> Iterator[Link]:
+        return iter(list(self._links.values()))
+
+    def get(self, rank: int) -> Link | None:
+        return self._links.get(rank)
+
+    def link(self, rank: int) -> Link:
+        """The link to ``rank`` (made IDLE on first use); ValueError for a rank outside the job or this rank."""
+        link = self._links.get(rank)
+        if link is None:
+            if not 0 <= rank < self.world_size or rank == self.rank:
+                raise ValueError(f"no link from rank {self.rank} to rank {rank} (world size {self.world_size})")
+            link = self._links[rank] = Link(rank)
+        return link
+
+    # ------------------------------------------------------------------ queries
+
+    def failed(self) -> list[int]:
+        """Ranks considered failed (not those that left cleanly); this rank too if it was condemned."""
+        out = [r for r, link in self._links.items() if link.state is _FAILED or link.state is _REFUSED]
+        if self.condemned is not None:
+            out.append(self.rank)
+        return sorted(out)
+
+    def failures(self) -> list[tuple[int, str]]:
+        """(rank, how) of the failed ranks, in rank order."""
+        return sorted(
+            (r, link.how or "unknown")
+            for r, link in self._links.items()
+            if link.state is _FAILED or link.state is _REFUSED
+        )
+
+    def peer_error(self, rank: int) -> PeerFailureError:
+        """A fresh error for an operation that involves ``rank`` (which failed, or this rank was condemned)."""
+        link = self._links.get(rank)
+        if rank == self.rank or (link is not None and link.after_eviction):
+            how = f"declared failed by its peers ({self.condemned or 'why is unknown'})"
+            return EvictedError(f"this rank ({self.rank}) was {how}", rank=self.rank, how=how)
+        how = link.how if link is not None and link.how else "unknown"
+        if link is not None and link.state is _REFUSED:
+            reason = link.reason or ""
+            return PeerRefusedError(
+                f"rank {rank} refused the connection of rank {self.rank}: {reason}", rank=rank, how=how, reason=reason
+            )
+        return PeerFailureError(f"rank {rank} failed: {how}", rank=rank, how=how)
+
+    # ------------------------------------------------------------------ wanting a link
+
+    def need(self, rank: int) -> Actions:
+        """A send waits for the link to ``rank``: dial, or (as the higher rank) give the lower one a moment."""
+        link = self.link(rank)
+        if link.state is _READY or link.state in TERMINAL or self.closing:
+            return []
+        link.wanted = True
+        if link.state is _IDLE:
+            if self.rank > rank and self.dial_defer > 0:
+                link.state = _DEFERRED
+                return [StartTimer(rank, self.dial_defer)]
+            return self._dial(link, speculative=False)
+        if link.state is _DIALING:
+            link.speculative = False  # its failure now blames the peer
+        return []
+
+    def expect(self, rank: int) -> Actions:
+        """A receive from the higher rank ``rank`` waits: if nothing is under way, dial it now (speculatively).
+
+        ``rank`` defers its own dial to us and may be waiting for our connection right now.
+        """
+        link = self.link(rank)
+        if link.state is not _IDLE or self.closing:
+            return []
+        return self._dial(link, speculative=True)
+
+    def deferral_expired(self, rank: int) -> Actions:
+        """The lower rank did not connect to us in time: dial it ourselves."""
+        link = self._links.get(rank)
+        if link is None or link.state is not _DEFERRED:
+            return []
+        return self._dial(link, speculative=False)
+
+    def _dial(self, link: Link, *, speculative: bool) -> Actions:
+        link.state = _DIALING
+        link.speculative = speculative
+        return [Dial(link.rank)]
+
+    # ------------------------------------------------------------------ our dial's outcome
+
+    def lookup_failed(self, rank: int, detail: str) -> Actions:
+        """The store could not give ``rank``'s address: blame nobody (``rank=None``); a later send may retry."""
+        link = self._links[rank]
+        if link.state is not _DIALING:
+            return []
+        link.state = _IDLE
+        if not link.wanted:
+            return []
+        link.wanted = False
+        how = f"looking up the address of rank {rank} in the store failed ({detail})"
+        return [Wake(rank, PeerFailureError(how, rank=None, how=how))]
+
+    def dial_failed(self, rank: int, detail: str) -> Actions:
+        """Connecting to ``rank``, or its handshake, failed (refused, timed out, broke): it is unreachable."""
+        link = self._links[rank]
+        if link.state is not _DIALING:
+            return []
+        if link.speculative and not link.wanted:  # nobody needed it: no verdict on the peer
+            link.state = _IDLE
+            return []
+        return self._fail(link, f"unreachable ({detail})")
+
+    def dial_unauthentic(self, rank: int, detail: str) -> Actions:
+        """The other end did not prove the job's secret, or refused our proof: no link, and no gossip
+        (the others may reach ``rank`` fine: an impostor, or this rank's own secret is wrong)."""
+        link = self._links[rank]
+        if link.state is not _DIALING:
+            return []
+        if link.speculative and not link.wanted:
+            link.state = _IDLE
+            return [Log(logging.WARNING, f"rank {self.rank}: connection to rank {rank}: {detail}")]
+        return self._fail(link, f"authentication failed: {detail}", report=False)
+
+    def dialed(self, rank: int, conn: Any, outcome: Outcome) -> Actions:
+        """Our dial's connection ``conn`` got ``outcome`` from the acceptor."""
+        link = self._links[rank]
+        verdict = outcome.verdict
+        if verdict is Verdict.WELCOME:
+            if link.state is _DIALING and not self.closing:
+                return self._install(link, conn)
+            if link.state is _FAILED and not self.closing:
+                # Declared failed while we shook hands: say so before hanging up, or it would blame us.
+                return [Send(conn, F.fail(rank, f"rank {self.rank} considers it failed ({link.how})")), Close(conn)]
+            return [Close(conn)]
+        if verdict is Verdict.DUP:  # the peer's own connection to us is the one kept (it is on its way)
+            if link.state is _DIALING:
+                link.state = _IDLE
+            return [Close(conn)]
+        acts: Actions = [Close(conn)]
+        if outcome.condemned is not None:  # the peer is fine; it considers *us* failed
+            acts += self._condemn(f"rank {rank} refused our connection: {outcome.condemned}")
+            if link.state is _DIALING:
+                link.state = _IDLE
+                if link.wanted:
+                    link.wanted = False
+                    acts.append(Wake(rank, self.peer_error(self.rank)))
+            return acts
+        if link.state is not _DIALING:
+            return acts
+        if link.speculative and not link.wanted:  # our sends, if any, will hear the refusal
+            link.state = _IDLE
+            return acts
+        link.reason = outcome.reason or "no reason given"
+        return acts + self._fail(link, f"refused our connection: {link.reason}", report=False, state=_REFUSED)
+
+    # ------------------------------------------------------------------ the peer's dial
+
+    def accepted(self, rank: int, conn: Any) -> Actions:
+        """``rank`` proved itself on ``conn``, which it dialed: welcome it, answer ``dup``, or refuse.
+
+        The first action sends the answer. The connection is the link if the
+        state is READY with ``conn`` afterwards; otherwise it was closed.
+        """
+        link = self.link(rank)
+        if self.closing or link.state is _CLOSED:
+            return self._refuse(conn, rank, "this rank has left the job")
+        if link.state in TERMINAL:
+            reason = f"rank {rank} is already marked as failed here ({link.how})"
+            condemned = None if link.state is _LEFT else f"rank {self.rank} considers it failed ({link.how})"
+            return self._refuse(conn, rank, reason, condemned)
+        if link.state is _READY or (link.state is _DIALING and self.rank < rank):
+            return [Send(conn, F.dup()), Close(conn)]
+        return [Send(conn, F.welcome()), *self._install(link, conn)]
+
+    def _refuse(self, conn: Any, rank: int, reason: str, condemned: str | None = None) -> Actions:
+        return [
+            Log(logging.INFO, f"rank {self.rank}: refusing the connection of rank {rank}: {reason}"),
+            Send(conn, F.refused(reason, condemned)),
+            Close(conn),
+        ]
+
+    def _install(self, link: Link, conn: Any) -> Actions:
+        acts: Actions = []
+        if link.state is _DEFERRED:  # the peer's connection came first: no dial of ours
+            acts.append(CancelTimer(link.rank))
+        link.state = _READY
+        link.conn = conn
+        link.speculative = False
+        acts += [Install(link.rank, conn), Watch(link.rank)]
+        if link.wanted:
+            link.wanted = False
+            acts.append(Wake(link.rank))
+        # A peer that connects after a failure must hear of it too (it may wait on us in vain).
+        for q in self._links.values():
+            if q is not link and q.state is _FAILED:
+                acts.append(Send(conn, F.fail(q.rank, q.how or "unknown")))
+        return acts
+
+    # ------------------------------------------------------------------ a link ends
+
+    def lost(self, rank: int, conn: Any, *, locally: bool = False) -> Actions:
+        """The connection ``conn`` of ``rank`` ended (``locally``: closed by this side)."""
+        link = self._links.get(rank)
+        if link is None or link.conn is not conn:
+            return []
+        if link.state is not _READY:
+            link.conn = None
+            return []
+        if self.closing:
+            if locally:
+                return []
+            return self._fail(link, "connection lost")
+        return self._fail(link, "connection closed" if locally else "connection lost")
+
+    def send_failed(self, rank: int) -> Actions:
+        """A send to ``rank`` found its connection broken."""
+        link = self._links.get(rank)
+        if link is None or link.state is not _READY or self.closing:
+            return []
+        return self._fail(link, "connection lost")
+
+    def bye(self, rank: int) -> Actions:
+        """``rank`` left the job cleanly: only what still expected something from it fails."""
+        link = self._links.get(rank)
+        if link is None or link.state is not _READY:
+            return []
+        link.state = _LEFT
+        link.how = "left the job (its process group was destroyed)"
+        return [Log(logging.DEBUG, f"rank {self.rank}: peer rank {rank} {link.how}"), Unwatch(rank), FailReceives(rank)]
+
+    def silent(self, rank: int, how: str) -> Actions:
+        """The failure detector heard nothing from ``rank`` for too long: fail it, telling it first
+        (a stopped rank that resumes then learns that it was declared failed)."""
+        link = self._links.get(rank)
+        if link is None or link.state is not _READY:
+            return []
+        return self._fail(link, how, tell_it=True)
+
+    def reported(self, reporter: int, rank: Any, cause: str) -> Actions:
+        """``reporter`` says ``rank`` failed (``cause``); about this rank: it was declared failed."""
+        if type(rank) is not int or not 0 <= rank < self.world_size:
+            return []
+        if rank == self.rank:
+            return self._condemn(f"rank {reporter} reports: {cause}")
+        link = self.link(rank)
+        return self._fail(link, f"reported by rank {reporter}: {cause}", cause=cause, close=False)
+
+    def bad_input(self, rank: int, why: str) -> Actions:
+        """``rank`` sent something impossible: fail it, tell it why and close its connection (once)."""
+        link = self._links[rank]
+        if link.rejected is not None or link.conn is None:  # (only a connection brings input)
+            return []
+        link.rejected = why
+        how = f"sent bad input: {why}"
+        acts: Actions = [
+            Log(logging.WARNING, f"rank {self.rank}: closing the connection of rank {rank}, which sent bad input: {why}")
+        ]
+        conn = link.conn
+        if link.state not in TERMINAL:
+            acts += self._fail(link, how, close=False, notify=False)
+        link.conn = None
+        return acts + [Send(conn, F.fail(rank, f"rank {self.rank} closed its connection: {how}")), Close(conn)]
+
+    def _fail(
+        self,
+        link: Link,
+        how: str,
+        *,
+        cause: str | None = None,
+        close: bool = True,
+        notify: bool = True,
+        tell_it: bool = False,
+        report: bool = True,
+        state: LinkState = _FAILED,
+    ) -> Actions:
+        """Mark ``link`` failed (``how``); ``cause`` is what to pass on (default ``how``).
+
+        ``close=False`` (a failure we only heard of) keeps the connection and,
+        if ``notify``, tells the peer that it was declared failed, so that it
+        blames itself rather than us if it is in fact alive; ``tell_it`` tells
+        it before closing.
+        """
+        if link.state in TERMINAL:
+            return []
+        acts: Actions = []
+        was = link.state
+        if was is _DEFERRED:
+            acts.append(CancelTimer(link.rank))
+        link.state = state
+        link.how = how
+        link.after_eviction = self.condemned is not None
+        if not self.closing:
+            acts.append(Log(logging.INFO, f"rank {self.rank}: peer rank {link.rank} failed: {how}"))
+        if link.wanted:
+            link.wanted = False
+            acts.append(Wake(link.rank, self.peer_error(link.rank)))
+        if was is _READY:
+            acts.append(Unwatch(link.rank))
+        conn = link.conn
+        notice = F.fail(link.rank, cause or how)
+        if conn is not None:
+            if close:
+                link.conn = None
+                if tell_it:
+                    acts.append(Send(conn, notice))
+                acts.append(Close(conn))
+            elif notify:
+                acts.append(Send(conn, notice))
+        acts.append(FailReceives(link.rank))
+        if self.closing:
+            return acts
+        acts.append(BreakGroups(link.rank, how))
+        if report and self.condemned is None:  # a rank the others declared failed is no witness
+            for q in self._links.values():
+                if q is not link and q.state is _READY:
+                    acts.append(Send(q.conn, notice))
+        return acts
+
+    def _condemn(self, how: str) -> Actions:
+        """The other ranks consider this rank failed: break every group, blaming this rank."""
+        if self.condemned is not None or self.closing:
+            return []
+        self.condemned = how
+        return [Log(logging.INFO, f"rank {self.rank}: declared failed by its peers: {how}"), BreakGroups(self.rank, how)]
+
+    # ------------------------------------------------------------------ this rank ends
+
+    def close(self, *, bye: bool = True) -> Actions:
+        """This rank leaves: ``bye`` on every live link (not after :meth:`abort`), then close them all."""
+        orderly = bye and not self.closing
+        self.closing = True
+        acts: Actions = []
+        if orderly:
+            acts += [Send(link.conn, F.bye()) for link in self._links.values() if link.state is _READY]
+        destroyed = GroupError("the process group was destroyed")
+        for link in self._links.values():
+            if link.state is _DEFERRED:
+                acts.append(CancelTimer(link.rank))
+            elif link.state is _READY:
+                acts.append(Unwatch(link.rank))
+            if link.state not in TERMINAL:
+                link.state = _CLOSED
+                link.how = "this rank closed its connections"
+            if link.conn is not None:
+                acts.append(Close(link.conn))
+                link.conn = None
+            if link.wanted:
+                link.wanted = False
+                acts.append(Wake(link.rank, destroyed))
+        return acts
+
+    def abort(self) -> Actions:
+        """This rank drops every connection at once, without ``bye`` (what a crash looks like to the peers)."""
+        return self.close(bye=False)

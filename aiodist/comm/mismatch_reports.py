@@ -1,0 +1,41 @@
+"""A collective mismatch reported by another rank: what it voids here (pure, on the router).
+
+A rank that finds its call at sequence number ``seq`` of a group does not
+match a peer's tells every member (a ``x`` frame, see :mod:`.frames`); each
+member then fails its receives of that operation and of every later one of
+the group, so nobody waits for a message that will never come.
+"""
+
+from __future__ import annotations
+
+from ..errors import CollectiveMismatchError
+from . import frames as F
+from .router import Receive, Router
+
+
+def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
+    """Void what rank ``reporter``'s mismatch report ``h`` names; the report's fault if it is bad input."""
+    gid, seq = h.get(F.GROUP), h.get(F.SEQ)
+    bad = router.vet(reporter, gid, seq)
+    if bad is not None:
+        return f"a mismatch report with {bad}"
+    if router.destroyed(gid):
+        return None  # late news of a group destroyed here
+    try:
+        calls = {int(k): v for k, v in h.get(F.CALLS, [])}
+    except (TypeError, ValueError):
+        return f"a malformed mismatch report (calls {h.get(F.CALLS)!r})"
+    message = str(h.get(F.TEXT, "collective mismatch"))
+
+    def factory(r: Receive) -> BaseException:
+        # Global ranks in ``calls``; the group layer restates them.
+        e = CollectiveMismatchError(f"reported by rank {reporter}: {message}", calls=dict(calls), seq=None)
+        e.reported = True  # type: ignore[attr-defined]
+        return e
+
+    # The operation is void on every rank: its receives from every source fail now.
+    router.fail_seq(gid, seq, None, factory)
+    # ... and so are the group's later ones (the group is unusable after a mismatch): a rank
+    # whose part of ``seq`` completed unawares (a broadcast root) stops waiting in the next one.
+    router.fail_from(gid, seq, factory)  # type: ignore[arg-type]  # (vet() checked it)
+    return None

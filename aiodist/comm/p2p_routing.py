@@ -1,0 +1,228 @@
+"""The point-to-point half of the routing tables, pure: receives and frames in, completions out.
+
+A point-to-point message (``"p"``) is routed by (group, tag); a receive names
+a source or accepts any. Receives are matched in the order they were posted,
+and messages from one source with one tag in the order they were sent: each
+carries the sender's per-(group, destination, tag) number ``"n"``, so the
+order holds even if the sender's tasks ran in another order. A message whose
+number is ahead of the next one expected is *held* until the ones before it
+came.
+
+Like :mod:`.routing`, of which it is a part, it never resolves a receive: it
+marks them done and hands them back as :class:`~.receives.Completion`
+records. Group ids are vetted and budgets checked by :class:`~.routing.RouteTable`
+before a frame gets here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .admission import Budgets
+from .failures import Failures
+from .receives import (
+    Buffered,
+    Completion,
+    ErrorFactory,
+    Match,
+    Receive,
+    Result,
+    deliver,
+    delivery,
+    end,
+    ended,
+    refused,
+    veto,
+    violate,
+)
+
+Stream = tuple[Any, int, int]
+"""(group, global source rank, tag): one ordered stream of point-to-point messages."""
+
+
+class P2PQueue:
+    """The point-to-point receives posted and messages arrived for one (group, tag), oldest first."""
+
+    __slots__ = ("posted", "arrived")
+
+    def __init__(self) -> None:
+        self.posted: list[Receive] = []
+        self.arrived: list[Buffered] = []
+
+    def __repr__(self) -> str:
+        return f"<P2PQueue posted={len(self.posted)} arrived={len(self.arrived)}>"
+
+
+class P2PTable:
+    """Point-to-point receives and messages of one rank, per (group, tag) (see the module doc).
+
+    ``budgets``: charged for every message held or buffered here;
+    ``failures``: what ends a receive posted for a failed source or group.
+    """
+
+    def __init__(self, budgets: Budgets, failures: Failures) -> None:
+        self.budgets = budgets
+        self.failures = failures
+        self._queues: dict[tuple[Any, int], P2PQueue] = {}
+        self._next_n: dict[Stream, int] = {}
+        self._held: dict[Stream, dict[int, Buffered]] = {}
+
+    def __repr__(self) -> str:
+        return f"<P2PTable queues={len(self._queues)} held={len(self._held)}>"
+
+    def _queue(self, group: Any, tag: int) -> P2PQueue:
+        q = self._queues.get((group, tag))
+        if q is None:
+            q = self._queues[(group, tag)] = P2PQueue()
+        return q
+
+    def post(self, r: Receive) -> Result | None:
+        """Post a receive for (group, tag) from ``src`` (None: any): its result if it ends at once."""
+        assert r.tag is not None
+        q = self._queue(r.group, r.tag)
+        for i, a in enumerate(q.arrived):
+            if r.src is None or a.src == r.src:
+                del q.arrived[i]
+                self.budgets.refund(a.src, a.nbytes)
+                return end(r, deliver(r, a.src, a.header, a.payload, a.nbytes))
+        f = self.failures.factory_for(r) if self.failures.active else None
+        if f is not None:
+            return end(r, f(r))
+        q.posted.append(r)
+        return None
+
+    def cancel(self, r: Receive) -> None:
+        """Take a withdrawn receive off its queue."""
+        q = self._queues.get((r.group, r.tag))  # type: ignore[arg-type]
+        if q is not None and r in q.posted:
+            q.posted.remove(r)
+
+    def route(self, m: Match, window: int) -> Match:
+        """Decide for a point-to-point frame (its group vetted): its receive, or held, or to be buffered.
+
+        An impossible number (a duplicate, or more than ``window`` ahead of the next
+        one expected) is a violation. A frame without a receive is for the caller to
+        admit (budgets).
+        """
+        header, src = m.header, m.src
+        g = header.get("g")
+        tag, n = header.get("tag", 0), header.get("n", None)
+        if type(tag) is not int or (n is not None and type(n) is not int):
+            return violate(m, f"a point-to-point message of group {g!r} with tag {tag!r}, number {n!r}")
+        stream = (g, src, tag)
+        expected = self._next_n.get(stream, 0)
+        if n is None:
+            n = expected
+        if n < expected or n in self._held.get(stream, ()):
+            return violate(m, f"a duplicate point-to-point message (group {g!r}, tag {tag}, number {n})")
+        if n > expected + window:
+            return violate(
+                m, f"point-to-point number {n} (group {g!r}, tag {tag}) is more than {window} "
+                f"ahead of the next one expected ({expected})")
+        if n != expected:
+            m.in_order = False
+            return m
+        self._next_n[stream] = expected + 1
+        r = self._take(g, tag, src)
+        if r is not None:
+            err = veto(r, src, header, m.nbytes)
+            if err is None:
+                m.receive = r
+            else:
+                refused(m, r, err)
+        return m
+
+    def complete(self, m: Match, payload: memoryview | None, out: list[Completion]) -> None:
+        """The frame ``m`` has fully arrived (no longer charged): deliver, hold or buffer it; release what it unblocks."""
+        stream = (m.header.get("g"), m.src, int(m.header.get("tag", 0)))
+        if not m.in_order:
+            if not m.drop:
+                self._held.setdefault(stream, {})[int(m.header["n"])] = Buffered(m.src, m.header, payload, m.nbytes)
+                self.budgets.charge(m.src, m.nbytes)
+            return
+        if not m.drop:
+            self._complete(m, payload, out)
+        self._release_held(stream, out)
+
+    def _complete(self, m: Match, payload: memoryview | None, out: list[Completion]) -> None:
+        r = m.receive
+        if r is not None:  # (vetted when routed)
+            ended(r, delivery(r, m.src, m.header, payload, m.nbytes), out)
+            return
+        g, tag = m.header.get("g"), int(m.header.get("tag", 0))
+        r = self._take(g, tag, m.src)
+        if r is not None:
+            ended(r, deliver(r, m.src, m.header, payload, m.nbytes), out)
+            return
+        self._queue(g, tag).arrived.append(Buffered(m.src, m.header, payload, m.nbytes))
+        self.budgets.charge(m.src, m.nbytes)
+
+    def _release_held(self, stream: Stream, out: list[Completion]) -> None:
+        """Deliver the held (early-numbered) messages of ``stream`` that are now next in line."""
+        held = self._held.get(stream)
+        while held:
+            nxt = self._next_n.get(stream, 0)
+            a = held.pop(nxt, None)
+            if a is None:
+                break
+            self.budgets.refund(a.src, a.nbytes)
+            self._next_n[stream] = nxt + 1
+            self._complete(Match(a.src, a.header, a.nbytes), a.payload, out)
+        if held is not None and not held:
+            del self._held[stream]
+
+    def _take(self, group: Any, tag: int, src: int) -> Receive | None:
+        """The oldest receive of (group, tag) that takes a message from ``src``, off its queue."""
+        q = self._queues.get((group, tag))
+        if q is None:
+            return None
+        for i, r in enumerate(q.posted):
+            if r.src is None or r.src == src:
+                del q.posted[i]
+                return r
+        return None
+
+    def fail(self, which: Callable[[Receive], bool], factory: ErrorFactory, out: list[Completion]) -> None:
+        """End the posted receives ``which`` selects with ``factory``'s error."""
+        for q in self._queues.values():
+            if any(which(r) for r in q.posted):
+                failing = [r for r in q.posted if which(r)]
+                q.posted = [r for r in q.posted if not which(r)]
+                for r in failing:
+                    ended(r, factory(r), out)
+
+    def forget_group(self, group: Any) -> None:
+        """Drop everything of a destroyed group (its posted receives were failed already)."""
+        for q in [q for q in self._queues if q[0] == group]:
+            for a in self._queues.pop(q).arrived:
+                self.budgets.refund(a.src, a.nbytes)
+        for s in [s for s in self._held if s[0] == group]:
+            for a in self._held.pop(s).values():
+                self.budgets.refund(a.src, a.nbytes)
+        for s in [s for s in self._next_n if s[0] == group]:
+            del self._next_n[s]
+
+    def discard_source(self, src: int) -> None:
+        """Drop every message buffered or held from ``src``."""
+        for q in self._queues.values():
+            for a in q.arrived:
+                if a.src == src:
+                    self.budgets.refund(a.src, a.nbytes)
+            q.arrived = [a for a in q.arrived if a.src != src]
+        for stream in [s for s in self._held if s[1] == src]:
+            for a in self._held.pop(stream).values():
+                self.budgets.refund(a.src, a.nbytes)
+
+    def pending(self) -> Iterator[Receive]:
+        """The receives still waiting, per (group, tag) in posting order."""
+        for q in self._queues.values():
+            yield from q.posted
+
+    def buffered_from(self, src: int) -> Iterator[Buffered]:
+        """The messages from ``src`` buffered or held here."""
+        for q in self._queues.values():
+            yield from (a for a in q.arrived if a.src == src)
+        for stream, held in self._held.items():
+            if stream[1] == src:
+                yield from held.values()

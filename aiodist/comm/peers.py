@@ -1,0 +1,336 @@
+"""One rank's links to its peers, driven: the I/O that :class:`.links.Links` decides.
+
+:class:`PeerLinks` listens, dials (:meth:`PeerLinks._dial` is the one place a
+connection to a peer is opened), runs both sides of the handshake
+(:mod:`.connect`), reads each link until it ends, and carries out the state
+machine's actions in order (:meth:`PeerLinks.do`). What arrives on a link is
+handed to the transport's ``on_frame`` / ``on_payload``; the heartbeats are
+:class:`.heartbeats.Heartbeats`'. Every task it starts it owns, and
+:meth:`PeerLinks.close` cancels and awaits them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..auth import NONCE_BYTES, AuthenticationError
+from ..context import token_bytes
+from ..eager import start_eager
+from ..errors import ConnectionClosedError, ConnectionClosedLocally, EvictedError, GroupError, PeerFailureError
+from ..net.base import Address, Connection, Frame, Header, Listener, Network
+from . import actions as A
+from . import connect
+from . import frames as F
+from . import links as L
+from .detector import Watch
+from .handshake import AcceptHandshake, DialHandshake
+from .heartbeats import Heartbeats
+from .registry import GroupRegistry
+from .router import Match, Router
+from .settings import BYE_TIMEOUT, DIAL_DEFER, DIAL_DEFER_ENV, HELLO_TIMEOUT, env_number
+
+log = logging.getLogger("aiodist.comm")
+
+DESTROYED = "the process group was destroyed"
+_ENDED = (L.LinkState.FAILED, L.LinkState.REFUSED, L.LinkState.LEFT)
+
+
+class Peer:
+    """The driver's side of the link to one rank: the frames being received, the sends waiting for it."""
+
+    __slots__ = ("rank", "link", "watch", "matches", "waiter", "timer")
+
+    def __init__(self, rank: int, link: L.Link) -> None:
+        self.rank = rank
+        self.link = link
+        self.watch = Watch(rank)  # signs of life, for the failure detector (set on every frame)
+        self.matches: collections.deque[Match] = collections.deque()  # frames whose payload is arriving
+        self.waiter: asyncio.Future[Any] | None = None  # sends waiting for the link: its connection, or an error
+        self.timer: asyncio.TimerHandle | None = None  # the dial deferral
+
+    def __repr__(self) -> str:
+        return f"<peer {self.rank} {self.link.state.value}>"
+
+    @property
+    def conn(self) -> Connection | None:
+        return self.link.conn  # type: ignore[no-any-return]
+
+    @property
+    def failure(self) -> str | None:
+        return self.link.how
+
+
+class PeerLinks:
+    """The links of one rank (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        job_id: str,
+        store: Any,
+        key_prefix: str,
+        timeout: float,
+        network: Network,
+        secret: bytes | None,
+        router: Router,
+        groups: GroupRegistry,
+        on_frame: Callable[[Peer, Frame], None],
+        on_payload: Callable[[Peer, Header, int], memoryview | None],
+    ) -> None:
+        self.rank, self.world_size, self.job_id = rank, world_size, job_id
+        self.store, self.key_prefix, self.timeout = store, key_prefix, timeout
+        self.links = L.Links(rank, world_size, dial_defer=env_number(DIAL_DEFER_ENV, DIAL_DEFER, float, zero_ok=True))
+        self.peers: dict[int, Peer] = {}
+        self._net = network
+        self._secret = secret
+        self._router = router
+        self._groups = groups
+        self._on_frame = on_frame
+        self._on_payload = on_payload
+        self._loop = asyncio.get_running_loop()
+        self.heartbeats = Heartbeats(self._loop, lambda r: self.peers[r].link.conn, self._silent)
+        self._listener: Listener | None = None
+        self._published = b""  # our address as published in the store (what dialers bind their proofs to)
+        self._tasks: dict[asyncio.Task[Any], None] = {}
+        self._unauthentic = 0  # connections refused for not proving the secret (the first one is logged)
+
+    def __repr__(self) -> str:
+        return f"<PeerLinks {self.links!r}>"
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def listen(self, host: str) -> Address:
+        """Listen on ``host`` and publish the address in the store."""
+        self._listener = await self._net.listen((host, 0), self._accept, max_frame_size=F.MAX_HANDSHAKE_FRAME)
+        address = self._listener.address
+        self._published = connect.format_address(address)
+        await self.store.set(self._address_key(self.rank), self._published)
+        return address
+
+    async def close(self) -> None:
+        """``bye`` to every live link, close them all, cancel and await every task (bounded)."""
+        actions = self.links.close()
+        self.do(actions)
+        self.heartbeats.stop()
+        if self._listener is not None:
+            self._listener.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            async with asyncio.timeout(BYE_TIMEOUT):  # a transport that never reports its end must not hang us
+                if self._listener is not None:
+                    await self._listener.wait_closed()
+                for a in actions:
+                    if type(a) is A.Close:
+                        await a.conn.wait_closed()
+        except TimeoutError:
+            log.warning("rank %d: connections did not finish closing within %gs", self.rank, BYE_TIMEOUT)
+
+    def abort(self) -> None:
+        self.do(self.links.abort())
+        self.heartbeats.stop()
+        if self._listener is not None:
+            self._listener.close()
+
+    def peer(self, rank: int) -> Peer:
+        p = self.peers.get(rank)
+        if p is None:
+            if not 0 <= rank < self.world_size:
+                raise GroupError(f"rank {rank} is not in the job (world size {self.world_size})")
+            p = self.peers[rank] = Peer(rank, self.links.link(rank))
+        return p
+
+    def spawn(self, coro: Any, *, now: bool = False) -> asyncio.Task[Any]:
+        """Run ``coro`` in a task owned here; ``now``: its first step at once (see :mod:`aiodist.eager`).
+
+        ``now`` is for reports: they must be on the wire before the code that learns of the
+        problem from us can react (e.g. exit, which drops the connections).
+        """
+        task = start_eager(coro, self._loop)[0] if now else self._loop.create_task(coro)
+        self._tasks[task] = None
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("comm task failed", exc_info=task.exception())
+
+    # ------------------------------------------------------------------ waiting for a link
+
+    async def connection(self, p: Peer, broken: asyncio.Future[None] | None, culprit: Callable[[], int]) -> Connection:
+        """The connection to ``p``, once there is one; ``broken`` (the group broke: blame ``culprit()``) ends it early."""
+        if p.link.state in _ENDED:
+            raise self.links.peer_error(p.rank)
+        self.do(self.links.need(p.rank))
+        if p.link.state is L.LinkState.READY:
+            return p.link.conn  # type: ignore[no-any-return]
+        waiter = p.waiter
+        if waiter is None:
+            waiter = p.waiter = self._loop.create_future()
+        await connect.first_of(self._loop, waiter, broken)  # through callbacks: cancelling this wait leaves it alone
+        if not waiter.done():  # the group broke first
+            raise self.links.peer_error(culprit())
+        result = waiter.result()
+        if not isinstance(result, BaseException):
+            return result  # type: ignore[no-any-return]
+        if p.link.state in _ENDED:
+            raise self.links.peer_error(p.rank) from None
+        if isinstance(result, EvictedError):
+            raise self.links.peer_error(self.rank) from None
+        raise copy.copy(result) from None  # (every waiter gets its own: the group layer restates errors)
+
+    def expect(self, src: int) -> None:
+        """A receive from the higher rank ``src`` was posted: dial it if nothing is under way."""
+        p = self.peers.get(src)
+        if p is None or p.link.state is L.LinkState.IDLE:
+            self.peer(src)
+            self.do(self.links.expect(src))
+
+    # ------------------------------------------------------------------ actions
+
+    def do(self, actions: list[A.Action]) -> None:
+        """Carry out what the link state machine decided, in order (one method per kind of action)."""
+        for a in actions:
+            self._carry_out[type(a)](self, a)
+
+    def _send(self, a: A.Send) -> None:
+        try:
+            a.conn.send_nowait(a.header)
+        except ConnectionClosedError:
+            pass
+
+    def _close(self, a: A.Close) -> None:
+        a.conn.close()
+
+    def _break_groups(self, a: A.BreakGroups) -> None:
+        self._groups.break_containing(a.rank, every=a.rank == self.rank)
+
+    def _wake(self, a: A.Wake) -> None:
+        p = self.peers[a.rank]
+        waiter, p.waiter = p.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(p.link.conn if a.error is None else a.error)
+
+    def _install(self, a: A.Install) -> None:
+        a.conn.set_max_frame_size(connect.LINK_MAX_FRAME)
+        a.conn.set_payload_sink(functools.partial(self._on_payload, self.peers[a.rank]))
+
+    def _start_timer(self, a: A.StartTimer) -> None:
+        self.peers[a.rank].timer = self._loop.call_later(a.delay, self._deferral_expired, a.rank)
+
+    def _cancel_timer(self, a: A.CancelTimer) -> None:
+        p = self.peers[a.rank]
+        if p.timer is not None:
+            p.timer.cancel()
+            p.timer = None
+
+    _carry_out: dict[type, Callable[[PeerLinks, Any], object]] = {
+        A.Send: _send,
+        A.Close: _close,
+        A.FailReceives: lambda self, a: self._fail_receives(a.rank),
+        A.BreakGroups: _break_groups,
+        A.Wake: _wake,
+        A.Install: _install,
+        A.Watch: lambda self, a: self.heartbeats.watch(self.peers[a.rank].watch),
+        A.Unwatch: lambda self, a: self.heartbeats.unwatch(a.rank),
+        A.Dial: lambda self, a: self.spawn(self._dial(a.rank)),
+        A.StartTimer: _start_timer,
+        A.CancelTimer: _cancel_timer,
+        A.Log: lambda self, a: log.log(a.level, "%s", a.message),
+    }
+
+    def _deferral_expired(self, rank: int) -> None:
+        self.peers[rank].timer = None
+        self.do(self.links.deferral_expired(rank))
+
+    def _silent(self, rank: int, how: str) -> None:
+        self.do(self.links.silent(rank, how))
+
+    def _fail_receives(self, rank: int) -> None:
+        p = self.peers.get(rank)
+        error: Callable[[Any], PeerFailureError] = lambda r: self.links.peer_error(rank)
+        if p is not None:
+            while p.matches:
+                self._router.abort(p.matches.popleft(), error(None))
+        self._router.fail_source(rank, error)
+
+    # ------------------------------------------------------------------ connections
+
+    def _address_key(self, rank: int) -> str:
+        return f"{self.key_prefix}addr/{rank}"
+
+    def _nonce(self) -> bytes:
+        return token_bytes(NONCE_BYTES) if self._secret is not None else b""
+
+    async def _dial(self, rank: int) -> None:
+        """Open a connection to ``rank`` (the one place that does) and, if it becomes the link, read it."""
+        try:
+            raw = bytes(await self.store.get(self._address_key(rank), timeout=self.timeout))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the store failed us, not the peer: no verdict on it, a later dial may retry
+            self.do(self.links.lookup_failed(rank, f"{type(e).__name__}: {e}"))
+            return
+        hs = DialHandshake(self._secret, job=self.job_id, rank=self.rank, world=self.world_size, peer_rank=rank,
+                           address=raw, nonce=self._nonce(), peer=f"rank {rank}")
+        try:
+            conn, outcome = await connect.dial(self._net, raw, hs, min(self.timeout, HELLO_TIMEOUT), self._loop)
+        except AuthenticationError as e:
+            self.do(self.links.dial_unauthentic(rank, str(e)))
+            return
+        except Exception as e:  # connect or handshake failed: the peer is unreachable
+            self.do(self.links.dial_failed(rank, f"{type(e).__name__}: {e}"))
+            return
+        self.do(self.links.dialed(rank, conn, outcome))
+        await self._read(rank, conn)
+
+    async def _accept(self, conn: Connection) -> None:
+        """Listener handler: the handshake, then read the connection until it ends (if it became the link)."""
+        hs = AcceptHandshake(self._secret, job=self.job_id, rank=self.rank, world=self.world_size,
+                             address=self._published, nonce=self._nonce())
+        try:
+            rank = await connect.accept(conn, hs, min(self.timeout, HELLO_TIMEOUT), self._loop)
+        except AuthenticationError as e:
+            self._unauthentic += 1
+            level = logging.WARNING if self._unauthentic == 1 else logging.DEBUG
+            log.log(level, "rank %d: refused a connection from %s: %s (%d so far)", self.rank, conn.peer, e,
+                    self._unauthentic)
+            return
+        if rank is None:
+            if hs.problem is not None:
+                log.info("rank %d: refusing connection from %s: %s", self.rank, conn.peer, hs.problem)
+            return
+        self.peer(rank)
+        self.do(self.links.accepted(rank, conn))
+        await self._read(rank, conn)
+
+    async def _read(self, rank: int, conn: Connection) -> None:
+        """If ``conn`` is the link to ``rank``: hand its frames to ``on_frame`` until it ends."""
+        p = self.peers[rank]
+        if p.link.conn is not conn or p.link.state is not L.LinkState.READY:
+            return
+        try:
+            conn.set_frame_handler(functools.partial(self._on_frame, p))  # frames dispatched as they complete
+            while True:  # (recv then only reports the end)
+                self._on_frame(p, await conn.recv())
+        except ConnectionClosedLocally:
+            self.do(self.links.lost(rank, conn, locally=True))
+        except ConnectionClosedError:
+            self.do(self.links.lost(rank, conn))
+        finally:
+            if p.matches:
+                err = self.links.peer_error(rank) if p.link.how is not None else GroupError(DESTROYED)
+                while p.matches:
+                    self._router.abort(p.matches.popleft(), err)

@@ -1,0 +1,338 @@
+"""The operation runner of a process group: sequence numbers, eager start, one monitor timer, and how operations end.
+
+Every collective takes the group's next sequence number when it is called
+and runs as a task owned by the runner, started eagerly (its first sends go
+out and its first receives are posted before the call returns; see
+:mod:`aiodist.eager`). Its outcome goes to an :class:`~aiodist.work.OpRecord`
+that its :class:`~aiodist.work.Work` reads. One timer per group (the
+*monitor*) expires the collectives past their deadline and starts the
+fingerprint check (:mod:`aiodist.mismatch`) of those running long.
+
+How an operation that did not complete fails (:meth:`OpRunner._failure`):
+
+* cancelled by the monitor only: :class:`CollectiveTimeoutError` naming the
+  peers it still waited for;
+* cancelled by its fingerprint check: the mismatch found;
+* cancelled because the group was destroyed or aborted: GroupError /
+  AbortedError for its awaiters (the task itself ends with the error);
+* any other cancellation goes on as a cancellation.
+
+When an operation ends, the router is told (``settle``): what arrived for it
+that no receive took is dropped, and a message among those from a rank that
+called something else is a mismatch.
+
+Cancellation: :meth:`OpRunner.close` cancels the operations still running
+and awaits them; their output buffers are left partly written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from . import flight
+from .comm import GroupComm, OpChannel, Transport
+from .eager import running_task, start_eager
+from .errors import (
+    AbortedError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    GroupError,
+    PeerFailureError,
+)
+from .inflight import begin_entry, end_entry
+from .mismatch import MismatchChecker
+from .work import OpRecord, Work
+
+T = TypeVar("T")
+
+BODY_RESULT: Any = object()
+"""(:meth:`OpRunner.collective`: the operation's result is what its body returns.)"""
+
+
+class OpRunner:
+    """Runs the operations of one group on this rank (see the module doc).
+
+    ``timeout``: the default timeout of an operation (seconds). ``checker``:
+    the group's :class:`~aiodist.mismatch.MismatchChecker`. ``destroyed`` /
+    ``aborted``: the group ended (no operation starts any more).
+    """
+
+    def __init__(self, comm: GroupComm, checker: MismatchChecker, *, timeout: float) -> None:
+        self.comm = comm
+        self.transport: Transport = comm.transport
+        self.name = comm.name
+        self.checker = checker
+        self.timeout = timeout
+        self.seq = 0  # the next operation's sequence number
+        self.destroyed = False
+        self.aborted = False
+        self.tasks: dict[asyncio.Future[Any], None] = {}
+        self.running: dict[int, OpRecord] = {}  # collectives in flight, by seq (in seq order)
+        self.monitor: asyncio.TimerHandle | None = None
+        self._monitor_at = math.inf
+        self._dumped = False
+
+    def __repr__(self) -> str:
+        return f"<OpRunner {self.name} seq={self.seq} running={len(self.running)} tasks={len(self.tasks)}>"
+
+    # ------------------------------------------------------------------ starting
+
+    def check_usable(self, op: str) -> None:
+        """Raise if ``op`` cannot start: the group was aborted or destroyed, or this rank is not a member."""
+        if self.aborted:
+            raise AbortedError(f"{op} on {self.name}: the process group was aborted")
+        if self.destroyed:
+            raise GroupError(f"{op} on {self.name}: the process group was destroyed")
+        if self.comm.rank < 0:
+            raise GroupError(
+                f"{op} on {self.name}: global rank {self.transport.rank} is not a member of this group "
+                f"(ranks {list(self.comm.ranks)})"
+            )
+
+    def timeout_of(self, timeout: float | None) -> float:
+        """An operation's timeout: ``timeout`` (seconds, > 0), or the group's default if None."""
+        t = self.timeout if timeout is None else float(timeout)
+        if not t > 0:
+            raise ValueError(f"timeout must be > 0, got {timeout!r}")
+        return t
+
+    def collective(
+        self,
+        op: str,
+        sig: str,
+        body: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        timeout: float | None,
+        result: Any = BODY_RESULT,
+    ) -> Work[Any]:
+        """Take the next sequence number now and start ``body(channel, seq, *args)`` as a task.
+
+        The operation's result is ``result``, or what ``body`` returns if none is given.
+        Started eagerly: an operation that never waits (a broadcast root) is finished
+        when this returns.
+        """
+        if self.aborted or self.destroyed or self.comm.rank < 0:
+            self.check_usable(op)  # raises
+        t = self.timeout if timeout is None else self.timeout_of(timeout)
+        seq = self.seq
+        self.seq += 1
+        rec = OpRecord(op, seq, sig)
+        loop = asyncio.get_running_loop()
+        task, _ = start_eager(self._run(rec, body, args, result, t, loop), loop)
+        if not rec.finished:
+            self.tasks[task] = None  # (_run forgets it as it ends)
+        return Work(task, op=op, seq=seq, record=rec, group=self.name)
+
+    def spawn(self, coro: Awaitable[T], *, op: str) -> Work[T]:
+        """Run a point-to-point operation (no sequence number) as a task owned here."""
+        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(self._guard(coro, op))
+        if hasattr(coro, "close"):  # cancelled before it started: no "never awaited" warning
+            task.add_done_callback(lambda t: coro.close() if t.cancelled() else None)
+        self.tasks[task] = None
+        task.add_done_callback(self._forget)
+        return Work(task, op=op, seq=None, group=self.name)
+
+    def _forget(self, task: asyncio.Future[Any]) -> None:
+        self.tasks.pop(task, None)
+
+    async def _guard(self, coro: Awaitable[T], op: str) -> T:
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            err = self._group_ended(op)
+            if err is not None:
+                raise err from None
+            raise
+        except (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError) as e:
+            self._dump_first(e)
+            raise
+
+    # ------------------------------------------------------------------ running
+
+    async def _run(
+        self,
+        rec: OpRecord,
+        body: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        result: Any,
+        timeout: float,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """Run one collective; its outcome goes to ``rec`` (see :mod:`aiodist.work`), not to the task.
+
+        The task returns None, or is cancelled (and then ``rec`` holds the
+        CancelledError). One coroutine from start to end: every step of the
+        collective resumes through it.
+        """
+        me = rec.task = running_task(loop)
+        assert me is not None
+        op, seq, sig = rec.op, rec.seq, rec.sig
+        entry: dict[str, Any] | None = None
+        token: Any = None
+        ch: OpChannel | None = None
+        comm = self.comm
+        try:
+            failure = self.transport.group_failure(comm.gid)
+            if failure is not None:
+                raise self._broken(failure, op, seq)
+            if self.checker.first is not None:
+                raise self.checker.unusable(op, seq)
+            now = loop.time()
+            entry = {"op": op, "seq": seq, "group": self.name}
+            token = begin_entry(entry, now)
+            ch = OpChannel(comm, op=op, seq=seq, sig=sig, entry=entry, loop=loop)
+            rec.start = now
+            rec.deadline = due = now + timeout
+            self.running[seq] = rec
+            after = self.checker.check_after
+            if after and comm.size > 1 and now + after < due:
+                due = now + after
+            if due < self._monitor_at:
+                self._arm_monitor(due)
+            try:
+                value = await body(ch, seq, *args)
+                if result is not BODY_RESULT:
+                    value = result
+            finally:
+                del self.running[seq]  # from here on, the monitor leaves it alone
+                # every operation below the lowest one still running has ended here
+                hit = self.transport.router.settle(comm.gid, seq, sig, comm.members, next(iter(self.running), self.seq))
+            if hit is not None:
+                raise self.checker.leftover(seq, sig, hit)
+        except BaseException as e:
+            error = self._failure(rec, me, ch, timeout, e)
+            if rec.check is not None:
+                rec.check.stop()
+            if entry is not None:  # (a group's own end shows as "cancelled" there)
+                end_entry(token, entry, e if isinstance(error, GroupError) else error or e)
+            self.tasks.pop(me, None)
+            if error is None:  # a plain cancellation: the task ends cancelled
+                rec.finish(error=e)
+                raise
+            rec.finish(error=error)
+            return
+        if rec.check is not None:
+            rec.check.stop()
+        end_entry(token, entry, None, loop.time())
+        self.tasks.pop(me, None)
+        rec.finish(value)
+
+    def _broken(self, failure: PeerFailureError, op: str, seq: int) -> PeerFailureError:
+        """A fresh error for operation ``seq`` of a group that ``failure`` broke, blaming its rank if it names one."""
+        g = failure.global_rank
+        if g is None:
+            e = PeerFailureError(str(failure), how=failure.how)
+        else:
+            e = self.transport.peer_error(g)
+        return self.comm.localize(e, op=op, seq=seq)
+
+    # ------------------------------------------------------------------ how operations end
+
+    def _failure(
+        self, rec: OpRecord, me: asyncio.Task[Any], ch: OpChannel | None, timeout: float, e: BaseException
+    ) -> BaseException | None:
+        """What a collective that raised ``e`` fails with (None: a plain cancellation, which goes on)."""
+        if isinstance(e, asyncio.CancelledError):
+            check = rec.check
+            if rec.expired and ch is not None and me.uncancel() == 0:  # only the monitor cancelled it
+                e = self._timed_out(rec.op, rec.seq, ch, timeout)
+            elif check is not None and check.found is not None and not self.destroyed:
+                me.uncancel()  # the cancellation was the checker's, not a caller's
+                self.checker.note(check.found, rec.seq, reported=False)
+                e = check.found
+            else:
+                return self._group_ended(rec.op)
+        elif isinstance(e, CollectiveMismatchError):
+            self.checker.note(e, rec.seq, reported=getattr(e, "reported", False))
+        if isinstance(e, (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError)):
+            self._dump_first(e)
+        return e
+
+    def _group_ended(self, op: str) -> GroupError | None:
+        """What an operation cancelled because its group ended fails with (None: another cancellation).
+
+        Its awaiters get an error, not a cancellation of their own task.
+        """
+        if self.aborted:
+            return AbortedError(f"{op} on {self.name} failed: the process group was aborted")
+        if self.destroyed:
+            return GroupError(f"{op} on {self.name} was cancelled: the process group was destroyed")
+        return None
+
+    def _dump_first(self, e: BaseException) -> None:
+        """Write the flight recorder out on the group's first failure: the telling one."""
+        if not self._dumped:
+            self._dumped = True
+            flight.dump(f"{type(e).__name__}: {e}", rank=self.transport.rank, world_size=self.transport.world_size)
+
+    def _timed_out(self, op: str, seq: int, ch: OpChannel, timeout: float) -> CollectiveTimeoutError:
+        waiting = ch.waiting_for()
+        who = ", ".join(f"rank {r} (global {self.comm.ranks[r]})" for r in waiting) or "nobody (stuck locally)"
+        return CollectiveTimeoutError(
+            f"{op} (seq {seq}) of {self.name} timed out after {timeout:g}s on rank {self.comm.rank}; "
+            f"still waiting for {who}",
+            op=op,
+            seq=seq,
+            waiting_for=waiting,
+            timeout=timeout,
+        )
+
+    # ------------------------------------------------------------------ the monitor
+
+    def _arm_monitor(self, at: float) -> None:
+        if self.monitor is not None:
+            self.monitor.cancel()
+        self._monitor_at = at
+        self.monitor = asyncio.get_running_loop().call_at(at, self._watch, at)
+
+    def _watch(self, at: float) -> None:
+        """The monitor's timer: expire the collectives past their deadline, start due fingerprint checks.
+
+        One timer per group instead of one per operation: an operation only
+        records its deadline (a dict entry). The timer is re-armed for the
+        earliest time still ahead, and not at all once nothing runs (a timer
+        armed for an operation that has finished since just finds nothing due).
+        """
+        self.monitor = None
+        self._monitor_at = math.inf
+        if self.destroyed:
+            return
+        now = max(asyncio.get_running_loop().time(), at)  # (a loop may run a timer a hair early)
+        after = self.checker.check_after if self.comm.size > 1 else 0
+        nxt = math.inf
+        for rec in list(self.running.values()):
+            if not rec.expired:
+                if rec.deadline <= now:
+                    rec.expired = True
+                    if rec.task is not None:
+                        rec.task.cancel()
+                    continue
+                nxt = min(nxt, rec.deadline)
+            if after and rec.check is None and rec.task is not None:
+                if rec.start + after <= now:
+                    rec.check = self.checker.check(rec.op, rec.seq, rec.sig, rec.task)
+                else:
+                    nxt = min(nxt, rec.start + after)
+        if nxt < math.inf:
+            self._arm_monitor(nxt)
+
+    # ------------------------------------------------------------------ the end
+
+    async def close(self, *, aborted: bool) -> None:
+        """The group ends: cancel and await its operations (they fail with GroupError, or AbortedError)."""
+        self.aborted = self.aborted or aborted
+        self.destroyed = True
+        if self.monitor is not None:
+            self.monitor.cancel()
+            self.monitor = None
+        if not self.aborted:
+            await self.checker.wait_notes()  # mismatch notes on their way: a moment for them
+        tasks = list(self.tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.checker.close()

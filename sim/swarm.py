@@ -1,0 +1,182 @@
+"""``Swarm``: a random destructive fault plan per seed, its kinds switched on and off (swarm testing).
+
+``faults=[sim.Swarm()]`` draws, for each seed, a plan from every kind of
+fault a distributed program may meet; ``sim.Swarm(kinds={"partition",
+"restart"})`` only from the kinds a program claims to tolerate. Per seed each
+allowed kind is switched on or off (Groce et al., ISSTA 2012: a run without
+some kinds is itself a useful configuration, and different subsets expose
+different bugs; FoundationDB's BUGGIFY likewise enables each site per run),
+then each kind that is on draws a few faults (:data:`MOST`):
+
+* ``crash``: a rank dies (now and then silently: its machine vanishes);
+* ``restart``: a rank dies and starts again (``AIODIST_RESTART_COUNT`` one
+  higher), after up to a second;
+* ``partition``: a set of hosts cut from the others, both ways or one way,
+  healed after a while (shorter than the failure detector tolerates: a
+  program written for partitions survives them);
+* ``pause``: a rank stops for longer than the failure detector tolerates (its
+  peers declare it failed);
+* ``clog``: one link holds its messages for a while;
+* ``store``: the store dies.
+
+A fault happens at a virtual time or on a rank's n-th frame (both drawn
+log-uniform, so short and long programs both get hit). A crash, restart or
+pause of the host the store runs on is also a store fault: with the store on
+rank 0 (the default) it needs the ``store`` kind too; with
+``store_host="separate"`` every rank may be hit (and partitions may cut the
+store's host). The drawn faults are concrete ones (``Result.faults``), so a
+failing seed prints its plan and its replay command lists them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .faults import Clog, Crash, CrashStore, Fault, FaultError, HostRef, Partition, Pause, Restart
+from .storehost import STORE_HOST
+from .triggers import MessageSent, Trigger
+
+if TYPE_CHECKING:
+    from .plan import World
+
+KINDS = ("crash", "restart", "partition", "pause", "clog", "store")
+ON = 0.4
+"""The chance that a kind allowed is on in a seed (at least one is)."""
+MOST = {"crash": 1, "restart": 4, "partition": 3, "pause": 2, "clog": 3, "store": 1}
+"""At most this many faults of a kind per seed (1 to MOST, uniformly): a program survives a restart
+or a healed partition, so several of them give a short window several chances; it does not survive
+a crash it was not written for."""
+
+
+@dataclass(frozen=True)
+class Swarm:
+    """Draw a destructive fault plan per seed from ``kinds`` (default: all of :data:`KINDS`)."""
+
+    kinds: frozenset[str] = field(default_factory=lambda: frozenset(KINDS))
+
+    def __post_init__(self) -> None:
+        kinds = frozenset(self.kinds)
+        unknown = sorted(kinds - set(KINDS))
+        if unknown or not kinds:
+            raise FaultError(self, f"kinds must be a non-empty subset of {', '.join(KINDS)}; unknown: {unknown}")
+        object.__setattr__(self, "kinds", kinds)
+
+    def __repr__(self) -> str:
+        return f"Swarm(kinds={{{', '.join(repr(k) for k in sorted(self.kinds))}}})"
+
+    def expand(self, world: World) -> list[Fault]:
+        """The plan of ``world.seed`` (pure: the same seed and world give the same faults)."""
+        return _Draw(self.kinds, world).plan()
+
+    def to_cli(self) -> str:
+        if self.kinds == frozenset(KINDS):
+            return "--swarm"
+        return f"--swarm {','.join(k for k in KINDS if k in self.kinds)}"
+
+
+def parse_swarm(spec: str) -> Swarm:
+    """``all`` or ``KIND,KIND``."""
+    if spec in ("", "all"):
+        return Swarm()
+    return Swarm(kinds=frozenset(k.strip() for k in spec.split(",") if k.strip()))
+
+
+class _Draw:
+    """One seed's draw (the generator is the seed's ``"<seed>:swarm"`` stream)."""
+
+    def __init__(self, kinds: frozenset[str], world: World) -> None:
+        self.world = world
+        self.rng = random.Random(f"{world.seed}:swarm")
+        self.allowed = kinds
+        ranks = list(range(world.world_size))
+        self.ranks = ranks
+        store_kind = "store" in kinds
+        # The store's host is hit only when the store kind is allowed too (it runs there).
+        self.victims = ranks if (world.store_separate or store_kind) else [r for r in ranks if r != 0]
+        self.hosts: list[HostRef] = [*ranks, STORE_HOST] if world.store_separate else list(ranks)
+        self.budget = world.budget
+
+    def _log(self, lo: float, hi: float) -> float:
+        return float(f"{lo * (hi / lo) ** self.rng.random():.6g}")
+
+    def _when(self, rank: int) -> tuple[float | None, Trigger | None]:
+        """A virtual time, or this rank's n-th frame sent (log-uniform: short and long programs alike)."""
+        if self.rng.random() < 0.5:
+            return self._log(2e-3, 5.0), None
+        return None, MessageSent(rank, max(1, int(self._log(2.0, 500.0))))
+
+    def plan(self) -> list[Fault]:
+        rng = self.rng
+        on = [k for k in KINDS if k in self.allowed and rng.random() < ON]
+        if not on:
+            on = [rng.choice(sorted(self.allowed))]
+        out: list[Fault] = []
+        for kind in on:
+            for _ in range(1 + int(rng.random() * MOST[kind])):
+                fault = getattr(self, f"_{kind}")()
+                if fault is not None:
+                    out.append(fault)
+        return out
+
+    def _victim(self) -> int | None:
+        return self.rng.choice(self.victims) if self.victims else None
+
+    def _crash(self) -> Fault | None:
+        victim = self._victim()
+        if victim is None:
+            return None
+        at, on = self._when(victim)
+        return Crash(victim, at=at, on=on, silent=self.rng.random() < 0.3)
+
+    def _restart(self) -> Fault | None:
+        victim = self._victim()
+        if victim is None:
+            return None
+        at, on = self._when(victim)
+        delay = 0.0 if self.rng.random() < 0.3 else self._log(1e-3, 1.0)
+        return Restart(victim, at=at, delay=delay, on=on)
+
+    def _partition(self) -> Fault | None:
+        hosts = list(self.hosts)
+        if len(hosts) < 2:
+            return None
+        self.rng.shuffle(hosts)
+        cut = 1 + int(self.rng.random() * (len(hosts) - 1))
+        a, b = tuple(sorted(hosts[:cut], key=str)), tuple(sorted(hosts[cut:], key=str))
+        one_way = self.rng.random() < 0.5
+        # Shorter than the failure detector tolerates: a program written for partitions survives them;
+        # silences the detector sees through are the pause kind's.
+        duration = self._log(0.05, 0.9 * self.budget)
+        trigger_rank = self.rng.choice(self.ranks)
+        at, on = self._when(trigger_rank)
+        return Partition(a, b, at=at, one_way=one_way, on=on, duration=duration)
+
+    def _pause(self) -> Fault | None:
+        victim = self._victim()
+        if victim is None:
+            return None
+        at, on = self._when(victim)
+        return Pause(victim, at=at, duration=self._log(1.1 * self.budget, 3 * self.budget), on=on)
+
+    def _clog(self) -> Fault | None:
+        hosts = list(self.hosts)
+        if len(hosts) < 2:
+            return None
+        src, dst = self.rng.sample(hosts, 2)
+        rank = src if isinstance(src, int) else self.rng.choice(self.ranks)
+        at, on = self._when(rank)
+        return Clog((src, dst), at=at, on=on, duration=self._log(0.05, 2 * self.budget))
+
+    def _store(self) -> Fault | None:
+        at, on = self._when(self.rng.choice(self.ranks))
+        return CrashStore(at=at, on=on)
+
+
+def kinds_of(faults: Iterable[Fault]) -> list[str]:
+    """The swarm kinds of concrete faults (for reports)."""
+    names = {Crash: "crash", Restart: "restart", Partition: "partition", Pause: "pause", Clog: "clog",
+             CrashStore: "store"}
+    return [names.get(type(f), type(f).__name__) for f in faults]

@@ -1,0 +1,1 @@
+"""One conformance suite for every implementation of the network seam (see harness.py)."""
