@@ -152,13 +152,18 @@ def test_a_paused_rank_that_resumes_learns_that_it_was_declared_failed(seed: int
     (EvictedError naming its own rank), not a healthy peer that hung up on it."""
     if not hasattr(sim, "Pause"):
         pytest.skip("this simulator cannot pause a rank (sim.Pause)")
-    res = sim.run(blame_main, world_size=4, seed=seed, faults=[sim.Pause(3, at=0.05, duration=6.0)],
+    # Paused once the group is up and busy (its 200th frame), whatever the explored timing did
+    # to rendezvous: a pause during rendezvous is only a slow start, which nobody must call a failure.
+    res = sim.run(blame_main, world_size=4, seed=seed, faults=[sim.Pause(3, on=sim.MessageSent(3, 200), duration=6.0)],
                   stop_on_error=False)
     assert res.ok, res.summary()
+    detected = []
     for r in range(3):
         kind, culprit, when = res.rank_results[r]
         assert (kind, culprit) == ("PeerFailureError", 3), res.rank_results
-        assert when - 0.05 < 5.0, res.rank_results
+        detected.append(when)
     kind, culprit, when = res.rank_results[3]
     assert (kind, culprit) == ("EvictedError", 3), res.rank_results
-    assert when >= 6.05, res.rank_results  # (it could only learn it once it ran again)
+    # the others named it within the detector's bound (~3.5 s of silence), well before it resumed
+    # 6 s after it stopped; it could only learn its fate once it ran again
+    assert when - max(detected) > 6.0 - 5.0, res.rank_results
