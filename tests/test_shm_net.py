@@ -256,6 +256,37 @@ def test_the_end_of_the_peer_is_seen_at_once_and_both_rings_are_unmapped(loop: s
 
 
 @pytest.mark.parametrize("loop", LOOPS)
+def test_frames_the_peer_sent_before_it_left_arrive_even_if_our_next_write_fails_first(loop: str) -> None:
+    """A Unix socket fails a write at once (EPIPE) once the peer is gone, with its last frames still
+    unread in ours: they are delivered before the end (a rank stopped while the others declared it
+    failed and left writes its heartbeat first when it resumes; it must still read that it was evicted)."""
+
+    async def main() -> None:
+        a, b, listener = await pair()
+        await ring_ready(a, b)
+        a._stream._transport.pause_reading()  # type: ignore[attr-defined]  # (a stopped process reads nothing)
+        b.send_nowait({"notice": "you were declared failed"})
+        b.send_nowait({"i": 1}, b"last words")
+        b.close()
+        await b.wait_closed()
+        for _ in range(100):  # our next write hits the closed socket (EPIPE), before any read
+            try:
+                a.send_nowait({"hb": 1})
+                await asyncio.sleep(0.005)
+            except ConnectionLost:
+                break
+        f0, f1 = await a.recv(), await a.recv()
+        assert f0.header == {"notice": "you were declared failed"}
+        assert f1.header == {"i": 1} and bytes(f1.payload) == b"last words"  # type: ignore[arg-type]
+        with pytest.raises(ConnectionLost):
+            await a.recv()
+        listener.close()
+        await listener.wait_closed()
+
+    run_on(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
 def test_bad_input_on_the_ring_closes_the_connection_without_allocating(loop: str) -> None:
     async def main() -> None:
         accepted: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()

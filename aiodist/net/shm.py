@@ -51,7 +51,7 @@ from .tcp_connection import TCPConnection
 
 log = logging.getLogger("aiodist.net")
 
-__all__ = ["ShmConnection", "INLINE_MAX", "RING_BYTES", "PIECE_BYTES", "SPARE_BYTES", "MAX_QUEUED_FRAMES"]
+__all__ = ["ShmConnection", "INLINE_MAX", "RING_BYTES", "PIECE_BYTES", "SPARE_BYTES", "MAX_QUEUED_FRAMES", "MAX_SALVAGE"]
 
 INLINE_MAX = 1 << 16
 """Payloads up to this many bytes travel inline on the socket; larger ones through the ring."""
@@ -63,6 +63,8 @@ SPARE_BYTES = 8 << 20
 """Memory kept per connection for payloads that arrive before anybody waits for them (see :class:`~aiodist.net.shmring.Spares`)."""
 MAX_QUEUED_FRAMES = 4096
 """Frames waiting for ``recv``: beyond this many the socket is no longer read."""
+MAX_SALVAGE = 16 << 20
+"""Bytes read at most from a socket whose write failed because the peer left (what it sent last)."""
 
 _K = "\x00"  # the key of this layer's own frames
 _HELLO, _READY, _FIRST, _MORE, _ACK = 0, 1, 2, 3, 4
@@ -100,6 +102,7 @@ class FrameStream(TCPConnection):
     owner: ShmConnection | None = None
     on_made: Callable[[FrameStream], None] | None = None
     peer_pid: int | None = None  # the process at the other end (None if the system will not say)
+    _unread: socket.socket | None = None  # a second descriptor of the socket, to read what a failed write left
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = self.peer
@@ -112,14 +115,41 @@ class FrameStream(TCPConnection):
                 self.peer_pid = _PEERCRED.unpack(raw)[0]
             except OSError:
                 pass
+            try:
+                self._unread = sock.dup()
+                self._unread.setblocking(False)
+            except OSError:
+                self._unread = None
         if self.on_made is not None:
             self.on_made(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and self._exc is None:
+            self._read_the_rest()
+        unread, self._unread = self._unread, None
+        if unread is not None:
+            unread.close()
         super().connection_lost(exc)
         owner, self.owner = self.owner, None
         if owner is not None:
             owner._stream_lost(exc)
+
+    def _read_the_rest(self) -> None:
+        """The transport broke on a write (EPIPE: the peer is gone) without reading what the peer sent
+        before it left: read it now, so that its last frames (a notice that this rank was declared
+        failed, say) arrive before the end. Bounded by what the socket holds and :data:`MAX_SALVAGE`."""
+        sock = self._unread
+        left = MAX_SALVAGE
+        while sock is not None and left > 0 and self._exc is None:
+            buf = self.get_buffer(-1)
+            try:
+                n = sock.recv_into(buf, min(len(buf), left))
+            except OSError:  # (nothing more: EAGAIN, or a reset)
+                return
+            if n == 0:
+                return
+            left -= n
+            self.buffer_updated(n)
 
     def take_unread(self) -> list[Frame]:
         """The frames kept for ``recv`` (while no handler took them), in order; they are no longer kept."""
