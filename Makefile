@@ -1,12 +1,15 @@
 # The two commands of the README: `make demo` and `make test`.
 # Each creates .venv with the project installed (idempotent), then runs.
+# `make test` runs the suite, then `make typecheck`: mypy --strict on aiodist/ and
+# sim/ (settings in pyproject.toml) against every supported Python's library stubs.
 # `make test-matrix`: the suite on every other supported Python found (.ci/test-matrix).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TYPECHECK_PYTHONS := 3.11 3.12 3.13  # requires-python's versions
 
-.PHONY: demo test test-matrix bench clean
+.PHONY: demo test typecheck test-matrix bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +22,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory typecheck
+
+typecheck: $(STAMP)
+	@status=0; for v in $(TYPECHECK_PYTHONS); do \
+		echo "mypy --strict, Python $$v:"; $(PY) -m mypy --python-version $$v || status=1; \
+	done; exit $$status
 
 test-matrix:
 	.ci/test-matrix
@@ -27,4 +36,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/store_bench.py
 
 clean:
-	rm -rf $(VENV) .venv-3.* build *.egg-info
+	rm -rf $(VENV) .venv-3.* build *.egg-info .mypy_cache

@@ -26,17 +26,26 @@ if TYPE_CHECKING:
         finish_rank,
         gather,
         gather_object,
+        get_backend,
         get_global_rank,
         get_group_rank,
+        get_node_local_rank,
         get_process_group_ranks,
         get_rank,
         get_world_size,
         init_process_group,
         irecv,
+        is_available,
+        is_gloo_available,
         is_initialized,
+        is_mpi_available,
+        is_nccl_available,
+        is_torchelastic_launched,
         isend,
         monitored_barrier,
         new_group,
+        new_subgroups,
+        new_subgroups_by_enumeration,
         recv,
         reduce,
         reduce_scatter,
@@ -44,8 +53,13 @@ if TYPE_CHECKING:
         scatter,
         scatter_object_list,
         send,
+        split_group,
     )
-    from .collectives.ops import ReduceOp
+    from .operations import all_gather_coalesced, all_reduce_coalesced, recv_object_list, send_object_list
+    from .arguments import Backend
+    from .batch_p2p import P2POp, batch_isend_irecv
+    from .group_member import GroupMember
+    from .collectives.ops import ReduceOp, _make_nccl_premul_sum, reduce_op
     from .elastic import ElasticRendezvous, ElasticRound
     from .errors import (
         AbortedError,
@@ -82,7 +96,7 @@ if TYPE_CHECKING:
     from .errors import UnawaitedOperationError
     from .unawaited import clear_unawaited, unawaited_operations
     from .mesh import DeviceMesh, init_device_mesh
-    from .store import MemoryStore, PrefixStore, Store, StoreServer, TCPStore
+    from .store import MemoryStore, PrefixStore, Store, StoreLimits, StoreServer, TCPStore
     from .net.shmseg import SharedMemoryError
     from .shared import empty, is_shared, shared_array, zeros
 
@@ -90,6 +104,26 @@ if TYPE_CHECKING:
 # what needs only a part of it (the launcher's bootstrap of every rank, the CLI).
 _LAZY: dict[str, str] = {
     "AbortedError": "aiodist.errors",
+    "Backend": "aiodist.arguments",
+    "GroupMember": "aiodist.group_member",
+    "P2POp": "aiodist.batch_p2p",
+    "_make_nccl_premul_sum": "aiodist.collectives.ops",
+    "all_gather_coalesced": "aiodist.api",
+    "all_reduce_coalesced": "aiodist.api",
+    "batch_isend_irecv": "aiodist.batch_p2p",
+    "get_backend": "aiodist.api",
+    "get_node_local_rank": "aiodist.api",
+    "is_available": "aiodist.api",
+    "is_gloo_available": "aiodist.api",
+    "is_mpi_available": "aiodist.api",
+    "is_nccl_available": "aiodist.api",
+    "is_torchelastic_launched": "aiodist.api",
+    "new_subgroups": "aiodist.api",
+    "new_subgroups_by_enumeration": "aiodist.api",
+    "recv_object_list": "aiodist.api",
+    "reduce_op": "aiodist.collectives.ops",
+    "send_object_list": "aiodist.api",
+    "split_group": "aiodist.api",
     "AiodistError": "aiodist.errors",
     "CollectiveMismatchError": "aiodist.errors",
     "CollectiveTimeoutError": "aiodist.errors",
@@ -121,6 +155,7 @@ _LAZY: dict[str, str] = {
     "StoreConnectionLost": "aiodist.errors",
     "StoreError": "aiodist.errors",
     "StoreRequestError": "aiodist.errors",
+    "StoreLimits": "aiodist.store",
     "StoreServer": "aiodist.store",
     "StoreTimeoutError": "aiodist.errors",
     "TCPStore": "aiodist.store",
@@ -207,6 +242,27 @@ def spawn(fn: Any, world_size: int, args: tuple[Any, ...] = (), **kwargs: Any) -
 
 __all__ = [
     "AbortedError",
+    "Backend",
+    "GroupMember",
+    "P2POp",
+    "all_gather_coalesced",
+    "all_reduce_coalesced",
+    "batch_isend_irecv",
+    "device_mesh",
+    "get_backend",
+    "get_node_local_rank",
+    "group",
+    "is_available",
+    "is_gloo_available",
+    "is_mpi_available",
+    "is_nccl_available",
+    "is_torchelastic_launched",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "recv_object_list",
+    "reduce_op",
+    "send_object_list",
+    "split_group",
     "ElasticRendezvous",
     "ElasticRound",
     "abort",
@@ -239,6 +295,7 @@ __all__ = [
     "StoreConnectTimeoutError",
     "StoreError",
     "StoreRequestError",
+    "StoreLimits",
     "StoreServer",
     "StoreTimeoutError",
     "TCPStore",

@@ -1,9 +1,11 @@
-"""The module-level API: init, groups, and every operation on the default group.
+"""The module-level API: init, groups, and what a rank asks about them; every operation (from :mod:`aiodist.operations`).
 
 These mirror torch.distributed: each operation acts on the calling rank's
 default group unless ``group=`` names another, and ``src``/``dst`` are
 *global* ranks (translated to the group's numbering), as in torch. Each
-returns a :class:`~aiodist.group.Work` (already started; await it).
+returns a :class:`~aiodist.group.Work` (already started; await it). torch's
+signatures work as written (see :mod:`aiodist.operations` and
+:func:`init_process_group`).
 
 The default group is per rank (kept in the rank scope of
 :mod:`aiodist.context`), so the simulator's virtual ranks each have their own.
@@ -16,86 +18,79 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from . import tls
+from .arguments import Backend, backend_name, is_backend, optional_seconds
 from .auth import FROM_ENVIRONMENT, resolve_secret
 from .collectives.ops import ReduceOp
 from .comm import Transport
 from .comm.channel import rank_table
-from .context import get_default_group, rank_scope, set_default_group
-from .errors import GroupError, InvalidRankError
-from .group import WORLD_GROUP_ID, ProcessGroup, Work
+from .context import get_default_group, getenv, set_default_group
+from .current import group_of as _group, registry as _registry, world as _world
+from .errors import CollectiveMismatchError, GroupError, RendezvousError
+from .file_init import FileStore, open_file_store
+from .group import WORLD_GROUP_ID, ProcessGroup
 from .net.shmhost import transport_mode
+from .operations import *  # noqa: F403  (every operation: aiodist.api.all_reduce is aiodist.all_reduce)
+from .operations import __all__ as _OPERATIONS
 from .rendezvous import Rendezvous, leave, rendezvous
+from .subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
 from .unawaited import raise_if_unawaited
+from .work import Work
 
 log = logging.getLogger(__name__)
 
-_GROUPS = "aiodist_groups"
 STORE_LEAVE_WAIT = 10.0
 """Seconds rank 0 keeps the store server it hosts open for the other ranks to leave."""
-
-
-def _registry() -> list[ProcessGroup]:
-    return rank_scope().setdefault(_GROUPS, [])
-
-
-def _world() -> ProcessGroup:
-    pg = get_default_group()
-    if pg is None:
-        raise GroupError("the default process group is not initialized: call `await aiodist.init_process_group()` first")
-    return pg  # type: ignore[no-any-return]
-
-
-def _group(group: ProcessGroup | None) -> ProcessGroup:
-    if group is None:
-        return _world()
-    if not isinstance(group, ProcessGroup):
-        raise TypeError(f"group must be a ProcessGroup, not {type(group).__name__}")
-    return group
-
-
-def _local(pg: ProcessGroup, global_rank: int, what: str) -> int:
-    if isinstance(global_rank, bool) or not isinstance(global_rank, int):
-        raise TypeError(f"{what} must be an int rank, not {type(global_rank).__name__}")
-    r = pg.group_rank(global_rank)
-    if r < 0:
-        raise InvalidRankError(
-            f"{what}={global_rank} is not a member of {pg.name} (global ranks {pg.ranks})",
-            rank=global_rank,
-            size=pg.size,
-            argument=what,
-        )
-    return r
+MISMATCH_LEAVE_WAIT = 2.0
+"""Seconds a rank whose main raised CollectiveMismatchError spends leaving in order (its reports to get out)."""
+DEFAULT_TIMEOUT = 300.0
+"""Seconds: the default timeout of the rendezvous and of every operation."""
 
 
 # ---------------------------------------------------------------------- lifecycle
 
 
 async def init_process_group(
-    init_method: str | None = "env://",
-    *,
-    rank: int | None = None,
-    world_size: int | None = None,
-    store: Any = None,
-    timeout: float = 300.0,
     backend: str | None = None,
+    init_method: str | None = None,
+    timeout: Any = None,
+    world_size: int | None = None,
+    rank: int | None = None,
+    store: Any = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+    *,
     heartbeat_interval: float | None = None,
     heartbeat_misses: int | None = None,
     secret: Any = FROM_ENVIRONMENT,
     ssl: Any = None,
+    store_limits: Any = None,
     transport: str | None = None,
 ) -> ProcessGroup:
     """Rendezvous (see :mod:`aiodist.rendezvous`) and make the world group this rank's default.
 
-    ``timeout`` bounds the rendezvous and is the default timeout of every
-    operation of the group. ``heartbeat_interval`` (seconds, 0: off) and
+    torch's signature: ``init_process_group("gloo", "env://", timedelta(minutes=5),
+    world_size, rank, store)``, any of them by keyword; aiodist's
+    ``init_process_group("tcp://host:port", rank=..., world_size=...)`` (an init
+    method first) works too. ``init_method``: ``env://`` (the default),
+    ``tcp://host:port``, ``file:///path`` (a file the ranks of one machine share: see
+    :mod:`aiodist.file_init`), or ``store=``. ``backend``: a name torch knows
+    (``"gloo"``, ``"nccl"``, ``"mpi"``, ``"cpu:gloo,cuda:nccl"``...), recorded for
+    :func:`get_backend`: every backend runs over aiodist's own transport; a
+    name torch does not know is refused. ``world_size``/``rank`` of -1 (torch's
+    default) mean "from the environment". ``group_name``, ``pg_options`` and
+    ``device_id`` are accepted and ignored.
+
+    ``timeout`` (seconds or a timedelta; default :data:`DEFAULT_TIMEOUT`) bounds the rendezvous and is the
+    default timeout of every operation of the group. ``heartbeat_interval`` (seconds, 0: off) and
     ``heartbeat_misses`` set the detection of hung peers (default 0.5 s x 6:
     a peer silent for 3 s is declared failed; see
     :data:`aiodist.comm.transport.HEARTBEAT_INTERVAL`; the environment
     variables ``AIODIST_HEARTBEAT_INTERVAL``/``_MISSES``/``_TIMEOUT`` set them
     too). A rank that blocks its event loop longer than that (a long
-    computation that never awaits) looks hung to its peers: raise them. ``backend`` is accepted for torch compatibility
-    and ignored (so is a backend name such as ``"gloo"`` in place of
-    ``init_method``). Raises GroupError if this rank already has a default group.
+    computation that never awaits) looks hung to its peers: raise them.
+    Raises GroupError if this rank already has a default group.
 
     ``secret``: the job's shared secret (bytes or str). Every connection
     between ranks (and to the store) proves it both ways before it carries
@@ -104,20 +99,32 @@ async def init_process_group(
     (``AIODIST_SECRET``, set by ``aiodist run`` and ``aiodist.spawn``; then
     ``AIODIST_SECRET_FILE``; then the user's own secret file, see
     :func:`aiodist.auth.resolve_secret`); ``None`` switches authentication
-    off (with a warning). ``ssl``: an :class:`ssl.SSLContext` for links that
-    cross machines (not supported by this build yet: it raises
-    NotImplementedError rather than run unencrypted).
+    off (with a warning). ``ssl``: TLS for links that cross machines, an
+    :class:`aiodist.tls.TLS` (this rank's server-side and client-side
+    contexts, e.g. ``TLS.mutual(cert=..., key=..., ca=...)``: both ends then
+    require a certificate of that CA), used by the store and the rank links;
+    by default taken from ``AIODIST_TLS_CERT``/``_KEY``/``_CA`` when they are
+    set (``aiodist run --tls-cert ... --tls-key ... --tls-ca ...``).
+    ``store_limits`` (an :class:`aiodist.store.limits.StoreLimits`) sets the
+    limits of the store rank 0 starts (default: ``AIODIST_STORE_LIMITS``, as
+    ``aiodist run --store-limits`` sets it).
 
     ``transport="tcp"`` connects to the ranks of this host over TCP too
     (default ``"auto"``, or ``AIODIST_TRANSPORT``: Unix sockets and shared
     memory with them; see :mod:`aiodist.net.shmhost`).
     """
-    del backend
     mode = transport_mode(transport)
+    backend, init_method = _backend_and_method(backend, init_method)
+    del group_name, pg_options, device_id
+    world_size = None if world_size == -1 else world_size
+    rank = None if rank == -1 else rank
+    seconds = optional_seconds(timeout)
+    timeout = DEFAULT_TIMEOUT if seconds is None else seconds
     if get_default_group() is not None:
         raise GroupError("the default process group is already initialized; call destroy_process_group() first")
-    if ssl is not None:
-        raise NotImplementedError("init_process_group(ssl=...): TLS for the store and rank links is not available yet")
+    if ssl is None:
+        ssl = tls.from_environment()  # AIODIST_TLS_CERT/_KEY/_CA, as aiodist run --tls-* sets them
+    tls.server_side(ssl)  # (a TypeError for anything but TLS contexts, before any connection)
     secret = resolve_secret(secret)
     transports: list[Transport] = []
 
@@ -133,25 +140,35 @@ async def init_process_group(
                 key_prefix=info.key_prefix,
                 timeout=timeout,
                 secret=secret,
+                ssl=ssl,
                 mode=mode,
             )
         )
         transports[-1].configure_heartbeat(heartbeat_interval, heartbeat_misses)
 
+    found: FileStore | None = None
+    if store is None and init_method is not None and init_method.startswith("file://"):
+        found = await open_file_store(
+            init_method, rank=_file_rank(rank), timeout=timeout, secret=secret, ssl=ssl, limits=store_limits
+        )
+        store, init_method = found.store, None
     try:
         rdzv = await rendezvous(
             init_method, rank=rank, world_size=world_size, store=store, timeout=timeout, publish=publish,
-            # secret=secret, ssl=ssl,  # LEAD: enable once rendezvous/store accept them (helper "sec")
+            secret=secret, ssl=ssl, store_limits=store_limits,
         )
     except BaseException:
         for t in transports:
             await t.close()
+        if found is not None:
+            await found.close("", 1, wait=0)
         raise
     world_transport = transports[-1]
     # one tuple shared by every rank of the process (the simulator's virtual ranks: O(N), not O(N^2))
     ranks = rank_table(range(rdzv.world_size)).ranks
     world_transport.register_group(WORLD_GROUP_ID, ranks)
     pg = ProcessGroup(world_transport, WORLD_GROUP_ID, ranks, store=rdzv.store, timeout=timeout, name="world")
+    pg.backend = Backend(backend or "gloo")
     pg.local_rank = rdzv.local_rank
     pg.local_world_size = rdzv.local_world_size
     pg.job_id = rdzv.job_id
@@ -160,10 +177,12 @@ async def init_process_group(
         # before close(): then every peer looks gone; an aborted transport waits for nobody either
         broken = bool(world_transport.failed_peers()) or world_transport.closed
         await world_transport.close()
+        # Keep the store up for the others until they leave too, unless the job is broken
+        # (a failed rank never leaves: waiting would only delay this rank's error).
+        wait = 0.0 if broken else min(timeout, STORE_LEAVE_WAIT)
+        if found is not None:  # (file://: the store this rank found or hosts, and the file)
+            await found.close(rdzv.key_prefix, rdzv.world_size, wait=wait)
         if rdzv.server is not None:
-            # Keep the store up for the others until they leave too, unless the job is broken
-            # (a failed rank never leaves: waiting would only delay this rank's error).
-            wait = 0.0 if broken else min(timeout, STORE_LEAVE_WAIT)
             await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=wait)
         elif rdzv.owned:
             await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=0)
@@ -242,6 +261,25 @@ async def finish_rank(*, timeout: float = 30.0) -> None:
     raise_if_unawaited(f"the main function of rank {rank} returned" if rank is not None else "main returned")
 
 
+async def finish_failed_rank(error: BaseException, *, timeout: float = MISMATCH_LEAVE_WAIT) -> None:
+    """What happens when a rank's ``main`` raises ``error`` (the launcher and :func:`aiodist.spawn` call it).
+
+    After a :class:`~aiodist.errors.CollectiveMismatchError`, the rank's groups
+    are destroyed in order, bounded by ``timeout`` seconds, before the process
+    exits: the reports of the mismatch this rank sent to the other members
+    (connecting to those it never talked to) get there, so every member raises
+    CollectiveMismatchError rather than a PeerFailureError for this rank. After
+    any other error nothing is done (the process exits; peers see a failure).
+    Never raises.
+    """
+    if not isinstance(error, CollectiveMismatchError) or get_default_group() is None:
+        return
+    try:
+        await finish_rank(timeout=timeout)
+    except Exception as e:  # (operations never awaited, or a failing teardown: the mismatch is the rank's error)
+        log.debug("leaving after a collective mismatch: %r", e)
+
+
 async def abort(group: ProcessGroup | None = None) -> None:
     """Fail every pending operation at once and tear the group down, without waiting for anyone.
 
@@ -261,8 +299,8 @@ async def abort(group: ProcessGroup | None = None) -> None:
         if world is None:
             return
         groups = list(_registry())
-        for g in groups:
-            g._aborted = True
+        for g in groups:  # (before the connections drop: pending operations fail with AbortedError)
+            g.mark_aborted()
         world.transport.abort()
         for g in reversed(groups):
             if g is not world:
@@ -277,60 +315,15 @@ async def abort(group: ProcessGroup | None = None) -> None:
         reg.remove(group)
 
 
-async def new_group(ranks: Sequence[int] | None = None, *, timeout: float | None = None) -> ProcessGroup:
-    """Create a group of the given global ranks (None: all). Every rank of the world must call it, in the same order.
-
-    Members get a group with ``rank >= 0``; other ranks get a group whose
-    ``is_member`` is False and whose operations raise GroupError. The members
-    check through the store that they passed the same ranks (GroupError if not).
-    """
-    world = _world()
-    n = world.size
-    if ranks is None:
-        members = list(range(n))
-    else:
-        members = []
-        for r in ranks:
-            if isinstance(r, bool) or not isinstance(r, int):
-                raise TypeError(f"ranks must be ints, got {r!r}")
-            if not 0 <= r < n:
-                raise ValueError(f"rank {r} is out of range for a world of {n} ranks")
-            members.append(int(r))
-        if len(set(members)) != len(members):
-            raise ValueError(f"ranks {list(ranks)} contain duplicates")
-        if not members:
-            raise ValueError("new_group needs at least one rank")
-        members.sort()
-    transport = world.transport
-    gid = transport.allocate_group_id()
-    t = world.timeout if timeout is None else float(timeout)
-    label = f"group {gid} (ranks {members})"
-    if transport.rank in members:
-        key = f"{transport.key_prefix}group/{gid}"
-        mine = ",".join(map(str, members)).encode()
-        agreed = bytes(await world.store.compare_set(key, b"", mine))
-        if agreed != mine:
-            raise GroupError(
-                f"new_group #{gid}: rank {transport.rank} passed ranks {members} but another member passed "
-                f"[{agreed.decode()}]; every rank must call new_group with the same ranks in the same order"
-            )
-        transport.register_group(gid, rank_table(members).ranks)
-    else:
-        transport.foreign_group(gid)  # frames for it from any peer are bad input, not buffered
-    pg = ProcessGroup(transport, gid, rank_table(members).ranks, store=world.store, timeout=t, name=label)
-    pg.job_id = world.job_id
-    _registry().append(pg)
-    return pg
-
-
 def get_rank(group: ProcessGroup | None = None) -> int:
     """This rank's number in ``group`` (default: the world); -1 if not a member."""
     return _group(group).rank
 
 
 def get_world_size(group: ProcessGroup | None = None) -> int:
-    """The number of ranks in ``group`` (default: the world)."""
-    return _group(group).size
+    """The number of ranks in ``group`` (default: the world); -1 on a rank that is not a member (as in torch)."""
+    pg = _group(group)
+    return pg.size if pg.rank >= 0 else -1
 
 
 def get_process_group_ranks(group: ProcessGroup | None = None) -> list[int]:
@@ -339,149 +332,97 @@ def get_process_group_ranks(group: ProcessGroup | None = None) -> list[int]:
 
 
 def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
+    """The global rank of ``group_rank`` of ``group``."""
     return _group(group).global_rank(group_rank)
 
 
 def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
+    """The rank in ``group`` of ``global_rank`` (-1 if it is not a member)."""
     return _group(group).group_rank(global_rank)
 
 
-# ---------------------------------------------------------------------- collectives
+def get_backend(group: ProcessGroup | None = None) -> Backend:
+    """The backend name ``group`` was created with (``init_process_group(backend=...)``; default ``"gloo"``).
+
+    Only a name: every backend runs over aiodist's own transport.
+    """
+    return Backend(_group(group).backend)
 
 
-def all_reduce(x: Any, op: Any = ReduceOp.SUM, group: ProcessGroup | None = None, *, timeout: float | None = None) -> Work[Any]:
-    return _group(group).all_reduce(x, op, timeout=timeout)
+def is_available() -> bool:
+    """True: aiodist is always available (torch's ``torch.distributed.is_available``)."""
+    return True
 
 
-def broadcast(x: Any, src: int = 0, group: ProcessGroup | None = None, *, timeout: float | None = None) -> Work[Any]:
-    pg = _group(group)
-    return pg.broadcast(x, _local(pg, src, "src"), timeout=timeout)
+def is_gloo_available() -> bool:
+    """True: ``backend="gloo"`` is accepted (it runs over aiodist's transport)."""
+    return True
 
 
-def reduce(
-    x: Any, dst: int = 0, op: Any = ReduceOp.SUM, group: ProcessGroup | None = None, *, timeout: float | None = None
-) -> Work[Any]:
-    pg = _group(group)
-    return pg.reduce(x, _local(pg, dst, "dst"), op, timeout=timeout)
+def is_nccl_available() -> bool:
+    """False: there is no GPU transport (``backend="nccl"`` is accepted as a name and runs over aiodist's own)."""
+    return False
 
 
-def all_gather(
-    out_list: Sequence[Any], x: Any, group: ProcessGroup | None = None, *, timeout: float | None = None
-) -> Work[Any]:
-    return _group(group).all_gather(out_list, x, timeout=timeout)
+def is_mpi_available() -> bool:
+    return False
 
 
-def all_gather_into_tensor(out: Any, x: Any, group: ProcessGroup | None = None, *, timeout: float | None = None) -> Work[Any]:
-    return _group(group).all_gather_into_tensor(out, x, timeout=timeout)
+def is_torchelastic_launched() -> bool:
+    """Whether this rank was started by a launcher that sets ``TORCHELASTIC_RUN_ID`` (``aiodist run``, the simulator, torchrun)."""
+    return getenv("TORCHELASTIC_RUN_ID") is not None
 
 
-def gather(
-    x: Any,
-    gather_list: Sequence[Any] | None = None,
-    dst: int = 0,
-    group: ProcessGroup | None = None,
-    *,
-    timeout: float | None = None,
-) -> Work[Any]:
-    pg = _group(group)
-    return pg.gather(x, gather_list, _local(pg, dst, "dst"), timeout=timeout)
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """This rank's number on its machine (``LOCAL_RANK``), else ``fallback_rank``; RuntimeError if neither."""
+    raw = getenv("LOCAL_RANK")
+    if raw is not None and raw != "":
+        return int(raw)
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError(
+        "LOCAL_RANK is not in the environment: start the job with `aiodist run` (or torchrun), or pass fallback_rank"
+    )
 
 
-def scatter(
-    x: Any,
-    scatter_list: Sequence[Any] | None = None,
-    src: int = 0,
-    group: ProcessGroup | None = None,
-    *,
-    timeout: float | None = None,
-) -> Work[Any]:
-    pg = _group(group)
-    return pg.scatter(x, scatter_list, _local(pg, src, "src"), timeout=timeout)
+def _file_rank(rank: int | None) -> int:
+    """This rank's number for a ``file://`` init: ``rank=`` or ``RANK`` (required, as in torch)."""
+    if rank is not None:
+        return rank
+    raw = getenv("RANK")
+    if raw is None or not raw.strip().lstrip("-").isdigit():
+        raise RendezvousError("init_method='file://...' needs rank= and world_size= (or RANK and WORLD_SIZE)")
+    return int(raw)
 
 
-def reduce_scatter(
-    out: Any, in_list: Sequence[Any], op: Any = ReduceOp.SUM, group: ProcessGroup | None = None, *, timeout: float | None = None
-) -> Work[Any]:
-    return _group(group).reduce_scatter(out, in_list, op, timeout=timeout)
+def _backend_and_method(backend: str | None, init_method: str | None) -> tuple[str | None, str | None]:
+    """(backend, init method) of ``init_process_group``'s first two arguments, in torch's order or aiodist's."""
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"init_process_group: backend must be a string, not {type(backend).__name__}")
+    if backend is not None and not is_backend(backend):
+        if "://" in backend:  # aiodist's form: the init method first
+            if init_method is not None:
+                raise TypeError(
+                    f"init_process_group({backend!r}, {init_method!r}): the first argument is an init method, "
+                    "and so is the second; torch's order is (backend, init_method)"
+                )
+            return None, backend
+        backend_name(backend)  # raises, saying which names are accepted
+    if init_method is not None and (not isinstance(init_method, str) or "://" not in init_method):
+        raise ValueError(
+            f"init_process_group: init_method {init_method!r} is not an init method "
+            "(use 'env://', 'tcp://host:port', 'file:///path', or store=)"
+        )
+    return (backend_name(backend) if backend is not None else None), init_method
 
 
-def reduce_scatter_tensor(
-    out: Any, x: Any, op: Any = ReduceOp.SUM, group: ProcessGroup | None = None, *, timeout: float | None = None
-) -> Work[Any]:
-    return _group(group).reduce_scatter_tensor(out, x, op, timeout=timeout)
+__all__ = [
+    "ProcessGroup", "ReduceOp", "Work",  # (re-exported: code written against aiodist.api uses them)
+    "DEFAULT_TIMEOUT", "abort", "destroy_process_group", "finish_failed_rank", "finish_rank", "get_backend", "get_global_rank",
+    "get_group_rank", "get_node_local_rank", "get_process_group_ranks", "get_rank", "get_world_size",
+    "init_process_group", "is_available", "is_gloo_available", "is_initialized", "is_mpi_available",
+    "is_nccl_available", "is_torchelastic_launched", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+    "split_group", *_OPERATIONS,
+]
 
 
-def all_to_all(
-    out_list: Sequence[Any], in_list: Sequence[Any], group: ProcessGroup | None = None, *, timeout: float | None = None
-) -> Work[Any]:
-    return _group(group).all_to_all(out_list, in_list, timeout=timeout)
-
-
-def all_to_all_single(
-    out: Any,
-    x: Any,
-    output_split_sizes: Sequence[int] | None = None,
-    input_split_sizes: Sequence[int] | None = None,
-    group: ProcessGroup | None = None,
-    *,
-    timeout: float | None = None,
-) -> Work[Any]:
-    return _group(group).all_to_all_single(out, x, output_split_sizes, input_split_sizes, timeout=timeout)
-
-
-def barrier(group: ProcessGroup | None = None, *, timeout: float | None = None) -> Work[None]:
-    return _group(group).barrier(timeout=timeout)
-
-
-def monitored_barrier(
-    group: ProcessGroup | None = None, timeout: float | None = None, wait_all_ranks: bool = False
-) -> Work[None]:
-    return _group(group).monitored_barrier(timeout, wait_all_ranks)
-
-
-# ---------------------------------------------------------------------- point to point
-
-
-def send(x: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0, *, timeout: float | None = None) -> Work[None]:
-    """Send ``x`` to global rank ``dst``."""
-    pg = _group(group)
-    return pg.send(x, _local(pg, dst, "dst"), tag, timeout=timeout)
-
-
-def recv(
-    x: Any, src: int | None = None, group: ProcessGroup | None = None, tag: int = 0, *, timeout: float | None = None
-) -> Work[int]:
-    """Receive into ``x`` from global rank ``src`` (None: any); the Work returns the sender's global rank."""
-    pg = _group(group)
-    local = None if src is None else _local(pg, src, "src")
-    return pg.recv(x, local, tag, timeout=timeout).then(pg.global_rank)
-
-
-isend = send
-irecv = recv
-
-
-# ---------------------------------------------------------------------- objects
-
-
-def all_gather_object(obj: Any, group: ProcessGroup | None = None, *, timeout: float | None = None) -> Work[list[Any]]:
-    return _group(group).all_gather_object(obj, timeout=timeout)
-
-
-def broadcast_object_list(
-    object_list: list[Any], src: int = 0, group: ProcessGroup | None = None, *, timeout: float | None = None
-) -> Work[list[Any]]:
-    pg = _group(group)
-    return pg.broadcast_object_list(object_list, _local(pg, src, "src"), timeout=timeout)
-
-
-def gather_object(obj: Any, dst: int = 0, group: ProcessGroup | None = None, *, timeout: float | None = None) -> Work[Any]:
-    pg = _group(group)
-    return pg.gather_object(obj, _local(pg, dst, "dst"), timeout=timeout)
-
-
-def scatter_object_list(
-    out: list[Any], in_list: Sequence[Any] | None = None, src: int = 0, group: ProcessGroup | None = None, *, timeout: float | None = None
-) -> Work[list[Any]]:
-    pg = _group(group)
-    return pg.scatter_object_list(out, in_list, _local(pg, src, "src"), timeout=timeout)

@@ -51,7 +51,7 @@ import secrets as _secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from .errors import AiodistError
 
@@ -193,7 +193,7 @@ def _warn_insecure(where: str) -> None:
         )
 
 
-def _as_bytes(secret: bytes | str) -> bytes:
+def _as_bytes(secret: bytes | bytearray | memoryview | str) -> bytes:
     data = secret.encode() if isinstance(secret, str) else bytes(secret)
     if not data:
         raise ValueError("an empty secret authenticates nothing; pass secret=None to switch authentication off")
@@ -319,7 +319,7 @@ class _Side:
         if not hmac.compare_digest(got, self._proof(self.other_role)):
             self._fail("bad_proof", f"{self.other} did not prove the job's secret (a different secret, or an impostor)")
 
-    def _fail(self, reason: str, message: str) -> None:
+    def _fail(self, reason: str, message: str) -> NoReturn:
         self.state = AuthState.FAILED
         where = f" at {self.peer}" if self.peer else ""
         raise AuthenticationError(f"{self.purpose} connection{where}: {message}", reason=reason, peer=self.peer)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,7 +91,7 @@ class ElasticRendezvous:
         raw = bytes(await self.store.compare_set(self._key, b"", json.dumps(_initial()).encode()))
         return raw, json.loads(raw)
 
-    async def _update(self, change: Any) -> dict[str, Any]:
+    async def _update(self, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
         """Apply ``change(state) -> new state | None`` atomically (compare_set, retried); the state after."""
         while True:
             raw, state = await self._read()
@@ -160,7 +161,7 @@ class ElasticRendezvous:
                             await self._drop(k, silent)
                             min_since = None
                         else:
-                            await self._update(lambda s, k=k: self._freeze_change(s, k))
+                            await self._update(lambda s: self._freeze_change(s, k))
                         continue
                 else:
                     min_since = None

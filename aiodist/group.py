@@ -35,14 +35,16 @@ from . import p2p
 from .collectives.allreduce import all_reduce_flat
 from .collectives.alltoall import exchange_blocks, single_blocks
 from .collectives.buffers import as_flat
-from .collectives.ops import ReduceOp, check_op_dtype
+from .collectives.ops import PremulSum, ReduceOp, premultiply
 from .comm import GroupComm, OpChannel, Transport
 from .errors import GroupError, InvalidArrayError, InvalidRankError
+from .group_extras import CoalescedOperations, ObjectOperations
 from .mismatch import MISMATCH_CHECK_AFTER, MismatchChecker
 from .op_runner import OpRunner
+from .signatures import dtype_name, reduction
 from .work import Work
 
-__all__ = ["MISMATCH_CHECK_AFTER", "WORLD_GROUP_ID", "ProcessGroup", "Work"]
+__all__ = ["MISMATCH_CHECK_AFTER", "WORLD", "WORLD_GROUP_ID", "ProcessGroup", "Work"]
 
 WORLD_GROUP_ID = 0
 
@@ -62,44 +64,25 @@ def _driver(name: str) -> Callable[..., Awaitable[Any]]:
     return fn
 
 
-_DTYPE_NAMES: dict[Any, str] = {}
+def __getattr__(name: str) -> Any:
+    """``aiodist.group.WORLD`` (torch's ``torch.distributed.group.WORLD``): the calling rank's default group.
+
+    Looked up at each access (each rank of the simulator has its own); None before
+    ``init_process_group``, as in torch.
+    """
+    if name == "WORLD":
+        from .context import get_default_group
+
+        return get_default_group()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _dtype_name(flat: np.ndarray) -> str:
-    # numpy computes dtype.name in Python (~15 us); the signature of every collective needs it
-    dt = flat.dtype
-    name = _DTYPE_NAMES.get(dt)
-    if name is None:
-        name = dt.name
-        if len(_DTYPE_NAMES) < 256:  # structured dtypes could be endless; the common ones are few
-            _DTYPE_NAMES[dt] = name
-    return name
-
-
-_REDUCTIONS: dict[Any, tuple[ReduceOp, str]] = {}
-
-
-def _reduction(op: Any, flat: np.ndarray) -> tuple[ReduceOp, str]:
-    """``check_op_dtype(op, flat.dtype)`` and "OP dtype" for the signature, remembered per (op, dtype)."""
-    key = (op, flat.dtype)
-    try:
-        hit = _REDUCTIONS.get(key)
-    except TypeError:  # an unhashable op object (anything with a matching .name is accepted)
-        rop = check_op_dtype(op, flat.dtype)
-        return rop, f"{rop.name} {_dtype_name(flat)}"
-    if hit is None:
-        rop = check_op_dtype(op, flat.dtype)  # raises for a bad pair: nothing is remembered then
-        hit = (rop, f"{rop.name} {_dtype_name(flat)}")
-        if len(_REDUCTIONS) < 1024:
-            _REDUCTIONS[key] = hit
-    return hit
-
-
-class ProcessGroup:
+class ProcessGroup(ObjectOperations, CoalescedOperations):
     """A set of ranks that run collectives together (see the module doc).
 
     ``rank`` is this rank's number in the group (-1 on a rank that is not a
-    member: such a group refuses every operation with GroupError), ``size``
+    member: every operation on such a group does nothing and returns a
+    finished Work at once, with a warning the first time, as torch does), ``size``
     the number of ranks, ``ranks`` their global ranks, ``store`` the store the
     job rendezvoused through, ``timeout`` the default timeout in seconds,
     ``job_id`` the rendezvous' job id, ``local_rank``/``local_world_size``
@@ -137,6 +120,7 @@ class ProcessGroup:
         self._runner = OpRunner(self._comm, self._checker, timeout=float(timeout))
         # Set by the rendezvous for the world group: what destroy() must close.
         self._on_destroy: list[Callable[[], Awaitable[None]]] = []
+        self.backend = "gloo"  # what get_backend() reports (init_process_group(backend=...) / new_group(backend=...))
 
     def __repr__(self) -> str:
         state = " destroyed" if self._runner.destroyed else "" if self.is_member else " (not a member)"
@@ -209,37 +193,53 @@ class ProcessGroup:
 
     def all_reduce(self, x: Any, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """Reduce ``x`` over the group in place; the Work returns ``x``."""
+        if self._comm.rank < 0:
+            return self._runner.absent("all_reduce", x)
         flat = as_flat(x, "x", writable=True)
-        rop, what = _reduction(op, flat)
+        rop, what = reduction(op, flat)
+        if type(op) is PremulSum:
+            premultiply(op, flat, in_place=True)
         sig = f"all_reduce {what} n={flat.size}"
         return self._runner.collective("all_reduce", sig, all_reduce_flat, (flat, rop), timeout, result=x)
 
     def broadcast(self, x: Any, src: int = 0, *, timeout: float | None = None) -> Work[Any]:
         """Copy ``x`` of rank ``src`` into ``x`` of every rank; the Work returns ``x``."""
+        if self._comm.rank < 0:
+            return self._runner.absent("broadcast", x)
         root = self._check_peer(src, "src")
         flat = as_flat(x, "x", writable=self.rank != root)
-        sig = f"broadcast src={root} {_dtype_name(flat)} n={flat.size}"
+        sig = f"broadcast src={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective("broadcast", sig, _driver("broadcast"), (x, root), timeout, result=x)
 
     def reduce(self, x: Any, dst: int = 0, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """Reduce ``x`` into rank ``dst``'s ``x`` (others' ``x`` may be used as scratch); returns ``x``."""
+        if self._comm.rank < 0:
+            return self._runner.absent("reduce", x)
         root = self._check_peer(dst, "dst")
         flat = as_flat(x, "x", writable=self.rank == root)
-        rop, what = _reduction(op, flat)
+        rop, what = reduction(op, flat)
+        arg = x
+        if type(op) is PremulSum:  # (in place on the root, whose x takes the result; a scaled copy elsewhere)
+            scaled = premultiply(op, flat, in_place=self.rank == root)
+            arg = x if self.rank == root else scaled
         sig = f"reduce dst={root} {what} n={flat.size}"
-        return self._runner.collective("reduce", sig, _driver("reduce"), (x, root, rop), timeout, result=x)
+        return self._runner.collective("reduce", sig, _driver("reduce"), (arg, root, rop), timeout, result=x)
 
     def all_gather(self, out_list: Sequence[Any], x: Any, *, timeout: float | None = None) -> Work[Any]:
         """Fill ``out_list[i]`` with rank i's ``x``; returns ``out_list``."""
+        if self._comm.rank < 0:
+            return self._runner.absent("all_gather", out_list)
         flat = as_flat(x, "x", writable=False)
         self._check_list(out_list, "out_list", flat, size=flat.size, writable=True)
-        sig = f"all_gather {_dtype_name(flat)} n={flat.size}"
+        sig = f"all_gather {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective(
             "all_gather", sig, _driver("all_gather"), (out_list, x), timeout, result=out_list
         )
 
     def all_gather_into_tensor(self, out: Any, x: Any, *, timeout: float | None = None) -> Work[Any]:
         """Concatenate every rank's ``x`` into ``out`` (``size`` times larger); returns ``out``."""
+        if self._comm.rank < 0:
+            return self._runner.absent("all_gather_into_tensor", out)
         flat = as_flat(x, "x", writable=False)
         oflat = as_flat(out, "out", writable=True)
         self._check_same_dtype(oflat, flat, "out")
@@ -247,7 +247,7 @@ class ProcessGroup:
             raise InvalidArrayError(
                 f"out has {oflat.size} elements, expected {self.size} x {flat.size}", argument="out", reason="size"
             )
-        sig = f"all_gather_into_tensor {_dtype_name(flat)} n={flat.size}"
+        sig = f"all_gather_into_tensor {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective(
             "all_gather_into_tensor", sig, _driver("all_gather_into_tensor"), (out, x), timeout, result=out
         )
@@ -256,6 +256,8 @@ class ProcessGroup:
         self, x: Any, gather_list: Sequence[Any] | None = None, dst: int = 0, *, timeout: float | None = None
     ) -> Work[Any]:
         """Collect every rank's ``x`` into ``gather_list`` on rank ``dst``; returns ``gather_list`` there, else None."""
+        if self._comm.rank < 0:
+            return self._runner.absent("gather")
         flat = as_flat(x, "x", writable=False)
         root = self._check_peer(dst, "dst")
         if self.rank == root:
@@ -264,7 +266,7 @@ class ProcessGroup:
             self._check_list(gather_list, "gather_list", flat, size=flat.size, writable=True)
         else:
             gather_list = None
-        sig = f"gather dst={root} {_dtype_name(flat)} n={flat.size}"
+        sig = f"gather dst={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective(
             "gather", sig, _driver("gather"), (x, gather_list, root), timeout, result=gather_list
         )
@@ -273,6 +275,8 @@ class ProcessGroup:
         self, x: Any, scatter_list: Sequence[Any] | None = None, src: int = 0, *, timeout: float | None = None
     ) -> Work[Any]:
         """Rank ``src`` sends ``scatter_list[i]`` to rank i's ``x``; returns ``x``."""
+        if self._comm.rank < 0:
+            return self._runner.absent("scatter", x)
         flat = as_flat(x, "x", writable=True)
         root = self._check_peer(src, "src")
         if self.rank == root:
@@ -281,16 +285,20 @@ class ProcessGroup:
             self._check_list(scatter_list, "scatter_list", flat, size=flat.size, writable=False)
         else:
             scatter_list = None
-        sig = f"scatter src={root} {_dtype_name(flat)} n={flat.size}"
+        sig = f"scatter src={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective("scatter", sig, _driver("scatter"), (x, scatter_list, root), timeout, result=x)
 
     def reduce_scatter(
         self, out: Any, in_list: Sequence[Any], op: Any = ReduceOp.SUM, *, timeout: float | None = None
     ) -> Work[Any]:
         """``out`` = the reduction over ranks of their ``in_list[rank]``; returns ``out``."""
+        if self._comm.rank < 0:
+            return self._runner.absent("reduce_scatter", out)
         oflat = as_flat(out, "out", writable=True)
-        rop, what = _reduction(op, oflat)
+        rop, what = reduction(op, oflat)
         self._check_list(in_list, "in_list", oflat, size=oflat.size, writable=False)
+        if type(op) is PremulSum:  # scaled copies: the inputs are the caller's
+            in_list = [premultiply(op, as_flat(a, "in_list", writable=False), in_place=False) for a in in_list]
         sig = f"reduce_scatter {what} n={oflat.size}"
         return self._runner.collective(
             "reduce_scatter", sig, _driver("reduce_scatter"), (out, in_list, rop), timeout, result=out
@@ -298,9 +306,13 @@ class ProcessGroup:
 
     def reduce_scatter_tensor(self, out: Any, x: Any, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """``out`` = the reduction over ranks of their chunk ``rank`` of ``x``; returns ``out``."""
+        if self._comm.rank < 0:
+            return self._runner.absent("reduce_scatter_tensor", out)
         oflat = as_flat(out, "out", writable=True)
         flat = as_flat(x, "x", writable=False)
-        rop, what = _reduction(op, oflat)
+        rop, what = reduction(op, oflat)
+        if type(op) is PremulSum:  # a scaled copy: the input is the caller's
+            x = flat = premultiply(op, flat, in_place=False)
         self._check_same_dtype(flat, oflat, "x")
         if flat.size != oflat.size * self.size:
             raise InvalidArrayError(
@@ -313,12 +325,14 @@ class ProcessGroup:
 
     def all_to_all(self, out_list: Sequence[Any], in_list: Sequence[Any], *, timeout: float | None = None) -> Work[Any]:
         """Rank i's ``in_list[j]`` lands in rank j's ``out_list[i]``; returns ``out_list``."""
+        if self._comm.rank < 0:
+            return self._runner.absent("all_to_all", out_list)
         if not isinstance(in_list, Sequence) or not in_list:
             raise InvalidArrayError("in_list must be a non-empty list of arrays", argument="in_list", reason="type")
         first = as_flat(in_list[0], "in_list[0]", writable=False)
         self._check_list(in_list, "in_list", first, size=None, writable=False)
         self._check_list(out_list, "out_list", first, size=None, writable=True)
-        sig = f"all_to_all {_dtype_name(first)}"
+        sig = f"all_to_all {dtype_name(first.dtype)}"
         return self._runner.collective(
             "all_to_all", sig, _driver("all_to_all"), (out_list, in_list), timeout, result=out_list
         )
@@ -333,13 +347,17 @@ class ProcessGroup:
         timeout: float | None = None,
     ) -> Work[Any]:
         """all_to_all on single arrays split along their first dimension; returns ``out``."""
+        if self._comm.rank < 0:
+            return self._runner.absent("all_to_all_single", out)
         # validated (splits too: one size per rank) and cut now (errors before a sequence number is taken); the task only exchanges
         outs, ins = single_blocks(out, x, self.size, output_split_sizes, input_split_sizes, arg="x")
-        sig = f"all_to_all_single {_dtype_name(ins[0])}"
+        sig = f"all_to_all_single {dtype_name(ins[0].dtype)}"
         return self._runner.collective("all_to_all_single", sig, exchange_blocks, (outs, ins), timeout, result=out)
 
     def barrier(self, *, timeout: float | None = None) -> Work[None]:
         """Wait until every rank of the group reached its barrier."""
+        if self._comm.rank < 0:
+            return self._runner.absent("barrier")
         return self._runner.collective("barrier", "barrier", _driver("barrier"), (), timeout, result=None)
 
     def monitored_barrier(self, timeout: float | None = None, wait_all_ranks: bool = False) -> Work[None]:
@@ -349,55 +367,24 @@ class ProcessGroup:
         0 raises CollectiveTimeoutError whose ``waiting_for`` lists the missing
         ranks (all of them; ``wait_all_ranks`` is accepted for torch compatibility).
         """
+        if self._comm.rank < 0:
+            return self._runner.absent("monitored_barrier")
 
         def body(ch: OpChannel, seq: int) -> Awaitable[None]:
             return _monitored_barrier(ch, wait_all_ranks=wait_all_ranks)
         return self._runner.collective("monitored_barrier", "monitored_barrier", body, (), timeout, result=None)
 
-    # ------------------------------------------------------------------ object collectives
-
-    def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> Work[list[Any]]:
-        """Every rank's (picklable) ``obj``, as a list indexed by group rank."""
-        return self._runner.collective(
-            "all_gather_object", "all_gather_object", _driver("all_gather_object"), (obj,), timeout
-        )
-
-    def broadcast_object_list(self, object_list: list[Any], src: int = 0, *, timeout: float | None = None) -> Work[list[Any]]:
-        """Replace the entries of ``object_list`` with rank ``src``'s; returns ``object_list``."""
-        root = self._check_peer(src, "src")
-        if not isinstance(object_list, list):
-            raise TypeError(f"object_list must be a list, not {type(object_list).__name__}")
-        return self._runner.collective(
-            "broadcast_object_list", f"broadcast_object_list src={root}", _driver("broadcast_object_list"),
-            (object_list, root), timeout, result=object_list,
-        )
-
-    def gather_object(self, obj: Any, dst: int = 0, *, timeout: float | None = None) -> Work[list[Any] | None]:
-        """Every rank's ``obj`` as a list on rank ``dst`` (None elsewhere)."""
-        root = self._check_peer(dst, "dst")
-        return self._runner.collective(
-            "gather_object", f"gather_object dst={root}", _driver("gather_object"), (obj, root), timeout
-        )
-
-    def scatter_object_list(
-        self, out: list[Any], in_list: Sequence[Any] | None = None, src: int = 0, *, timeout: float | None = None
-    ) -> Work[list[Any]]:
-        """Rank ``src`` sends ``in_list[i]`` to rank i, which stores it as ``out[0]``; returns ``out``."""
-        root = self._check_peer(src, "src")
-        if not isinstance(out, list) or not out:
-            raise ValueError("out must be a list with at least one entry (the received object goes in out[0])")
-        if self.rank == root:
-            if in_list is None or len(in_list) != self.size:
-                raise ValueError(f"scatter_object_list: rank {root} must pass in_list of {self.size} objects")
-        return self._runner.collective(
-            "scatter_object_list", f"scatter_object_list src={root}", _driver("scatter_object_list"),
-            (out, in_list if self.rank == root else None, root), timeout, result=out,
-        )
-
     # ------------------------------------------------------------------ point to point
 
     def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> Work[None]:
-        """Send ``x`` to group rank ``dst`` with ``tag`` (messages per (src, tag) arrive in order)."""
+        """Send ``x`` to group rank ``dst`` with ``tag`` (messages per (src, tag) arrive in order).
+
+        Cancelling a task that awaits the Work does not cancel the send (its
+        message was numbered when it was called: it must go out, or later
+        messages to ``dst`` with that tag would wait for it).
+        """
+        if self._comm.rank < 0:
+            return self._runner.absent("send")
         self._runner.check_usable("send")
         peer = self._check_peer(dst, "dst")
         if peer == self.rank:
@@ -406,13 +393,20 @@ class ProcessGroup:
         return self._runner.spawn(coro, op="send")
 
     def recv(self, x: Any, src: int | None = None, tag: int = 0, *, timeout: float | None = None) -> Work[int]:
-        """Receive into ``x`` from group rank ``src`` (None: any source); the Work returns the sender."""
+        """Receive into ``x`` from group rank ``src`` (None: any source); the Work returns the sender.
+
+        Cancelling a task that awaits the Work withdraws the receive (see
+        :class:`~aiodist.work.Work`): ``asyncio.wait_for(pg.recv(x), t)`` that
+        times out leaves no receive behind to take a later message.
+        """
+        if self._comm.rank < 0:
+            return self._runner.absent("recv", -1)
         self._runner.check_usable("recv")
         peer = None if src is None else self._check_peer(src, "src")
         if peer is not None and peer == self.rank:
             raise InvalidRankError(f"recv: src={src} is this rank", rank=peer, size=self.size, argument="src")
-        coro = p2p.recv(self._comm, x, peer, tag, timeout=self._runner.timeout_of(timeout))
-        return self._runner.spawn(coro, op="recv")
+        coro, posted = p2p.recv(self._comm, x, peer, tag, timeout=self._runner.timeout_of(timeout))
+        return self._runner.spawn(coro, op="recv", withdraw=posted)
 
     isend = send
     irecv = recv
@@ -442,13 +436,17 @@ class ProcessGroup:
 
     # ------------------------------------------------------------------ teardown
 
+    def mark_aborted(self) -> None:
+        """From now on this group's operations fail with AbortedError (what :meth:`abort` does first)."""
+        self._runner.aborted = True
+
     async def abort(self) -> None:
         """Fail every operation of this group at once (AbortedError) and destroy it, waiting for nobody.
 
         Its connections are shared with the job's other groups: :func:`aiodist.abort` of the
         world drops them all (peers see this rank fail); aborting a subgroup only ends it here.
         """
-        self._runner.aborted = True
+        self.mark_aborted()
         await self.destroy()
 
     async def destroy(self) -> None:

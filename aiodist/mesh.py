@@ -6,6 +6,11 @@ group of this rank's row (the ranks that differ only in the "tp"
 coordinate), ``get_group("dp")`` the group of its column. Like torch, every
 rank creates every group of every dimension (``new_group`` is collective),
 in a fixed order, and keeps the ones it belongs to.
+
+``mesh["dp"]`` (or ``mesh["dp", "tp"]``) is the sub-mesh of this rank's slice
+along those dimensions, sharing their groups: ``mesh["dp"].get_group()`` is
+``mesh.get_group("dp")``. ``aiodist.device_mesh`` is the same under torch's
+module name (``torch.distributed.device_mesh``).
 """
 
 from __future__ import annotations
@@ -15,24 +20,55 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import api
+from .current import world
 from .group import ProcessGroup
 
 
 class DeviceMesh:
     """The ranks of the world as an array (``.mesh``), with one group per dimension for this rank."""
 
-    def __init__(self, mesh: np.ndarray, dim_names: tuple[str, ...] | None, groups: list[ProcessGroup], rank: int) -> None:
+    def __init__(
+        self,
+        mesh: np.ndarray,
+        dim_names: tuple[str, ...] | None,
+        groups: list[ProcessGroup],
+        rank: int,
+        device_type: str = "cpu",
+    ) -> None:
         self.mesh = mesh
         self.mesh_dim_names = dim_names
+        self.device_type = device_type
         self._groups = groups
         self._rank = rank
         where = np.argwhere(mesh == rank)
         self._coordinate: tuple[int, ...] | None = tuple(int(c) for c in where[0]) if len(where) else None
 
+    def __getitem__(self, names: str | tuple[str, ...]) -> DeviceMesh:
+        """The sub-mesh of this rank's slice along the named dimensions (torch's ``mesh["dp"]``, ``mesh["dp", "tp"]``)."""
+        wanted = (names,) if isinstance(names, str) else tuple(names)
+        if not wanted:
+            raise KeyError("name at least one mesh dimension")
+        dims = [self._dim(n) if isinstance(n, str) else self._named_only(n) for n in wanted]
+        if len(set(dims)) != len(dims):
+            raise KeyError(f"mesh dimensions {wanted} repeat one")
+        if self._coordinate is None:
+            raise ValueError(f"rank {self._rank} is not in this mesh")
+        index = tuple(slice(None) if d in dims else self._coordinate[d] for d in range(self.mesh.ndim))
+        kept = [d for d in range(self.mesh.ndim) if d in dims]  # (their order in the mesh)
+        sub = self.mesh[index].transpose([kept.index(d) for d in dims])
+        sub_names = tuple(self.mesh_dim_names[d] for d in dims) if self.mesh_dim_names else None
+        return DeviceMesh(sub, sub_names, [self._groups[d] for d in dims], self._rank, self.device_type)
+
+    def _named_only(self, name: object) -> int:
+        raise KeyError(f"mesh dimensions are indexed by name (mesh_dim_names={self.mesh_dim_names}), not {name!r}")
+
+    def get_rank(self) -> int:
+        """This rank's global rank."""
+        return self._rank
+
     def __repr__(self) -> str:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
-        return f"DeviceMesh({self.mesh.tolist()}{names})"
+        return f"DeviceMesh({self.device_type!r}, {self.mesh.tolist()}{names})"
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -100,18 +136,21 @@ async def init_device_mesh(
     device type is ignored). Cancellation may leave some groups created on
     this rank and not on others: destroy the world group then.
     """
+    device_type = "cpu"
     if isinstance(mesh_shape, str):
         if torch_shape is None:
             raise TypeError("init_device_mesh(device_type, mesh_shape): the mesh shape is missing")
-        mesh_shape = torch_shape
+        device_type, mesh_shape = mesh_shape, torch_shape
     elif torch_shape is not None:
         raise TypeError("init_device_mesh takes one mesh shape")
     shape = (mesh_shape,) if isinstance(mesh_shape, int) else tuple(int(s) for s in mesh_shape)
     if not shape or any(s < 1 for s in shape):
         raise ValueError(f"mesh shape {shape} must have positive dimensions")
-    world = api._world()
-    if math.prod(shape) != world.size:
-        raise ValueError(f"mesh shape {shape} holds {math.prod(shape)} ranks but the world has {world.size}")
+    from .subgroups import new_group
+
+    w = world()
+    if math.prod(shape) != w.size:
+        raise ValueError(f"mesh shape {shape} holds {math.prod(shape)} ranks but the world has {w.size}")
     names: tuple[str, ...] | None = None
     if mesh_dim_names is not None:
         names = tuple(mesh_dim_names)
@@ -119,18 +158,18 @@ async def init_device_mesh(
             raise ValueError(f"mesh_dim_names {names} must name each of the {len(shape)} dimensions")
         if len(set(names)) != len(names):
             raise ValueError(f"mesh_dim_names {names} must be unique")
-    me = world.rank
+    me = w.rank
     mine: list[ProcessGroup] = []
     for dim in range(len(shape)):
         chosen: ProcessGroup | None = None
         for ranks in mesh_groups(shape, dim):
-            g = await api.new_group(ranks)
+            g = await new_group(ranks)
             if me in ranks:
                 chosen = g
         assert chosen is not None
         mine.append(chosen)
-    mesh = np.arange(world.size).reshape(shape)
-    return DeviceMesh(mesh, names, mine, me)
+    mesh = np.arange(w.size).reshape(shape)
+    return DeviceMesh(mesh, names, mine, me, device_type)
 
 
 __all__ = ["DeviceMesh", "init_device_mesh", "mesh_groups"]

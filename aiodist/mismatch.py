@@ -101,9 +101,11 @@ class MismatchChecker:
     def note(self, e: CollectiveMismatchError, seq: int, *, reported: bool) -> None:
         """Collective ``seq`` mismatched (``e``): the group is unusable; make sure every member learns it.
 
-        Tells every other member (not only the peers it exchanged frames with),
-        unless a peer's report is how this rank learnt it (``reported``), and
-        marks the store for members that check their fingerprints later.
+        Tells every other member (not only the peers it exchanged frames with);
+        when a peer's report is how this rank learnt it (``reported``), relays
+        it to the members it is connected to (the reporter may leave before
+        its own reports reach them all); and marks the store for members that
+        check their fingerprints later.
         """
         if self.first is None:
             self.first = e
@@ -117,6 +119,11 @@ class MismatchChecker:
             for r in comm.ranks:
                 if r != transport.rank:
                     transport.report_mismatch(r, comm.gid, seq, str(e), calls)  # connects if needed
+        else:  # relayed to the members this rank is connected to: the reporter may leave before its reports get out
+            members = set(comm.ranks)
+            for r in transport.connected_peers():
+                if r in members and r != transport.rank:
+                    transport.report_mismatch(r, comm.gid, seq, str(e), calls)
         if self.check_after:
             self._spawn(self._mark(seq, e.calls))
 

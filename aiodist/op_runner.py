@@ -21,6 +21,10 @@ When an operation ends, the router is told (``settle``): what arrived for it
 that no receive took is dropped, and a message among those from a rank that
 called something else is a mismatch.
 
+An operation on a group this rank is not a member of does nothing: its
+Work is finished at once (:meth:`OpRunner.absent`, torch's semantics), and
+the first one warns.
+
 Cancellation: :meth:`OpRunner.close` cancels the operations still running
 and awaits them; their output buffers are left partly written.
 """
@@ -29,11 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from . import flight
+from .arguments import seconds
 from .comm import GroupComm, OpChannel, Transport
+from .comm.router import Receive
 from .eager import running_task, start_eager
 from .errors import (
     AbortedError,
@@ -44,6 +52,7 @@ from .errors import (
 )
 from .inflight import begin_entry, end_entry
 from .mismatch import MismatchChecker
+from .unawaited import call_site
 from .work import OpRecord, Work
 
 T = TypeVar("T")
@@ -74,6 +83,7 @@ class OpRunner:
         self.monitor: asyncio.TimerHandle | None = None
         self._monitor_at = math.inf
         self._dumped = False
+        self._absent_warned = False
 
     def __repr__(self) -> str:
         return f"<OpRunner {self.name} seq={self.seq} running={len(self.running)} tasks={len(self.tasks)}>"
@@ -92,12 +102,40 @@ class OpRunner:
                 f"(ranks {list(self.comm.ranks)})"
             )
 
-    def timeout_of(self, timeout: float | None) -> float:
-        """An operation's timeout: ``timeout`` (seconds, > 0), or the group's default if None."""
-        t = self.timeout if timeout is None else float(timeout)
+    def timeout_of(self, timeout: Any) -> float:
+        """An operation's timeout: ``timeout`` (seconds or a timedelta, > 0), or the group's default if None."""
+        t = self.timeout if timeout is None else seconds(timeout, "timeout")
         if not t > 0:
             raise ValueError(f"timeout must be > 0, got {timeout!r}")
         return t
+
+    def absent(self, op: str, result: Any = None) -> Work[Any]:
+        """``op`` on a group this rank is not a member of: nothing to do; a finished Work returning ``result``.
+
+        torch's semantics (its collectives return at once on a non-member);
+        the first such call on the group warns (UserWarning at the caller's line).
+        A destroyed or aborted group still raises.
+        """
+        if self.aborted or self.destroyed:
+            self.check_usable(op)  # raises
+        if not self._absent_warned:
+            self._absent_warned = True
+            code, line = call_site(1)
+            message = (
+                f"{op} on {self.name}: global rank {self.transport.rank} is not a member of this group "
+                f"(ranks {list(self.comm.ranks)}): it does nothing here (as in torch.distributed); so does every "
+                "later operation of this rank on the group"
+            )
+            if code is None:
+                warnings.warn(message, UserWarning, stacklevel=3)
+            else:
+                module = os.path.splitext(os.path.basename(code.co_filename))[0]
+                warnings.warn_explicit(message, UserWarning, code.co_filename, line, module=module)
+        rec = OpRecord(op, -1, "")
+        rec.finish(result)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut.set_result(result)
+        return Work(fut, op=op, seq=None, record=rec, group=self.name, booked=False)
 
     def collective(
         self,
@@ -126,14 +164,25 @@ class OpRunner:
             self.tasks[task] = None  # (_run forgets it as it ends)
         return Work(task, op=op, seq=seq, record=rec, group=self.name)
 
-    def spawn(self, coro: Awaitable[T], *, op: str) -> Work[T]:
-        """Run a point-to-point operation (no sequence number) as a task owned here."""
+    def spawn(self, coro: Awaitable[T], *, op: str, withdraw: Receive | None = None) -> Work[T]:
+        """Run a point-to-point operation (no sequence number) as a task owned here.
+
+        ``withdraw``: the receive the operation posted; cancelling the task (even
+        before it started) withdraws it, and so does cancelling a task that
+        awaits the Work (see :class:`~aiodist.work.Work`).
+        """
         task: asyncio.Task[T] = asyncio.get_running_loop().create_task(self._guard(coro, op))
-        if hasattr(coro, "close"):  # cancelled before it started: no "never awaited" warning
-            task.add_done_callback(lambda t: coro.close() if t.cancelled() else None)
+        if hasattr(coro, "close") or withdraw is not None:
+            task.add_done_callback(lambda t: self._cancelled(t, coro, withdraw) if t.cancelled() else None)
         self.tasks[task] = None
         task.add_done_callback(self._forget)
-        return Work(task, op=op, seq=None, group=self.name)
+        return Work(task, op=op, seq=None, group=self.name, cancel_with_awaiter=withdraw is not None)
+
+    def _cancelled(self, task: asyncio.Future[Any], coro: Any, posted: Receive | None) -> None:
+        if hasattr(coro, "close"):  # cancelled before it started: no "never awaited" warning
+            coro.close()
+        if posted is not None:  # (it may never have run: the receive it posted is withdrawn here)
+            self.transport.router.cancel(posted)
 
     def _forget(self, task: asyncio.Future[Any]) -> None:
         self.tasks.pop(task, None)

@@ -7,32 +7,63 @@ running number for its (group, destination, tag), taken when ``send`` is
 order, and matches them to receives in the order the receives were *called*
 (a receive is posted at call time). A receive with ``src=None`` takes the
 first message from any source and reports who sent it.
+
+A message carries its array's dtype and shape (header keys ``dt``, ``sh``).
+A receive refuses a message of another dtype, or of another number of
+elements, with :class:`~aiodist.errors.CollectiveMismatchError` naming both
+(the message is dropped; nothing is written into the receive's buffer):
+bytes of one dtype are never silently read as another. A different shape
+with the same number of elements is accepted, as torch.distributed does
+(``send(torch.tensor(7.0))`` into ``torch.zeros(1)``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import math
+from typing import Any, Final
+
+import numpy as np
 
 from .collectives.buffers import as_flat, byte_view
 from .comm import GroupComm
 from .comm.channel import new_receive
-from .errors import CollectiveTimeoutError, PeerFailureError
+from .comm.router import Delivery, Receive
+from .errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailureError
 from .inflight import waiting_in
+from .signatures import dtype_name
+
+DTYPE: Final = "dt"
+SHAPE: Final = "sh"
+PICKLE: Final = "pickle"
+"""The label of a message of pickled objects (send_object_list), where an array's message names its dtype."""
+
+def _shape(x: Any, flat: np.ndarray) -> list[int]:
+    shape = getattr(x, "shape", None)
+    return [flat.size] if shape is None else [int(d) for d in shape]
 
 
-def send(comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float) -> Any:
+def _describe(dtype: Any, shape: Any) -> str:
+    if dtype == PICKLE:
+        return "pickled objects (send_object_list)"
+    return f"{dtype}{list(shape) if isinstance(shape, (list, tuple)) else '[?]'}"
+
+
+def send(comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float, label: str | None = None) -> Any:
     """Validate and number a send to group rank ``dst`` now; return the coroutine that sends it.
 
-    ``x`` must not be modified until the send completes. Cancellation: the
-    message was handed to the transport whole or not at all (a number that
-    was taken but never sent makes later messages of that (dst, tag) wait).
+    ``x`` must not be modified until the send completes. ``label``: what the
+    header says in place of the dtype (a message that is no array, e.g. pickled
+    objects). Cancellation: the message was handed to the transport whole or
+    not at all (a number that was taken but never sent makes later messages of
+    that (dst, tag) wait).
     """
     flat = as_flat(x, "x", writable=False)
     tag = _check_tag(tag)
     gdst = comm.ranks[dst]
     n = comm.transport.next_p2p_number(comm.gid, gdst, tag)
-    header = {"t": "p", "g": comm.gid, "tag": tag, "n": n}
+    header = {"t": "p", "g": comm.gid, "tag": tag, "n": n, DTYPE: label or dtype_name(flat.dtype),
+              SHAPE: _shape(x, flat)}
     payload = byte_view(flat)
 
     async def run() -> None:
@@ -50,39 +81,89 @@ def send(comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float) -> Any:
     return run()
 
 
-def recv(comm: GroupComm, x: Any, src: int | None, tag: int, *, timeout: float) -> Any:
-    """Validate and post a receive into ``x`` now; return the coroutine that awaits it (-> group rank of the sender).
+def recv(comm: GroupComm, x: Any, src: int | None, tag: int, *, timeout: float) -> tuple[Any, Receive]:
+    """Validate and post a receive into ``x`` now; return the coroutine that awaits it (-> group rank of the
+    sender) and the posted receive.
 
     Cancellation withdraws the receive if no message was matched to it yet;
-    a message already being written into ``x`` is lost with it.
+    a message already being written into ``x`` is lost with it. (A task that
+    runs the coroutine and is cancelled before it starts must withdraw the
+    receive itself: ``comm.transport.router.cancel(receive)``.)
     """
     flat = as_flat(x, "x", writable=True)
     tag = _check_tag(tag)
     gsrc = None if src is None else comm.ranks[src]
-    r, fut = new_receive(comm, src=gsrc, out=byte_view(flat), tag=tag)
+    mine = (dtype_name(flat.dtype), flat.size, _shape(x, flat))
+    r, fut = new_receive(comm, src=gsrc, out=byte_view(flat), tag=tag, check=_checker(comm, mine, tag))
     comm.transport.post(r)
 
     async def run() -> int:
-        with waiting_in("recv", group=comm.name, peer=src, tag=tag):
-            try:
-                async with asyncio.timeout(timeout) as cm:
-                    result = await fut
-            except TimeoutError:
-                comm.transport.router.cancel(r)
-                if not cm.expired():
-                    raise
-                waiting = [src] if src is not None else [i for i in range(comm.size) if i != comm.rank]
-                raise _timeout("recv", comm, waiting, tag, timeout) from None
-            except BaseException:
-                comm.transport.router.cancel(r)
-                raise
-        if isinstance(result, PeerFailureError):
-            raise comm.localize(result, op="recv", seq=None)
-        if isinstance(result, BaseException):
-            raise result
+        result = await _received(comm, r, fut, src, tag, timeout)
         return comm.group_rank(result.src)
 
-    return run()
+    return run(), r
+
+
+def recv_message(comm: GroupComm, src: int | None, tag: int, label: str, *, timeout: float) -> tuple[Any, Receive]:
+    """Post a receive of a message of any size labelled ``label`` (see :func:`send`) now; return the coroutine
+    that awaits it (-> (group rank of the sender, its payload)) and the posted receive. Cancellation: as :func:`recv`.
+    """
+    tag = _check_tag(tag)
+    gsrc = None if src is None else comm.ranks[src]
+    r, fut = new_receive(comm, src=gsrc, out=None, tag=tag, check=_checker(comm, (label, -1, []), tag))
+    comm.transport.post(r)
+
+    async def run() -> tuple[int, memoryview]:
+        result = await _received(comm, r, fut, src, tag, timeout)
+        return comm.group_rank(result.src), result.payload if result.payload is not None else memoryview(b"")
+
+    return run(), r
+
+
+async def _received(comm: GroupComm, r: Receive, fut: Any, src: int | None, tag: int, timeout: float) -> Delivery:
+    """Wait for the posted receive ``r`` (bounded by ``timeout``); withdraw it if that ends otherwise."""
+    with waiting_in("recv", group=comm.name, peer=src, tag=tag):
+        try:
+            async with asyncio.timeout(timeout) as cm:
+                result = await fut
+        except TimeoutError:
+            comm.transport.router.cancel(r)
+            if not cm.expired():
+                raise
+            waiting = [src] if src is not None else [i for i in range(comm.size) if i != comm.rank]
+            raise _timeout("recv", comm, waiting, tag, timeout) from None
+        except BaseException:
+            comm.transport.router.cancel(r)
+            raise
+    if isinstance(result, PeerFailureError):
+        raise comm.localize(result, op="recv", seq=None)
+    if isinstance(result, BaseException):
+        raise result
+    return result  # type: ignore[no-any-return]
+
+
+def _checker(comm: GroupComm, mine: tuple[str, int, list[int]], tag: int) -> Any:
+    """The receive's check of a message's header: the sender's dtype and element count against this buffer's."""
+    dtype, size, shape = mine
+
+    def check(header: dict[str, Any], src: int, nbytes: int) -> BaseException | None:
+        theirs = header.get(DTYPE)
+        if theirs is None:  # (a message without them: only its byte count is checked)
+            return None
+        their_shape = header.get(SHAPE)
+        count = math.prod(their_shape) if isinstance(their_shape, (list, tuple)) else size
+        if theirs == dtype and (count == size or size < 0):  # (size -1: a message of any size)
+            return None
+        who = comm.group_rank(src)
+        sent, into = _describe(theirs, their_shape), _describe(dtype, shape)
+        what = "dtype" if theirs != dtype else "number of elements"
+        return CollectiveMismatchError(
+            f"recv (tag {tag}) of {comm.name}: rank {who} sent {sent} but rank {comm.rank} receives into {into}: "
+            f"the {what} differs (the message was dropped; the receive buffer is untouched)",
+            calls={src: f"send {sent}", comm.transport.rank: f"recv {into}"},
+        )
+
+    return check
 
 
 def _check_tag(tag: Any) -> int:

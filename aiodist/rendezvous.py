@@ -21,6 +21,12 @@ connection between ranks carries the job id, so a stale process of an earlier
 round is refused. A rank that rendezvouses again on the same store after its
 round completed (re-initialization) moves the generation on, and the others
 follow. A round's keys live under its prefix (``aiodist/<round>/``).
+
+The store connections are authenticated with the job's secret (``secret=``,
+default: from the rank's environment, see :func:`aiodist.auth.resolve_secret`)
+and optionally run over TLS (``ssl=``); the server rank 0 starts takes its
+limits from ``store_limits=`` or the ``AIODIST_STORE_LIMITS`` variable of the
+rank's environment (see :class:`aiodist.store.limits.StoreLimits`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from . import auth, tls
 from .context import getenv
 from .errors import RendezvousError, RendezvousTimeoutError, StoreError
 
@@ -87,24 +94,46 @@ def _check_rank(rank: int, world_size: int) -> None:
         raise RendezvousError(f"rank {rank} is out of range for world size {world_size}")
 
 
-async def _open_store(host: str, port: int, rank: int, timeout: float) -> tuple[Any, Any, list[Callable[[], Awaitable[None]]]]:
-    """Rank 0: start the server, then connect; others: connect (the client retries until ``timeout``)."""
+@dataclass(frozen=True)
+class _StoreAccess:
+    """How this rank reaches (and, as rank 0, serves) the job's store."""
+
+    secret: bytes | None
+    ssl: Any = None  # an aiodist.tls.TLS, an SSLContext usable on both sides, or None
+    limits: Any = None  # StoreLimits for the server rank 0 starts
+
+
+async def _open_store(
+    host: str, port: int, rank: int, timeout: float, access: _StoreAccess | None = None
+) -> tuple[Any, Any, list[Callable[[], Awaitable[None]]]]:
+    """Rank 0: start the server, then connect; others: connect (the client retries until ``timeout``).
+
+    ``access`` defaults to the secret of the rank's environment, no TLS, the environment's limits.
+    """
+    if access is None:
+        access = _StoreAccess(auth.resolve_secret())
     from .store.client import TCPStore
+    from .store.limits import StoreLimits
     from .store.server import StoreServer
 
     owned: list[Callable[[], Awaitable[None]]] = []
     server = None
     if rank == 0 and (getenv("TORCHELASTIC_USE_AGENT_STORE") or "").lower() not in ("true", "1"):
         try:
-            server = await StoreServer.start(host=host, port=port)
-        except (OSError, ConnectionError) as e:
+            limits = access.limits if access.limits is not None else StoreLimits.from_environment(getenv)
+            server = await StoreServer.start(
+                host=host, port=port, secret=access.secret, ssl=tls.server_side(access.ssl), limits=limits
+            )
+        except (OSError, ConnectionError, ValueError) as e:
             raise RendezvousError(f"rank 0 could not start the store server on {host}:{port}: {e}") from None
         owned.append(server.close)
     try:
-        store = await TCPStore.connect(host, port, timeout=timeout)
-    except (TimeoutError, StoreError, ConnectionError) as e:
+        store = await TCPStore.connect(host, port, timeout=timeout, secret=access.secret, ssl=tls.client_side(access.ssl))
+    except (TimeoutError, StoreError, ConnectionError, auth.AuthenticationError) as e:
         for close in reversed(owned):
             await close()
+        if isinstance(e, auth.AuthenticationError):
+            raise  # as it is: the job's secret differs between the ranks (or the store is not the job's)
         raise RendezvousError(f"rank {rank} could not reach the store at {host}:{port}: {e}") from None
     owned.insert(0, store.close)
     return store, server, owned
@@ -118,8 +147,18 @@ async def rendezvous(
     store: Any = None,
     timeout: float = 300.0,
     publish: Callable[[Rendezvous], Awaitable[None]] | None = None,
+    secret: Any = auth.FROM_ENVIRONMENT,
+    ssl: Any = None,
+    store_limits: Any = None,
 ) -> Rendezvous:
     """Find the store and join a round (see the module doc).
+
+    ``secret`` authenticates the store connections (default: from the
+    environment; ``None``: off, with a warning); ``ssl`` (an
+    :class:`aiodist.tls.TLS`) adds TLS; ``store_limits`` (a
+    :class:`~aiodist.store.limits.StoreLimits`) sets the limits of the
+    server rank 0 starts (default: ``AIODIST_STORE_LIMITS`` or the defaults).
+    None of them applies to a ``store=`` the caller made.
 
     ``publish(rendezvous)`` runs after this rank joined and before it
     waits for the others (the transport publishes its address there), so once
@@ -162,9 +201,10 @@ async def rendezvous(
     local_rank = _int_setting("LOCAL_RANK", None, required=False)
     local_world = _int_setting("LOCAL_WORLD_SIZE", None, required=False)
     reconnect = store is None and r != 0
+    access = _StoreAccess(auth.resolve_secret(secret) if store is None else None, ssl, store_limits)
     if store is None:
-        assert port is not None
-        store, server, owned = await _open_store(host, port, r, max(deadline - loop.time(), 0.001))
+        assert host is not None and port is not None
+        store, server, owned = await _open_store(host, port, r, max(deadline - loop.time(), 0.001), access)
     try:
         while True:
             try:
@@ -184,8 +224,11 @@ async def rendezvous(
                             pass
                     owned = []
                     await asyncio.sleep(min(RECONNECT_PAUSE, max(deadline - loop.time(), 0)))
+                    assert host is not None and port is not None
                     try:
-                        store, server, owned = await _open_store(host, port, r, max(deadline - loop.time(), 0.001))
+                        store, server, owned = await _open_store(
+                            host, port, r, max(deadline - loop.time(), 0.001), access
+                        )
                     except RendezvousError:
                         raise RendezvousError(
                             f"rank {r} lost the store during rendezvous and could not reach it again: "

@@ -87,7 +87,7 @@ def as_byte_view(payload: Any) -> memoryview:
 
 
 _packer = msgpack.Packer(use_bin_type=True)  # reused: packb builds a Packer per call
-_pack = _packer.pack
+_pack: Callable[[Any], bytes] = _packer.pack  # msgpack is untyped
 
 
 def encode_header(header: dict[str, Any]) -> bytes:

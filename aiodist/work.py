@@ -13,6 +13,28 @@ back to the task's result when it has no record).
 Every Work is booked in its rank's ledger of operations not awaited yet
 (:mod:`aiodist.unawaited`) until it is awaited or its result is looked at;
 one collected before that warns (RuntimeWarning at the user's call site).
+
+Cancellation. Cancelling a task that awaits a Work (``asyncio.wait_for``
+timing out, a TaskGroup sibling failing, ``task.cancel()``) cancels the
+*awaiter*; what happens to the *operation* depends on what it is:
+
+* a collective or a send goes on: the other ranks expect its messages (a
+  collective left half done would hang or mismatch them; a send was numbered
+  when it was called, and later messages to that rank with that tag wait for
+  it). It ends on its own, bounded by its timeout, or when its group is
+  destroyed. To stop waiting for it, stop awaiting it.
+* a receive is withdrawn, as cancelling any asyncio operation would: a
+  message that arrives later is left for the next receive instead of landing
+  in an abandoned buffer, so ``asyncio.wait_for(aiodist.recv(x), t)`` and
+  ``aiodist.recv(x, timeout=t)`` leave the same state behind. A message
+  already being written into the buffer when the cancellation comes is lost
+  with it. Every awaiter of that Work then sees the cancellation. To wait for
+  a receive with a time limit *without* withdrawing it, use
+  ``await work.wait(timeout=t)`` (it bounds only that wait) or
+  ``asyncio.shield(work)``.
+
+Destroying the group cancels every operation still running; their awaiters
+get GroupError (AbortedError after ``abort``), never a cancellation of their own.
 """
 
 from __future__ import annotations
@@ -21,6 +43,7 @@ import asyncio
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
+from .arguments import optional_seconds
 from .collectives.buffers import TASKS as STAGING, UNCLAIMED, claim, register_task, release
 from .errors import GroupError
 from .unawaited import MAX_ENTRIES, UnawaitedOperationError, call_site, clear_unawaited, ledger, unawaited_operations
@@ -82,21 +105,19 @@ class OpRecord:
 
 
 class Work(Generic[T]):
-    """An operation in flight: awaitable, ``.wait()``, ``.done()``.
+    """An operation in flight: awaitable, ``.wait()``, ``.done()`` (torch's ``is_completed()``), ``.get_future()``.
 
-    Await it (``await w`` or ``await w.wait()``): a Work whose result is never
-    looked at (``await``, ``wait``, ``result``, ``exception``, ``is_success``)
+    Await it (``await w`` or ``await w.wait()``: the same): a Work whose result is never
+    looked at (``await``, ``wait``, ``result``, ``exception``, ``is_success``, ``get_future``)
     is reported as an operation never awaited (see :mod:`aiodist.unawaited`).
     Static checkers catch a dropped one too: mypy with
     ``--enable-error-code unused-awaitable``.
 
-    Cancelling a task that awaits a Work does *not* cancel the operation: it
-    keeps running in its group (bounded by its own timeout) so the other ranks
-    are not left waiting for a half-finished collective. Destroying the group
-    cancels it.
+    Cancelling a task that awaits a Work cancels a receive and leaves a
+    collective or a send running (see the module doc).
     """
 
-    __slots__ = ("_task", "_map", "_rec", "op", "seq", "group", "_book", "_key")
+    __slots__ = ("_task", "_map", "_rec", "op", "seq", "group", "_book", "_key", "_withdraw")
 
     def __init__(
         self,
@@ -107,8 +128,11 @@ class Work(Generic[T]):
         map: Callable[[Any], T] | None = None,
         record: OpRecord | None = None,
         group: str | None = None,
+        cancel_with_awaiter: bool = False,
+        booked: bool = True,
     ) -> None:
         self._key: int | None = None  # (first: __del__ reads it even if this raises)
+        self._withdraw = cancel_with_awaiter  # a receive: an awaiter's cancellation cancels the operation
         self._task = task
         self._map = map
         self._rec = record
@@ -123,6 +147,8 @@ class Work(Generic[T]):
         # booked in the rank's ledger until awaited (Ledger.note, inlined: this is on every operation's path)
         book = self._book = ledger()
         live = book.live
+        if not booked:  # an operation that does nothing (a non-member's): not awaiting it loses nothing
+            return
         if len(live) < MAX_ENTRIES:
             code, line = call_site(1)
             key = self._key = book.next
@@ -154,7 +180,7 @@ class Work(Generic[T]):
         w: Work[U] = Work.__new__(Work)
         w._key = None
         w._task, w._map, w._rec = self._task, composed, self._rec
-        w.op, w.seq, w.group = self.op, self.seq, self.group
+        w.op, w.seq, w.group, w._withdraw = self.op, self.seq, self.group, self._withdraw
         w._book, w._key = self._book, self._key  # the new Work carries the booking
         self._key = None
         return w
@@ -199,6 +225,8 @@ class Work(Generic[T]):
             value = yield from asyncio.shield(task).__await__()
         except asyncio.CancelledError:
             self._raise_if_operation_cancelled()
+            if self._withdraw and not task.done():
+                task.cancel()  # a receive: withdrawn with its awaiter (see the module doc)
             raise
         _mark_retrieved(task)
         return self._result(value)
@@ -212,17 +240,24 @@ class Work(Generic[T]):
             raise rec.error
         return self._result(rec.value)
 
-    async def wait(self, timeout: float | None = None) -> T:
-        """Wait for the result; ``timeout`` bounds only this wait (TimeoutError), not the operation."""
+    async def wait(self, timeout: Any = None) -> T:
+        """Wait for the result; ``timeout`` (seconds or a timedelta) bounds only this wait (TimeoutError), not the operation.
+
+        ``await work.wait()`` is ``await work``, except that a cancellation
+        coming while a receive is awaited this way withdraws it only if it is not
+        the timeout's own (see the module doc).
+        """
         self._settle()
         rec = self._rec
         if rec is not None and rec.finished:
             return self._recorded()
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(optional_seconds(timeout)) as cm:
                 value = await asyncio.shield(self._task)
         except asyncio.CancelledError:
             self._raise_if_operation_cancelled()
+            if self._withdraw and not self._task.done() and not cm.expired():
+                self._task.cancel()
             raise
         if rec is None:
             _mark_retrieved(self._task)
@@ -238,6 +273,43 @@ class Work(Generic[T]):
     def done(self) -> bool:
         rec = self._rec
         return rec.finished if rec is not None else self._task.done()
+
+    is_completed = done  # (torch's name)
+
+    def get_future(self) -> asyncio.Future[T]:
+        """An asyncio future of the operation's result (or error), resolved when it ends (torch's ``get_future``).
+
+        Counts as awaiting the Work. Cancelling the future does not cancel the operation.
+        """
+        self._settle()
+        loop = self._task.get_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        if self.done():
+            self._resolve(fut)
+        else:
+            self._task.add_done_callback(lambda _: self._resolve(fut))
+        return fut
+
+    def _resolve(self, fut: asyncio.Future[T]) -> None:
+        if fut.done():
+            return
+        rec = self._rec
+        try:
+            if rec is not None:
+                value = self._recorded()
+            elif self._task.cancelled():
+                self._raise_if_operation_cancelled()
+                raise asyncio.CancelledError
+            else:
+                _mark_retrieved(self._task)
+                value = self._result(self._task.result())
+        except asyncio.CancelledError:
+            fut.cancel()
+            return
+        except BaseException as e:
+            fut.set_exception(e)
+            return
+        fut.set_result(value)
 
     def result(self) -> T:
         """The result of a finished operation (raises its error; InvalidStateError while running)."""

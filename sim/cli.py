@@ -31,7 +31,7 @@ import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from aiodist.context import getenv
 from aiodist.launch.conventions import DEFAULT_NPROC, rank_tag
@@ -62,10 +62,10 @@ def load_main(path: str) -> Callable[..., Awaitable[Any]]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    main = getattr(module, "main", None)
+    main: Callable[..., Awaitable[Any]] | None = getattr(module, "main", None)  # the program's contract
     if main is None:
         raise SystemExit(f"sim: {path} has no main()")
-    return main  # type: ignore[no-any-return]
+    return main
 
 
 def parse_latency(spec: str) -> LatencyModel:
@@ -200,32 +200,66 @@ def replay_command(ns: argparse.Namespace, seed: int, result: Result | None = No
     return cmd
 
 
-class RankPrefixedOutput(io.TextIOBase):
-    """Prefixes every line a virtual rank prints with ``[rankR]: `` (as ``aiodist run`` and torchrun do)."""
+def _lane_tag() -> str:
+    """The output prefix of the running lane: its rank's, or ``[rank?]: `` for a lane without one (the store host)."""
+    rank = getenv("RANK")
+    return rank_tag(int(rank)) if rank and rank.isdecimal() else "[rank?]: "
 
-    def __init__(self, out: Any) -> None:
+
+class RankPrefixedOutput(io.TextIOBase):
+    """Prefixes every line a virtual rank prints with ``[rankR]: `` (as ``aiodist run`` and torchrun do).
+
+    A rank's line is written once it ends; :meth:`flush` also writes the
+    unfinished ones (each ended with a newline). The stream written to is not
+    this object's: :meth:`close` never closes it. Closing (explicitly, or when
+    the object is finalized, possibly late: at a garbage collection or at
+    interpreter teardown) writes what is still buffered and flushes the
+    stream if it is still open; if it was closed first (e.g. a test's captured
+    stdout), what is still buffered is dropped, silently: it has nowhere to go,
+    and a finalizer has no one to tell.
+    """
+
+    def __init__(self, out: TextIO) -> None:
         self._out = out
-        self._partial: dict[str, str] = {}
+        self._partial: dict[str, str] = {}  # line prefix -> the unfinished line after it
+        self._closing = False
 
     def writable(self) -> bool:
         return True
 
     def write(self, s: str) -> int:
+        if self.closed:
+            raise ValueError("write to a closed RankPrefixedOutput")
         if LANE.get() < 0:  # the simulator itself
-            return self._out.write(s)  # type: ignore[no-any-return]
-        rank = getenv("RANK") or "?"
-        *lines, rest = (self._partial.pop(rank, "") + s).split("\n")
+            return self._out.write(s)
+        tag = _lane_tag()
+        *lines, rest = (self._partial.pop(tag, "") + s).split("\n")
         for line in lines:
-            self._out.write(f"{rank_tag(rank)}{line}\n")
+            self._out.write(f"{tag}{line}\n")
         if rest:
-            self._partial[rank] = rest
+            self._partial[tag] = rest
         return len(s)
 
     def flush(self) -> None:
-        for rank, rest in sorted(self._partial.items()):
-            self._out.write(f"{rank_tag(rank)}{rest}\n")
+        """Write every rank's unfinished line, then flush the stream (ValueError if it is closed, as files do)."""
+        if self._closing:
+            return  # (io's close() flushes once more: done already, or the stream is closed)
+        for tag, rest in sorted(self._partial.items()):
+            self._out.write(f"{tag}{rest}\n")
         self._partial.clear()
         self._out.flush()
+
+    def close(self) -> None:
+        """Flush if the stream is still open, else drop what is buffered; the stream itself stays open."""
+        if self._closing:
+            return
+        try:
+            if not getattr(self._out, "closed", False):
+                self.flush()
+        finally:
+            self._closing = True
+            self._partial.clear()
+            super().close()
 
 
 class RankLogCollector(logging.Handler):

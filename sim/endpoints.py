@@ -169,7 +169,7 @@ class SimConnection(Connection):
         if loop.lane in loop.dead_lanes:  # the rest of a step of a process that just crashed
             await loop.create_future()
         peer = self._peer_ep
-        if self._outbox or (peer is not None and peer._incoming + peer._kernel_bytes > links.socket_buffer):
+        if peer is not None and (self._outbox or peer._incoming + peer._kernel_bytes > links.socket_buffer):
             await self._wait_for_room(peer)  # the window is full: bytes in flight or unread in the peer's kernel
         now = loop.now
         depart = self._departure() if links.overhead else now
@@ -221,7 +221,7 @@ class SimConnection(Connection):
             if not self._outbox:
                 self._outbox = deque()
                 self._flush_when_read()
-            self._outbox.append((h, data, n))  # type: ignore[union-attr]
+            self._outbox.append((h, data, n))
             return False
         depart = self._departure()
         self._put(h, data, n, depart)
@@ -241,12 +241,12 @@ class SimConnection(Connection):
             fut: asyncio.Future[None] = loop.create_future()
             if not self._drainers:
                 self._drainers = []
-            self._drainers.append(fut)  # type: ignore[union-attr]
+            self._drainers.append(fut)
             try:
                 await fut
             finally:
                 if fut in self._drainers:
-                    self._drainers.remove(fut)  # type: ignore[union-attr]
+                    self._drainers.remove(fut)
         if self._exc is not None:
             raise self._exc
         busy = self._host.cpu_free
@@ -263,7 +263,7 @@ class SimConnection(Connection):
         fut.add_done_callback(self._flush_outbox)
         if not peer._writers:
             peer._writers = deque()
-        peer._writers.append(fut)  # type: ignore[union-attr]
+        peer._writers.append(fut)
 
     def _flush_outbox(self, _: Any = None) -> None:
         """Hand queued frames to the link while the window has room; the rest waits for the next read."""
@@ -275,7 +275,7 @@ class SimConnection(Connection):
             if peer is not None and peer._exc is None and peer._incoming + peer._kernel_bytes > links.socket_buffer:
                 self._flush_when_read()
                 return
-            h, data, n = outbox.popleft()  # type: ignore[union-attr]
+            h, data, n = outbox.popleft()
             self._put(h, data, n, self._departure())
             if loop.lane in loop.dead_lanes:  # a send trigger crashed this process
                 return

@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from aiodist.comm.transport import HEARTBEAT_INTERVAL, HEARTBEAT_MISSES
+from aiodist.comm.settings import HEARTBEAT_INTERVAL, HEARTBEAT_MISSES
 
 from .faults import Clog, Fault, Pause, Straggler
 from .latency import Tail, Uniform

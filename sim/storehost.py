@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import random
 from typing import TYPE_CHECKING
 
-from aiodist.context import new_rank_scope, set_network, set_rank_environ
+from aiodist.context import new_rank_scope, set_network, set_rank_environ, set_token_source
 
 from .loop import LANE
 
@@ -49,9 +50,12 @@ class StoreHost:
         env = dict(sim.rank_env(0, 0))  # (the job's settings: its secret, its run id)
         for key in ("RANK", "LOCAL_RANK", "ROLE_RANK", "GROUP_RANK"):
             env.pop(key, None)
+        # The store's challenge nonces: a seeded stream of this incarnation, so an authenticated run replays.
+        tokens = random.Random(f"{sim.seed}:tokens:{STORE_HOST}:{self.incarnation}")
 
         def setup() -> None:
             set_rank_environ(env)
+            set_token_source(tokens.randbytes)
             set_network(self.host.net)
             new_rank_scope()
             LANE.set(lane)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 import random
 from typing import Any
 
@@ -206,10 +207,16 @@ async def test_operations_need_a_member_and_an_initialized_group() -> None:
 
     async def body(pg: Any) -> None:
         sub = await dist.new_group([0])
-        if pg.rank == 1:
+        if pg.rank == 1:  # torch's semantics: a non-member's operation does nothing, with one warning
             assert not sub.is_member and sub.rank == -1
-            with pytest.raises(GroupError, match="not a member"):
-                sub.all_reduce(np.ones(2))
+            x = np.ones(2)
+            with pytest.warns(UserWarning, match="not a member"):
+                assert await sub.all_reduce(x) is x
+            assert x.tolist() == [1.0, 1.0]
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert await dist.broadcast(x, src=0, group=sub) is x  # (warned once per group)
+                sub.barrier()  # not awaited: it does nothing, so it is not an operation never awaited
         else:
             assert (await sub.all_reduce(np.ones(2))).tolist() == [1.0, 1.0]
 

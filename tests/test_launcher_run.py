@@ -22,6 +22,9 @@ from aiodist.launch.supervisor import LaunchConfig, LaunchResult, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The ranks below sleep 60 s unless stopped: a bound of 20 s on a run tells a stop from a wait
+# with room for a loaded 2-core machine (starting 4 interpreters can take seconds there).
+
 
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
@@ -140,7 +143,7 @@ async def test_failing_rank_stops_the_others_and_is_named(tmp_path: Path) -> Non
         4,
         grace_period=3.0,
     )
-    assert run.elapsed < 5, run.elapsed
+    assert run.elapsed < 20, run.elapsed
     assert run.result.exit_code == 7
     culprit = run.result.failures[0]
     assert (culprit.rank, culprit.returncode) == (2, 7)
@@ -160,7 +163,7 @@ async def test_rank_killed_by_signal_is_named(tmp_path: Path) -> None:
         """,
         2,
     )
-    assert run.elapsed < 5, run.elapsed
+    assert run.elapsed < 20, run.elapsed
     assert run.result.exit_code == 128 + signal.SIGKILL
     culprit = run.result.failures[0]
     assert culprit.rank == 1 and culprit.returncode == -signal.SIGKILL
@@ -182,7 +185,7 @@ async def test_rank_ignoring_sigterm_is_killed_after_grace_period(tmp_path: Path
         grace_period=0.5,
     )
     assert run.result.failures[0].rank == 0 and run.result.exit_code == 1
-    assert 0.5 < run.elapsed < 5, run.elapsed
+    assert 0.5 < run.elapsed < 20, run.elapsed
 
 
 async def test_max_restarts_restarts_the_job_which_then_succeeds(tmp_path: Path) -> None:
@@ -213,7 +216,7 @@ async def test_max_restarts_exhausted_fails(tmp_path: Path) -> None:
 async def test_job_timeout_stops_the_ranks(tmp_path: Path) -> None:
     run = await launch_source(tmp_path, "import time; time.sleep(60)", 2, timeout=0.5)
     assert run.result.timed_out and run.result.exit_code == 124
-    assert run.elapsed < 5
+    assert run.elapsed < 20
 
 
 async def test_uncaught_exception_traceback_is_shown_prefixed(tmp_path: Path) -> None:
@@ -483,7 +486,7 @@ async def test_stopping_a_rank_also_stops_the_processes_it_started(tmp_path: Pat
     if alive:
         os.kill(grandchild, signal.SIGKILL)
     assert not alive
-    assert run.elapsed < 2  # its pipes did not keep the launcher waiting
+    assert run.elapsed < 20  # its pipes did not keep the launcher waiting (they would for 60 s)
 
 
 async def test_a_process_left_behind_holding_the_pipes_does_not_hang_the_launcher(tmp_path: Path) -> None:
@@ -500,4 +503,4 @@ async def test_a_process_left_behind_holding_the_pipes_does_not_hang_the_launche
     (line,) = run.lines("out", 0)
     os.kill(int(line.split()[1]), signal.SIGKILL)
     assert run.result.ok
-    assert run.elapsed < 5, run.elapsed
+    assert run.elapsed < 20, run.elapsed

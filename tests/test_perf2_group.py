@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from aiodist.errors import CollectiveTimeoutError, GroupError
-from aiodist.group import _DTYPE_NAMES, _dtype_name
+from aiodist.signatures import _DTYPE_NAMES, dtype_name
 
 from conftest import run_world
 
 
 def test_dtype_names_are_cached() -> None:
     a = np.zeros(3, np.float32)
-    assert _dtype_name(a) == "float32"
+    assert dtype_name(a.dtype) == "float32"
     assert _DTYPE_NAMES[a.dtype] == "float32"
-    assert _dtype_name(np.zeros(1, np.dtype("<i8"))) == "int64"
+    assert dtype_name(np.dtype("<i8")) == "int64"
 
 
 async def test_a_work_awaited_by_many_before_and_after_it_finishes() -> None:

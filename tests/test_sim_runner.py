@@ -57,7 +57,7 @@ def test_seed_sweep_finds_the_planted_lost_update() -> None:
 def test_seed_sweep_finds_the_any_source_receive_race_in_real_group_code() -> None:
     results = {s: sim.run(sim_anysource.main, world_size=3, seed=s, trace=False) for s in range(40)}
     failing = [s for s, r in results.items() if not r.ok]
-    assert failing and len(failing) < 20
+    assert failing and len(failing) < 30  # (found by a sweep, not every time)
     assert "arrived in order [2, 1]" in results[failing[0]].failures[0].message
     assert sim.run(sim_anysource.main, world_size=3, seed=failing[0], trace=False).digest == results[failing[0]].digest
     assert all(results[s].rank_results[0] == [1, 2] for s in results if s not in failing)

@@ -4,29 +4,12 @@ client does not read its replies, and recovery of the fast path afterwards."""
 from __future__ import annotations
 
 import asyncio
-import struct
-from typing import Any
-
-import msgpack
 
 from aiodist.store import StoreServer, TCPStore
-from aiodist.wire import PREAMBLE
+from store_wire import frame, handshake
+from store_wire import read_frame as read
 
 HOST = "127.0.0.1"
-HELLO = {"op": "hello", "proto": "aiodist-store", "v": 1}
-
-
-def frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
-    h = msgpack.packb(header, use_bin_type=True)
-    return struct.pack("<IQ", len(h), len(payload)) + h + payload
-
-
-async def read(r: asyncio.StreamReader, timeout: float = 10.0) -> tuple[dict[str, Any], int]:
-    hlen, plen = struct.unpack("<IQ", await asyncio.wait_for(r.readexactly(12), timeout))
-    header = msgpack.unpackb(await asyncio.wait_for(r.readexactly(hlen), timeout), raw=False)
-    if plen:
-        await asyncio.wait_for(r.readexactly(plen), timeout)
-    return header, plen
 
 
 async def until(cond, timeout: float = 5.0) -> None:
@@ -46,9 +29,7 @@ async def test_client_that_does_not_read_gets_backpressure_then_every_reply_in_o
             big = b"x" * (256 * 1024)
             await c.set("big", big)
             r, w = await asyncio.open_connection(HOST, server.port)
-            w.write(PREAMBLE + frame(HELLO))
-            assert await r.readexactly(8) == PREAMBLE
-            assert (await read(r))[0]["op"] == "hello"
+            assert (await handshake(r, w))["op"] == "hello"
             cid = max(server._sessions)
             assert _handler_installed(server, cid)
             n = 120  # ~30 MB of replies: far beyond the socket buffers
@@ -75,9 +56,7 @@ async def test_bad_request_after_backpressure_closes_only_that_connection() -> N
         async with await TCPStore.connect(HOST, server.port, timeout=10) as c:
             await c.set("big", b"y" * (256 * 1024))
             r, w = await asyncio.open_connection(HOST, server.port)
-            w.write(PREAMBLE + frame(HELLO))
-            assert await r.readexactly(8) == PREAMBLE
-            await read(r)
+            await handshake(r, w)
             n = 60
             w.write(b"".join(frame({"op": "get", "id": i, "k": "big"}) for i in range(n)) + frame({"op": "nope", "id": n}))
             for i in range(n):
@@ -96,7 +75,7 @@ async def test_client_dispatches_replies_from_the_frame_callback_and_notices_the
     server = await StoreServer.start(HOST, 0, idle_timeout=30.0)
     c = await TCPStore.connect(HOST, server.port, timeout=10)
     try:
-        assert c._reader is not None and c._reader.get_name().startswith("aiodist.store.watch")
+        assert c._watcher.get_name().startswith("aiodist.store.watch")
         assert await asyncio.gather(*(c.add("n", 1) for _ in range(300))) == list(range(1, 301))
         assert await c.get("n") == b"300"
         pending = asyncio.ensure_future(c.get("never", timeout=30))

@@ -14,6 +14,7 @@ import msgpack
 import pytest
 
 import aiodist.store.client as client_mod
+from aiodist import auth
 from aiodist.errors import (
     ConnectionClosedError,
     StoreConnectionLost,
@@ -24,7 +25,11 @@ from aiodist.errors import (
 from aiodist.inflight import snapshot
 from aiodist.net.tcp import TCPNetwork
 from aiodist.store import StoreServer, TCPStore
+from aiodist.store import protocol as P
+from aiodist.store.admission import Admission, server_handshake
+from aiodist.store.limits import StoreLimits
 from aiodist.wire import PREAMBLE
+from store_wire import HELLO, frame, handshake
 
 HOST = "127.0.0.1"
 
@@ -45,14 +50,6 @@ async def connect(srv: StoreServer, timeout: float = 10.0) -> TCPStore:
 # ------------------------------------------------------------ raw wire helpers
 
 
-def frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
-    h = msgpack.packb(header, use_bin_type=True)
-    return struct.pack("<IQ", len(h), len(payload)) + h + payload
-
-
-HELLO = {"op": "hello", "proto": "aiodist-store", "v": 1}
-
-
 class Raw:
     """A hand-driven client connection (test code may use asyncio streams)."""
 
@@ -64,9 +61,7 @@ class Raw:
         r, w = await asyncio.open_connection(HOST, port)
         raw = cls(r, w)
         if hello:
-            w.write(PREAMBLE + frame(HELLO))
-            assert await asyncio.wait_for(r.readexactly(8), 5) == PREAMBLE
-            reply = await raw.read()
+            reply = await handshake(r, w)
             assert reply["op"] == "hello" and reply["proto"] == "aiodist-store"
         return raw
 
@@ -236,8 +231,8 @@ async def test_client_gives_up_on_a_server_that_never_answers(monkeypatch: pytes
     seen: list[dict[str, Any]] = []
 
     async def mute(conn) -> None:
-        await conn.recv()
-        await conn.send({"op": "hello", "proto": "aiodist-store", "v": 1, "idle": None})
+        assert await server_handshake(conn, auth.resolve_secret(), Admission(StoreLimits(), "mute"))
+        await conn.send(P.hello_reply(idle=None, max_key=8192, max_value=1 << 20))
         while True:
             seen.append((await conn.recv()).header)
 
@@ -371,7 +366,7 @@ async def test_wrong_preamble_version(server: StoreServer) -> None:
     [
         {"op": "set", "id": 1, "k": "a", "v": [b"x"]},
         {"op": "hello", "proto": "something-else", "v": 1},
-        {"op": "hello", "proto": "aiodist-store", "v": 2},
+        {"op": "hello", "proto": "aiodist-store", "v": 99},
     ],
     ids=["request-first", "wrong-proto", "wrong-version"],
 )
@@ -487,28 +482,41 @@ async def test_requests_too_large_for_one_frame_are_refused_before_sending() -> 
 
 
 class FakeConnection:
-    """An in-memory Connection: the test plays the server."""
+    """An in-memory Connection: the test plays the server, and delivers replies to the frame handler."""
 
     def __init__(self) -> None:
-        self.inbox: asyncio.Queue[Any] = asyncio.Queue()
         self.sent: list[tuple[dict[str, Any], Any]] = []
         self.closed = False
         self.peer = "fake"
+        self.handler: Any = None
+        self._end: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def send(self, header: dict[str, Any], payload: Any = None) -> None:
-        self.sent.append((dict(header), payload))
-
-    async def recv(self) -> Any:
+    def deliver(self, header: dict[str, Any]) -> None:
         from aiodist.net.base import Frame
 
-        header = await self.inbox.get()
-        return Frame(header, None)
+        self.handler(Frame(header, None))
+
+    def send_nowait(self, header: dict[str, Any], payload: Any = None) -> bool:
+        self.sent.append((dict(header), payload))
+        return True
+
+    async def drained(self) -> None:
+        pass
+
+    def set_frame_handler(self, handler: Any) -> None:
+        self.handler = handler
+
+    async def recv(self) -> Any:
+        await self._end
+        raise ConnectionClosedError("closed")
 
     def set_payload_sink(self, sink: Any) -> None:
         pass
 
     def close(self) -> None:
         self.closed = True
+        if not self._end.done():
+            self._end.set_result(None)
 
     async def wait_closed(self) -> None:
         pass
@@ -517,20 +525,20 @@ class FakeConnection:
 async def test_reply_dispatched_to_a_just_cancelled_queue_pop_is_put_back() -> None:
     conn = FakeConnection()
     store = TCPStore(conn, host="fake", port=1, timeout=10.0, hello={"idle": None})  # type: ignore[arg-type]
-    reader = asyncio.create_task(store.get("k"))  # the first waiting call reads for everyone
+    other = asyncio.create_task(store.get("k"))
     await until(lambda: len(conn.sent) == 1)
     pop = asyncio.create_task(store.queue_pop("q"))
     await until(lambda: len(conn.sent) == 2)
     pop_id = conn.sent[1][0]["id"]
-    conn.inbox.put_nowait({"id": pop_id, "v": [b"value"]})  # the reader will dispatch this ...
-    pop.cancel()  # ... to a call whose task was cancelled in the same instant
+    pop.cancel()  # the pop's task is cancelled ...
+    conn.deliver({"id": pop_id, "v": [b"value"]})  # ... in the same instant its value arrives
     with pytest.raises(asyncio.CancelledError):
         await pop
     await until(lambda: any(h.get("op") == "unpop" for h, _ in conn.sent))
     unpop = next(h for h, _ in conn.sent if h.get("op") == "unpop")
     assert unpop == {"op": "unpop", "k": "q", "v": [b"value"]}
-    conn.inbox.put_nowait({"id": conn.sent[0][0]["id"], "v": [b"k-value"]})
-    assert await reader == b"k-value"
+    conn.deliver({"id": conn.sent[0][0]["id"], "v": [b"k-value"]})
+    assert await other == b"k-value"
     await store.close()
 
 

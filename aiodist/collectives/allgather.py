@@ -100,16 +100,16 @@ async def _all_gather(
     # Bruck: rotated scratch, block i holds rank (rank + i) % p
     tmp = np.empty(m * p, dtype=flat.dtype)
     tmp[:m] = flat
-    for st in bruck_allgather(p, rank):
-        key = (seq, _BRUCK, st.step)
+    for bst in bruck_allgather(p, rank):
+        key = (seq, _BRUCK, bst.step)
         await sendrecv(
             ch,
-            st.dst,
+            bst.dst,
             key,
-            byte_view(tmp[: st.count * m]),
-            st.src,
+            byte_view(tmp[: bst.count * m]),
+            bst.src,
             key,
-            byte_view(tmp[st.offset * m : (st.offset + st.count) * m]),
+            byte_view(tmp[bst.offset * m : (bst.offset + bst.count) * m]),
         )
     if whole is not None:
         head = (p - rank) * m

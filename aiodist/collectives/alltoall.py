@@ -108,7 +108,8 @@ def _dtype_of(arrs: Sequence[Any]) -> np.dtype[Any]:
         first = arrs[0]
         dt = getattr(first, "dtype", None)
         if dt is not None:
-            return np.dtype(dt)
+            dtype: np.dtype[Any] = np.dtype(dt)
+            return dtype
         try:
             return np.asarray(memoryview(first)).dtype
         except TypeError:

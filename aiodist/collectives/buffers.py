@@ -325,4 +325,4 @@ def check_size(flat: np.ndarray, size: int, argument: str) -> None:
 
 def byte_view(flat: np.ndarray) -> memoryview:
     """A byte-format memoryview of a contiguous 1-D array (shares memory)."""
-    return memoryview(flat.view(np.uint8))
+    return flat.view(np.uint8).data

@@ -51,7 +51,7 @@ class MemoryFabric:
         self._max_hops = max_hops
         self._eager_limit = eager_limit
         self._arrived: dict[_Slot, bytes] = {}
-        self._waiting: dict[_Slot, tuple[asyncio.Future[Any], memoryview | None]] = {}
+        self._waiting: dict[_Slot, tuple[asyncio.Future[memoryview | None], memoryview | None]] = {}
         self._senders: dict[_Slot, asyncio.Future[None]] = {}
         self._used: set[_Slot] = set()
         self.messages = [0] * size
@@ -122,7 +122,7 @@ class MemoryFabric:
             return None
         if slot in self._waiting:
             raise DuplicateKeyError(f"rank {dst} posted a second receive from rank {src} under key {key!r}")
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[memoryview | None] = asyncio.get_running_loop().create_future()
         self._waiting[slot] = (fut, out)
         sender = self._senders.get(slot)
         if sender is not None and not sender.done():

@@ -40,6 +40,9 @@ from ..errors import UnsupportedReduceOpError
 
 __all__ = [
     "ReduceOp",
+    "PremulSum",
+    "make_premul_sum",
+    "reduce_op",
     "Combiner",
     "check_op_dtype",
     "combiner",
@@ -67,6 +70,70 @@ class ReduceOp(enum.Enum):
     # identity, so the object hash (in C) is as good and keeps the per-call table and
     # cache lookups of every reduction cheap.
     __hash__ = object.__hash__
+
+
+reduce_op = ReduceOp
+"""torch's deprecated spelling of :class:`ReduceOp` (``torch.distributed.reduce_op``)."""
+
+
+class PremulSum:
+    """``ReduceOp.PREMUL_SUM`` with its factor: every rank multiplies its input by ``factor``, then the inputs are summed.
+
+    Made by :func:`make_premul_sum` (torch's ``_make_nccl_premul_sum(factor)``).
+    Each rank may pass its own factor (as with NCCL); the operation is matched
+    across ranks by its name, not its factor. Floating-point and complex
+    arrays only. ``ReduceOp.PREMUL_SUM`` itself has no factor and is refused.
+    """
+
+    __slots__ = ("factor",)
+    name = "PREMUL_SUM"
+
+    def __init__(self, factor: float | None) -> None:
+        self.factor = factor
+
+    def __repr__(self) -> str:
+        return "ReduceOp.PREMUL_SUM" if self.factor is None else f"PremulSum({self.factor!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is PremulSum and other.factor == self.factor
+
+    def __hash__(self) -> int:
+        return hash(("PREMUL_SUM", self.factor))
+
+
+def make_premul_sum(factor: Any) -> PremulSum:
+    """torch's ``_make_nccl_premul_sum(factor)``: SUM of every rank's input multiplied by ``factor`` (a number, or a
+    one-element array or tensor)."""
+    try:
+        value = float(factor)
+    except (TypeError, ValueError):
+        raise TypeError(f"the PREMUL_SUM factor must be a number or a one-element array, not {factor!r}") from None
+    return PremulSum(value)
+
+
+_make_nccl_premul_sum = make_premul_sum  # (torch's name)
+
+ReduceOp.PREMUL_SUM = PremulSum(None)  # type: ignore[attr-defined]  # (not a member: iterating ReduceOp skips it)
+
+
+def premultiply(op: PremulSum, flat: np.ndarray, *, in_place: bool) -> np.ndarray:
+    """``flat`` times ``op``'s factor (into ``flat`` itself if ``in_place``, else a new array); refuses what it cannot scale."""
+    if op.factor is None:
+        raise UnsupportedReduceOpError(
+            "ReduceOp.PREMUL_SUM needs a factor: pass aiodist._make_nccl_premul_sum(factor)", op="PREMUL_SUM",
+            dtype=flat.dtype.name,
+        )
+    if dtype_kind(flat.dtype) not in "fc":
+        raise UnsupportedReduceOpError(
+            f"ReduceOp.PREMUL_SUM is not defined for dtype {flat.dtype.name}; it applies to: floating, complex",
+            op="PREMUL_SUM", dtype=flat.dtype.name,
+        )
+    with np.errstate(all="ignore"):
+        if in_place:
+            np.multiply(flat, np.asarray(op.factor, dtype=flat.dtype), out=flat)
+            return flat
+        scaled: np.ndarray = np.multiply(flat, np.asarray(op.factor, dtype=flat.dtype))
+        return scaled
 
 
 Combiner = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
@@ -105,6 +172,11 @@ def dtype_kind(dt: np.dtype[Any]) -> str:
 def _coerce_op(op: Any) -> ReduceOp:
     if isinstance(op, ReduceOp):
         return op
+    if type(op) is PremulSum or (isinstance(op, str) and op.upper() == "PREMUL_SUM"):
+        raise UnsupportedReduceOpError(
+            f"{op!r}: PREMUL_SUM is applied by the group operations (all_reduce, reduce, reduce_scatter), "
+            "not by the reduction kernels", op="PREMUL_SUM", dtype="?",
+        )
     if isinstance(op, str):
         try:
             return ReduceOp[op.upper()]
@@ -182,7 +254,7 @@ def _quiet(ufunc: Any) -> Combiner:
     ``np.errstate`` itself.
     """
     try:
-        from numpy._core._ufunc_config import _extobj_contextvar
+        from numpy._core._ufunc_config import _extobj_contextvar  # type: ignore[attr-defined]  # numpy-private, not in its stubs; if absent, the except below
         from numpy._core.umath import _make_extobj
 
         quiet = _make_extobj(all="ignore")

@@ -18,11 +18,13 @@ it ends when its receives have all arrived, plus the time to reduce.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from . import tuning
 from .schedules import (
+    Fold,
     binomial_tree,
     bruck_allgather,
     dissemination,
@@ -81,10 +83,11 @@ def evaluate(programs: Programs, alpha: float, beta: float, gamma: float = 0.0) 
                         arrivals[slot] = t + alpha + nbytes * beta
                     sent[tid] = pos[tid]
                     progress = True
-                times = [arrivals.get((src, rank, key)) for src, key in step.recvs]
-                if any(x is None for x in times):
+                due = [arrivals.get((src, rank, key)) for src, key in step.recvs]
+                times = [x for x in due if x is not None]
+                if len(times) < len(due):
                     break
-                now[tid] = max([t, *times]) + step.reduce_bytes * gamma  # type: ignore[list-item]
+                now[tid] = max([t, *times]) + step.reduce_bytes * gamma
                 pos[tid] += 1
                 progress = True
     stuck = [tid for tid in order if pos[tid] < len(programs[tid])]
@@ -96,21 +99,26 @@ def evaluate(programs: Programs, alpha: float, beta: float, gamma: float = 0.0) 
 # ------------------------------------------------------------------ programs, one per driver
 
 
-def _one(p: int, build: Any) -> Programs:
+def _one(p: int, build: Callable[[int], list[Step]]) -> Programs:
     return {(r, 0): build(r) for r in range(p)}
+
+
+def _folded(f: Fold, nb: int, active: Callable[[], list[Step]]) -> list[Step]:
+    """The whole program of an extra, or ``active()`` with an absorber's fold before and unfold after."""
+    if f.role == "plain":
+        return active()
+    partner = f.partner
+    assert partner is not None  # extras and absorbers have one
+    if f.role == "extra":
+        return [Step(sends=((partner, "fold", nb),)), Step(recvs=((partner, "unfold"),))]
+    return [Step(recvs=((partner, "fold"),), reduce_bytes=nb), *active(), Step(sends=((partner, "unfold", nb),))]
 
 
 def _all_reduce_rd(p: int, nb: int) -> Programs:
     def build(r: int) -> list[Step]:
-        f = fold(p, r)
-        if f.role == "extra":
-            return [Step(sends=((f.partner, "fold", nb),)), Step(recvs=((f.partner, "unfold"),))]
-        prog = [Step(recvs=((f.partner, "fold"),), reduce_bytes=nb)] if f.role == "absorber" else []
-        for k, partner in recursive_doubling(p, r):
-            prog.append(Step(((partner, ("rd", k), nb),), ((partner, ("rd", k)),), nb))
-        if f.role == "absorber":
-            prog.append(Step(sends=((f.partner, "unfold", nb),)))
-        return prog
+        return _folded(fold(p, r), nb, lambda: [
+            Step(((partner, ("rd", k), nb),), ((partner, ("rd", k)),), nb) for k, partner in recursive_doubling(p, r)
+        ])
 
     return _one(p, build)
 
@@ -120,24 +128,23 @@ def _all_reduce_rabenseifner(p: int, n: int, isz: int) -> Programs:
 
     def build(r: int) -> list[Step]:
         f = fold(p, r)
-        if f.role == "extra":
-            return [Step(sends=((f.partner, "fold", nb),)), Step(recvs=((f.partner, "unfold"),))]
         offs = partition(n, f.p2)
 
         def size(lo: int, hi: int) -> int:
             return (offs[hi] - offs[lo]) * isz
 
-        prog = [Step(recvs=((f.partner, "fold"),), reduce_bytes=nb)] if f.role == "absorber" else []
-        steps = recursive_halving(p, r)
-        for st in steps:
-            key = ("rs", st.step)
-            prog.append(Step(((st.partner, key, size(st.send_lo, st.send_hi)),), ((st.partner, key),), size(st.keep_lo, st.keep_hi)))
-        for st in reversed(steps):
-            key = ("ag", st.step)
-            prog.append(Step(((st.partner, key, size(st.keep_lo, st.keep_hi)),), ((st.partner, key),)))
-        if f.role == "absorber":
-            prog.append(Step(sends=((f.partner, "unfold", nb),)))
-        return prog
+        def active() -> list[Step]:
+            prog: list[Step] = []
+            steps = recursive_halving(p, r)
+            for st in steps:
+                key = ("rs", st.step)
+                prog.append(Step(((st.partner, key, size(st.send_lo, st.send_hi)),), ((st.partner, key),), size(st.keep_lo, st.keep_hi)))
+            for st in reversed(steps):
+                key = ("ag", st.step)
+                prog.append(Step(((st.partner, key, size(st.keep_lo, st.keep_hi)),), ((st.partner, key),)))
+            return prog
+
+        return _folded(f, nb, active)
 
     return _one(p, build)
 

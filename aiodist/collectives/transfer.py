@@ -96,16 +96,18 @@ async def run_all(aws: Sequence[Awaitable[Any]]) -> None:
     loop = asyncio.get_running_loop()
     tasks = [start_eager(a, loop)[0] if asyncio.iscoroutine(a) else asyncio.ensure_future(a) for a in aws[:-1]]
     me = asyncio.current_task()
-    failed: list[asyncio.Task[Any]] = []
+    failed: list[BaseException] = []  # the first sibling's error that interrupted us
     main_running = [True]
 
     def on_done(t: asyncio.Task[Any]) -> None:
         # Interrupt our own await only while it runs; later failures surface
         # when the task is awaited below.
-        if main_running[0] and not failed and not t.cancelled() and t.exception() is not None:
-            failed.append(t)
-            if me is not None:
-                me.cancel()
+        if main_running[0] and not failed and not t.cancelled():
+            exc = t.exception()
+            if exc is not None:
+                failed.append(exc)
+                if me is not None:
+                    me.cancel()
 
     for t in tasks:
         t.add_done_callback(on_done)
@@ -120,7 +122,7 @@ async def run_all(aws: Sequence[Awaitable[Any]]) -> None:
         await _cancel_and_wait(tasks)
         if failed and me is not None and me.uncancel() == 0:
             # We cancelled ourselves because a sibling failed: raise its error.
-            raise failed[0].exception() from None  # type: ignore[misc]
+            raise failed[0] from None
         raise
     except BaseException:
         await _cancel_and_wait(tasks)

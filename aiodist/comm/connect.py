@@ -11,6 +11,7 @@ the dialer's connect start their connections so.
 from __future__ import annotations
 
 import asyncio
+from ssl import SSLContext
 from typing import Any
 
 from ..errors import ConnectionClosedError
@@ -34,7 +35,13 @@ def parse_address(raw: bytes) -> Address:
 
 
 async def dial(
-    net: Network, raw_address: bytes, hs: DialHandshake, timeout: float, loop: asyncio.AbstractEventLoop
+    net: Network,
+    raw_address: bytes,
+    hs: DialHandshake,
+    timeout: float,
+    loop: asyncio.AbstractEventLoop,
+    *,
+    ssl: SSLContext | None = None,
 ) -> tuple[Connection, Outcome]:
     """Connect to ``raw_address`` (as published) and shake hands within ``timeout``; the connection and
     the acceptor's verdict.
@@ -43,7 +50,7 @@ async def dial(
     an address that does not parse), AuthenticationError, ProtocolError.
     Any error, or cancellation, closes the connection.
     """
-    conn = await net.connect(parse_address(raw_address), timeout=timeout, max_frame_size=F.MAX_HANDSHAKE_FRAME)
+    conn = await net.connect(parse_address(raw_address), timeout=timeout, max_frame_size=F.MAX_HANDSHAKE_FRAME, ssl=ssl)
     deadline = _Deadline(loop, conn, timeout)
     try:
         _send(conn, hs.hello())

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .. import tls
 from ..auth import NONCE_BYTES, AuthenticationError
 from ..context import token_bytes
 from ..eager import start_eager
@@ -33,7 +34,7 @@ from .handshake import AcceptHandshake, DialHandshake
 from .heartbeats import Heartbeats
 from .registry import GroupRegistry
 from .router import Match, Router
-from .settings import BYE_TIMEOUT, DIAL_DEFER, DIAL_DEFER_ENV, HELLO_TIMEOUT, env_number
+from .settings import BYE_TIMEOUT, DIAL_DEFER, DIAL_DEFER_ENV, HELLO_TIMEOUT, REPORT_GRACE, env_number
 
 log = logging.getLogger("aiodist.comm")
 
@@ -84,6 +85,7 @@ class PeerLinks:
         groups: GroupRegistry,
         on_frame: Callable[[Peer, Frame], None],
         on_payload: Callable[[Peer, Header, int], memoryview | None],
+        ssl: Any = None,
     ) -> None:
         self.rank, self.world_size, self.job_id = rank, world_size, job_id
         self.store, self.key_prefix, self.timeout = store, key_prefix, timeout
@@ -91,6 +93,7 @@ class PeerLinks:
         self.peers: dict[int, Peer] = {}
         self._net = network
         self._secret = secret
+        self._ssl = ssl  # an aiodist.tls.TLS (or one SSLContext): every link over TLS
         self._router = router
         self._groups = groups
         self._on_frame = on_frame
@@ -100,6 +103,7 @@ class PeerLinks:
         self._listener: Listener | None = None
         self._published = b""  # our address as published in the store (what dialers bind their proofs to)
         self._tasks: dict[asyncio.Task[Any], None] = {}
+        self._reports: dict[asyncio.Task[Any], None] = {}  # (spawned with now=True: close() lets them finish first)
         self._unauthentic = 0  # connections refused for not proving the secret (the first one is logged)
 
     def __repr__(self) -> str:
@@ -109,14 +113,24 @@ class PeerLinks:
 
     async def listen(self, host: str) -> Address:
         """Listen on ``host`` and publish the address in the store."""
-        self._listener = await self._net.listen((host, 0), self._accept, max_frame_size=F.MAX_HANDSHAKE_FRAME)
+        self._listener = await self._net.listen(
+            (host, 0), self._accept, max_frame_size=F.MAX_HANDSHAKE_FRAME, ssl=tls.server_side(self._ssl)
+        )
         address = self._listener.address
         self._published = connect.format_address(address)
         await self.store.set(self._address_key(self.rank), self._published)
         return address
 
     async def close(self) -> None:
-        """``bye`` to every live link, close them all, cancel and await every task (bounded)."""
+        """``bye`` to every live link, close them all, cancel and await every task (bounded).
+
+        Reports still on their way (:meth:`spawn` with ``now``) get up to
+        :data:`.settings.REPORT_GRACE` seconds first: a peer must learn of a
+        mismatch before it sees this rank leave.
+        """
+        reports = [t for t in self._reports if not t.done()]
+        if reports:
+            await asyncio.wait(reports, timeout=REPORT_GRACE)
         actions = self.links.close()
         self.do(actions)
         self.heartbeats.stop()
@@ -160,6 +174,9 @@ class PeerLinks:
         task = start_eager(coro, self._loop)[0] if now else self._loop.create_task(coro)
         self._tasks[task] = None
         task.add_done_callback(self._task_done)
+        if now and not task.done():
+            self._reports[task] = None
+            task.add_done_callback(self._reports.pop)
         return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
@@ -286,7 +303,9 @@ class PeerLinks:
         hs = DialHandshake(self._secret, job=self.job_id, rank=self.rank, world=self.world_size, peer_rank=rank,
                            address=raw, nonce=self._nonce(), peer=f"rank {rank}")
         try:
-            conn, outcome = await connect.dial(self._net, raw, hs, min(self.timeout, HELLO_TIMEOUT), self._loop)
+            conn, outcome = await connect.dial(
+                self._net, raw, hs, min(self.timeout, HELLO_TIMEOUT), self._loop, ssl=tls.client_side(self._ssl)
+            )
         except AuthenticationError as e:
             self.do(self.links.dial_unauthentic(rank, str(e)))
             return

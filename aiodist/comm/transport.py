@@ -92,6 +92,7 @@ class Transport:
         timeout: float,
         network: Network,
         secret: bytes | None = None,
+        ssl: Any = None,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -111,7 +112,7 @@ class Transport:
         self._links = PeerLinks(
             rank=rank, world_size=world_size, job_id=job_id, store=store, key_prefix=key_prefix, timeout=timeout,
             network=network, secret=secret, router=self.router, groups=self._groups,
-            on_frame=self._dispatch, on_payload=self._sink,
+            on_frame=self._dispatch, on_payload=self._sink, ssl=ssl,
         )
         self.links = self._links.links  # the link state machine (read-only use outside)
         self._peers = self._links.peers
@@ -136,13 +137,16 @@ class Transport:
         timeout: float,
         host: str | None = None,
         secret: Any = FROM_ENVIRONMENT,
+        ssl: Any = None,
         mode: str | None = None,
     ) -> Transport:
         """Listen (on ``host``, else ``AIODIST_HOST``, else the network's default) and publish the address.
 
         ``secret``: the job's secret (bytes), ``None`` for no authentication, or by
-        default looked up as :func:`aiodist.auth.resolve_secret` does. ``mode``: the
-        transport mode (see :mod:`aiodist.net.shmhost`; "tcp" forces TCP between ranks of one host).
+        default looked up as :func:`aiodist.auth.resolve_secret` does. ``ssl``: an
+        :class:`aiodist.tls.TLS` to run every link over TLS (TCP then, also between ranks
+        of one host). ``mode``: the transport mode (see :mod:`aiodist.net.shmhost`; "tcp"
+        forces TCP between ranks of one host).
         """
         net = choose_network(current_network(), mode=mode)
         t = cls(
@@ -154,6 +158,7 @@ class Transport:
             timeout=timeout,
             network=net,
             secret=resolve_secret(secret) if secret is FROM_ENVIRONMENT else secret,
+            ssl=ssl,
         )
         try:
             t.address = await t._links.listen(host or getenv("AIODIST_HOST") or await net.default_host())
@@ -325,7 +330,7 @@ class Transport:
         """
         if self._closed or dst == self.rank or not 0 <= dst < self.world_size:
             return
-        self._links.spawn(self._report(dst, F.mismatch(gid, seq, message, calls)), now=True)
+        _ = self._links.spawn(self._report(dst, F.mismatch(gid, seq, message, calls)), now=True)  # owned by the links
 
     async def _report(self, dst: int, header: Header) -> None:
         try:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from ..errors import LaunchError
 from .conventions import DEFAULT_NPROC
+from .security import add_security_options, job_environment
 from .supervisor import LaunchConfig, launch
 
 __all__ = ["add_cli", "configure_parser", "build_command", "resolve_options", "run_command", "main"]
@@ -130,6 +131,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="stop the job and exit 124 if it runs longer than this (default: no limit)")
     parser.add_argument("--no-prefix", dest="prefix", action="store_false",
                         help="do not prefix output lines with the rank (ranks share the launcher's stdout/stderr)")
+    add_security_options(parser)
     parser.add_argument("-m", "--module", action="store_true",
                         help="treat the program as a module name, as with `python -m`")
     parser.add_argument("program", help="the program file (or module name with -m)")
@@ -227,6 +229,9 @@ def run_command(args: argparse.Namespace) -> int:
         min_nodes, max_nodes = parse_nnodes(args.nnodes) if isinstance(args.nnodes, str) else (
             args.nnodes if isinstance(args.nnodes, tuple) else (args.nnodes, args.nnodes))
         elastic = min_nodes != max_nodes
+        env = job_environment(os.environ, secret_file=args.secret_file, insecure=args.insecure,
+                              store_limits=args.store_limits, single_node=not elastic and min_nodes == 1,
+                              tls_files=(args.tls_cert, args.tls_key, args.tls_ca))
         config = LaunchConfig(
             command=build_command(args.program, args.program_args, module=args.module),
             nproc_per_node=args.nproc_per_node,
@@ -240,8 +245,9 @@ def run_command(args: argparse.Namespace) -> int:
             grace_period=args.grace_period,
             timeout=args.timeout,
             prefix_output=args.prefix,
+            env=env,
         )
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # (SecretFileError, a TLS file that cannot be loaded)
         print(f"aiodist run: error: {exc}", file=sys.stderr)
         return 2
     try:

@@ -30,6 +30,8 @@ import socket
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
+from .. import tls
+from ..auth import resolve_secret
 from ..elastic import ElasticRendezvous
 from ..errors import LaunchError
 from .supervisor import LaunchConfig, LaunchResult, free_port, launch
@@ -47,17 +49,17 @@ def parse_nnodes(raw: str | int) -> tuple[int, int]:
     return a, b
 
 
-async def _rendezvous_store(addr: str, port: int, timeout: float) -> tuple[Any, Any]:
+async def _rendezvous_store(addr: str, port: int, timeout: float, secret: bytes | None, ssl: Any) -> tuple[Any, Any]:
     from ..store.client import TCPStore
     from ..store.server import StoreServer
 
     server = None
     try:
-        server = await StoreServer.start(host=addr, port=port)
+        server = await StoreServer.start(host=addr, port=port, secret=secret, ssl=ssl)
     except OSError:
         server = None  # another agent hosts it
     try:
-        store = await TCPStore.connect(addr, port, timeout=timeout)
+        store = await TCPStore.connect(addr, port, timeout=timeout, secret=secret, ssl=ssl)
     except BaseException:
         if server is not None:
             await server.close()
@@ -90,7 +92,9 @@ async def launch_elastic(
     if config.master_port is None:
         raise LaunchError("--nnodes MIN:MAX needs --master-port (the rendezvous store's port, the same on every node)")
     say = log or (lambda m: print(f"aiodist run: {m}", file=__import__("sys").stderr, flush=True))
-    store, server = await _rendezvous_store(config.master_addr, config.master_port, rdzv_timeout)
+    environ = os.environ if config.env is None else config.env  # the agents' secret and TLS are the job's
+    store, server = await _rendezvous_store(config.master_addr, config.master_port, rdzv_timeout,
+                                            resolve_secret(environ=environ), tls.from_environment(environ))
     node_id = f"{socket.gethostname()}:{os.getpid()}"
     prefix = f"aiodist/elastic/{config.run_id}/"
     restarts = 0

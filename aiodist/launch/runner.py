@@ -6,7 +6,9 @@ own (uvloop's when installed, unless ``AIODIST_NO_UVLOOP=1``; see
 :mod:`aiodist.eventloop`), closed when it finishes. When it returns (not when
 it raises), :func:`aiodist.api.finish_rank` runs on the same loop: the rank's
 groups are destroyed in order (peers are told it left) and operations never
-awaited are an error.
+awaited are an error. When it raises CollectiveMismatchError,
+:func:`aiodist.api.finish_failed_rank` leaves in order too (bounded), so the
+mismatch reports this rank sent reach every member.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ async def _main_then_finish(aw: Awaitable[Any], *, always: bool = True) -> Any:
     ``always=False``: finish only if the rank still has a default group (a
     program's own ``asyncio.run``).
     """
-    from ..api import finish_rank
+    from ..api import finish_failed_rank, finish_rank
     from ..context import get_default_group
     from . import outcome
 
@@ -41,6 +43,7 @@ async def _main_then_finish(aw: Awaitable[Any], *, always: bool = True) -> Any:
             await finish_rank()
     except BaseException as exc:
         outcome.rank_ended(exc)
+        await finish_failed_rank(exc)  # (after a mismatch: its reports reach every member before this rank leaves)
         raise
     if always:  # (a script's asyncio.run: the script may go on; the bootstrap records its end)
         outcome.rank_ended(None)

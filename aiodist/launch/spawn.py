@@ -7,7 +7,9 @@ defined at the top level of a module (for a script, under an
 ``fn`` is called as ``fn(*args)`` in each rank — the rank learns who it is from
 its environment (RANK, WORLD_SIZE, ... exactly as ``aiodist run`` sets them,
 present before the child imports anything), typically through
-``await aiodist.init_process_group()``. An ``async def fn`` runs on its own
+``await aiodist.init_process_group()``. Like ``aiodist run``, every call gives
+its ranks a fresh secret (``AIODIST_SECRET``), unless the caller's
+environment or ``env`` already names one (or ``AIODIST_INSECURE=1``). An ``async def fn`` runs on its own
 event loop (uvloop's when installed).
 
 Return values come back to the caller as a list indexed by rank, so they must
@@ -35,6 +37,7 @@ from typing import Any
 from ..errors import LaunchTimeoutError, RankFailedError
 from .env import merged_env, rank_env
 from .runner import call_entry
+from .security import fresh_secret
 from .status import failure_message
 from .supervisor import free_port
 
@@ -151,6 +154,7 @@ def spawn(
         )
     ctx = multiprocessing.get_context("spawn")
     port = master_port if master_port is not None else free_port(master_addr)
+    secret = fresh_secret({**os.environ, **(env or {})})  # one per job: its ranks accept only each other
     procs: list[Any] = []
     conns: list[Any] = []
     try:
@@ -158,7 +162,7 @@ def spawn(
             variables = rank_env(
                 local_rank=rank, nproc_per_node=world_size, master_addr=master_addr, master_port=port, run_id=run_id
             )
-            overlay = merged_env(dict(env or {}), variables, nproc_per_node=world_size)
+            overlay = merged_env({**(env or {}), **secret}, variables, nproc_per_node=world_size)
             if "OMP_NUM_THREADS" in os.environ and "OMP_NUM_THREADS" not in (env or {}):
                 overlay.pop("OMP_NUM_THREADS", None)  # the caller's own setting wins, as with the launcher
             recv_end, send_end = ctx.Pipe(duplex=False)

@@ -215,7 +215,11 @@ class Outbox:
     def _give_back(self, item: _Outgoing) -> None:
         """A send gave up waiting for ``item``: make sure nothing keeps referring to its payload."""
         if item.sent or item not in self._queue:
-            return  # handed over (or dropped) already
+            # Handed over (or dropped) already, but the cancellation came before the sender
+            # resumed: the cancelled task's traceback keeps the item alive, so it lets go.
+            if not item.owned:
+                item.data = memoryview(b"")
+            return
         if not item.started:
             self._queue.remove(item)
             item.data = memoryview(b"")  # (the cancelled task's traceback may keep the item alive)
@@ -404,5 +408,6 @@ class Outbox:
         queue, self._queue = self._queue, collections.deque()
         for item in queue:
             if isinstance(item, _Outgoing):
+                item.data = memoryview(b"")  # (its sender raises our exception, which we keep: with its frames)
                 item.wake()
         self._wake_drainers()

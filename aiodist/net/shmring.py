@@ -100,7 +100,7 @@ class Spares:
             base = np.empty(nbytes, np.uint8)
         view = base[:]
         weakref.finalize(view, self._back, base)
-        return memoryview(view)  # type: ignore[arg-type]  # (an ndarray exports the buffer protocol)
+        return view.data  # (a memoryview of the array: the array lives as long as the view)
 
     def _back(self, base: np.ndarray) -> None:
         if self._kept + base.nbytes <= self.keep:

@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import ConnectionClosedError, ConnectionLost
 from ..rankenv import getenv
 from ..wire import DEFAULT_MAX_FRAME_SIZE
+from .accept import listen_socket
 from .base import Address, Connection, ConnectionHandler, Listener, Network
 from .tcp_connection import TCPConnection
 
@@ -173,12 +174,11 @@ class TCPNetwork(Network):
         def factory() -> TCPConnection:
             return _ServerConnection(listener, handshake_timeout, max_frame_size=mfs)
 
-        loop = asyncio.get_running_loop()
-        try:
-            server = await loop.create_server(factory, host or None, port, reuse_address=True, ssl=ssl)
+        try:  # our own accept loop: running out of file descriptors is logged (see .accept)
+            server = await listen_socket(host, port, factory, ssl=ssl)
         except OSError as e:
             raise ConnectionLost(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-        listener._server = server
+        listener._server = server  # type: ignore[assignment]  # an AcceptLoop: close, wait_closed, sockets
         sockname = server.sockets[0].getsockname()
         listener._address = (host or sockname[0], sockname[1])
         return listener

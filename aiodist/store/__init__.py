@@ -2,8 +2,9 @@
 
 from .base import Store
 from .client import TCPStore
+from .limits import StoreLimits
 from .memory import MemoryStore
 from .prefix import PrefixStore
 from .server import StoreServer
 
-__all__ = ["MemoryStore", "PrefixStore", "Store", "StoreServer", "TCPStore"]
+__all__ = ["MemoryStore", "PrefixStore", "Store", "StoreLimits", "StoreServer", "TCPStore"]

@@ -2,16 +2,18 @@
 
 Each call gets a request id and replies are matched to calls by id, so
 ``asyncio.gather`` over thousands of calls pipelines them on one connection.
-Reading: on a connection that offers ``set_frame_handler`` (TCP), replies
-are dispatched straight from the frame callback to their calls' futures.
-Otherwise a call that finds nobody reading reads the replies itself (for
-everyone) until its own arrives, which saves a task switch per call for a
-lone caller; if replies are still awaited then, a reader task owned by the
-client takes over until none are. A housekeeping task (also owned by the
-client) pings an idle connection so the server's idle limit never drops a
-long-lived client, sends cancellations, and fails any call the server does
+Replies are dispatched straight from the connection's frame callback to their
+calls' futures; a watcher task notices the end of the connection. A
+housekeeping task (also owned by the client) pings an idle connection so the
+server's idle limit never drops a long-lived client, sends cancellations
+(never waiting on a full socket buffer), and fails any call the server does
 not answer within its timeout plus a grace period (a hung or partitioned
-server).
+server). A call whose request waits for room in a full socket buffer is bound
+by the same deadline.
+
+Connecting runs the store's authenticated handshake (see
+:mod:`.admission`): the client proves the job's secret and refuses a server
+that cannot prove it.
 
 If the server closes the connection or dies, every pending call and every
 later call raises :class:`~aiodist.errors.StoreConnectionLost` naming the
@@ -27,6 +29,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from .. import auth, tls
 from ..context import current_network
 from ..errors import (
     ConnectionClosedError,
@@ -34,13 +37,15 @@ from ..errors import (
     ConnectionLost,
     StoreConnectionLost,
     StoreConnectTimeoutError,
-    StoreError,
     StoreRequestError,
     StoreTimeoutError,
 )
 from ..inflight import waiting_in
 from ..net.base import Connection, Frame
+from ..wire import DEFAULT_MAX_FRAME_SIZE
 from . import protocol as P
+from .admission import BusyError, client_handshake
+from .limits import PRE_AUTH_MAX_FRAME
 from .base import Store, Value, as_amount, as_key, as_keys, as_timeout, as_value
 from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, KEY_TOO_LARGE, VALUE_TOO_LARGE
 
@@ -95,41 +100,36 @@ class TCPStore(Store):
         self._error: str | None = None  # why the connection is unusable
         self._closed_locally = False
         self._server_said: str | None = None
-        # Reading: a caller whose reply is the only one awaited reads its reply itself
-        # (no task switch); otherwise the reader task reads while anything is awaited.
-        self._reading = False  # someone (a caller or the reader task) is inside conn.recv()
-        self._reader: asyncio.Task[None] | None = None
-        self._direct: tuple[asyncio.Task[Any], asyncio.Future[Any]] | None = None  # the caller reading now
-        self._interrupted: asyncio.Task[Any] | None = None
-        self._pings_out = 0
         self._housekeeper = self._loop.create_task(self._housekeeping(), name=f"aiodist.store.housekeeping[{host}:{port}]")
-        # Fast path: queue a request without a coroutine per send (await only
-        # when the connection's buffer is full).
-        self._send_nowait = getattr(conn, "send_nowait", None)
-        set_handler = getattr(conn, "set_frame_handler", None)
-        if set_handler is not None:
-            # Fast path: replies are dispatched from the connection's frame
-            # callback (no reader, no future per frame); a watcher task only
-            # notices the end of the connection.
-            self._reading = True  # for good: no caller ever reads
-            set_handler(self._dispatch)
-            self._reader = self._loop.create_task(self._watch(), name=f"aiodist.store.watch[{host}:{port}]")
+        # Replies are dispatched from the connection's frame callback (no
+        # reader task, no future per frame); the watcher only notices the end.
+        conn.set_frame_handler(self._dispatch)
+        self._watcher = self._loop.create_task(self._watch(), name=f"aiodist.store.watch[{host}:{port}]")
 
     # ------------------------------------------------------------ connecting
 
     @classmethod
-    async def connect(cls, host: str, port: int, *, timeout: float = 300.0) -> TCPStore:
+    async def connect(
+        cls, host: str, port: int, *, timeout: float = 300.0, secret: Any = auth.FROM_ENVIRONMENT, ssl: Any = None
+    ) -> TCPStore:
         """Connect to the server at ``host:port``, retrying with backoff while it is not up.
 
         ``timeout`` bounds the whole connection attempt and is the default
-        timeout of later blocking calls. Raises
-        :class:`StoreConnectTimeoutError` (a TimeoutError) when the server
-        stays unreachable, :class:`~aiodist.errors.StoreError` when what
-        answers is not a compatible store server.
+        timeout of later blocking calls. ``secret`` (default: from the
+        environment, see :func:`aiodist.auth.resolve_secret`; ``None``: no
+        authentication, with a warning) is proved to the server, which must
+        prove it back; ``ssl`` (an :class:`ssl.SSLContext` for the client
+        side, or an :class:`aiodist.tls.TLS`) adds TLS. Raises :class:`StoreConnectTimeoutError` (a
+        TimeoutError) when the server stays unreachable,
+        :class:`~aiodist.auth.AuthenticationError` when the server cannot prove
+        the secret or refuses ours, :class:`~aiodist.errors.StoreError` when
+        what answers is not a compatible store server.
         Cancellation leaves nothing behind (a half-open connection is closed).
         """
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0, got {timeout!r}")
+        key = auth.resolve_secret(secret)
+        context = tls.client_side(ssl)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         net = current_network()
@@ -149,24 +149,19 @@ class TCPStore(Store):
             attempts += 1
             conn: Connection | None = None
             try:
-                conn = await net.connect((host, port), timeout=remaining)
+                # Small frames until the server proved the secret; then replies of any size.
+                conn = await net.connect((host, port), timeout=remaining, max_frame_size=PRE_AUTH_MAX_FRAME, ssl=context)
                 async with asyncio.timeout(remaining):
-                    await conn.send(P.hello())
-                    frame = await conn.recv()
-                reply = frame.header
-                if reply.get("op") == "error" or reply.get("proto") != P.PROTO:
-                    conn.close()
-                    raise StoreError(
-                        f"{host}:{port} refused the store handshake: {reply.get('msg', reply)!r}"
-                    )
+                    reply = await client_handshake(conn, key, f"{host}:{port}")
+                conn.set_max_frame_size(DEFAULT_MAX_FRAME_SIZE)
                 return cls(conn, host=host, port=port, timeout=timeout, hello=reply)
-            except (ConnectionLost, TimeoutError) as e:
+            except (ConnectionLost, TimeoutError, BusyError) as e:
                 if conn is not None:
-                    conn.close()
+                    conn.abort()
                 last = e
             except BaseException:
                 if conn is not None:
-                    conn.close()
+                    conn.abort()
                 raise
             delay = min(backoff, deadline - loop.time())
             if delay > 0:
@@ -202,20 +197,15 @@ class TCPStore(Store):
         self._next_id = rid + 1
         header["id"] = rid
         loop = self._loop
-        fut = loop.create_future()
+        fut: asyncio.Future[tuple[dict[str, Any], memoryview | None]] = loop.create_future()
         deadline = loop.time() + timeout + _GRACE
         self._pending[rid] = (fut, deadline, op, keys, timeout)
         if deadline < self._wake_at:
             self._wake.set()
         try:
-            send_nowait = self._send_nowait
-            if send_nowait is None:
-                await self._conn.send(header, payload)
-            elif not send_nowait(header, payload):
-                await self._conn.drained()  # type: ignore[attr-defined]  # found with send_nowait
+            if not self._conn.send_nowait(header, payload):
+                await self._drained(rid, deadline)
             self._sent += 1
-            if not self._reading:
-                await self._read_until(fut)
             return await fut
         except asyncio.CancelledError:
             self._withdraw(rid, fut, op, keys)
@@ -225,6 +215,14 @@ class TCPStore(Store):
             if self._error is None:
                 self._fail(f"the store server at {self.host}:{self.port} closed the connection: {e}")
             raise self._dead() from None
+
+    async def _drained(self, rid: int, deadline: float) -> None:
+        """Wait for room in the socket buffer, no later than call ``rid``'s deadline (then it expires)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._conn.drained()
+        except TimeoutError:
+            self._expire(rid)  # the caller then finds the StoreTimeoutError in its future
 
     def _withdraw(self, rid: int, fut: asyncio.Future[Any], op: str, keys: str | list[str]) -> None:
         """The caller of request ``rid`` went away: tell the server, save a popped value."""
@@ -251,8 +249,8 @@ class TCPStore(Store):
             return StoreTimeoutError(_keylist(keys), timeout, op)
         return P.reply_error(h, op)
 
-    def _check_key(self, key: Any, op: str) -> str:
-        key = as_key(key)
+    def _check_key(self, raw: Any, op: str) -> str:
+        key = as_key(raw)
         if len(key) * 4 > self.max_key_bytes and len(key.encode("utf-8", "surrogatepass")) > self.max_key_bytes:
             raise StoreRequestError(
                 f"store refused {op}: key of {len(key.encode('utf-8', 'surrogatepass'))} bytes exceeds the limit of {self.max_key_bytes} bytes",
@@ -306,67 +304,14 @@ class TCPStore(Store):
             # Its task was cancelled just now and will not take the value: put it back.
             self._unpop(_keylist(call[3])[0], h, payload)
 
-    def _must_read(self) -> bool:
-        return bool(self._pending or self._abandoned or self._pings_out) and self._error is None
-
-    async def _read_until(self, fut: asyncio.Future[Any]) -> None:
-        """Read frames in the calling task until ``fut`` (this caller's reply) is done.
-
-        Saves a task switch per call for a caller that waits alone; when it
-        stops while other replies are awaited, the reader task takes over.
-        While ``self._direct`` is set this task is suspended only inside
-        ``conn.recv()``, so the housekeeper can interrupt it safely when the
-        call expires (``fut`` then holds the StoreTimeoutError).
-        Cancellation: no frame is lost (the connection's recv guarantees it).
-        """
-        task = asyncio.current_task()
-        assert task is not None
-        self._reading = True
-        self._direct = (task, fut)
-        conn = self._conn
-        try:
-            while not fut.done():
-                frame = await conn.recv()
-                self._dispatch(frame)
-        except ConnectionClosedError as e:
-            self._lost(e)
-        except asyncio.CancelledError:
-            if self._interrupted is task:
-                self._interrupted = None
-                if task.uncancel() == 0:
-                    return  # only the housekeeper's interrupt: fut carries the outcome
-            raise
-        finally:
-            self._direct = None
-            self._reading = False
-            if self._must_read():
-                self._start_reader()
-
-    def _start_reader(self) -> None:
-        self._reading = True  # now, so that no caller starts reading before the task runs
-        self._reader = self._loop.create_task(self._read_loop(), name=f"aiodist.store.reader[{self.host}:{self.port}]")
-
-    async def _read_loop(self) -> None:
-        """The reader task: dispatch replies while any are awaited, then end."""
-        conn = self._conn
-        try:
-            while self._must_read():
-                frame = await conn.recv()
-                self._dispatch(frame)
-        except ConnectionClosedError as e:
-            self._lost(e)
-        finally:
-            self._reading = False
-
     async def _watch(self) -> None:
-        """With the frame handler installed: recv() raises once the connection ends."""
-        conn = self._conn
+        """With the frame handler installed, recv() only raises, once the connection ends."""
         try:
-            while True:
-                frame = await conn.recv()  # only if the handler was removed
-                self._dispatch(frame)
+            await self._conn.recv()
         except ConnectionClosedError as e:
             self._lost(e)
+            return
+        raise AssertionError("a store reply bypassed the frame handler")
 
     def _lost(self, e: ConnectionClosedError) -> None:
         if self._closed_locally or self._error is not None:
@@ -377,7 +322,6 @@ class TCPStore(Store):
     def _unsolicited(self, h: dict[str, Any], payload: memoryview | None) -> None:
         op = h.get("op")
         if op == "pong":
-            self._pings_out = max(0, self._pings_out - 1)
             return
         if op == "cancelled":
             c = h.get("c")
@@ -416,28 +360,23 @@ class TCPStore(Store):
         next_ping = loop.time() + self._ping_interval if self._ping_interval is not None else math.inf
         try:
             while self._error is None:
+                # Never waits for the socket buffer (a server that stopped
+                # reading must not stop the expiry below): control frames are
+                # few (one per withdrawn call, one ping per interval) and the
+                # connection queues them.
                 while self._control:
                     msg, body = self._control.popleft()
-                    await conn.send(msg, body)
+                    conn.send_nowait(msg, body)
                     self._sent += 1
-                if self._abandoned and not self._reading and self._error is None:
-                    self._start_reader()  # reads the cancel acks and any reply that crossed them
                 now = loop.time()
                 if now >= next_ping:
                     assert self._ping_interval is not None
                     if self._sent == sent_at_tick:
-                        await conn.send({"op": "ping"})
+                        conn.send_nowait({"op": "ping"})
                         self._sent += 1
-                        self._pings_out += 1
-                        if not self._reading:
-                            self._start_reader()  # reads the pong (and notices a dead server)
                     sent_at_tick = self._sent
                     next_ping = now + self._ping_interval
                 wake_at = self._expire_overdue(now)
-                direct = self._direct
-                if direct is not None and direct[1].done() and self._interrupted is None:
-                    self._interrupted = direct[0]  # its call expired while it reads: wake it
-                    direct[0].cancel()
                 self._wake_at = min(wake_at, next_ping)
                 if self._control or self._error is not None:
                     continue
@@ -485,7 +424,7 @@ class TCPStore(Store):
             self._closed_locally = True
             self._fail(f"the store client for {self.host}:{self.port} was closed")
         self._conn.close()
-        tasks = [t for t in (self._reader, self._housekeeper) if t is not None]
+        tasks = [self._watcher, self._housekeeper]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -2,13 +2,24 @@
 
 Pure: builds and checks frame headers, no I/O.
 
-Handshake (first frame each way)::
+Handshake: four frames, which carry the mutual authentication of
+:mod:`aiodist.auth` (purpose ``"store"``; the fields ``nonce``/``proof`` are
+absent on a side that runs without a secret)::
 
-    client: {"op": "hello", "proto": "aiodist-store", "v": 1}
-    server: {"op": "hello", "proto": "aiodist-store", "v": 1,
+    client: {"op": "hello", "proto": "aiodist-store", "v": 2, "nonce": Nc}
+    server: {"op": "challenge", "nonce": Ns, "proof": P_server}
+    client: {"op": "answer", "proof": P_client}
+    server: {"op": "hello", "proto": "aiodist-store", "v": 2,
              "idle": <seconds or None>, "max_key": <bytes>, "max_value": <bytes>}
 
-or, for a wrong handshake, ``{"op": "error", "code": ..., "msg": ...}`` and close.
+The client refuses a server that cannot prove the secret; the server answers a
+client that cannot with ``{"op": "error", "err": "refused", "msg":
+"authentication failed"}`` and closes: a refusal says nothing about the
+job, its keys or why. Until the client has proved itself, the server takes
+frames of at most a few KiB (and so does the client until the server has).
+A wrong handshake is answered with ``{"op": "error", "err":
+"bad_handshake", "msg": ...}``, a server at its connection limit with
+``{"op": "error", "err": "busy", ...}`` (the client retries), and closed.
 
 Requests carry ``"op"``, a client-chosen request id ``"id"`` (an int; many may
 be in flight on one connection) and per-op fields: ``"k"`` a key, ``"ks"`` a
@@ -42,7 +53,7 @@ from typing import Any, Final
 from ..errors import StoreRequestError
 
 PROTO: Final = "aiodist-store"
-VERSION: Final = 1
+VERSION: Final = 2
 
 HEADER_VALUES_LIMIT: Final = 32 * 1024
 """Byte values whose total size is at most this travel inside the header."""
@@ -52,6 +63,8 @@ BLOCKING_OPS: Final = ("get", "wait", "multi_get", "queue_pop")
 
 # error codes used by the protocol layer (the state machine has its own)
 BAD_HANDSHAKE: Final = "bad_handshake"
+REFUSED: Final = "refused"  # authentication failed (says nothing more, on purpose)
+BUSY: Final = "busy"  # the server is at its connection limit: retry later
 BAD_REQUEST: Final = "bad_request"
 UNKNOWN_OP: Final = "unknown_op"
 TIMEOUT: Final = "timeout"
@@ -70,9 +83,34 @@ class BadMessage(Exception):
         self.request = request
 
 
-def hello() -> dict[str, Any]:
-    """The client's handshake frame."""
-    return {"op": "hello", "proto": PROTO, "v": VERSION}
+AUTH_PURPOSE: Final = "store"
+AUTH_BINDING: Final = f"{PROTO}/{VERSION}".encode()
+"""What both ends bind their proofs to. Not the address: clients may reach a store through
+forwarded ports and other names; a lured client is defeated by the proofs themselves (see README)."""
+
+
+def hello(auth: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The client's first frame (``auth``: the :class:`aiodist.auth.Dialer`'s hello fields)."""
+    return {"op": "hello", "proto": PROTO, "v": VERSION, **(auth or {})}
+
+
+def challenge(auth: dict[str, Any]) -> dict[str, Any]:
+    """The server's answer to a good hello (``auth``: the :class:`aiodist.auth.Acceptor`'s challenge fields)."""
+    return {"op": "challenge", **auth}
+
+
+def answer(auth: dict[str, Any]) -> dict[str, Any]:
+    """The client's answer to the challenge."""
+    return {"op": "answer", **auth}
+
+
+def refusal() -> dict[str, Any]:
+    """The one refusal of a client that did not authenticate: nothing in it tells it anything."""
+    return error_frame(REFUSED, "authentication failed")
+
+
+def busy() -> dict[str, Any]:
+    return error_frame(BUSY, "the store server is at its connection limit; try again later")
 
 
 def hello_reply(*, idle: float | None, max_key: int, max_value: int) -> dict[str, Any]:
@@ -83,7 +121,7 @@ def hello_reply(*, idle: float | None, max_key: int, max_value: int) -> dict[str
 def check_hello(header: dict[str, Any]) -> None:
     """Raise :class:`BadMessage` unless ``header`` is a handshake of this protocol version."""
     if header.get("op") != "hello" or header.get("proto") != PROTO:
-        raise BadMessage(f"expected a store handshake, got {_short(header)}", code=BAD_HANDSHAKE)
+        raise BadMessage(f"expected a store handshake, got a frame with op {_short(header.get('op'))}", code=BAD_HANDSHAKE)
     if header.get("v") != VERSION:
         raise BadMessage(f"store protocol version {header.get('v')!r} is not supported (this side speaks {VERSION})", code=BAD_HANDSHAKE)
 

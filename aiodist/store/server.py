@@ -3,98 +3,67 @@
 It listens through ``aiodist.context.current_network()`` (never raw asyncio
 sockets), so the simulator runs this very server on its virtual network.
 
-Per connection: a handshake within ``handshake_timeout``, then requests in any
-number, answered in completion order. A request that violates the protocol
-(unknown op, wrong types, missing fields) is answered with an error when its id
-can be read, then THAT connection is closed and one line is logged on the
-``aiodist.store`` logger; every other client keeps being served. A connection
-with no waiting request that sends nothing for ``idle_timeout`` seconds is
-closed (clients learn the limit in the handshake reply and ping). Timeouts of
-blocking requests run here, on the loop clock, so a value is either delivered
-or timed out, never both.
+Per connection: admission against the connection limit, the authenticated
+handshake within ``handshake_timeout`` (see :mod:`.admission`), then requests
+in any number, answered in completion order. A request that violates the
+protocol (unknown op, wrong types, missing fields) is answered with an error
+when its id can be read, then THAT connection is closed and one line is
+logged on the ``aiodist.store`` logger; every other client keeps being
+served. A connection with no waiting request that sends nothing for
+``idle_timeout`` seconds is closed (clients learn the limit in the handshake
+reply and ping). A client that leaves its replies unread past
+``send_timeout``, or lets more than ``max_outbox_bytes`` of them pile up, is
+cut off. Timeouts of blocking requests run here, on the loop clock, so a
+value is either delivered or timed out, never both. Every limit is in
+:class:`~aiodist.store.limits.StoreLimits`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
+from .. import auth, tls
 from ..context import current_network
-from ..errors import ConnectionClosedError
+from ..errors import ConnectionClosedError, ConnectionLost
 from ..net.base import Connection, Listener
 from . import protocol as P
-from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Failure, Reply, StoreState
+from .admission import Admission, send_quietly, server_handshake
+from .limits import PRE_AUTH_MAX_FRAME, StoreLimits
+from .requests import Requests, Session
+from .state import Reply, StoreState
 
 log = logging.getLogger("aiodist.store")
 
-_INF = float("inf")
+DEFAULT_HANDSHAKE_TIMEOUT = StoreLimits.handshake_timeout
+DEFAULT_IDLE_TIMEOUT = StoreLimits.idle_timeout
 
-DEFAULT_HANDSHAKE_TIMEOUT = 10.0
-DEFAULT_IDLE_TIMEOUT = 120.0
-
-_Handler = Callable[["_Session", dict[str, Any], "memoryview | None"], list[Reply]]
-
-
-class _Session:
-    """One client connection: its id, pending timers and the replies owed to it.
-
-    Replies produced by *other* connections' requests (a ``set`` waking this
-    client's ``get``) are posted here and written by this session's writer
-    task, so one slow client never stalls another.
-    """
-
-    __slots__ = ("cid", "conn", "timers", "outbox", "writer", "wake", "last", "idle_timer")
-
-    def __init__(self, cid: int, conn: Connection) -> None:
-        self.cid = cid
-        self.conn = conn
-        self.timers: dict[int, asyncio.TimerHandle] = {}
-        self.outbox: deque[Reply | dict[str, Any]] = deque()
-        self.writer: asyncio.Task[None] | None = None
-        self.wake: asyncio.Event | None = None
-        self.last = 0.0
-        self.idle_timer: asyncio.TimerHandle | None = None
-
-
-class StoreServer:
+class StoreServer(Requests):
     """A key-value store server. Create with :meth:`start`; stop with :meth:`close`."""
 
-    def __init__(
-        self,
-        *,
-        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
-    ) -> None:
-        self.state = StoreState(max_key_bytes=max_key_bytes, max_value_bytes=max_value_bytes)
-        self.handshake_timeout = handshake_timeout
-        self.idle_timeout = idle_timeout
+    def __init__(self, *, limits: StoreLimits, secret: bytes | None) -> None:
+        super().__init__(
+            StoreState(
+                max_key_bytes=limits.max_key_bytes,
+                max_value_bytes=limits.max_value_bytes,
+                max_client_bytes=limits.max_client_bytes,
+                max_total_bytes=limits.max_total_bytes,
+            )
+        )
+        self.limits = limits
+        self.handshake_timeout = limits.handshake_timeout
+        self.idle_timeout = limits.idle_timeout
+        self.authenticated = secret is not None
+        self._secret = secret
+        self._admission = Admission(limits, "?")
         self._listener: Listener | None = None
-        self._sessions: dict[int, _Session] = {}
+        self._sessions: dict[int, Session] = {}
         self._next_cid = 0
         self._closed = False
         self.host = ""
         self.port = 0
-        self._handlers: dict[str, _Handler] = {
-            "set": self._set,
-            "get": self._get,
-            "add": self._add,
-            "compare_set": self._compare_set,
-            "append": self._append,
-            "check": self._check,
-            "wait": self._wait,
-            "delete_key": self._delete_key,
-            "num_keys": self._num_keys,
-            "multi_get": self._multi_get,
-            "multi_set": self._multi_set,
-            "queue_push": self._queue_push,
-            "queue_pop": self._queue_pop,
-            "queue_len": self._queue_len,
-        }
 
     @classmethod
     async def start(
@@ -102,33 +71,41 @@ class StoreServer:
         host: str = "127.0.0.1",
         port: int = 0,
         *,
-        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+        secret: Any = auth.FROM_ENVIRONMENT,
+        ssl: Any = None,
+        limits: StoreLimits | None = None,
+        **options: Any,
     ) -> StoreServer:
         """Listen on ``host:port`` (port 0: a free port, see ``.port``) and serve.
 
-        ``idle_timeout`` (``None``: never) closes connections that wait for
-        nothing and stay silent that long; ``handshake_timeout`` bounds the
-        wait for a new connection's handshake.
+        ``secret`` (default: from the environment, see
+        :func:`aiodist.auth.resolve_secret`; ``None``: no authentication, with
+        a warning) is what every client must prove it knows. ``ssl`` (an
+        :class:`ssl.SSLContext` for the server side, or an
+        :class:`aiodist.tls.TLS`) adds TLS. ``limits`` and keyword ``options``
+        named like its fields (``max_connections=``, ``idle_timeout=``, ...;
+        ``None`` switches one off where allowed) set the limits (see
+        :class:`~aiodist.store.limits.StoreLimits`).
         """
-        server = cls(
-            max_key_bytes=max_key_bytes,
-            max_value_bytes=max_value_bytes,
-            handshake_timeout=handshake_timeout,
-            idle_timeout=idle_timeout,
-        )
-        # Largest legitimate frame: a value at the limit plus its key and header.
-        max_frame = max_value_bytes * 2 + max_key_bytes + (1 << 20)
+        limits = (limits or StoreLimits()).replace(**options)
+        server = cls(limits=limits, secret=auth.resolve_secret(secret))
         server._listener = await current_network().listen(
-            (host, port), server._serve, max_frame_size=max_frame, handshake_timeout=handshake_timeout
+            (host, port),
+            server._serve,
+            max_frame_size=PRE_AUTH_MAX_FRAME,  # raised for each connection once it authenticated
+            handshake_timeout=limits.handshake_timeout,
+            ssl=tls.server_side(ssl),
         )
         server.host, server.port = server._listener.address
+        server._admission = Admission(limits, f"{server.host}:{server.port}")
         return server
 
     def __repr__(self) -> str:
-        return f"<StoreServer {self.host}:{self.port} clients={len(self._sessions)} keys={len(self.state)}>"
+        auth_mode = "authenticated" if self.authenticated else "INSECURE"
+        return (
+            f"<StoreServer {self.host}:{self.port} {auth_mode} clients={len(self._sessions)}"
+            f" connections={self._admission.open} keys={len(self.state)}>"
+        )
 
     @property
     def address(self) -> tuple[str, int]:
@@ -143,8 +120,11 @@ class StoreServer:
         if self._closed:
             return
         self._closed = True
-        if self._listener is not None:
-            await self._listener.aclose()
+        try:
+            if self._listener is not None:
+                await self._listener.aclose()
+        finally:
+            self._admission.close()
 
     async def __aenter__(self) -> StoreServer:
         return self
@@ -155,26 +135,36 @@ class StoreServer:
     # ------------------------------------------------------------ connections
 
     async def _serve(self, conn: Connection) -> None:
+        admission = self._admission
+        if not admission.enter(conn.peer):
+            await send_quietly(conn, P.busy())
+            return
+        authenticated = False
         try:
-            async with asyncio.timeout(self.handshake_timeout):
-                frame = await conn.recv()
-        except TimeoutError:
-            log.info("closing store connection from %s: no handshake within %gs", conn.peer, self.handshake_timeout)
-            return
-        except ConnectionClosedError:
-            return
-        try:
-            P.check_hello(frame.header)
-        except P.BadMessage as e:
-            log.info("closing store connection from %s: %s", conn.peer, e)
-            await _send_quietly(conn, P.error_frame(e.code, str(e)))
-            return
+            try:
+                async with asyncio.timeout(self.handshake_timeout):
+                    if not await server_handshake(conn, self._secret, admission):
+                        return
+            except TimeoutError:
+                admission.unauthenticated(conn.peer, f"no complete handshake within {self.handshake_timeout:g}s")
+                return
+            except ConnectionClosedError:
+                admission.unauthenticated(conn.peer, "it left during the handshake")
+                return
+            authenticated = True
+            admission.authenticated()
+            await self._serve_authenticated(conn)
+        finally:
+            admission.leave(authenticated=authenticated)
+
+    async def _serve_authenticated(self, conn: Connection) -> None:
+        conn.set_max_frame_size(self.limits.frame_bytes)
         await conn.send(
             P.hello_reply(idle=self.idle_timeout, max_key=self.state.max_key_bytes, max_value=self.state.max_value_bytes)
         )
         cid = self._next_cid
         self._next_cid += 1
-        session = _Session(cid, conn)
+        session = Session(cid, conn)
         self._sessions[cid] = session
         loop = asyncio.get_running_loop()
         session.last = loop.time()
@@ -189,13 +179,10 @@ class StoreServer:
             if writer is not None:
                 await asyncio.gather(writer, return_exceptions=True)
 
-    async def _requests(self, session: _Session, loop: asyncio.AbstractEventLoop) -> None:
+    async def _requests(self, session: Session, loop: asyncio.AbstractEventLoop) -> None:
         conn = session.conn
-        set_handler = getattr(conn, "set_frame_handler", None)
-        fast: Callable[[Any], None] | None = None
-        if set_handler is not None and getattr(conn, "send_nowait", None) is not None:
-            fast = self._frame_handler(session, loop)
-            set_handler(fast)  # requests are now served from the frame callback
+        fast = self._frame_handler(session, loop)
+        conn.set_frame_handler(fast)  # requests are now served from the frame callback
         cid = session.cid
         while True:
             # With the frame handler installed, recv() returns only once the
@@ -207,7 +194,7 @@ class StoreServer:
                 replies = self._handle(session, frame.header, frame.payload)
             except P.BadMessage as e:
                 log.info("closing store connection from %s: %s", conn.peer, e)
-                await _send_quietly(conn, P.error_frame(e.code, str(e), request=e.request))
+                await send_quietly(conn, P.error_frame(e.code, str(e), request=e.request))
                 return
             lost: ConnectionClosedError | None = None
             for r in replies:
@@ -215,25 +202,17 @@ class StoreServer:
                     if lost is None:
                         head, payload = self._encode(session, r)
                         try:
-                            await conn.send(head, payload)
+                            await self._send(session, head, payload)
                         except ConnectionClosedError as e:
                             lost = e  # still deliver what this request owes other clients
                 else:
                     self._post(r)
             if lost is not None:
                 raise lost
-            if fast is not None and not conn.closed:
-                set_handler(fast)  # the socket buffer drained (send returned): back to the fast path
+            if not conn.closed:
+                conn.set_frame_handler(fast)  # the socket buffer drained (send returned): back to the fast path
 
-    def _handle(self, session: _Session, header: dict[str, Any], payload: Any) -> list[Any]:
-        """Run one request through its handler; raises P.BadMessage for a bad one."""
-        op = header.get("op")
-        handler = self._handlers.get(op) if type(op) is str else None
-        if handler is None:
-            return self._special(session, header, payload)
-        return handler(session, header, payload)
-
-    def _frame_handler(self, session: _Session, loop: asyncio.AbstractEventLoop) -> Callable[[Any], None]:
+    def _frame_handler(self, session: Session, loop: asyncio.AbstractEventLoop) -> Callable[[Any], None]:
         """The fast path: serve each request in the connection's frame callback.
 
         No task wake-up per request: the state machine runs and the reply is
@@ -250,14 +229,19 @@ class StoreServer:
         handlers = self._handlers
         special = self._special
         now = loop.time
-        send_nowait = conn.send_nowait  # type: ignore[attr-defined]
+        send_nowait = conn.send_nowait
+
+        def step_aside() -> None:
+            # Queued, but the socket buffer is full (the client does not
+            # read): stop serving from the callback; the session task serves
+            # with awaited sends until it drained, and the writer watches
+            # that it drains within the send timeout.
+            conn.set_frame_handler(None)
+            self._post_frame(session, _DRAIN)
 
         def write(head: dict[str, Any], payload: Any) -> None:
             if not send_nowait(head, payload):
-                # Queued, but the socket buffer is full (the client does not
-                # read): stop serving from the callback; the session task
-                # serves with awaited sends until it drained.
-                conn.set_frame_handler(None)  # type: ignore[attr-defined]
+                step_aside()
 
         def on_frame(frame: Any) -> None:
             # _handle and write inlined: this runs once per request.
@@ -272,9 +256,9 @@ class StoreServer:
                     replies = special(session, h, frame.payload)
             except P.BadMessage as e:
                 log.info("closing store connection from %s: %s", conn.peer, e)
-                conn.set_frame_handler(None)  # type: ignore[attr-defined]
+                conn.set_frame_handler(None)
                 try:
-                    write(P.error_frame(e.code, str(e), request=e.request), None)
+                    send_nowait(P.error_frame(e.code, str(e), request=e.request), None)
                 except ConnectionClosedError:
                     pass
                 conn.close()  # flushes the error reply; the session task sees the close and cleans up
@@ -284,7 +268,7 @@ class StoreServer:
                     head, payload = encode(session, r)
                     try:
                         if not send_nowait(head, payload):
-                            conn.set_frame_handler(None)  # type: ignore[attr-defined]  # see write()
+                            step_aside()
                     except ConnectionClosedError:
                         pass  # the session task sees the close; other clients' replies still go out
                 else:
@@ -292,30 +276,7 @@ class StoreServer:
 
         return on_frame
 
-    def _special(self, session: _Session, header: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        op = header.get("op")
-        if op == "ping":
-            self._post_frame(session, {"op": "pong"})
-            return []
-        if op == "cancel":
-            rid = header.get("c")
-            if type(rid) is not int:
-                raise P.BadMessage("cancel needs an integer 'c'")
-            if self.state.cancel(session.cid, rid):
-                self._disarm(session, rid)
-            # Acknowledge through the outbox: it follows any reply already owed for ``rid``.
-            self._post_frame(session, {"op": "cancelled", "c": rid})
-            return []
-        if op == "unpop":
-            key = P.field_key(header)
-            values = P.unpack_values(header, payload)
-            if len(values) != 1:
-                raise P.BadMessage("unpop needs exactly one value")
-            self._dispatch(self.state.queue_unpop(key, values[0]))
-            return []
-        raise P.BadMessage(f"unknown op {op!r}", code=P.UNKNOWN_OP, request=_rid(header))
-
-    def _end_session(self, session: _Session) -> asyncio.Task[None] | None:
+    def _end_session(self, session: Session) -> asyncio.Task[None] | None:
         """Forget ``session``: drop its waiters and timers, close it; returns its writer to await."""
         self._sessions.pop(session.cid, None)
         self.state.drop_client(session.cid)
@@ -331,7 +292,7 @@ class StoreServer:
         session.conn.close()
         return writer
 
-    def _idle_check(self, session: _Session) -> None:
+    def _idle_check(self, session: Session) -> None:
         session.idle_timer = None
         if session.conn.closed or self.idle_timeout is None:
             return
@@ -347,7 +308,7 @@ class StoreServer:
 
     # ------------------------------------------------------------ replies
 
-    def _encode(self, session: _Session, r: Reply) -> tuple[dict[str, Any], bytes | None]:
+    def _encode(self, session: Session, r: Reply) -> tuple[dict[str, Any], bytes | None]:
         if session.timers:
             timer = session.timers.pop(r.request, None)
             if timer is not None:
@@ -367,19 +328,24 @@ class StoreServer:
             return head, P.pack_values(head, value)
         return {"id": r.request, "r": value}, None
 
-    def _dispatch(self, replies: list[Reply]) -> None:
-        for r in replies:
-            self._post(r)
-
     def _post(self, r: Reply) -> None:
         """Queue a reply for its session's writer task (dropped if the client is gone)."""
-        session = self._sessions.get(r.client)  # type: ignore[arg-type]
+        session = self._sessions.get(r.client)  # type: ignore[call-overload]  # (our clients are ints)
         if session is not None:
             self._post_frame(session, r)
 
-    def _post_frame(self, session: _Session, item: Reply | dict[str, Any]) -> None:
-        """Queue a reply or a raw header for ``session``'s writer task, starting it if needed."""
+    def _post_frame(self, session: Session, item: Reply | dict[str, Any]) -> None:
+        """Queue a reply or a raw header for ``session``'s writer task, starting it if needed.
+
+        Over the outbox limit the client is cut off instead.
+        """
+        if session.conn.closed:
+            return
         session.outbox.append(item)
+        session.outbox_bytes += _size(item)
+        if session.outbox_bytes > self.limits.outbox_bytes:
+            self._cut_off(session, f"{session.outbox_bytes} bytes of replies wait for it (max_outbox_bytes)")
+            return
         if session.writer is None:
             session.wake = asyncio.Event()
             session.writer = asyncio.get_running_loop().create_task(self._write_loop(session))
@@ -387,145 +353,59 @@ class StoreServer:
             assert session.wake is not None
             session.wake.set()
 
-    async def _write_loop(self, session: _Session) -> None:
+    async def _write_loop(self, session: Session) -> None:
         assert session.wake is not None
-        conn = session.conn
+        outbox = session.outbox
         try:
             while True:
-                while session.outbox:
-                    r = session.outbox.popleft()
-                    if type(r) is dict:
-                        await conn.send(r)
-                        continue
-                    head, payload = self._encode(session, r)  # type: ignore[arg-type]
-                    await conn.send(head, payload)
+                while outbox:
+                    r = outbox.popleft()
+                    session.outbox_bytes -= _size(r)
+                    if r is _DRAIN:
+                        await self._drained(session)
+                    elif type(r) is dict:
+                        await self._send(session, r)
+                    else:
+                        head, payload = self._encode(session, r)  # type: ignore[arg-type]
+                        await self._send(session, head, payload)
                 session.wake.clear()
                 await session.wake.wait()
         except ConnectionClosedError:
             pass
 
-    # ------------------------------------------------------------ blocking helpers
+    async def _send(self, session: Session, head: dict[str, Any], payload: Any = None) -> None:
+        """Send one frame; if the socket buffer is full, wait until it drains, at most the send timeout."""
+        if not session.conn.send_nowait(head, payload):
+            await self._drained(session)
 
-    def _arm(self, session: _Session, rid: int, replies: list[Reply], timeout: float | None, keys: list[str], op: str) -> list[Reply]:
-        """After a blocking op: if it now waits, arm its timeout on the loop clock."""
-        if replies or timeout is None:
-            return replies
-        loop = asyncio.get_running_loop()
-        old = session.timers.pop(rid, None)
-        if old is not None:
-            old.cancel()
-        session.timers[rid] = loop.call_later(timeout, self._expire, session, rid, keys, timeout, op)
-        return replies
+    async def _drained(self, session: Session) -> None:
+        """Wait until what was sent to ``session`` left; cut it off if that takes longer than the send timeout."""
+        timeout = self.limits.send_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                await session.conn.drained()
+        except TimeoutError:
+            self._cut_off(session, f"it left its replies unread for {timeout:g}s (send_timeout)")
+            raise ConnectionLost(f"store client {session.conn.peer} was cut off") from None
 
-    def _disarm(self, session: _Session, rid: int) -> None:
-        handle = session.timers.pop(rid, None)
-        if handle is not None:
-            handle.cancel()
+    def _cut_off(self, session: Session, why: str) -> None:
+        """Drop a client that does not read: reset its connection, free its replies (the session task ends it)."""
+        self._admission.cut_off(session.conn.peer, why)
+        session.outbox.clear()
+        session.outbox_bytes = 0
+        session.conn.abort()  # (an orderly close would wait for it to read what is queued)
 
-    def _expire(self, session: _Session, rid: int, keys: list[str], timeout: float, op: str) -> None:
-        session.timers.pop(rid, None)
-        if self.state.cancel(session.cid, rid):
-            msg = f"{op} timed out after {timeout:g}s waiting for key(s) {keys!r}"
-            session_reply = Reply(session.cid, rid, None, _timeout_failure(msg, keys))
-            self._post(session_reply)
-
-    # ------------------------------------------------------------ op handlers
-
-    def _set(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        rid, key, vs = h.get("id"), h.get("k"), h.get("v")
-        if type(rid) is int and type(key) is str and type(vs) is list and len(vs) == 1 and type(vs[0]) is bytes:
-            return self.state.set(s.cid, rid, key, vs[0])  # the common case, checked in one go
-        return self.state.set(s.cid, P.field_id(h), P.field_key(h), _one_value(h, payload, "set"))
-
-    def _get(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        rid, key, t = h.get("id"), h.get("k"), h.get("t")
-        if type(rid) is int and type(key) is str and (t is None or (type(t) is float and 0.0 <= t < _INF)):
-            # The common case, checked in one go (a NaN fails the range test).
-            replies = self.state.get(s.cid, rid, key)
-            return replies if replies else self._arm(s, rid, replies, t, [key], "get")
-        rid = P.field_id(h)
-        key = P.field_key(h)
-        timeout = P.field_timeout(h)
-        replies = self.state.get(s.cid, rid, key)
-        return replies if replies else self._arm(s, rid, replies, timeout, [key], "get")
-
-    def _add(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        rid, key, n = h.get("id"), h.get("k"), h.get("n")
-        if type(rid) is int and type(key) is str and type(n) is int:
-            return self.state.add(s.cid, rid, key, n)
-        return self.state.add(s.cid, P.field_id(h), P.field_key(h), P.field_int(h))
-
-    def _compare_set(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        values = P.unpack_values(h, payload)
-        if len(values) != 2:
-            raise P.BadMessage("compare_set needs exactly two values (expected, desired)", request=_rid(h))
-        return self.state.compare_set(s.cid, P.field_id(h), P.field_key(h), values[0], values[1])
-
-    def _append(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        return self.state.append(s.cid, P.field_id(h), P.field_key(h), _one_value(h, payload, "append"))
-
-    def _check(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        return self.state.check(s.cid, P.field_id(h), P.field_keys(h))
-
-    def _wait(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        rid = P.field_id(h)
-        keys = P.field_keys(h)
-        timeout = P.field_timeout(h)
-        return self._arm(s, rid, self.state.wait(s.cid, rid, keys), timeout, keys, "wait")
-
-    def _delete_key(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        return self.state.delete_key(s.cid, P.field_id(h), P.field_key(h))
-
-    def _num_keys(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        return self.state.num_keys(s.cid, P.field_id(h))
-
-    def _multi_get(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        rid = P.field_id(h)
-        keys = P.field_keys(h)
-        timeout = P.field_timeout(h)
-        return self._arm(s, rid, self.state.multi_get(s.cid, rid, keys), timeout, keys, "multi_get")
-
-    def _multi_set(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        keys = P.field_keys(h)
-        values = P.unpack_values(h, payload)
-        if len(values) != len(keys):
-            raise P.BadMessage(f"multi_set got {len(keys)} keys but {len(values)} values", request=_rid(h))
-        return self.state.multi_set(s.cid, P.field_id(h), keys, values)
-
-    def _queue_push(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        return self.state.queue_push(s.cid, P.field_id(h), P.field_key(h), _one_value(h, payload, "queue_push"))
-
-    def _queue_pop(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        rid = P.field_id(h)
-        key = P.field_key(h)
-        timeout = P.field_timeout(h)
-        return self._arm(s, rid, self.state.queue_pop(s.cid, rid, key), timeout, [key], "queue_pop")
-
-    def _queue_len(self, s: _Session, h: dict[str, Any], payload: memoryview | None) -> list[Reply]:
-        return self.state.queue_len(s.cid, P.field_id(h), P.field_key(h))
+_DRAIN: Final[dict[str, Any]] = {}
+"""Outbox marker: the fast path met a full socket buffer; the writer waits for it to drain (bounded)."""
 
 
-def _one_value(h: dict[str, Any], payload: memoryview | None, op: str) -> bytes:
-    """The single value a set/append/queue_push request carries (BadMessage otherwise)."""
-    values = P.unpack_values(h, payload)
-    if len(values) != 1:
-        raise P.BadMessage(f"{op} needs exactly one value", request=_rid(h))
-    return values[0]
-
-
-def _rid(header: dict[str, Any]) -> int | None:
-    rid = header.get("id")
-    return rid if type(rid) is int else None
-
-
-def _timeout_failure(message: str, keys: list[str]) -> Failure:
-    return Failure(P.TIMEOUT, message, keys[0] if len(keys) == 1 else None)
-
-
-async def _send_quietly(conn: Connection, header: dict[str, Any]) -> None:
-    """Best-effort goodbye frame before closing (the peer may already be gone)."""
-    try:
-        async with asyncio.timeout(1.0):
-            await conn.send(header)
-    except (ConnectionClosedError, TimeoutError):
-        pass
+def _size(item: Reply | dict[str, Any]) -> int:
+    """What an outbox entry holds, roughly: its value bytes plus a frame's overhead."""
+    if type(item) is dict:
+        return 64
+    value = item.value  # type: ignore[union-attr]
+    if type(value) is bytes:
+        return 64 + len(value)
+    if type(value) is list:
+        return 64 + sum(len(v) for v in value)
+    return 64

@@ -39,6 +39,9 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any, Final, NamedTuple
 
+from .quota import QUOTA_EXCEEDED as QUOTA_EXCEEDED  # a write over a quota (see :mod:`.quota`)
+from .quota import Ledger
+
 DEFAULT_MAX_KEY_BYTES: Final = 8 * 1024
 DEFAULT_MAX_VALUE_BYTES: Final = 64 * 1024 * 1024
 
@@ -100,8 +103,10 @@ class StoreState:
     """Keys -> bytes, queues, and the waiters blocked on them.
 
     ``max_key_bytes`` bounds a key's UTF-8 size, ``max_value_bytes`` a value's
-    size (including the result of ``append``). Violations are refused with a
-    :class:`Failure` reply; the state is left unchanged.
+    size (including the result of ``append``). ``max_client_bytes`` and
+    ``max_total_bytes`` (``None``: no quota, the default) bound what one
+    client and everyone keep stored (see :mod:`.quota`). Violations are
+    refused with a :class:`Failure` reply; the state is left unchanged.
     """
 
     __slots__ = (
@@ -112,6 +117,7 @@ class StoreState:
         "_key_waiters",
         "_queue_waiters",
         "_by_client",
+        "_ledger",
     )
 
     def __init__(
@@ -119,9 +125,13 @@ class StoreState:
         *,
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        max_client_bytes: int | None = None,
+        max_total_bytes: int | None = None,
     ) -> None:
         if max_key_bytes < 1 or max_value_bytes < 1:
             raise ValueError("store limits must be positive")
+        if (max_client_bytes is not None and max_client_bytes < 1) or (max_total_bytes is not None and max_total_bytes < 1):
+            raise ValueError("store quotas must be positive (or None)")
         self.max_key_bytes = max_key_bytes
         self.max_value_bytes = max_value_bytes
         self._values: dict[str, bytes] = {}
@@ -131,6 +141,10 @@ class StoreState:
         self._queue_waiters: dict[str, dict[tuple[Hashable, int], _Waiter]] = {}
         # client -> {request: waiter}
         self._by_client: dict[Hashable, dict[int, _Waiter]] = {}
+        # what is stored by whom; None when no quota is set (nothing to account)
+        self._ledger: Ledger | None = None
+        if max_client_bytes is not None or max_total_bytes is not None:
+            self._ledger = Ledger(max_client=max_client_bytes, max_total=max_total_bytes)
 
     # ------------------------------------------------------------ inspection
 
@@ -140,6 +154,13 @@ class StoreState:
     def peek(self, key: str) -> bytes | None:
         """The value of ``key`` or ``None`` (for tests and debugging)."""
         return self._values.get(key)
+
+    def stored_bytes(self, client: Hashable | None = None) -> int:
+        """Bytes of keys and values kept (charged to ``client``, or in total); 0 without quotas."""
+        ledger = self._ledger
+        if ledger is None:
+            return 0
+        return ledger.total if client is None else ledger.used_by(client)
 
     def waiter_count(self, client: Hashable | None = None) -> int:
         """Number of blocked requests (of ``client``, or of everybody)."""
@@ -242,11 +263,21 @@ class StoreState:
         self._park(w, missing, self._queue_waiters if kind == _POP else self._key_waiters)
         return []
 
+    # ------------------------------------------------------------ quotas
+
+    def _quota(self, client: Hashable, key: str, old: bytes | None, new_len: int) -> Failure | None:
+        """Charge ``client`` for writing ``new_len`` value bytes over ``old``; a Failure (nothing charged) if over a quota."""
+        assert self._ledger is not None
+        why = self._ledger.write(client, key, old, new_len)
+        return None if why is None else Failure(QUOTA_EXCEEDED, f"writing key {key[:64]!r} refused: {why}", key[:64])
+
     # ------------------------------------------------------------ operations
 
     def set(self, client: Hashable, request: int, key: str, value: bytes) -> list[Reply]:
         """Store ``value`` under ``key``; wakes waiters that it satisfies."""
         bad = self._bad_key(key) or self._bad_value(key, len(value))
+        if bad is None and self._ledger is not None:
+            bad = self._quota(client, key, self._values.get(key), len(value))
         if bad is not None:
             return [Reply(client, request, None, bad)]
         self._values[key] = value
@@ -283,7 +314,12 @@ class StoreState:
         new = current + amount
         if not INT64_MIN <= new <= INT64_MAX:
             return [Reply(client, request, None, Failure(OVERFLOW, f"add on key {key[:64]!r}: {current} + {amount} does not fit in 64 bits", key[:64]))]
-        self._values[key] = b"%d" % new
+        value = b"%d" % new
+        if self._ledger is not None:
+            bad = self._quota(client, key, old, len(value))
+            if bad is not None:
+                return [Reply(client, request, None, bad)]
+        self._values[key] = value
         out = [_new_tuple(Reply, (client, request, new, None))]
         if key in self._key_waiters:
             self._wake(key, out)
@@ -300,6 +336,10 @@ class StoreState:
                 return [Reply(client, request, expected)]
         elif current != expected:
             return [_new_tuple(Reply, (client, request, current, None))]
+        if self._ledger is not None:
+            bad = self._quota(client, key, current, len(desired))
+            if bad is not None:
+                return [Reply(client, request, None, bad)]
         self._values[key] = desired
         out = [_new_tuple(Reply, (client, request, desired, None))]
         if key in self._key_waiters:
@@ -311,6 +351,8 @@ class StoreState:
         old = self._values.get(key)
         new = value if old is None else old + value
         bad = self._bad_key(key) or self._bad_value(key, len(new))
+        if bad is None and self._ledger is not None:
+            bad = self._quota(client, key, old, len(new))
         if bad is not None:
             return [Reply(client, request, None, bad)]
         self._values[key] = new
@@ -357,6 +399,10 @@ class StoreState:
             bad = self._bad_key(key) or self._bad_value(key, len(value))
             if bad is not None:
                 return [Reply(client, request, None, bad)]
+        if self._ledger is not None:
+            why = self._ledger.write_many(client, keys, values, self._values.get)
+            if why is not None:
+                return [Reply(client, request, None, Failure(QUOTA_EXCEEDED, f"multi_set of {len(keys)} keys refused: {why}"))]
         store = self._values
         for key, value in zip(keys, values):
             store[key] = value
@@ -369,9 +415,14 @@ class StoreState:
 
     def delete_key(self, client: Hashable, request: int, key: str) -> list[Reply]:
         """Remove ``key`` and its queue; replies whether anything existed."""
-        existed = self._values.pop(key, None) is not None
+        old = self._values.pop(key, None)
         q = self._queues.pop(key, None)
-        return [Reply(client, request, existed or bool(q))]
+        if self._ledger is not None:
+            if old is not None:
+                self._ledger.delete(key, old)
+            if q:
+                self._ledger.drop_queue(key, q)
+        return [Reply(client, request, old is not None or bool(q))]
 
     def num_keys(self, client: Hashable, request: int) -> list[Reply]:
         """The number of plain keys (queues are not counted)."""
@@ -384,6 +435,11 @@ class StoreState:
             return [Reply(client, request, None, bad)]
         out = [Reply(client, request, None)]
         waiting = self._queue_waiters.get(key)
+        ledger = self._ledger
+        if not waiting and ledger is not None:
+            why = ledger.refusal(client, len(key) + len(value), 0, 0)
+            if why is not None:
+                return [Reply(client, request, None, Failure(QUOTA_EXCEEDED, f"queue_push on {key[:64]!r} refused: {why}", key[:64]))]
         if waiting:
             _, w = next(iter(waiting.items()))
             del waiting[(w.client, w.request)]
@@ -396,6 +452,8 @@ class StoreState:
         if q is None:
             q = self._queues[key] = deque()
         q.append(value)
+        if ledger is not None:
+            ledger.enqueue(client, key, value)
         if key in self._key_waiters:
             self._wake(key, out)
         return out
@@ -407,6 +465,8 @@ class StoreState:
             value = q.popleft()
             if not q:
                 del self._queues[key]
+            if self._ledger is not None:
+                self._ledger.dequeue(key, value)
             return [Reply(client, request, value)]
         bad = self._bad_key(key)
         if bad is not None:
@@ -437,6 +497,8 @@ class StoreState:
         if q is None:
             q = self._queues[key] = deque()
         q.appendleft(value)
+        if self._ledger is not None:  # back in the queue, charged to nobody (its pusher is unknown here)
+            self._ledger.enqueue(None, key, value, front=True)
         if key in self._key_waiters:
             return self._wake(key, None)
         return []
@@ -457,7 +519,12 @@ class StoreState:
         return True
 
     def drop_client(self, client: Hashable) -> int:
-        """Drop every waiter of ``client`` (it disconnected); returns how many."""
+        """Drop every waiter of ``client`` (it disconnected); returns how many.
+
+        What it stored stays, counted in the total quota only.
+        """
+        if self._ledger is not None:
+            self._ledger.forget_client(client)
         mine = self._by_client.pop(client, None)
         if not mine:
             return 0

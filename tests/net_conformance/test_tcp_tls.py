@@ -7,11 +7,12 @@ A self-signed certificate for 127.0.0.1 made with the ``openssl`` command
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import ssl
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -39,23 +40,33 @@ def contexts(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, 
     return server, client
 
 
-async def _pair(net: TCPNetwork, contexts: tuple[ssl.SSLContext, ssl.SSLContext]) -> tuple[Any, Connection, Connection]:
+@contextlib.asynccontextmanager
+async def paired(net: TCPNetwork,
+                 contexts: tuple[ssl.SSLContext, ssl.SSLContext] | None) -> AsyncIterator[tuple[Connection, Connection]]:
+    """A connection to a fresh listener and the listener's end of it, over TLS with ``contexts``, else in the clear.
+
+    Both closed (and the listener) at exit.
+    """
     accepted: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
 
     async def handler(conn: Connection) -> None:
         accepted.set_result(conn)
         await asyncio.sleep(60)
 
-    lis = await net.listen(("127.0.0.1", 0), handler, ssl=contexts[0])
-    conn = await net.connect(lis.address, timeout=10, ssl=contexts[1])
-    return lis, conn, await asyncio.wait_for(accepted, 10)
+    lis = await net.listen(("127.0.0.1", 0), handler, ssl=None if contexts is None else contexts[0])
+    conn = await net.connect(lis.address, timeout=10, ssl=None if contexts is None else contexts[1])
+    try:
+        yield conn, await asyncio.wait_for(accepted, 10)
+    finally:
+        conn.close()
+        lis.close()
+        await lis.wait_closed()
 
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_frames_and_a_payload_sink_over_tls(loop: str, contexts: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
     async def main() -> None:
-        lis, a, b = await _pair(TCPNetwork(), contexts)
-        try:
+        async with paired(TCPNetwork(), contexts) as (a, b):
             dest = np.zeros(3 * MIB, dtype=np.uint8)
             b.set_payload_sink(lambda h, n: memoryview(dest) if h.get("to") == "dest" else None)
             src = np.random.default_rng(2).integers(0, 255, size=3 * MIB, dtype=np.uint8)
@@ -68,10 +79,6 @@ def test_frames_and_a_payload_sink_over_tls(loop: str, contexts: tuple[ssl.SSLCo
             assert bytes(got[2].payload) == src[: MIB + 5].tobytes()
             await b.send({"back": 1}, b"xyz")
             assert bytes((await asyncio.wait_for(a.recv(), 10)).payload) == b"xyz"
-        finally:
-            a.close()
-            lis.close()
-            await lis.wait_closed()
 
     run_on(loop, main)
 
@@ -79,8 +86,7 @@ def test_frames_and_a_payload_sink_over_tls(loop: str, contexts: tuple[ssl.SSLCo
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_cancelled_send_over_tls_frees_the_callers_buffer(loop: str, contexts: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
     async def main() -> None:
-        lis, a, b = await _pair(TCPNetwork(), contexts)
-        try:
+        async with paired(TCPNetwork(), contexts) as (a, b):
             payload = bytearray(b"\x01" * (32 * MIB))
             send = asyncio.ensure_future(a.send({"i": "big"}, payload))
             await asyncio.sleep(0.05)
@@ -92,10 +98,6 @@ def test_a_cancelled_send_over_tls_frees_the_callers_buffer(loop: str, contexts:
             frames = [await asyncio.wait_for(b.recv(), 20) for _ in range(2)]
             assert [f.header["i"] for f in frames] == ["big", "end"]
             assert bytes(frames[0].payload[:4]) == bytes(frames[0].payload[-4:]) == b"\x01" * 4
-        finally:
-            a.close()
-            lis.close()
-            await lis.wait_closed()
 
     run_on(loop, main)
 

@@ -1,0 +1,160 @@
+"""torch.distributed's ways of passing arguments, turned into aiodist's: timeouts, renamed keywords, roots, backends.
+
+Pure helpers (no I/O) used by the module-level API (:mod:`aiodist.api`,
+:mod:`aiodist.operations`) so that a call written for torch.distributed means
+the same here:
+
+* a timeout is seconds (int or float) or a :class:`datetime.timedelta`;
+* a keyword that torch and aiodist name differently (``tensor=`` / ``x=``)
+  may be given under either name, not both;
+* a root is a global rank (``src=``/``dst=``) or a rank of the group
+  (``group_src=``/``group_dst=``), not both;
+* a backend name is one torch knows (``"gloo"``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``...):
+  recorded for :func:`aiodist.get_backend`; every backend runs over aiodist's own transport.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+__all__ = ["MISSING", "BACKENDS", "Backend", "backend_name", "either", "is_backend", "seconds"]
+
+
+class _Missing:
+    """The default of a parameter that may be given under another name instead."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+MISSING: Any = _Missing()
+
+
+def seconds(timeout: Any, what: str = "timeout") -> float:
+    """``timeout`` in seconds: a number, or a :class:`datetime.timedelta` (torch's form)."""
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        try:
+            return float(timeout)  # numpy numbers
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{what} must be a number of seconds or a datetime.timedelta, not {type(timeout).__name__}"
+            ) from None
+    return float(timeout)
+
+
+def optional_seconds(timeout: Any, what: str = "timeout") -> float | None:
+    return None if timeout is None else seconds(timeout, what)
+
+
+def either(fn: str, value: Any, name: str, alias_value: Any, alias: str, *, required: bool = True) -> Any:
+    """The argument given as ``name`` or as its other spelling ``alias`` (TypeError for both, or neither if required)."""
+    if value is MISSING:
+        if alias_value is MISSING:
+            if required:
+                raise TypeError(f"{fn}() missing required argument: {name!r}")
+            return None
+        return alias_value
+    if alias_value is not MISSING:
+        raise TypeError(f"{fn}() got {name!r} and {alias!r}: they are the same argument, pass one")
+    return value
+
+
+def root(fn: str, pg: Any, global_rank: Any, group_rank: Any, what: str, default: int | None = 0) -> int:
+    """The group rank of a root given as a global rank (``src``) or a group rank (``group_src``); torch's rules.
+
+    Neither given: global rank ``default`` (None: an error, as torch's send requires a destination).
+    """
+    if group_rank is not None:
+        if global_rank is not None:
+            raise ValueError(f"{fn}(): pass {what}= (a global rank) or group_{what}= (a rank of the group), not both")
+        return group_rank  # type: ignore[no-any-return]  # (checked by the group)
+    if global_rank is None:
+        if default is None:
+            raise ValueError(f"{fn}(): pass {what}= (a global rank) or group_{what}= (a rank of the group)")
+        global_rank = default
+    return _local(pg, global_rank, what)
+
+
+def _local(pg: Any, global_rank: Any, what: str) -> int:
+    from .errors import InvalidRankError
+
+    if isinstance(global_rank, bool) or not isinstance(global_rank, int):
+        try:
+            import operator
+
+            global_rank = operator.index(global_rank)  # numpy integers
+        except TypeError:
+            raise TypeError(f"{what} must be an int rank, not {type(global_rank).__name__}") from None
+    r: int = pg.group_rank(global_rank)
+    if r < 0:
+        raise InvalidRankError(
+            f"{what}={global_rank} is not a member of {pg.name} (global ranks {pg.ranks})",
+            rank=global_rank,
+            size=pg.size,
+            argument=what,
+        )
+    return r
+
+
+# ---------------------------------------------------------------------- backends
+
+
+class Backend(str):
+    """A backend name as torch spells it (``Backend.GLOO == "gloo"``); ``Backend("GLOO")`` is ``"gloo"``.
+
+    aiodist has one transport (its own, over TCP or the simulator's network):
+    the name is recorded for :func:`aiodist.get_backend` and changes nothing.
+    """
+
+    UNDEFINED = "undefined"
+    GLOO = "gloo"
+    NCCL = "nccl"
+    UCC = "ucc"
+    MPI = "mpi"
+    XCCL = "xccl"
+
+    def __new__(cls, name: str) -> Backend:
+        if not isinstance(name, str):
+            raise ValueError(f"Backend name must be a string, not {type(name).__name__}")
+        return super().__new__(cls, backend_name(name))
+
+
+BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl", "undefined", "aiodist")
+"""Backend names torch programs pass (alone, or per device as in ``"cpu:gloo,cuda:nccl"``)."""
+
+
+def is_backend(name: Any) -> bool:
+    """Whether ``name`` is a backend name (as opposed to an init method such as ``"env://"``)."""
+    if not isinstance(name, str) or "://" in name:
+        return False
+    try:
+        backend_name(name)
+    except ValueError:
+        return False
+    return True
+
+
+def backend_name(name: str) -> str:
+    """``name`` checked and lower-cased: a backend, or ``device:backend`` pairs separated by commas."""
+    text = name.strip().lower()
+    parts = [p.strip() for p in text.split(",")] if text else []
+    if not parts:
+        raise ValueError(f"backend {name!r} is empty")
+    for part in parts:
+        device, sep, backend = part.rpartition(":")
+        if sep and not device:
+            raise ValueError(f"backend {name!r}: {part!r} names no device")
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"unknown backend {name!r}: use one torch knows ({', '.join(BACKENDS[:5])}, or per device as "
+                "'cpu:gloo,cuda:nccl'); every backend runs over aiodist's own transport"
+            )
+    return text

@@ -1,0 +1,72 @@
+"""torch's batched point-to-point: :class:`P2POp` and :func:`batch_isend_irecv`.
+
+``batch_isend_irecv([P2POp(aiodist.isend, x, 1), P2POp(aiodist.irecv, y, 1)])``
+starts every operation of the list, in order, and returns their Works (await
+each, or ``asyncio.gather`` them). Every receive is posted and every send
+numbered when the call returns, so a ring exchange written this way cannot
+deadlock, as in torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import operations
+from .work import Work
+
+__all__ = ["P2POp", "batch_isend_irecv"]
+
+
+class P2POp:
+    """One point-to-point operation for :func:`batch_isend_irecv` (torch's signature).
+
+    ``op``: ``aiodist.isend`` or ``aiodist.irecv`` (``send``/``recv`` are the
+    same functions); ``peer``: a global rank, or ``group_peer``: a rank of
+    ``group``.
+    """
+
+    __slots__ = ("op", "tensor", "peer", "group", "tag", "group_peer")
+
+    def __init__(
+        self,
+        op: Callable[..., Work[Any]],
+        tensor: Any,
+        peer: int | None = None,
+        group: Any = None,
+        tag: int = 0,
+        group_peer: int | None = None,
+    ) -> None:
+        if op is not operations.isend and op is not operations.irecv:
+            raise ValueError(
+                f"P2POp: op must be aiodist.isend or aiodist.irecv, not {getattr(op, '__qualname__', op)!r}"
+            )
+        if peer is None and group_peer is None:
+            raise ValueError("P2POp: pass peer= (a global rank) or group_peer= (a rank of the group)")
+        self.op = op
+        self.tensor = tensor
+        self.peer = peer
+        self.group = group
+        self.tag = tag
+        self.group_peer = group_peer
+
+    def __repr__(self) -> str:
+        what = "isend" if self.op is operations.isend else "irecv"
+        who = f"peer={self.peer}" if self.peer is not None else f"group_peer={self.group_peer}"
+        return f"P2POp({what}, {who}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work[Any]]:
+    """Start every operation of ``p2p_op_list`` in order; their Works (await them)."""
+    if isinstance(p2p_op_list, P2POp) or not isinstance(p2p_op_list, Sequence) or not p2p_op_list:
+        raise ValueError("batch_isend_irecv: p2p_op_list must be a non-empty list of P2POp")
+    for i, p in enumerate(p2p_op_list):
+        if not isinstance(p, P2POp):
+            raise ValueError(f"batch_isend_irecv: p2p_op_list[{i}] is a {type(p).__name__}, not a P2POp")
+    works: list[Work[Any]] = []
+    for p in p2p_op_list:
+        if p.op is operations.isend:
+            works.append(operations.send(p.tensor, p.peer, p.group, p.tag, group_dst=p.group_peer))
+        else:
+            works.append(operations.recv(p.tensor, p.peer, p.group, p.tag, group_src=p.group_peer))
+    return works

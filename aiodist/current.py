@@ -1,0 +1,37 @@
+"""The calling rank's groups: its default group, the groups it created, and the ``group=`` argument of the API.
+
+Kept in the rank scope of :mod:`aiodist.context` (per rank, not per process:
+the simulator's virtual ranks each have their own).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .context import get_default_group, rank_scope
+from .errors import GroupError
+from .group import ProcessGroup
+
+_GROUPS = "aiodist_groups"
+
+
+def registry() -> list[ProcessGroup]:
+    """The groups of the calling rank (the world first), in creation order."""
+    return rank_scope().setdefault(_GROUPS, [])  # type: ignore[no-any-return]
+
+
+def world() -> ProcessGroup:
+    """The calling rank's default group (GroupError if there is none)."""
+    pg = get_default_group()
+    if pg is None:
+        raise GroupError("the default process group is not initialized: call `await aiodist.init_process_group()` first")
+    return pg  # type: ignore[no-any-return]
+
+
+def group_of(group: Any) -> ProcessGroup:
+    """The group a ``group=`` argument names: None is the default group (torch's ``group.WORLD`` is that group)."""
+    if group is None:
+        return world()
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group must be a ProcessGroup, not {type(group).__name__}")
+    return group

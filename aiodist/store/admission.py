@@ -1,0 +1,162 @@
+"""Who gets into the store server: the connection limit and the authenticated handshake.
+
+:class:`Admission` counts open connections against ``max_connections`` and
+logs refusals once per interval (a count of what it did not log one by one,
+never a silent drop). :func:`server_handshake` runs the store's hello
+exchange with the mutual authentication of :mod:`aiodist.auth` on a fresh
+connection; :func:`client_handshake` is the client's side. Before a
+connection has authenticated, its frames are limited to
+:data:`~aiodist.store.limits.PRE_AUTH_MAX_FRAME` bytes (the callers open and
+accept connections with that limit and raise it once the other end proved
+the secret).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from .. import auth
+from ..context import token_bytes
+from ..ratelog import RateLog
+from ..errors import ConnectionClosedError, StoreError
+from ..net.base import Connection
+from . import protocol as P
+from .limits import StoreLimits
+
+log = logging.getLogger("aiodist.store")
+
+
+class Admission:
+    """Connections open at once against ``limits.max_connections``, and those still in their handshake
+    against ``limits.max_handshakes`` (so that unauthenticated sockets cannot crowd out real clients)."""
+
+    def __init__(self, limits: StoreLimits, address: str) -> None:
+        self.limit = limits.max_connections
+        self.handshake_limit = limits.max_handshakes
+        self.open = 0
+        self.handshaking = 0
+        self.refused = 0
+        self._address = address
+        self._busy = RateLog(log, logging.WARNING, limits.log_interval)
+        self._refusals = RateLog(log, logging.INFO, limits.log_interval)
+        self._cutoffs = RateLog(log, logging.WARNING, limits.log_interval)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Admission open={self.open}/{self.limit} handshaking={self.handshaking}/{self.handshake_limit}"
+            f" refused={self.refused}>"
+        )
+
+    def enter(self, peer: str) -> bool:
+        """Count a new connection in (handshaking), or False (over a limit: logged, the caller closes it)."""
+        if self.open >= self.limit:
+            why = f"{self.open} connections are open, the limit (max_connections) is {self.limit}"
+        elif self.handshaking >= self.handshake_limit:
+            why = f"{self.handshaking} connections are in their handshake, the limit (max_handshakes) is {self.handshake_limit}"
+        else:
+            self.open += 1
+            self.handshaking += 1
+            return True
+        self.refused += 1
+        self._busy.event(f"store server {self._address}: refused a connection from {peer}: {why}")
+        return False
+
+    def authenticated(self) -> None:
+        """A connection finished its handshake."""
+        self.handshaking -= 1
+
+    def leave(self, *, authenticated: bool) -> None:
+        self.open -= 1
+        if not authenticated:
+            self.handshaking -= 1
+
+    def unauthenticated(self, peer: str, why: str) -> None:
+        """A connection failed the handshake (logged at INFO, rate-limited: a scan must not flood the log)."""
+        self._refusals.event(f"store server {self._address}: refused a connection from {peer}: {why}")
+
+    def cut_off(self, peer: str, why: str) -> None:
+        """A client was dropped for not reading its replies."""
+        self._cutoffs.event(f"store server {self._address}: cut off the client at {peer}: {why}")
+
+    def close(self) -> None:
+        self._busy.close()
+        self._refusals.close()
+        self._cutoffs.close()
+
+
+async def server_handshake(conn: Connection, secret: bytes | None, admission: Admission) -> bool:
+    """Run the server's side of the handshake; True if ``conn`` may be served (the welcome is the caller's).
+
+    Refused connections get a frame that tells them nothing (see
+    :func:`protocol.refusal`) and are logged through ``admission``.
+    The caller bounds the whole exchange with the handshake timeout.
+    """
+    frame = await conn.recv()
+    try:
+        P.check_hello(frame.header)
+    except P.BadMessage as e:
+        admission.unauthenticated(conn.peer, str(e))
+        await send_quietly(conn, P.error_frame(e.code, str(e)))
+        return False
+    nonce = token_bytes(auth.NONCE_BYTES) if secret is not None else b""
+    acceptor = auth.Acceptor(secret, purpose=P.AUTH_PURPOSE, binding=P.AUTH_BINDING, nonce=nonce, peer=conn.peer)
+    try:
+        await conn.send(P.challenge(acceptor.challenge(frame.header)))
+        frame = await conn.recv()
+        if frame.header.get("op") != "answer":
+            raise auth.AuthenticationError("expected the answer to the challenge", reason="no_proof")
+        acceptor.verify(frame.header)
+    except auth.AuthenticationError as e:
+        admission.unauthenticated(conn.peer, f"authentication failed ({e.reason})")
+        await send_quietly(conn, P.refusal())
+        return False
+    return True
+
+
+async def client_handshake(conn: Connection, secret: bytes | None, where: str) -> dict[str, Any]:
+    """Run the client's side of the handshake; the server's welcome header.
+
+    Raises :class:`~aiodist.auth.AuthenticationError` when the server cannot
+    prove the secret or refuses ours, :class:`BusyError` when it is at its
+    connection limit, :class:`~aiodist.errors.StoreError` when what answers
+    is not a compatible store server.
+    """
+    nonce = token_bytes(auth.NONCE_BYTES) if secret is not None else b""
+    dialer = auth.Dialer(secret, purpose=P.AUTH_PURPOSE, binding=P.AUTH_BINDING, nonce=nonce, peer=where)
+    await conn.send(P.hello(dialer.hello()))
+    reply = (await conn.recv()).header
+    _raise_error(reply, dialer, where)
+    if reply.get("op") != "challenge":
+        raise StoreError(f"{where} is not a compatible store server (it answered the hello with {reply.get('op')!r})")
+    await conn.send(P.answer(dialer.answer(reply)))
+    reply = (await conn.recv()).header
+    _raise_error(reply, dialer, where)
+    if reply.get("op") != "hello" or reply.get("proto") != P.PROTO:
+        raise StoreError(f"{where} is not a compatible store server (its welcome is {reply.get('op')!r})")
+    return reply
+
+
+class BusyError(StoreError):
+    """The store server is at its connection limit (the client retries)."""
+
+
+def _raise_error(reply: dict[str, Any], dialer: auth.Dialer, where: str) -> None:
+    if reply.get("op") != "error":
+        return
+    code = reply.get("err")
+    if code == P.REFUSED:
+        raise dialer.refused()
+    if code == P.BUSY:
+        raise BusyError(f"the store server at {where} is at its connection limit")
+    raise StoreError(f"{where} refused the store handshake: {reply.get('msg', code)!r}")
+
+
+async def send_quietly(conn: Connection, header: dict[str, Any]) -> None:
+    """Best-effort goodbye frame before closing (the peer may already be gone, or not reading)."""
+    try:
+        async with asyncio.timeout(1.0):
+            await conn.send(header)
+    except (ConnectionClosedError, TimeoutError):
+        pass

@@ -1,0 +1,137 @@
+"""The store server's limits over real TCP: connections, quotas, clients that stop reading, and their spec."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from aiodist.errors import StoreConnectTimeoutError, StoreRequestError
+from aiodist.store import StoreServer, TCPStore
+from aiodist.store.limits import StoreLimits
+from store_wire import frame, handshake
+
+HOST = "127.0.0.1"
+
+
+async def until(cond, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.01)
+
+
+def store_messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "aiodist.store"]
+
+
+async def test_over_the_connection_limit_clients_wait_and_refusals_are_logged_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="aiodist.store")
+    async with await StoreServer.start(HOST, 0, max_connections=2, log_interval=30) as srv:
+        a = await TCPStore.connect(HOST, srv.port, timeout=5)
+        b = await TCPStore.connect(HOST, srv.port, timeout=5)
+        with pytest.raises(StoreConnectTimeoutError) as info:
+            await TCPStore.connect(HOST, srv.port, timeout=0.5)  # retries while the server is full
+        assert "connection limit" in str(info.value)
+        busy = [m for m in store_messages(caplog) if "max_connections" in m]
+        assert len(busy) == 1 and "2 connections are open" in busy[0]
+        waiting = asyncio.create_task(TCPStore.connect(HOST, srv.port, timeout=5))
+        await asyncio.sleep(0.1)
+        await a.close()
+        c = await waiting  # got in once a connection was free
+        assert await c.add("n", 1) == 1 and await b.add("n", 1) == 2
+        await b.close()
+        await c.close()
+    tail = [m for m in store_messages(caplog) if "max_connections" in m][1:]
+    assert len(tail) == 1 and "such since the last report" in tail[0]  # the rest, counted, not dropped
+
+
+async def test_sockets_stuck_in_their_handshake_cannot_crowd_out_real_clients() -> None:
+    async with await StoreServer.start(HOST, 0, max_handshakes=2, handshake_timeout=0.5) as srv:
+        clients = [await TCPStore.connect(HOST, srv.port, timeout=5) for _ in range(4)]  # authenticated: not counted
+        stuck = [await asyncio.open_connection(HOST, srv.port) for _ in range(2)]  # never authenticate
+        await until(lambda: srv._admission.handshaking == 2)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        async with await TCPStore.connect(HOST, srv.port, timeout=5) as late:  # busy until the stuck ones time out
+            assert await late.add("n", 1) == 1
+        assert 0.3 < loop.time() - t0 < 4.0
+        assert srv._admission.refused > 0
+        for c in clients:
+            assert await c.add("n", 1) > 1
+            await c.close()
+        for _, w in stuck:
+            w.close()
+
+
+async def test_quotas_refuse_the_writer_with_a_clear_error() -> None:
+    async with await StoreServer.start(HOST, 0, max_client_bytes=10_000, max_total_bytes=25_000) as srv:
+        a = await TCPStore.connect(HOST, srv.port, timeout=5)
+        b = await TCPStore.connect(HOST, srv.port, timeout=5)
+        await a.set("a1", b"x" * 9_000)
+        with pytest.raises(StoreRequestError) as info:
+            await a.set("a2", b"x" * 2_000)
+        assert info.value.code == "quota_exceeded" and info.value.key == "a2"
+        assert "max_client_bytes" in str(info.value) and "10000" in str(info.value)
+        await a.set("a1", b"x" * 5_000)  # shrinking frees room
+        await a.set("a2", b"x" * 2_000)
+        await a.close()  # its 7 KB stay, in the total only
+        await until(lambda: srv.state.stored_bytes() == 7_004 and len(srv._sessions) == 1)
+        await b.set("b1", b"y" * 9_000)
+        c = await TCPStore.connect(HOST, srv.port, timeout=5)
+        await c.set("c1", b"z" * 8_000)
+        with pytest.raises(StoreRequestError) as info:
+            await c.queue_push("c2", b"z" * 1_500)
+        assert info.value.code == "quota_exceeded" and "max_total_bytes" in str(info.value)
+        assert await b.get("a1") == b"x" * 5_000
+        await b.close()
+        await c.close()
+
+
+async def test_a_client_that_stops_reading_is_cut_off_after_the_send_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="aiodist.store")
+    async with await StoreServer.start(HOST, 0, send_timeout=0.5, idle_timeout=None) as srv:
+        async with await TCPStore.connect(HOST, srv.port, timeout=5) as c:
+            await c.set("big", b"x" * (256 * 1024))
+            r, w = await asyncio.open_connection(HOST, srv.port)
+            await handshake(r, w)
+            await until(lambda: len(srv._sessions) == 2)
+            w.write(b"".join(frame({"op": "get", "id": i, "k": "big"}) for i in range(200)))  # ~50 MB, never read
+            await until(lambda: len(srv._sessions) == 1, timeout=10)
+            assert any("cut off" in m and "send_timeout" in m for m in store_messages(caplog))
+            assert await c.add("others", 1) == 1  # everyone else is served throughout
+            w.close()
+
+
+async def test_replies_piling_up_for_a_client_past_the_outbox_limit_cut_it_off(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="aiodist.store")
+    async with await StoreServer.start(HOST, 0, max_outbox_bytes=4 << 20, send_timeout=None) as srv:
+        async with await TCPStore.connect(HOST, srv.port, timeout=5) as c:
+            r, w = await asyncio.open_connection(HOST, srv.port)
+            await handshake(r, w)
+            w.write(b"".join(frame({"op": "get", "id": i, "k": "later"}) for i in range(64)))
+            await until(lambda: srv.state.waiter_count() == 64)
+            await c.set("later", b"x" * (1 << 20))  # 64 replies of 1 MiB for a client that reads nothing
+            await until(lambda: len(srv._sessions) == 1)
+            assert any("cut off" in m and "max_outbox_bytes" in m for m in store_messages(caplog))
+            assert srv.state.waiter_count() == 0
+            assert await c.get("later") == b"x" * (1 << 20)
+            w.close()
+
+
+def test_limits_from_a_spec_and_back() -> None:
+    limits = StoreLimits.parse("max_connections=2000, max_client_bytes=256MiB,idle_timeout=none,send-timeout=5s")
+    assert limits.max_connections == 2000 and limits.max_client_bytes == 256 << 20
+    assert limits.idle_timeout is None and limits.send_timeout == 5.0
+    assert StoreLimits.parse(limits.spec()) == limits
+    assert StoreLimits.parse("") == StoreLimits()
+    assert StoreLimits().frame_bytes == 2 * (64 << 20) + 8192 + (1 << 20)
+    assert StoreLimits.from_environment({"AIODIST_STORE_LIMITS": "max_total_bytes=1G"}.get).max_total_bytes == 1 << 30
+    for bad in ("max_connections", "nope=1", "max_connections=many", "max_client_bytes=12XB", "max_connections=0",
+                "handshake_timeout=none", "idle_timeout=-1"):
+        with pytest.raises(ValueError):
+            StoreLimits.parse(bad)
+    with pytest.raises(TypeError):
+        StoreLimits().replace(max_conections=3)

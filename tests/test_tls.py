@@ -1,0 +1,176 @@
+"""TLS with mutual certificate checks on 127.0.0.1, with certificates the test makes (openssl)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import run_ranks
+
+import aiodist.api as dist
+from aiodist.errors import StoreConnectTimeoutError
+from aiodist.store import StoreServer, TCPStore
+from aiodist.tls import TLS
+from tls_certs import CA
+
+HOST = "127.0.0.1"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("pki")
+    ca = CA(folder)
+    other = CA(folder, "other-ca")
+    a, b, stranger = ca.node("a"), ca.node("b"), other.node("stranger")
+    return {
+        "a": TLS.mutual(cert=a.cert, key=a.key, ca=ca.cert),
+        "b": TLS.mutual(cert=b.cert, key=b.key, ca=ca.cert),
+        "b-checks-names": TLS.mutual(cert=b.cert, key=b.key, ca=ca.cert, check_hostname=True),
+        "stranger": TLS.mutual(cert=stranger.cert, key=stranger.key, ca=ca.cert),  # signed by another CA
+        "trusts-other": TLS.mutual(cert=b.cert, key=b.key, ca=other.cert),  # does not trust our CA
+        "folder": folder,
+    }
+
+
+class Tap:
+    """A relay between a client and a server that records every byte it forwards."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.seen = bytearray()
+
+    async def __aenter__(self) -> int:
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while data := await r.read(65536):
+                    self.seen += data
+                    w.write(data)
+                    await w.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                w.close()
+
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            tr, tw = await asyncio.open_connection(HOST, self.port)
+            await asyncio.gather(pipe(r, tw), pipe(tr, w))
+
+        self.server = await asyncio.start_server(serve, HOST, 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+
+
+async def test_the_store_over_mutual_tls_hides_keys_and_values_on_the_path(pki: dict[str, Any]) -> None:
+    async with await StoreServer.start(HOST, 0, ssl=pki["a"]) as srv:
+        tap = Tap(srv.port)
+        async with tap as port, await TCPStore.connect(HOST, port, ssl=pki["b"], timeout=10) as c:
+            await c.set("a-key-name-on-the-path", b"a value on the path")
+            assert await c.get("a-key-name-on-the-path") == b"a value on the path"
+        assert len(tap.seen) > 200
+        assert b"a-key-name-on-the-path" not in tap.seen and b"a value on the path" not in tap.seen
+        async with await TCPStore.connect(HOST, srv.port, ssl=pki["b-checks-names"], timeout=10) as c:
+            assert await c.add("n", 1) == 1  # the server's certificate names 127.0.0.1
+
+
+@pytest.mark.parametrize("client", ["stranger", "trusts-other", "plain"])
+async def test_a_client_the_server_cannot_verify_or_that_cannot_verify_it_gets_nowhere(
+    pki: dict[str, Any], client: str
+) -> None:
+    async with await StoreServer.start(HOST, 0, ssl=pki["a"]) as srv:
+        with pytest.raises((StoreConnectTimeoutError, ConnectionError)):
+            await TCPStore.connect(HOST, srv.port, ssl=None if client == "plain" else pki[client], timeout=1.0)
+        async with await TCPStore.connect(HOST, srv.port, ssl=pki["b"], timeout=10) as c:
+            assert await c.add("still serving", 1) == 1
+
+
+async def test_a_tls_client_gets_nowhere_with_a_plain_server(pki: dict[str, Any]) -> None:
+    async with await StoreServer.start(HOST, 0) as srv:
+        with pytest.raises((StoreConnectTimeoutError, ConnectionError)):
+            await TCPStore.connect(HOST, srv.port, ssl=pki["b"], timeout=1.0)
+
+
+async def test_rank_links_over_mutual_tls(pki: dict[str, Any]) -> None:
+    """Passes once init_process_group takes ssl= and the rank links use it."""
+
+    async def rank(r: int) -> Any:
+        await dist.init_process_group(timeout=20, ssl=pki["a"] if r == 0 else pki["b"])
+        try:
+            x = np.full(1000, float(r + 1))
+            await dist.all_reduce(x)
+            return float(x[0])
+        finally:
+            await dist.destroy_process_group()
+
+    assert await run_ranks(2, rank) == [3.0, 3.0]
+
+
+
+JOB = """\
+import asyncio, os
+import numpy as np
+import aiodist as dist
+
+async def main():
+    pg = await dist.init_process_group(timeout=30)
+    x = np.full(1000, float(pg.rank + 1))
+    await dist.all_reduce(x)
+    try:  # the job's store speaks TLS only
+        await dist.TCPStore.connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ssl=None, timeout=0.5)
+        plain = "accepted"
+    except (TimeoutError, ConnectionError):
+        plain = "refused"
+    print("sum", x[0], "plain", plain, flush=True)
+    await dist.destroy_process_group()
+
+asyncio.run(main())
+"""
+
+
+def test_aiodist_run_puts_a_whole_job_on_mutual_tls(tmp_path: Path, pki: dict[str, Any]) -> None:
+    folder = pki["folder"]
+    (tmp_path / "job.py").write_text(JOB)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    tls_options = ["--tls-cert", str(folder / "a.pem"), "--tls-key", str(folder / "a.key"), "--tls-ca", str(folder / "ca.pem")]
+    res = subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", "2", *tls_options, "job.py"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("sum 3.0 plain refused") == 2, res.stdout
+    (folder / "a.key").chmod(0o644)
+    try:
+        bad = subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", "2", *tls_options, "job.py"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        (folder / "a.key").chmod(0o600)
+    assert bad.returncode == 2 and "chmod 600" in bad.stderr
+    partial = subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", "2", *tls_options[:2], "job.py"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert partial.returncode == 2 and "AIODIST_TLS_KEY" in partial.stderr
+
+
+async def test_store_serve_over_tls(pki: dict[str, Any]) -> None:
+    folder = pki["folder"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiodist", "store", "serve", "--port", "0", "--tls-cert", str(folder / "a.pem"),
+        "--tls-key", str(folder / "a.key"), "--tls-ca", str(folder / "ca.pem"), cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+        port = int(line.rsplit(":", 1)[1])
+        async with await TCPStore.connect(HOST, port, ssl=pki["b"], timeout=10) as c:
+            assert await c.add("n", 1) == 1
+        with pytest.raises((StoreConnectTimeoutError, ConnectionError)):
+            await TCPStore.connect(HOST, port, timeout=1.0)  # no TLS: nowhere
+    finally:
+        proc.terminate()
+        await proc.wait()

@@ -1,0 +1,316 @@
+"""torch.distributed's APIs that aiodist lacked, with torch's semantics, as module functions and group methods (simulator; one real-TCP run)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import run_world
+
+import aiodist as dist
+import sim
+from aiodist.device_mesh import DeviceMesh, init_device_mesh
+from aiodist.errors import CollectiveMismatchError, UnsupportedReduceOpError
+
+
+def run4(main: Any, **options: Any) -> list[Any]:
+    res = sim.run(main, world_size=4, seed=0, **options)
+    assert res.ok, res.summary()
+    return list(res.rank_results)
+
+
+# ------------------------------------------------------------------ point to point
+
+
+async def ring_with_batch(pg: Any) -> Any:
+    r, n = dist.get_rank(), dist.get_world_size()
+    send = np.array([float(r)])
+    got = np.zeros(1)
+    ops = [dist.P2POp(dist.irecv, got, (r - 1) % n, tag=5), dist.P2POp(dist.isend, send, (r + 1) % n, tag=5)]
+    works = dist.batch_isend_irecv(ops)
+    assert len(works) == 2 and all(isinstance(w, dist.Work) for w in works)
+    await asyncio.gather(*works)
+    return got[0]
+
+
+def test_batch_isend_irecv_runs_a_ring_in_the_simulator() -> None:
+    async def main() -> Any:
+        pg = await dist.init_process_group("gloo")
+        out = await ring_with_batch(pg)
+        await dist.destroy_process_group()
+        return out
+
+    assert run4(main) == [3.0, 0.0, 1.0, 2.0]
+
+
+async def test_batch_isend_irecv_runs_a_ring_over_tcp() -> None:
+    assert await run_world(4, ring_with_batch) == [3.0, 0.0, 1.0, 2.0]
+
+
+def test_p2pop_refuses_what_is_not_isend_or_irecv() -> None:
+    with pytest.raises(ValueError, match="isend or aiodist.irecv"):
+        dist.P2POp(dist.all_reduce, np.ones(1), 1)
+    with pytest.raises(ValueError, match="peer"):
+        dist.P2POp(dist.isend, np.ones(1))
+    with pytest.raises(ValueError, match="non-empty list"):
+        dist.batch_isend_irecv([])
+
+
+def test_send_and_recv_object_list_as_functions_and_group_methods() -> None:
+    async def main() -> Any:
+        pg = await dist.init_process_group("gloo")
+        r = dist.get_rank()
+        got: list[Any] = [None, None]
+        if r == 0:
+            await dist.send_object_list([{"a": 1}, "two"], dst=1)
+            await pg.send_object_list([3, 4], 2, tag=7)
+        elif r == 1:
+            sender = await dist.recv_object_list(got)
+            assert sender == 0
+        elif r == 2:
+            await pg.recv_object_list(got, 0, tag=7)
+        await dist.destroy_process_group()
+        return got
+
+    assert run4(main) == [[None, None], [{"a": 1}, "two"], [3, 4], [None, None]]
+
+
+def test_recv_object_list_into_a_list_of_another_length_is_a_mismatch_and_a_tensor_recv_refuses_objects() -> None:
+    async def main() -> Any:
+        await dist.init_process_group("gloo", timeout=10)
+        r = dist.get_rank()
+        out = "-"
+        if r == 0:
+            await dist.send_object_list([1, 2, 3], dst=1)
+            await dist.send_object_list([1], dst=2)
+        elif r == 1:
+            with pytest.raises(CollectiveMismatchError, match="sent 3 objects"):
+                await dist.recv_object_list([None], src=0)
+            out = "length"
+        elif r == 2:
+            with pytest.raises(CollectiveMismatchError, match="pickled objects"):
+                await dist.recv(np.zeros(4, np.uint8), src=0)
+            out = "kind"
+        await dist.destroy_process_group()
+        return out
+
+    assert run4(main) == ["-", "length", "kind", "-"]
+
+
+@pytest.mark.parametrize(
+    "sent, into, words",
+    [
+        (np.array([7], np.int64), np.zeros(1, np.float64), "the dtype differs"),  # same bytes, another dtype
+        (np.arange(4, dtype=np.float32), np.zeros(2, np.float32), "number of elements differs"),
+        (np.arange(4, dtype=np.float32), np.zeros(8, np.float32), "number of elements differs"),
+    ],
+)
+def test_a_p2p_receive_checks_the_senders_dtype_and_element_count(sent: Any, into: Any, words: str) -> None:
+    async def main() -> Any:
+        await dist.init_process_group("gloo", timeout=10)
+        r = dist.get_rank()
+        if r == 0:
+            await dist.send(sent, dst=1)
+            await dist.send(np.array([1.5]), dst=1, tag=1)
+        elif r == 1:
+            buf = into.copy()
+            with pytest.raises(CollectiveMismatchError, match=words) as info:
+                await dist.recv(buf, src=0)
+            assert not buf.any(), "nothing is written into the buffer"
+            assert info.value.calls  # who sent what, who received into what
+            later = np.zeros(1)
+            await dist.recv(later, src=0, tag=1)  # the link still works
+            assert later[0] == 1.5
+        await dist.destroy_process_group()
+        return "ok"
+
+    assert run4(main) == ["ok"] * 4
+
+
+def test_a_p2p_receive_of_another_shape_with_as_many_elements_is_accepted_as_in_torch() -> None:
+    async def main() -> Any:
+        await dist.init_process_group("gloo")
+        r = dist.get_rank()
+        got = np.zeros((2, 3))
+        if r == 0:
+            await dist.send(np.arange(6.0), dst=1)
+        elif r == 1:
+            await dist.recv(got, src=0)
+        await dist.destroy_process_group()
+        return got.tolist()
+
+    assert run4(main)[1] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
+# ------------------------------------------------------------------ coalesced, PREMUL_SUM
+
+
+def test_coalesced_collectives() -> None:
+    async def main() -> Any:
+        pg = await dist.init_process_group("gloo")
+        r = dist.get_rank()
+        a, b = np.full(2, float(r)), np.full(3, 1.0)
+        await dist.all_reduce_coalesced([a, b])
+        outs = [[np.zeros(1), np.zeros(2)] for _ in range(4)]
+        await pg.all_gather_coalesced(outs, [np.array([float(r)]), np.array([r, -r], float)])
+        await dist.destroy_process_group()
+        return a.tolist(), b.tolist(), [[o.tolist() for o in row] for row in outs]
+
+    for a, b, outs in run4(main):
+        assert a == [6.0, 6.0] and b == [4.0, 4.0, 4.0]
+        assert outs == [[[float(q)], [float(q), float(-q)]] for q in range(4)]
+
+
+def test_coalesced_lists_that_differ_between_ranks_are_a_mismatch() -> None:
+    async def main() -> Any:
+        await dist.init_process_group("gloo", timeout=10)
+        r = dist.get_rank()
+        arrays = [np.ones(2), np.ones(3)] if r != 2 else [np.ones(3), np.ones(2)]
+        with pytest.raises(CollectiveMismatchError):
+            await dist.all_reduce_coalesced(arrays)
+        await asyncio.sleep(1.0)  # (the others learn it before this rank leaves)
+        await dist.destroy_process_group()
+        return "mismatch"
+
+    assert run4(main) == ["mismatch"] * 4
+
+
+def test_premul_sum_scales_each_input_then_sums() -> None:
+    async def main() -> Any:
+        pg = await dist.init_process_group("gloo")
+        r = dist.get_rank()
+        x = np.full(2, float(r + 1))
+        await dist.all_reduce(x, op=dist._make_nccl_premul_sum(0.25))
+        y = np.full(2, float(r + 1))
+        await pg.reduce(y, 0, dist._make_nccl_premul_sum(2.0))
+        with pytest.raises(UnsupportedReduceOpError, match="needs a factor"):
+            dist.all_reduce(np.ones(1), op=dist.ReduceOp.PREMUL_SUM)
+        with pytest.raises(UnsupportedReduceOpError, match="int64"):
+            dist.all_reduce(np.ones(1, np.int64), op=dist._make_nccl_premul_sum(2.0))
+        await dist.destroy_process_group()
+        return x.tolist(), (y.tolist() if r == 0 else None)
+
+    results = run4(main)
+    assert [x for x, _ in results] == [[2.5, 2.5]] * 4
+    assert results[0][1] == [20.0, 20.0]
+
+
+# ------------------------------------------------------------------ groups
+
+
+def test_new_subgroups_new_subgroups_by_enumeration_and_split_group() -> None:
+    async def main() -> Any:
+        await dist.init_process_group("gloo")
+        r = dist.get_rank()
+        mine, all_pairs = await dist.new_subgroups(2)
+        mine_e, _ = await dist.new_subgroups_by_enumeration([[0, 3], [1, 2]])
+        split = await dist.split_group(split_ranks=[[0, 1, 2]])
+        out = []
+        for g in (mine, mine_e):
+            x = np.array([float(r)])
+            await dist.all_reduce(x, group=g)
+            out.append((dist.get_process_group_ranks(g), x[0]))
+        if split is None:
+            out.append(None)
+        else:
+            x = np.array([1.0])
+            await split.all_reduce(x)
+            out.append((split.ranks, x[0]))
+        await dist.destroy_process_group()
+        return out, [g.ranks for g in all_pairs]
+
+    results = run4(main)
+    assert results[0] == ([([0, 1], 1.0), ([0, 3], 3.0), ([0, 1, 2], 3.0)], [[0, 1], [2, 3]])
+    assert results[3][0][2] is None  # not in any split: None, as torch returns
+    assert results[2][0][:2] == [([2, 3], 5.0), ([1, 2], 3.0)]
+
+
+def test_device_mesh_indexing_by_dimension_name() -> None:
+    async def main() -> Any:
+        await dist.init_process_group("gloo")
+        r = dist.get_rank()
+        mesh = await init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        assert isinstance(mesh, DeviceMesh) and mesh.device_type == "cpu"
+        dp, tp = mesh["dp"], mesh["tp"]
+        assert dp.get_group() is mesh.get_group("dp") and tp.get_group() is mesh.get_group("tp")
+        both = mesh["tp", "dp"]
+        x = np.array([float(r)])
+        await dist.all_reduce(x, group=dp.get_group())
+        with pytest.raises(KeyError):
+            mesh["pp"]
+        await dist.destroy_process_group()
+        return dp.mesh.tolist(), tp.mesh.tolist(), both.mesh.tolist(), x[0]
+
+    results = run4(main)
+    assert results[0] == ([0, 2], [0, 1], [[0, 2], [1, 3]], 2.0)
+    assert results[3] == ([1, 3], [2, 3], [[0, 2], [1, 3]], 4.0)
+
+
+def test_launcher_environment_helpers() -> None:
+    async def main() -> Any:
+        return dist.is_torchelastic_launched(), dist.get_node_local_rank(), dist.get_node_local_rank(fallback_rank=9)
+
+    res = sim.run(main, world_size=2, seed=0, env={"TORCHELASTIC_RUN_ID": "job7"})
+    assert res.ok and res.rank_results == [(True, 0, 0), (True, 1, 1)], res.summary()
+
+    async def bare() -> Any:
+        with pytest.raises(RuntimeError, match="LOCAL_RANK"):
+            dist.get_node_local_rank()
+        return dist.get_node_local_rank(fallback_rank=5)
+
+    res = sim.run(bare, world_size=1, seed=0, env={"LOCAL_RANK": ""})
+    assert res.ok and res.rank_results == [5], res.summary()
+
+
+# ------------------------------------------------------------------ Work
+
+
+def test_work_is_completed_and_get_future() -> None:
+    async def main() -> Any:
+        await dist.init_process_group("gloo")
+        x = np.ones(2)
+        work = dist.all_reduce(x, async_op=True)
+        fut = work.get_future()
+        assert isinstance(fut, asyncio.Future)
+        result = await fut
+        done = work.is_completed()
+        bad = dist.recv(np.zeros(1), src=(dist.get_rank() + 1) % 4, timeout=0.2)
+        with pytest.raises(TimeoutError):  # (nobody sends: the receive times out; its future says so)
+            await bad.get_future()
+        await dist.barrier()  # (no rank leaves while another still waits in its receive)
+        await dist.destroy_process_group()
+        return result is x, done, x.tolist()
+
+    assert run4(main) == [(True, True, [4.0, 4.0])] * 4
+
+
+def test_cancelling_the_awaiter_of_a_receive_withdraws_it_and_a_bounded_wait_does_not() -> None:
+    async def main() -> Any:
+        await dist.init_process_group("gloo", timeout=10)
+        r = dist.get_rank()
+        out: Any = None
+        if r == 0:
+            await dist.barrier()
+            await dist.send(np.array([1.0]), dst=1)
+            await dist.send(np.array([2.0]), dst=1)
+        elif r == 1:
+            abandoned = np.zeros(1)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(dist.recv(abandoned, src=0), 0.05)  # withdrawn with its awaiter
+            kept = np.zeros(1)
+            work = dist.recv(kept, src=0)
+            with pytest.raises(TimeoutError):
+                await work.wait(timeout=0.05)  # bounds only this wait: the receive stays posted
+            await dist.barrier()
+            await work
+            later = np.zeros(1)
+            await dist.recv(later, src=0)
+            out = (abandoned[0], kept[0], later[0])
+        else:
+            await dist.barrier()
+        await dist.destroy_process_group()
+        return out
+
+    assert run4(main)[1] == (0.0, 1.0, 2.0)
