@@ -16,7 +16,10 @@ asks it where to write (:meth:`FrameDecoder.get_buffer`) and tells it how many
 bytes arrived (:meth:`FrameDecoder.buffer_updated`). While a large payload is
 arriving, ``get_buffer`` hands out the payload's final destination (possibly a
 caller-supplied buffer from a :data:`~aiodist.net.base.PayloadSink`), so the
-bytes are written once, by the kernel, where they belong.
+bytes are written once, by the kernel, where they belong. A sink that had no
+buffer for a payload is asked again after each read while the rest of it is
+arriving; a buffer it names then gets the bytes received so far copied in,
+and the rest is written straight into it.
 
 Memory follows bytes: nothing is filled in from what a prefix *claims*. A
 payload with no destination of its own gets uninitialised memory
@@ -50,6 +53,15 @@ DEFAULT_MAX_FRAME_SIZE = (1 << 30) + (1 << 20)
 
 DEFAULT_MAX_HEADER_SIZE = 1 << 20
 
+_FIRST_ASK_STEP = 1 << 12
+_ASK_STEP = 1 << 16
+_ASK_STEPS = 8
+"""A payload the sink had no buffer for is read in chunks, the sink asked again after each: first
+_FIRST_ASK_STEP bytes (a receive posted in the loop turn right after the header came then takes all
+but those and the bytes staged with the header), then _ASK_STEPS chunks of _ASK_STEP bytes (it may
+be posted a few loop turns later), then each as large as what arrived before it (a handful of asks
+in all, however large the payload)."""
+
 _STAGING_SIZE = 1 << 16
 _STAGING_MAX = (1 << 17) + (1 << 12)
 """The staging area grows (once) to this size for a frame that does not fit: up to 128 KiB of
@@ -68,7 +80,8 @@ def payload_buffer(nbytes: int) -> memoryview:
     return np.empty(nbytes, dtype=np.uint8).data
 
 
-Sink = Callable[[dict[str, Any], int], Any]
+Sink = Callable[[dict[str, Any], int, int], Any]
+"""(header, payload_nbytes, received) -> a writable buffer or None (see :data:`aiodist.net.base.PayloadSink`)."""
 
 
 def as_byte_view(payload: Any) -> memoryview:
@@ -166,6 +179,10 @@ class FrameDecoder:
         self._plen = 0
         self._header: dict[str, Any] = {}
         self._target: memoryview | None = None  # where the payload being received goes
+        self._own = False  # ... memory of our own: the sink had no buffer for it (it is asked again)
+        self._ask_at = 0  # ... at this many bytes received
+        self.declined = False
+        """The sink was asked again and had no buffer yet: a connection may let its loop turn before reading on."""
         self._pos = 0
         self.completed: Frames = []
         """After :meth:`buffer_updated` raised: the frames it had completed before the failure."""
@@ -194,6 +211,7 @@ class FrameDecoder:
         self._start = self._end = 0
         self._header = {}
         self._target = None
+        self._own = self.declined = False
 
     # -- BufferedProtocol-style interface ---------------------------------
 
@@ -201,6 +219,8 @@ class FrameDecoder:
         """Where the next received bytes should be written."""
         if self._state == _ST_PAYLOAD:
             assert self._target is not None
+            if self._own:  # up to the next chunk boundary (where the sink is asked again)
+                return self._target[self._pos : self._ask_at]
             return self._target[self._pos :]
         end = self._end
         if self._start == end:
@@ -223,9 +243,11 @@ class FrameDecoder:
         state = self._state
         try:
             if state == _ST_PAYLOAD:
-                self._pos += nbytes
-                if self._pos == self._plen:
+                pos = self._pos = self._pos + nbytes
+                if pos == self._plen:
                     self._finish_payload(frames)
+                elif self._own and pos >= self._ask_at:
+                    self._ask_again(pos)
                 return frames
             end = self._end + nbytes
             self._end = end
@@ -281,7 +303,7 @@ class FrameDecoder:
                 raise self._fail(ProtocolError(f"frame header is a {type(header).__name__}, not a map"))
             if plen:
                 self._start = stop  # (where the payload begins, should the sink raise)
-                target = self.sink(header, plen) if self.sink is not None else None
+                target = self.sink(header, plen, 0) if self.sink is not None else None
                 if target is None:
                     target = memoryview(bytearray(view[stop:fend]))
                 else:
@@ -381,8 +403,15 @@ class FrameDecoder:
     def _begin_payload(self, frames: Frames) -> None:
         """The header is decoded: ask the sink where the payload goes, take what is staged, go on."""
         plen = self._plen
-        target = self.sink(self._header, plen) if self.sink is not None else None
-        target = payload_buffer(plen) if target is None else self._usable(target, plen)
+        target = self.sink(self._header, plen, 0) if self.sink is not None else None
+        if target is None:
+            target = payload_buffer(plen)
+            if self.sink is not None:  # asked again at chunk boundaries
+                self._own = True
+                self._ask_at = min(plen, self._end - self._start + _FIRST_ASK_STEP)
+                self.declined = True  # (and before the first chunk)
+        else:
+            target = self._usable(target, plen)
         self._target = target
         staged = min(self._end - self._start, plen)
         if staged:
@@ -394,10 +423,30 @@ class FrameDecoder:
         else:
             self._state = _ST_PAYLOAD
 
+    def _ask_again(self, received: int) -> None:
+        """A chunk of a payload the sink had no buffer for arrived: if it names one now, move there."""
+        plen = self._plen
+        if self.sink is None:  # (removed meanwhile: nobody to ask)
+            self._own = False
+            return
+        target = self.sink(self._header, plen, received)
+        if target is None:
+            self._ask_at = min(plen, received + (received if received > _ASK_STEPS * _ASK_STEP else _ASK_STEP))
+            self.declined = True
+            return
+        target = self._usable(target, plen)
+        own = self._target
+        assert own is not None
+        target[:received] = own[:received]
+        # The old buffer is dropped, not released: the transport may still hold an export of it.
+        self._target = target
+        self._own = False
+
     def _finish_payload(self, frames: Frames) -> None:
         frames.append((self._header, self._target))
         self._header = {}
         self._target = None
+        self._own = self.declined = False
         self._pos = 0
         self._state = _ST_PREFIX
 

@@ -5,12 +5,15 @@
     PYTHONPATH=. python benchmarks/sim_bench.py fidelity
     PYTHONPATH=. python benchmarks/sim_bench.py kernel        # the simulator alone: seam ping-pong
     PYTHONPATH=. python benchmarks/sim_bench.py ratio --ranks 1024 --repeat 3   # scale / kernel, same run
-    PYTHONPATH=. python benchmarks/sim_bench.py sweep -n 8 --seeds 20 --vs /work/base   # seeds per second
+    PYTHONPATH=. python benchmarks/sim_bench.py ratio --ranks 1024 --repeat 5 --vs /work/base   # side by side
+    PYTHONPATH=. python benchmarks/sim_bench.py sweep -n 8 --seeds 20 --vs /work/base   # seeds per second (--vs DIR ...)
     PYTHONPATH=. python benchmarks/sim_bench.py explore -n 8 --seeds 30       # exploration's cost per seed
 
 ratio: the full stack's deliveries per CPU second at ``--ranks`` (scale) over
 the kernel's, both measured in this process, alternating, medians of
-``--repeat`` (a ratio, because the machine's speed drifts).
+``--repeat`` (a ratio, because the machine's speed drifts). With ``--vs DIR
+...`` each run is a fresh interpreter per checkout (``PYTHONPATH``), the
+checkouts in turn, and the medians are printed side by side.
 
 sweep: ``python -m sim run -n N PROGRAM --seeds 0:S -q`` in fresh
 interpreters (startup, imports and the program's load included), seeds per
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import math
 import sys
@@ -60,6 +64,10 @@ from aiodist import api
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import sim_pingpong  # noqa: E402  (the seam ping-pong program)
+
+# Fixed timing where the simulator under test has exploration (an older checkout, compared with
+# ``--vs``, may not: its timing is fixed anyway).
+FIXED: dict[str, Any] = {"explore": False} if "explore" in inspect.signature(sim.run).parameters else {}
 
 # --------------------------------------------------------------------------- scale
 
@@ -102,11 +110,11 @@ def bench_scale(sizes: list[int], schedule: str, profile: bool = False) -> list[
         t0 = time.perf_counter()
         c0 = time.process_time()
         res = sim.run(rendezvous_and_allreduce, world_size=n, seed=1, trace=False, schedule=schedule,
-                      time_limit=36000, explore=False)
+                      time_limit=36000, **FIXED)
         wall = time.perf_counter() - t0
         cpu = time.process_time() - c0
         ok = res.ok and all(v == float(n) ** 10 for v in res.rank_results)
-        row = {"ranks": n, "ok": ok, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "deliveries": res.messages,
+        row: dict[str, Any] = {"ranks": n, "ok": ok, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "deliveries": res.messages,
                "deliveries_per_s": round(res.messages / wall), "deliveries_per_cpu_s": round(res.messages / cpu),
                "loop_steps": res.steps,
                "virtual_s": round(res.virtual_time, 6)}
@@ -128,7 +136,7 @@ def bench_kernel(world_size: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     c0 = time.process_time()
     res = sim.run(sim_pingpong.main, world_size=world_size, seed=1, trace=False, schedule="fifo", args=(PINGS,),
-                  explore=False)
+                  **FIXED)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     row = {"kernel_ranks": world_size, "ok": res.ok, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
@@ -142,7 +150,8 @@ def bench_ratio(ranks: int, repeat: int) -> float:
     """Full stack at ``ranks`` vs the bare kernel, alternating in this process: the ratio of median rates."""
     import statistics
 
-    kernel, scale = [], []
+    kernel: list[float] = []
+    scale: list[float] = []
     for _ in range(repeat):
         kernel.append(bench_kernel(64)["deliveries_per_cpu_s"])
         scale.append(bench_scale([ranks], "random")[0]["deliveries_per_cpu_s"])
@@ -150,6 +159,47 @@ def bench_ratio(ranks: int, repeat: int) -> float:
     print(f"kernel {k:.0f} deliveries/CPU s, full stack at {ranks} ranks {f:.0f} deliveries/CPU s (medians of "
           f"{repeat}): ratio {f / k:.3f} = 1/{k / f:.1f}")
     return f / k
+
+
+def _ratio_once(pythonpath: str, ranks: int) -> tuple[float, float, float]:
+    """One kernel + scale pair in a fresh interpreter on checkout ``pythonpath``: (kernel rate, full rate, full CPU s)."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    proc = subprocess.run([sys.executable, __file__, "ratio", "--ranks", str(ranks), "--repeat", "1"], env=env,
+                          capture_output=True, text=True, timeout=3600)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or len(rows) != 2:
+        raise SystemExit(f"ratio run failed under {pythonpath}:\n{proc.stdout}{proc.stderr}")
+    kernel, full = rows
+    if not full["ok"]:
+        raise SystemExit(f"the full-stack run failed under {pythonpath}: {full}")
+    return kernel["deliveries_per_cpu_s"], full["deliveries_per_cpu_s"], full["cpu_s"]
+
+
+def bench_ratio_vs(ranks: int, repeat: int, others: list[str]) -> None:
+    """``ratio`` on this checkout and on ``others`` (PYTHONPATH), one process each, in turn: medians side by side."""
+    import statistics
+
+    here = str(Path(__file__).resolve().parent.parent)
+    sides = [here] + [str(Path(o).resolve()) for o in others]
+    runs: dict[str, list[tuple[float, float, float]]] = {side: [] for side in sides}
+    for i in range(repeat):
+        for side in (sides if i % 2 == 0 else list(reversed(sides))):
+            runs[side].append(_ratio_once(side, ranks))
+    print(f"{'checkout':<34} {'kernel/CPU s':>13} {'full/CPU s':>11} {'full CPU s':>11} {'ratio':>8}")
+    medians = {}
+    for side in sides:
+        k = statistics.median(r[0] for r in runs[side])
+        f = statistics.median(r[1] for r in runs[side])
+        c = statistics.median(r[2] for r in runs[side])
+        ratio = statistics.median(r[1] / r[0] for r in runs[side])
+        medians[side] = (k, f, c, ratio)
+        print(f"{side:<34} {k:>13.0f} {f:>11.0f} {c:>11.2f} {ratio:>8.3f}  (= 1/{1 / ratio:.1f})")
+    for side in sides[1:]:
+        print(f"this vs {side}: full stack {medians[here][1] / medians[side][1]:.2f}x deliveries per CPU s, "
+              f"ratio {medians[here][3] / medians[side][3]:.2f}x (medians of {repeat}, {ranks} ranks)")
 
 
 # --------------------------------------------------------------------------- sweep throughput
@@ -173,11 +223,11 @@ def _sweep_once(pythonpath: str, program: str, n: int, seeds: int) -> tuple[floa
     return wall, cpu
 
 
-def bench_sweep(program: str, n: int, seeds: int, repeat: int, vs: str | None) -> None:
+def bench_sweep(program: str, n: int, seeds: int, repeat: int, vs: list[str]) -> None:
     import statistics
 
     here = str(Path(__file__).resolve().parent.parent)
-    sides = [("this", here)] + ([("vs", str(Path(vs).resolve()))] if vs else [])
+    sides = [("this", here)] + [(f"vs{i}", str(Path(v).resolve())) for i, v in enumerate(vs, 1)]
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in sides}
     for _ in range(repeat):
         for name, path in (sides if _ % 2 == 0 else list(reversed(sides))):
@@ -190,9 +240,9 @@ def bench_sweep(program: str, n: int, seeds: int, repeat: int, vs: str | None) -
         print(json.dumps({"side": name, "path": path, "program": program, "ranks": n, "seeds": seeds,
                           "runs": repeat, "seeds_per_wall_s": round(seeds / wall, 2),
                           "seeds_per_cpu_s": round(seeds / cpu, 2)}), flush=True)
-    if vs:
-        print(f"this / vs: {rows['this'][0] / rows['vs'][0]:.2f}x seeds per wall second, "
-              f"{rows['this'][1] / rows['vs'][1]:.2f}x per CPU second (medians of {repeat})")
+    for name, path in sides[1:]:
+        print(f"this / {path}: {rows['this'][0] / rows[name][0]:.2f}x seeds per wall second, "
+              f"{rows['this'][1] / rows[name][1]:.2f}x per CPU second (medians of {repeat})")
 
 
 # --------------------------------------------------------------------------- exploration's cost
@@ -279,7 +329,7 @@ def bench_fidelity(world_sizes: list[int]) -> list[dict[str, Any]]:
     net = sim.Network.ideal(alpha=ALPHA, bandwidth=BANDWIDTH)
     for p in world_sizes:
         for collective, nbytes in FIDELITY_CASES:
-            res = sim.run(timed_collective, args=(collective, nbytes), world_size=p, seed=0, network=net, explore=False,
+            res = sim.run(timed_collective, args=(collective, nbytes), world_size=p, seed=0, network=net, **FIXED,
                           trace=False, schedule="fifo")
             if not res.ok:
                 row = {"collective": collective, "p": p, "nbytes": nbytes, "error": res.summary()[:300]}
@@ -309,12 +359,13 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("ratio")
     r.add_argument("--ranks", type=int, default=1024)
     r.add_argument("--repeat", type=int, default=3)
+    r.add_argument("--vs", nargs="*", default=None, help="other checkouts (PYTHONPATH): one process per run, in turn")
     w = sub.add_parser("sweep")
     w.add_argument("--program", default="examples/train_dp.py")
     w.add_argument("-n", type=int, default=8)
     w.add_argument("--seeds", type=int, default=20)
     w.add_argument("--repeat", type=int, default=3)
-    w.add_argument("--vs", default=None, help="another checkout to compare with (PYTHONPATH)")
+    w.add_argument("--vs", nargs="*", default=[], help="other checkouts to compare with (PYTHONPATH)")
     e = sub.add_parser("explore")
     e.add_argument("--program", default="examples/train_dp.py")
     e.add_argument("-n", type=int, default=8)
@@ -329,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{kernel['deliveries_per_cpu_s']} (one run each; `ratio` for medians)")
     elif ns.what == "kernel":
         bench_kernel(ns.ranks)
+    elif ns.what == "ratio" and ns.vs is not None:
+        bench_ratio_vs(ns.ranks, ns.repeat, ns.vs)
     elif ns.what == "ratio":
         bench_ratio(ns.ranks, ns.repeat)
     elif ns.what == "sweep":

@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace of the run")
     p.add_argument("--dump-events", metavar="FILE", help=argparse.SUPPRESS)
     p.add_argument("--fail-fast", action="store_true", help="stop a sweep at the first failing seed")
-    p.add_argument("-j", "--jobs", type=int, default=1, help="run a sweep's seeds in N local worker processes")
+    p.add_argument("-j", "--jobs", type=int, default=None,
+                   help="run a sweep's seeds in N local worker processes (default: one per CPU; 1: in this process)")
     p.add_argument("--executor", metavar="SPEC", default=None,
                    help="where a sweep's seeds run: 'process' (local workers, -j of them), 'inline', "
                         "'dask:ADDRESS' or 'dask:local[:N]' (a Dask cluster, pip install aiodist[cluster]), "
@@ -453,11 +454,12 @@ class CliSeed:
 
 def _executor(ns: argparse.Namespace) -> tuple[Any, Any]:
     """(the executor for a sweep or None to run here, the one to shut down afterwards or None)."""
-    spec = ns.executor or ("process" if ns.jobs > 1 else "inline")
+    jobs = ns.jobs if ns.jobs is not None else (os.cpu_count() or 1)
+    spec = ns.executor or ("process" if jobs > 1 else "inline")
     if spec == "inline":
         return None, None
     if spec == "process":
-        ex = process_executor(ns.jobs)
+        ex = process_executor(jobs)
         return ex, ex
     if spec.startswith("dask:"):
         try:

@@ -392,7 +392,7 @@ class SimConnection(Connection):
             target = None
             if sink is not None:
                 try:
-                    target = sink(header, n)
+                    target = sink(header, n, 0)  # (asked once: a payload arrives here whole)
                     if target is not None:
                         if target.nbytes != n or target.readonly or not target.c_contiguous:
                             raise ValueError(f"payload sink returned an unusable buffer for {n} bytes")

@@ -45,7 +45,6 @@ import operator
 import itertools
 import random
 import threading
-import weakref
 from asyncio import events, futures
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -134,7 +133,10 @@ class SimLoop(asyncio.AbstractEventLoop):
         self._stretch: dict[int, float] = {}
         self._closed = False
         self._discarding = False
-        self._task_lane: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
+        # Every task, by lane, in creation order: what a killed lane leaves behind, and what a finishing
+        # process cancels (as asyncio.run does) without a scan of every rank's tasks. Plain lists with
+        # the ended tasks dropped now and then (see create_task): no weak reference per task.
+        self._lane_tasks: dict[int, list[asyncio.Task[Any]]] = {}
         self._zombies: list[asyncio.Task[Any]] = []
         self._graveyard: list[Any] = []  # dropped callbacks of dead lanes, kept alive until discard()
         self._running = False
@@ -282,14 +284,19 @@ class SimLoop(asyncio.AbstractEventLoop):
         if held:
             self._graveyard.extend(held)
         self._resume_at.pop(lane, None)
-        for task, task_lane in list(self._task_lane.items()):
-            if task_lane == lane and not task.done():
+        for task in self._lane_tasks.get(lane, ()):
+            if not task.done():
                 self._zombies.append(task)
 
     def retire_lane(self, lane: int) -> None:
         """``lane``'s process ended and none of its tasks is left: nothing of it runs again (no scan for tasks)."""
         self.dead_lanes.add(lane)
         self._stopped.add(lane)
+        self._lane_tasks.pop(lane, None)
+
+    def lane_tasks(self, lane: int) -> list[asyncio.Task[Any]]:
+        """The tasks of ``lane`` that may not have ended yet, in creation order (a copy)."""
+        return list(self._lane_tasks.get(lane, ()))
 
     def pause_lane(self, lane: int, until: float) -> None:
         """Stop ``lane`` until virtual time ``until`` (SIGSTOP, then SIGCONT).
@@ -362,7 +369,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         """
         if self._running:
             raise RuntimeError("Cannot discard a running event loop")
-        tasks = list(self._zombies) + list(self._task_lane.keys())  # before close() drops the queues
+        tasks = list(self._zombies) + [t for lane in self._lane_tasks.values() for t in lane]  # (before close())
         self._zombies = []
         self._graveyard = []
         self._paused.clear()
@@ -627,7 +634,15 @@ class SimLoop(asyncio.AbstractEventLoop):
             task = factory(self, coro, context=context) if context is not None else factory(self, coro)
             if name is not None:
                 task.set_name(name)
-        self._task_lane[task] = self.lane if context is None else context.get(LANE, self.lane)
+        lane = self.lane if context is None else context.get(LANE, self.lane)
+        tasks = self._lane_tasks.get(lane)
+        if tasks is None:
+            self._lane_tasks[lane] = [task]
+            return task
+        n = len(tasks)
+        if n >= 64 and n & (n - 1) == 0:  # at powers of two: drop the ended ones (amortized O(1))
+            tasks[:] = [t for t in tasks if not t.done()]
+        tasks.append(task)
         return task
 
     def set_task_factory(self, factory: Callable[..., Any] | None) -> None:

@@ -263,10 +263,6 @@ class Simulation:
         self.loop.executor_cost = compute
         self.globals = ProcessGlobals()
         self.base_env = inherited_environment(os.environ)
-        # Every task, by lane, so that a finishing process can cancel what is left of it (as
-        # asyncio.run does) without a scan of all tasks of all ranks.
-        self._lane_tasks: dict[int, list[asyncio.Task[Any]]] = {}
-        self.loop.create_task = self._create_task  # type: ignore[method-assign]
         self.tracer = Tracer(keep=keep_trace)
         self.fabric = Fabric(network, self.loop, random.Random(f"{seed}:net"), self.tracer)
         self.kernel = self.fabric.kernel_ctx
@@ -457,20 +453,9 @@ class Simulation:
 
     def _create_task(self, coro: Any, *, name: str | None = None, context: contextvars.Context | None = None
                      ) -> asyncio.Task[Any]:
-        """``loop.create_task`` that files the task under its lane (and, with torch, swaps its generator)."""
-        loop = self.loop
-        if self.globals.torch is not None:
-            coro = self.globals.wrap(coro, PROCESS.get() if context is None else context.get(PROCESS))
-        task = SimLoop.create_task(loop, coro, name=name, context=context)
-        lane = loop.lane if context is None else context.get(LANE, loop.lane)
-        tasks = self._lane_tasks.get(lane)
-        if tasks is None:
-            self._lane_tasks[lane] = [task]
-            return task
-        if len(tasks) >= 64 and len(tasks) & (len(tasks) - 1) == 0:  # at powers of two: drop ended ones
-            tasks[:] = [t for t in tasks if not t.done()]
-        tasks.append(task)
-        return task
+        """``loop.create_task`` when torch is loaded: the task swaps in its rank's torch generator."""
+        coro = self.globals.wrap(coro, PROCESS.get() if context is None else context.get(PROCESS))
+        return SimLoop.create_task(self.loop, coro, name=name, context=context)
 
     def _start_rank(self, rank: int) -> None:
         count = self.restarts.get(rank, 0)
@@ -541,7 +526,7 @@ class Simulation:
                 failure = Failure("exception", inc.rank, f"{type(e).__name__} while the rank finished: {e}",
                                   "".join(tb.format_exception(e)), self.loop.time(), location=_raise_location(e))
         me = asyncio.current_task()
-        left = [t for t in self._lane_tasks.get(inc.lane, ()) if t is not me and not t.done()]
+        left = [t for t in self.loop.lane_tasks(inc.lane) if t is not me and not t.done()]
         for t in left:
             t.cancel()
         if left:
@@ -560,7 +545,6 @@ class Simulation:
         self.tracer.emit(self.loop.time(), "exit", host.name, detail="ok" if failure is None else failure.kind)
         self.loop.retire_lane(inc.lane)  # (its tasks have all ended: nothing to keep, no scan of them)
         self.fabric.exit(host)
-        self._lane_tasks.pop(inc.lane, None)
         if failure is not None:
             self.failures.append(failure)
             if self.stop_on_error:
@@ -609,6 +593,8 @@ class Simulation:
 
     def run(self) -> Result:
         with self.globals:
+            if self.globals.torch is not None:  # (else the loop's own create_task, one frame less per task)
+                self.loop.create_task = self._create_task  # type: ignore[method-assign]
             return self._run()
 
     def _run(self) -> Result:

@@ -385,3 +385,56 @@ def test_a_nested_tuple_key_is_frozen_on_both_sides() -> None:
     router.post_keyed(r)
     arrive(router, 1, msg((0, ["a", 1])), b"z")
     assert isinstance(s.results[0], Delivery) and bytes(out) == b"z"
+
+
+# ------------------------------------------------------------------ claim: a receive posted while its payload arrives
+
+
+def test_a_receive_posted_while_its_payload_arrives_claims_it_and_nothing_stays_charged() -> None:
+    router = Router()
+    router.max_early_bytes = 10
+    m = router.route(1, msg((0, "a")), 8)  # no receive yet: to be buffered, charged
+    assert m.sink is None and router.buffered(1) == (1, 8)
+    assert not router.claim(m)  # nothing posted yet
+    out = memoryview(bytearray(8))
+    r, s = keyed(1, (0, "a"), out)
+    router.post_keyed(r)
+    assert router.claim(m) and m.sink is out and m.receive is r
+    assert router.buffered(1) == (0, 0)  # no longer charged: its bytes go to the receive
+    assert not router.claim(m)  # (once)
+    out[:] = b"abcdefgh"  # the connection moved what it had and writes the rest there
+    router.complete(m, out)
+    assert len(s.results) == 1 and s.results[0].payload is out and bytes(out) == b"abcdefgh"  # type: ignore[union-attr]
+    assert router.pending() == [] and router.buffered(1) == (0, 0)
+    m2 = router.route(1, msg((0, "b")), 8)  # the budget is whole again
+    assert m2.violation is None
+
+
+def test_a_receive_that_refuses_the_frame_it_claims_ends_with_its_error_and_the_frame_is_dropped() -> None:
+    router = Router()
+    m = router.route(1, msg((0, "a")), 8)
+    r, s = keyed(1, (0, "a"), memoryview(bytearray(4)))  # another size
+    router.post_keyed(r)
+    assert not router.claim(m)
+    assert len(s.results) == 1 and isinstance(s.results[0], CollectiveMismatchError)
+    assert m.drop and router.buffered(1) == (0, 0)
+    router.complete(m, memoryview(bytearray(8)))  # dropped when it completes
+    assert router.pending() == [] and len(s.results) == 1
+
+
+def test_a_p2p_receive_claims_the_next_message_in_order_only() -> None:
+    router = Router()
+    held = router.route(1, pmsg(5, 1), 4)  # number 1 before number 0: held for its turn
+    assert not router.claim(held)
+    router.complete(held, memoryview(bytearray(b"one!")))
+    first = router.route(1, pmsg(5, 0), 4)
+    out0, out1 = memoryview(bytearray(4)), memoryview(bytearray(4))
+    assert not router.claim(first)  # nothing posted yet
+    r0, s0 = p2p(1, 5, out0)
+    router.post_p2p(r0)
+    r1, s1 = p2p(1, 5, out1)
+    router.post_p2p(r1)
+    assert router.claim(first) and first.sink is out0
+    out0[:] = b"zero"
+    router.complete(first, out0)
+    assert [bytes(d.payload) for d in s0.results + s1.results] == [b"zero", b"one!"]  # type: ignore[union-attr,arg-type]

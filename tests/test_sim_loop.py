@@ -171,3 +171,23 @@ def test_cancelled_timers_do_not_pile_up() -> None:
         return loop.pending_timers()  # type: ignore[attr-defined]  # near and far timers
 
     assert run(main()) < 1000
+
+
+def test_ended_tasks_are_not_kept_per_lane() -> None:
+    # The loop files every task under its lane (strong references: no weak reference per task);
+    # ended ones are dropped as the list grows, so a lane that runs many short tasks keeps few.
+    loop = SimLoop()
+
+    async def short() -> None:
+        await asyncio.sleep(0)
+
+    async def main() -> int:
+        for _ in range(5000):
+            await loop.create_task(short(), context=_lane_ctx(3))
+        return len(loop.lane_tasks(3))
+
+    kept = loop.run_until_complete(main())
+    assert kept <= 64
+    loop.retire_lane(3)
+    assert loop.lane_tasks(3) == []
+    loop.discard()

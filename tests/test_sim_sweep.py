@@ -108,12 +108,12 @@ def program(tmp_path: Path) -> str:
 
 def test_cli_sweep_prints_no_log_records_and_q_drops_program_output(program: str,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli_main(["run", "-n", "2", program, "--seeds", "0:12"])
+    code = cli_main(["run", "-n", "2", program, "--seeds", "0:12", "-j", "1"])  # (here: capsys sees its output)
     out, err = capsys.readouterr()
     assert err == ""  # the error the program handled is not reported seed after seed
     assert "[rank0]: hello from 0" in out
     assert code == 1 and "distinct failure" in out and "ValueError at prog.py:" in out
-    cli_main(["run", "-n", "2", program, "--seeds", "0:12", "-q"])
+    cli_main(["run", "-n", "2", program, "--seeds", "0:12", "-q", "-j", "1"])
     quiet = capsys.readouterr().out
     assert "hello from" not in quiet and "seeds failed" in quiet
     cli_main(["run", "-n", "2", program, "--seed", "0", "-q"])
@@ -207,3 +207,21 @@ def test_perfetto_flows_are_balanced_and_arguments_are_json_values(tmp_path: Pat
     assert any(isinstance(h, dict) and h.get("t") for h in sends)  # the header itself, not its repr
     spans = [e for e in data if e.get("ph") == "X" and e["name"] == "all_reduce"]
     assert spans and all(isinstance(e["args"].get("seq"), int) for e in spans)
+
+
+def test_a_cli_sweep_runs_in_local_worker_processes_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+    import concurrent.futures
+
+    from sim import cli
+
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 4)
+    ex, owned = cli._executor(argparse.Namespace(jobs=None, executor=None))
+    try:
+        assert isinstance(ex, concurrent.futures.ProcessPoolExecutor) and owned is ex
+        assert ex._max_workers == 4
+    finally:
+        ex.shutdown()
+    assert cli._executor(argparse.Namespace(jobs=1, executor=None)) == (None, None)  # -j 1: here
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 1)
+    assert cli._executor(argparse.Namespace(jobs=None, executor=None)) == (None, None)  # one CPU: here

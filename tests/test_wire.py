@@ -92,7 +92,7 @@ def test_garbage_raises_protocol_error(data, match):
 
 def test_payload_sink_gets_the_bytes_in_place():
     dest = bytearray(5000)
-    dec = FrameDecoder(sink=lambda h, n: memoryview(dest) if h["to"] == "d" else None)
+    dec = FrameDecoder(sink=lambda h, n, got: memoryview(dest) if h["to"] == "d" else None)
     data = _stream([({"to": "d"}, bytes(range(250)) * 20), ({"to": "x"}, b"abc")])
     got = []
     for i in range(0, len(data), 777):
@@ -102,7 +102,7 @@ def test_payload_sink_gets_the_bytes_in_place():
 
 
 def test_payload_sink_with_wrong_size_is_a_protocol_error():
-    dec = FrameDecoder(sink=lambda h, n: memoryview(bytearray(n + 1)))
+    dec = FrameDecoder(sink=lambda h, n, got: memoryview(bytearray(n + 1)))
     with pytest.raises(ProtocolError, match="unusable buffer"):
         dec.feed(_stream([({}, b"abc")]))
 

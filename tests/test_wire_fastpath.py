@@ -53,7 +53,7 @@ def test_whole_frames_with_payloads_land_where_the_sink_says() -> None:
     places = {"in": bytearray(3)}
     asked: list[tuple[int, int]] = []
 
-    def sink(header: dict[str, Any], nbytes: int) -> Any:
+    def sink(header: dict[str, Any], nbytes: int, received: int) -> Any:
         asked.append((header["i"], nbytes))
         return memoryview(places[header["to"]]) if header.get("to") in places else None
 
@@ -69,7 +69,7 @@ def test_whole_frames_with_payloads_land_where_the_sink_says() -> None:
 
 def test_a_sink_buffer_of_the_wrong_size_breaks_the_decoder_in_the_fast_path_too() -> None:
     dec = FrameDecoder(expect_preamble=False)
-    dec.sink = lambda header, nbytes: memoryview(bytearray(nbytes + 1))
+    dec.sink = lambda header, nbytes, received: memoryview(bytearray(nbytes + 1))
     with pytest.raises(ProtocolError, match="unusable buffer"):
         _put(dec, _wire(({"i": 0}, b"abc")))
 
@@ -303,7 +303,7 @@ def test_a_frame_over_the_staging_area_is_waited_for_in_a_grown_area_and_decoded
     asked: list[int] = []
     targets: list[memoryview] = []
 
-    def sink(header: dict[str, Any], nbytes: int) -> Any:
+    def sink(header: dict[str, Any], nbytes: int, received: int) -> Any:
         asked.append(nbytes)
         targets.append(memoryview(bytearray(nbytes)))
         return targets[-1]

@@ -172,6 +172,10 @@ class P2PTable:
         if held is not None and not held:
             del self._held[stream]
 
+    def take(self, m: Match) -> Receive | None:
+        """The oldest receive posted for in-order frame ``m`` (routed without one), off its queue."""
+        return self._take(m.header.get("g"), m.header.get("tag", 0), m.src)
+
     def _take(self, group: Any, tag: int, src: int) -> Receive | None:
         """The oldest receive of (group, tag) that takes a message from ``src``, off its queue."""
         q = self._queues.get((group, tag))

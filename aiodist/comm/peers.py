@@ -84,7 +84,7 @@ class PeerLinks:
         router: Router,
         groups: GroupRegistry,
         on_frame: Callable[[Peer, Frame], None],
-        on_payload: Callable[[Peer, Header, int], memoryview | None],
+        on_payload: Callable[[Peer, Header, int, int], memoryview | None],
         ssl: Any = None,
     ) -> None:
         self.rank, self.world_size, self.job_id = rank, world_size, job_id

@@ -221,6 +221,20 @@ class Router:
         """Forget that ``m`` was to be buffered (it is about to be routed again)."""
         self.table.release(m)
 
+    def claim(self, m: Match) -> bool:
+        """A receive posted since ``m`` was routed to be buffered takes it (its payload still arriving): True.
+
+        Then ``m.receive`` is that receive and :attr:`Match.sink` its buffer
+        (the rest of the payload can land there). A receive that refuses the
+        frame ends now with its error.
+        """
+        took = self.table.claim(m)
+        ended = m.ended
+        if ended is not None:
+            m.ended = None
+            resolve_all(ended)
+        return took
+
     def abort(self, m: Match, exc: BaseException) -> None:
         """The frame ``m`` will never complete (its connection broke mid-payload)."""
         result = self.table.abort(m, exc)

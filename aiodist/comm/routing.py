@@ -269,6 +269,33 @@ class RouteTable:
         """Forget that ``m`` was to be buffered (it is about to be routed again)."""
         self._uncharge(m)
 
+    def claim(self, m: Match) -> bool:
+        """``m`` was routed to be buffered and its payload is still arriving: does a receive posted since take it?
+
+        True: ``m.receive`` is that receive (taken off the tables, ``m`` no longer
+        charged). A receive that refuses it (another call, another size) ends
+        with its error in ``m.ended`` and the frame is dropped. Point-to-point:
+        only a frame next in its stream's order.
+        """
+        if m.receive is not None or m.drop:
+            return False
+        kind = m.header.get("t")
+        if kind == "m":
+            r = self._posted.pop(m.slot, None) if self._posted else None
+        elif kind == "p" and m.in_order:
+            r = self.p2p.take(m)
+        else:
+            return False
+        if r is None:
+            return False
+        self._uncharge(m)
+        err = veto(r, m.src, m.header, m.nbytes)
+        if err is not None:
+            refused(m, r, err)
+            return False
+        m.receive = r
+        return True
+
     def abort(self, m: Match, exc: BaseException) -> Result | None:
         """The frame ``m`` will never complete (its connection broke mid-payload): its receive's result, if any."""
         self._uncharge(m)

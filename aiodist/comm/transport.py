@@ -358,9 +358,18 @@ class Transport:
             if p is None or p.link.state is not _READY:
                 self._links.expect(src)
 
-    def _sink(self, p: Peer, header: Header, nbytes: int) -> memoryview | None:
-        """A payload is coming: the posted receive's buffer if one waits for it, else None (a new buffer)."""
+    def _sink(self, p: Peer, header: Header, nbytes: int, received: int) -> memoryview | None:
+        """A payload is coming: the posted receive's buffer if one waits for it, else None (a new buffer).
+
+        Asked again while a payload it had no buffer for arrives (``received`` > 0):
+        the buffer of a receive posted since, if one was (the rest lands there).
+        """
         p.watch.alive = True  # a payload on its way is a sign of life (heartbeats)
+        if received:
+            m = p.matches[-1] if p.matches else None  # (the frame arriving is the last one routed)
+            if m is None or m.header is not header or not self.router.claim(m):
+                return None
+            return m.sink
         if nbytes >= HEARTBEAT_GRACE_MIN_BYTES:  # and the peer's heartbeats queue behind it
             p.watch.slow_frame(self._loop.time(), nbytes / HEARTBEAT_MIN_BANDWIDTH)
         if p.link.rejected is not None:

@@ -32,16 +32,35 @@ Address = tuple[str, int]
 
 Header = dict[str, Any]
 
-PayloadSink = Callable[[Header, int], "memoryview | None"]
-"""Called with (header, payload_nbytes) when a frame's header has arrived and
-before its payload is read. Return a writable, C-contiguous ``memoryview`` of
-exactly ``payload_nbytes`` bytes to receive the payload straight into it (zero
-copy), or ``None``: the connection then receives the payload into memory of
-its own that grows with the bytes that actually arrive (never the size the
-header claims, up front). It runs synchronously inside the connection's
-receive path: it must be quick. One that raises, or returns an unusable
-buffer, is a local bug: the connection is broken (both ends see
-:class:`~aiodist.errors.ConnectionLost`) and the error is logged."""
+PayloadSink = Callable[[Header, int, int], "memoryview | None"]
+"""Called with (header, payload_nbytes, received) to ask where a frame's payload goes.
+
+First when the frame's header has arrived, before its payload is read
+(``received`` is 0). Return a writable, C-contiguous ``memoryview`` of
+exactly ``payload_nbytes`` bytes to receive the payload straight into it
+(zero copy), or ``None``: the connection then receives the payload into
+memory of its own that grows with the bytes that actually arrive (never the
+size the header claims, up front).
+
+Asked again: after ``None``, while the rest of that payload is still
+arriving, the connection may ask again with the same header object and
+``received`` > 0 (how many of its bytes arrived into its own memory), at its
+chunk boundaries (TCP: 64 KiB chunks, then chunks as large as what arrived
+before, and one loop turn before each next chunk is read, so a task woken
+meanwhile can post its receive); it never waits for an answer beyond that. A buffer named then gets those bytes copied in and the rest lands
+there directly; the frame's payload is that buffer, and it is not asked
+about that frame again. ``None`` again: nothing changes (it may be asked
+again later). A re-ask is about the frame already announced, never a new
+one: the sink tells them apart by ``received`` (and the header object).
+Asking again is optional for a connection: one whose payloads arrive whole
+(the simulator) asks once. So a sink that can name a buffer only once
+a receive was posted (a peer a step ahead) still gets most of the payload
+written in place.
+
+It runs synchronously inside the connection's receive path: it must be
+quick. One that raises, or returns an unusable buffer, is a local bug: the
+connection is broken (both ends see :class:`~aiodist.errors.ConnectionLost`)
+and the error is logged."""
 
 FrameHandler = Callable[["Frame"], None]
 """Called with each complete frame, synchronously, in order (see :meth:`Connection.set_frame_handler`)."""

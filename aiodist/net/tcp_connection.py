@@ -4,6 +4,12 @@ Receiving uses :class:`asyncio.BufferedProtocol` with :class:`~aiodist.wire.Fram
 so a payload is written by the kernel straight into its destination (a
 caller's array when a payload sink supplies one), and memory is only
 allocated as bytes arrive; reading pauses while too many frames wait unread.
+A payload the sink had no buffer for yet is read in chunks; after each one
+the sink is asked again, and the loop gets one turn before the next chunk is
+read (ready callbacks run: a task about to post the receive for it can), so
+most of a payload that came a little early still lands in place. That turn
+waits for nothing else: reading goes on in the next iteration whatever the
+sink answers.
 Sending is :class:`~aiodist.net.outbox.Outbox`'s: small frames coalesced,
 large payloads handed to the kernel without a copy and without asyncio's
 transport keeping the caller's memory. Closing is orderly and lingering
@@ -55,6 +61,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._exc: ConnectionClosedError | None = None
         self._closed_fut: asyncio.Future[None] | None = None
         self._paused_reading = False
+        self._yielding = False  # reading stopped for one loop turn (see the module doc)
         self._reading = True
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._linger: asyncio.TimerHandle | None = None
@@ -122,6 +129,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         if self._handshake_timer is not None and decoder.handshake_done:
             self._handshake_timer.cancel()
             self._handshake_timer = None
+        if decoder.declined:  # the sink has no buffer yet for a payload arriving: a loop turn first
+            decoder.declined = False
+            self._yield_reading()
         if not frames:
             return
         on_frame = self._on_frame
@@ -149,11 +159,22 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         log.error("payload sink failed on connection %s", self._peer, exc_info=e)
         self._fail(ConnectionLost(f"payload sink failed on connection to {self._peer}: {e!r}"))
 
+    def _yield_reading(self) -> None:
+        """Stop reading until the next loop iteration (ready callbacks run first)."""
+        if not self._yielding and self._loop is not None:
+            self._yielding = True
+            self._update_reading()
+            self._loop.call_soon(self._end_yield)
+
+    def _end_yield(self) -> None:
+        self._yielding = False
+        self._update_reading()
+
     def _update_reading(self) -> None:
         t = self._transport
         if t is None or self._exc is not None:
             return
-        want = not self._paused_reading
+        want = not self._paused_reading and not self._yielding
         if want != self._reading:
             self._reading = want
             if want:

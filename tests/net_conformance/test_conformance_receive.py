@@ -150,7 +150,7 @@ def test_a_closed_connection_lets_go_of_its_sink_and_handler_at_once(impl: Impl)
                     self.conn = b
                     self.got: list[Any] = []
 
-                def sink(self, header: dict[str, Any], n: int) -> memoryview | None:
+                def sink(self, header: dict[str, Any], n: int, received: int) -> memoryview | None:
                     return None
 
                 def on_frame(self, f: Frame) -> None:

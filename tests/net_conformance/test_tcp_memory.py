@@ -117,7 +117,7 @@ def test_a_closed_connection_frees_a_half_received_payload_at_once_without_the_g
                 def __init__(self) -> None:
                     self.conn = conn
 
-                def sink(self, header: dict[str, Any], n: int) -> None:
+                def sink(self, header: dict[str, Any], n: int, received: int) -> None:
                     return None
 
                 def on_frame(self, frame: Any) -> None:

@@ -68,7 +68,7 @@ def test_frames_and_a_payload_sink_over_tls(loop: str, contexts: tuple[ssl.SSLCo
     async def main() -> None:
         async with paired(TCPNetwork(), contexts) as (a, b):
             dest = np.zeros(3 * MIB, dtype=np.uint8)
-            b.set_payload_sink(lambda h, n: memoryview(dest) if h.get("to") == "dest" else None)
+            b.set_payload_sink(lambda h, n, got: memoryview(dest) if h.get("to") == "dest" else None)
             src = np.random.default_rng(2).integers(0, 255, size=3 * MIB, dtype=np.uint8)
             await a.send({"i": 0})
             await a.send({"i": 1, "to": "dest"}, src)
