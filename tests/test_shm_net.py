@@ -116,8 +116,8 @@ def test_a_ring_payload_lands_in_the_sinks_buffer_and_a_large_one_goes_in_pieces
         target = np.zeros(5_000_000, np.uint8)  # five times the ring
         asked: list[tuple[Any, int]] = []
 
-        def sink(header: dict[str, Any], n: int) -> memoryview | None:
-            asked.append((header["k"], n))
+        def sink(header: dict[str, Any], n: int, received: int) -> memoryview | None:
+            asked.append((header["k"], n, received))
             return memoryview(target) if header["k"] == "mine" else None
 
         b.set_payload_sink(sink)
@@ -125,7 +125,7 @@ def test_a_ring_payload_lands_in_the_sinks_buffer_and_a_large_one_goes_in_pieces
         await a.send({"k": "mine"}, src)
         await a.send({"k": "grown"}, src)
         f1, f2 = await b.recv(), await b.recv()
-        assert asked == [("mine", 5_000_000), ("grown", 5_000_000)]
+        assert asked == [("mine", 5_000_000, 0), ("grown", 5_000_000, 0)]  # (pieces come whole: asked once)
         assert f1.payload is not None and f1.payload.obj is target  # written in place
         assert np.array_equal(target, src)
         assert np.array_equal(np.frombuffer(f2.payload, np.uint8), src)  # type: ignore[arg-type]
@@ -303,7 +303,7 @@ def test_bad_input_on_the_ring_closes_the_connection_without_allocating(loop: st
         await ring_ready(a, b)
         with pytest.raises(ValueError, match="reserved"):
             a.send_nowait({"\x00": 2}, b"")
-        b.set_payload_sink(lambda h, n: pytest.fail("the sink must not be asked"))  # type: ignore[arg-type,return-value]
+        b.set_payload_sink(lambda h, n, r: pytest.fail("the sink must not be asked"))  # type: ignore[arg-type,return-value]
         await b.send({"i": 0}, np.zeros(2 << 20, np.uint8))  # twice what ``a`` accepts
         with pytest.raises(ConnectionLost, match="exceeds the limit"):
             await asyncio.wait_for(a.recv(), 5)

@@ -12,6 +12,9 @@ receiver copied it out into the payload's destination (the buffer a payload
 sink supplied, or memory of the connection's own, kept for reuse: see
 :class:`~aiodist.net.shmring.Spares`).
 Until the peer has mapped the ring, and if it cannot, payloads stay inline.
+The payload sink is asked once per payload, when it is announced
+(``received`` 0; asking again is optional in the seam's contract): a payload
+it has no buffer for is copied out of the ring into memory of our own.
 
 Memory ordering: the sender copies a piece into the ring *before* it writes
 the frame that announces it, and the receiver reads the piece only *after*
@@ -417,7 +420,7 @@ class ShmConnection(Connection):
                 self._fail(ProtocolError("a frame arrived in the middle of a payload"))
                 return
             if frame.payload is not None and self._sink is not None:
-                target = self._sink(header, frame.payload.nbytes)
+                target = self._sink(header, frame.payload.nbytes, 0)
                 if target is not None:
                     target = _usable(target, frame.payload.nbytes)
                     target[:] = frame.payload
@@ -508,7 +511,7 @@ class ShmConnection(Connection):
                 raise ProtocolError(f"a malformed payload announcement {h!r}")
             if total > self._max_frame_size:
                 raise ProtocolError(f"a payload of {total} bytes exceeds the limit of {self._max_frame_size} bytes")
-            target = self._sink(header, total) if self._sink is not None else None
+            target = self._sink(header, total, 0) if self._sink is not None else None
             # Nobody waits for it yet: memory of our own, reused (see Spares). Only the pages the
             # pieces fill become resident: memory grows with the bytes that arrive, not with the claim.
             target = self._spares.lend(total) if target is None else _usable(target, total)
