@@ -97,6 +97,8 @@ if TYPE_CHECKING:
     from .unawaited import clear_unawaited, unawaited_operations
     from .mesh import DeviceMesh, init_device_mesh
     from .store import MemoryStore, PrefixStore, Store, StoreLimits, StoreServer, TCPStore
+    from .net.shmseg import SharedMemoryError
+    from .shared import empty, is_shared, shared_array, zeros
 
 # Names are imported on first use (PEP 562): ``import aiodist`` stays cheap for
 # what needs only a part of it (the launcher's bootstrap of every rank, the CLI).
@@ -197,6 +199,11 @@ _LAZY: dict[str, str] = {
     "scatter_object_list": "aiodist.api",
     "send": "aiodist.api",
     "unawaited_operations": "aiodist.unawaited",
+    "SharedMemoryError": "aiodist.net.shmseg",
+    "empty": "aiodist.shared",
+    "is_shared": "aiodist.shared",
+    "shared_array": "aiodist.shared",
+    "zeros": "aiodist.shared",
 }
 
 
@@ -332,4 +339,9 @@ __all__ = [
     "send",
     "spawn",
     "unawaited_operations",
+    "SharedMemoryError",
+    "empty",
+    "is_shared",
+    "shared_array",
+    "zeros",
 ]

@@ -29,6 +29,7 @@ from .current import group_of as _group, registry as _registry, world as _world
 from .errors import CollectiveMismatchError, GroupError, RendezvousError
 from .file_init import FileStore, open_file_store
 from .group import WORLD_GROUP_ID, ProcessGroup
+from .net.shmhost import transport_mode
 from .operations import *  # noqa: F403  (every operation: aiodist.api.all_reduce is aiodist.all_reduce)
 from .operations import __all__ as _OPERATIONS
 from .rendezvous import Rendezvous, leave, rendezvous
@@ -65,6 +66,7 @@ async def init_process_group(
     secret: Any = FROM_ENVIRONMENT,
     ssl: Any = None,
     store_limits: Any = None,
+    transport: str | None = None,
 ) -> ProcessGroup:
     """Rendezvous (see :mod:`aiodist.rendezvous`) and make the world group this rank's default.
 
@@ -106,7 +108,12 @@ async def init_process_group(
     ``store_limits`` (an :class:`aiodist.store.limits.StoreLimits`) sets the
     limits of the store rank 0 starts (default: ``AIODIST_STORE_LIMITS``, as
     ``aiodist run --store-limits`` sets it).
+
+    ``transport="tcp"`` connects to the ranks of this host over TCP too
+    (default ``"auto"``, or ``AIODIST_TRANSPORT``: Unix sockets and shared
+    memory with them; see :mod:`aiodist.net.shmhost`).
     """
+    mode = transport_mode(transport)
     backend, init_method = _backend_and_method(backend, init_method)
     del group_name, pg_options, device_id
     world_size = None if world_size == -1 else world_size
@@ -134,6 +141,7 @@ async def init_process_group(
                 timeout=timeout,
                 secret=secret,
                 ssl=ssl,
+                mode=mode,
             )
         )
         transports[-1].configure_heartbeat(heartbeat_interval, heartbeat_misses)
@@ -155,11 +163,11 @@ async def init_process_group(
         if found is not None:
             await found.close("", 1, wait=0)
         raise
-    transport = transports[-1]
+    world_transport = transports[-1]
     # one tuple shared by every rank of the process (the simulator's virtual ranks: O(N), not O(N^2))
     ranks = rank_table(range(rdzv.world_size)).ranks
-    transport.register_group(WORLD_GROUP_ID, ranks)
-    pg = ProcessGroup(transport, WORLD_GROUP_ID, ranks, store=rdzv.store, timeout=timeout, name="world")
+    world_transport.register_group(WORLD_GROUP_ID, ranks)
+    pg = ProcessGroup(world_transport, WORLD_GROUP_ID, ranks, store=rdzv.store, timeout=timeout, name="world")
     pg.backend = Backend(backend or "gloo")
     pg.local_rank = rdzv.local_rank
     pg.local_world_size = rdzv.local_world_size
@@ -167,8 +175,8 @@ async def init_process_group(
 
     async def teardown() -> None:
         # before close(): then every peer looks gone; an aborted transport waits for nobody either
-        broken = bool(transport.failed_peers()) or transport.closed
-        await transport.close()
+        broken = bool(world_transport.failed_peers()) or world_transport.closed
+        await world_transport.close()
         # Keep the store up for the others until they leave too, unless the job is broken
         # (a failed rank never leaves: waiting would only delay this rank's error).
         wait = 0.0 if broken else min(timeout, STORE_LEAVE_WAIT)

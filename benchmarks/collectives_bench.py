@@ -15,13 +15,22 @@ table shows the median over the iterations, and
 When torch imports (in this interpreter, or in the one given by
 ``--torch-python``) the same plan runs with torch.distributed on the gloo
 backend, and the ``gloo/aio`` column gives t_gloo / t_aiodist (above 1: aiodist
-is faster).
+is faster). ``--shared-arrays`` runs aiodist a second time on arrays
+allocated with ``aiodist.empty`` (shared memory: the ranks of one host read
+each other's arrays in place) and adds its columns. ``AIODIST_TRANSPORT=tcp``
+in the environment makes the aiodist ranks talk over TCP only.
+
+``--ceilings`` prints the machine's own limits beside the table: the memory
+copy bandwidth (numpy copying 64 MiB in one process) and what plain sockets
+do between two processes (``loopback_bench.py``); ``--memory`` the peak extra
+memory of each rank during a 64 MiB all_reduce (resident memory, shared pages
+included), aiodist beside gloo.
 
     python benchmarks/collectives_bench.py                     # 4 B .. 64 MiB, world sizes 2 and 4
     python benchmarks/collectives_bench.py --quick --no-torch  # a smoke run
     python benchmarks/collectives_bench.py --torch-python /tmp/vt/bin/python --json results.json
     python benchmarks/collectives_bench.py --rounds 3   # alternate the backends; median per case
-    python benchmarks/collectives_bench.py --loopback   # + the machine's own ceiling (plain sockets)
+    python benchmarks/collectives_bench.py --ceilings --memory --shared-arrays
 
 Wall-clock time (``time.perf_counter``) is right here: this is a harness
 outside the runtime, timing real processes.
@@ -139,10 +148,13 @@ def _slowest_median(per_rank: Sequence[Sequence[float]]) -> float:
 # ----------------------------------------------------------------- aiodist ranks
 
 
-async def aiodist_rank(plan_json: str) -> dict[str, float | None] | None:
+async def aiodist_rank(plan_json: str, shared: bool = False) -> dict[str, float | None] | None:
     import aiodist as dist
 
     plan = [Case(**c) for c in json.loads(plan_json)]
+    zeros: Callable[[int], Any] = (
+        (lambda n: dist.zeros(n, np.float32)) if shared else (lambda n: np.zeros(n, dtype=np.float32))
+    )
     await dist.init_process_group()
     try:
         world = dist.get_world_size()
@@ -157,7 +169,7 @@ async def aiodist_rank(plan_json: str) -> dict[str, float | None] | None:
         }
         mine: list[list[float]] = []
         for case in plan:
-            x, out = _arrays(case, world, lambda n: np.zeros(n, dtype=np.float32))
+            x, out = _arrays(case, world, zeros)
             call = ops[case.op]
             for _ in range(case.warmup):
                 await call(x, out)
@@ -232,11 +244,14 @@ def torch_rank(plan_json: str) -> dict[str, float | None] | None:
 
 
 def run_backend(backend: str, world: int, plan: list[Case], *, timeout: float) -> dict[str, float | None]:
+    """One run of ``plan``: backend "aiodist", "aiodist-shared" (shared arrays) or "torch"."""
     from aiodist import spawn
 
-    fn = aiodist_rank if backend == "aiodist" else torch_rank
     plan_json = json.dumps([asdict(c) for c in plan])
-    results = spawn(fn, world, args=(plan_json,), timeout=timeout)
+    if backend == "torch":
+        results = spawn(torch_rank, world, args=(plan_json,), timeout=timeout)
+    else:
+        results = spawn(aiodist_rank, world, args=(plan_json, backend == "aiodist-shared"), timeout=timeout)
     return results[0]
 
 
@@ -282,10 +297,18 @@ def _fmt_size(n: int) -> str:
     return f"{n} B"
 
 
-def format_table(world: int, plan: list[Case], ours: dict[str, float | None], theirs: dict[str, float | None] | None) -> str:
+def format_table(
+    world: int,
+    plan: list[Case],
+    ours: dict[str, float | None],
+    theirs: dict[str, float | None] | None,
+    shared: dict[str, float | None] | None = None,
+) -> str:
     head = f"{'op':<24}{'size':>10}{'aio us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"
     if theirs is not None:
         head += f"{'gloo us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}{'gloo/aio':>10}"
+    if shared is not None:
+        head += f"{'shm-arr us':>12}{'busbw GB/s':>12}" + (f"{'gloo/shm':>10}" if theirs is not None else "")
     lines = [f"# world size {world}: float32, time = median over iterations of the slowest rank", head]
 
     def cols(t: float | None, case: Case) -> str:
@@ -300,12 +323,126 @@ def format_table(world: int, plan: list[Case], ours: dict[str, float | None], th
         key = f"{case.op}/{case.nbytes}"
         t_ours = ours.get(key)
         line = f"{case.op:<24}{_fmt_size(case.nbytes) if case.op != 'barrier' else '-':>10}{cols(t_ours, case)}"
+        t_theirs = theirs.get(key) if theirs is not None else None
         if theirs is not None:
-            t_theirs = theirs.get(key)
             ratio = f"{t_theirs / t_ours:>10.2f}" if t_theirs and t_ours else f"{'n/a':>10}"
             line += cols(t_theirs, case) + ratio
+        if shared is not None:
+            t_shared = shared.get(key)
+            line += cols(t_shared, case)[:12] + cols(t_shared, case)[24:]
+            if theirs is not None:
+                line += f"{t_theirs / t_shared:>10.2f}" if t_theirs and t_shared else f"{'n/a':>10}"
         lines.append(line)
     return "\n".join(lines)
+
+
+def memcpy_ceiling(nbytes: int = 64 << 20, reps: int = 10) -> float:
+    """This machine's memory copy bandwidth: GB/s of numpy copying ``nbytes`` in one process (median)."""
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.zeros(nbytes, dtype=np.uint8)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times) / 1e9
+
+
+def ceilings_line(nbytes: int = 64 << 20, reps: int = 5) -> dict[str, float]:
+    """Print (and return) the memory copy bandwidth and the loopback socket rates, measured now."""
+    rates = loopback_line(nbytes, reps)
+    rates["memcpy"] = memcpy_ceiling(nbytes)
+    print(f"# memory copy ceiling, numpy copying {nbytes >> 20} MiB in one process: {rates['memcpy']:.2f} GB/s", flush=True)
+    return rates
+
+
+async def _memory_rank(nbytes: int, backend: str) -> dict[str, float]:
+    """Resident memory (bytes) of one rank before, and at its peak during, one all_reduce of ``nbytes``.
+
+    The first all_reduce of that size, so whatever it sets up counts. The
+    kernel's high-water mark (VmHWM) is reset just before (``/proc/self/clear_refs``).
+    """
+    if backend == "torch":
+        import torch
+        import torch.distributed as tdist
+
+        tdist.init_process_group("gloo")
+        t = torch.ones(nbytes // ITEM, dtype=torch.float32)
+        tdist.barrier()
+        pss = _pss()
+        before = _reset_peak()
+        tdist.all_reduce(t)
+        peak = _status("VmHWM")
+        pss_after = _pss()
+        tdist.destroy_process_group()
+        return {"before": before, "peak": peak, "pss": pss_after - pss}
+    import aiodist as dist
+
+    await dist.init_process_group()
+    try:
+        x = dist.zeros(nbytes // ITEM, np.float32) if backend == "aiodist-shared" else np.zeros(nbytes // ITEM, np.float32)
+        x[:] = 1
+        await dist.barrier()
+        pss = _pss()
+        before = _reset_peak()
+        await dist.all_reduce(x)
+        peak = _status("VmHWM")
+        return {"before": before, "peak": peak, "pss": _pss() - pss}
+    finally:
+        await dist.destroy_process_group()
+
+
+def _status(field: str) -> float:
+    """A memory field of /proc/self/status, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return float(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _pss() -> float:
+    """Proportional resident memory (bytes): a page shared by k processes counts 1/k in each."""
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return float(line.split()[1]) * 1024
+    return 0.0
+
+
+def _reset_peak() -> float:
+    """Reset this process's resident-memory high-water mark to what it uses now; return that."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status("VmRSS")
+
+
+def memory_lines(world: int, backends: Sequence[str], torch_python: str | None, nbytes: int = 64 << 20) -> dict[str, Any]:
+    """Print each backend's peak extra memory per rank during a 64 MiB all_reduce (max over ranks)."""
+    from aiodist import spawn
+
+    out: dict[str, Any] = {}
+    for backend in backends:
+        if backend == "torch" and torch_python not in (None, sys.executable):
+            proc = subprocess.run(
+                [torch_python, __file__, "--_memory-worker", str(world)],
+                capture_output=True, text=True, timeout=300, check=False,
+                env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)),
+            )
+            if proc.returncode != 0:
+                print(f"# memory: torch run failed: {proc.stderr[-500:]}")
+                continue
+            per_rank = json.loads(proc.stdout.strip().splitlines()[-1])
+        else:
+            per_rank = spawn(_memory_rank, world, args=(nbytes, backend), timeout=300)
+        extra = max(r["peak"] - r["before"] for r in per_rank)
+        pss = max(r["pss"] for r in per_rank)
+        out[backend] = {"peak_rss": extra, "pss_after": pss}
+        name = {"aiodist": "aiodist", "aiodist-shared": "aiodist (shared arrays)", "torch": "gloo"}[backend]
+        print(f"# extra memory per rank, {name}, {world} ranks, all_reduce of {nbytes >> 20} MiB: peak resident "
+              f"+{extra / 2**20:.1f} MiB ({extra / nbytes:.2f} x the array; shared pages of the peers it touched "
+              f"included), proportional after the call +{pss / 2**20:.1f} MiB ({pss / nbytes:.2f} x)", flush=True)
+    return out
 
 
 def loopback_line(nbytes: int = 64 << 20, reps: int = 5) -> dict[str, float]:
@@ -347,12 +484,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="also print this machine's ceiling: plain sockets between two processes (loopback_bench.py)",
     )
+    parser.add_argument(
+        "--ceilings",
+        action="store_true",
+        help="also print this machine's ceilings: memory copy bandwidth, and plain sockets between two processes",
+    )
+    parser.add_argument(
+        "--shared-arrays",
+        action="store_true",
+        help="also run aiodist on arrays in shared memory (aiodist.empty) and show their columns",
+    )
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="also print each rank's peak extra memory during a 64 MiB all_reduce (aiodist and gloo)",
+    )
     parser.add_argument("--_torch-worker", dest="torch_worker", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--_memory-worker", dest="memory_worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.torch_worker is not None:  # child mode: plan on stdin, results as JSON on stdout
         plan = [Case(**c) for c in json.loads(sys.stdin.read())]
         print(json.dumps(run_backend("torch", args.torch_worker, plan, timeout=args.timeout)))
+        return 0
+    if args.memory_worker is not None:  # child mode: the torch ranks of --memory
+        from aiodist import spawn
+
+        print(json.dumps(spawn(_memory_rank, args.memory_worker, args=(64 << 20, "torch"), timeout=300)))
         return 0
 
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
@@ -368,23 +526,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif torch_importable():
             torch_python = sys.executable
     report: dict[str, Any] = {"sizes": size_list, "ops": ops, "worlds": {}}
-    if args.loopback:
+    if args.ceilings:
+        report["ceilings"] = ceilings_line()
+    elif args.loopback:
         report["loopback"] = loopback_line()
     for world in [int(w) for w in args.world_sizes.split(",")]:
         plan = make_plan(world, ops, size_list, quick=args.quick)
         our_rounds: list[dict[str, float | None]] = []
         their_rounds: list[dict[str, float | None]] = []
+        shared_rounds: list[dict[str, float | None]] = []
         for _ in range(max(1, args.rounds)):
             our_rounds.append(run_backend("aiodist", world, plan, timeout=args.timeout))
+            if args.shared_arrays:
+                shared_rounds.append(run_backend("aiodist-shared", world, plan, timeout=args.timeout))
             if torch_python == sys.executable:
                 their_rounds.append(run_backend("torch", world, plan, timeout=args.timeout))
             elif torch_python is not None:
                 their_rounds.append(run_torch_elsewhere(torch_python, world, plan, timeout=args.timeout))
         ours = median_of_rounds(our_rounds)
         theirs = median_of_rounds(their_rounds) if their_rounds else None
-        print(format_table(world, plan, ours, theirs), flush=True)
+        shared = median_of_rounds(shared_rounds) if shared_rounds else None
+        print(format_table(world, plan, ours, theirs, shared), flush=True)
         print(flush=True)
-        report["worlds"][str(world)] = {"aiodist": ours, "gloo": theirs}
+        report["worlds"][str(world)] = {"aiodist": ours, "gloo": theirs, "aiodist-shared": shared}
+        if args.memory:
+            backends = ["aiodist"] + (["aiodist-shared"] if args.shared_arrays else []) + (["torch"] if torch_python else [])
+            report["worlds"][str(world)]["memory"] = memory_lines(world, backends, torch_python)
     if torch_python is None:
         print("(torch.distributed not measured: torch does not import here; see --torch-python)")
     if args.json:

@@ -15,9 +15,11 @@ from aiodist.errors import PeerFailureError, PeerRefusedError
 from aiodist.store import MemoryStore
 
 
-async def start(n: int, store: Any, *, job: str = "job", ranks: range | None = None, timeout: float = 5.0) -> list[Transport]:
+async def start(
+    n: int, store: Any, *, job: str = "job", ranks: range | None = None, timeout: float = 5.0, mode: str | None = None
+) -> list[Transport]:
     return [
-        await Transport.start(rank=r, world_size=n, job_id=job, store=store, key_prefix="t/", timeout=timeout)
+        await Transport.start(rank=r, world_size=n, job_id=job, store=store, key_prefix="t/", timeout=timeout, mode=mode)
         for r in (ranks if ranks is not None else range(n))
     ]
 
@@ -56,7 +58,7 @@ async def test_connections_are_lazy_only_where_messages_flow(closing: list[Trans
 
 async def test_simultaneous_dials_leave_exactly_one_connection_per_pair(closing: list[Transport]) -> None:
     for attempt in range(5):
-        ts = await start(2, MemoryStore(), job=f"j{attempt}")
+        ts = await start(2, MemoryStore(), job=f"j{attempt}", mode="tcp")  # (looks at the TCP sockets)
         closing.extend(ts)
         a, b = (channel(t, 2) for t in ts)
         bufs = [np.empty(8, np.uint8) for _ in range(2)]

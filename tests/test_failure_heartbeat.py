@@ -47,7 +47,8 @@ def test_defaults_detect_within_a_few_seconds() -> None:
     assert 1.0 <= HEARTBEAT_INTERVAL * HEARTBEAT_MISSES <= 4.0
 
 
-async def test_init_process_group_kwargs_set_the_heartbeat() -> None:
+@pytest.mark.parametrize("transport", ["auto", "tcp"])  # auto: Unix sockets and shared memory on this host
+async def test_init_process_group_kwargs_set_the_heartbeat(transport: str) -> None:
     async def rank(r: int) -> Any:
         pg = await dist.init_process_group(timeout=10, heartbeat_interval=0.2, heartbeat_misses=4)
         try:
@@ -55,7 +56,7 @@ async def test_init_process_group_kwargs_set_the_heartbeat() -> None:
         finally:
             await dist.destroy_process_group()
 
-    assert await run_ranks(2, rank) == [(0.2, 4)] * 2
+    assert await run_ranks(2, rank, env={"AIODIST_TRANSPORT": transport}) == [(0.2, 4)] * 2
 
     async def off(r: int) -> Any:
         pg = await dist.init_process_group(timeout=10, heartbeat_interval=0)
@@ -65,10 +66,11 @@ async def test_init_process_group_kwargs_set_the_heartbeat() -> None:
         finally:
             await dist.destroy_process_group()
 
-    assert await run_ranks(2, off) == [None] * 2
+    assert await run_ranks(2, off, env={"AIODIST_TRANSPORT": transport}) == [None] * 2
 
 
-async def test_a_rank_whose_own_loop_was_blocked_does_not_blame_its_peers() -> None:
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+async def test_a_rank_whose_own_loop_was_blocked_does_not_blame_its_peers(transport: str) -> None:
     """Both ranks share this process's loop: a blocking call stalls them all. When the loop resumes,
     the heartbeat watchers must not declare the (equally stalled) peers failed."""
 
@@ -86,4 +88,4 @@ async def test_a_rank_whose_own_loop_was_blocked_does_not_blame_its_peers() -> N
         finally:
             await dist.destroy_process_group()
 
-    assert await run_ranks(2, rank) == [(2.0, [])] * 2
+    assert await run_ranks(2, rank, env={"AIODIST_TRANSPORT": transport}) == [(2.0, [])] * 2

@@ -64,9 +64,10 @@ def _check(kind: str, results: list[Any]) -> None:
     assert any(all(any(w in str(c) for c in calls.values()) for w in words) for _, _, _, calls in results), results
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])  # auto: Unix sockets and shared memory on this host
 @pytest.mark.parametrize("kind", sorted(SCENARIOS))
-async def test_every_rank_raises_a_mismatch_within_a_second_tcp(kind: str) -> None:
-    results = await run_ranks(4, lambda r: mismatch_main(kind), timeout=30)
+async def test_every_rank_raises_a_mismatch_within_a_second_tcp(kind: str, transport: str) -> None:
+    results = await run_ranks(4, lambda r: mismatch_main(kind), timeout=30, env={"AIODIST_TRANSPORT": transport})
     _check(kind, results)
 
 

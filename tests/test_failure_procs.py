@@ -70,12 +70,12 @@ def _free_port() -> int:
 
 
 async def _scenario(scenario: str, victim: int, *, signum: int | None = None, cap: float = 15.0,
-                    resume: bool = False) -> tuple[float, dict[int, dict[str, Any]]]:
+                    resume: bool = False, transport: str = "auto") -> tuple[float, dict[int, dict[str, Any]]]:
     port = _free_port()
     procs = []
     for r in range(WORLD):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(WORLD),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(ROOT))
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(ROOT), AIODIST_TRANSPORT=transport)
         procs.append(await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--worker", scenario, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
     events: dict[int, dict[str, Any]] = {}
@@ -144,23 +144,26 @@ def _check(t_fault: float, events: dict[int, dict[str, Any]], victim: int, error
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="signals")
 
 
-@pytest.mark.parametrize("victim", [3, 0])  # rank 0 also hosts the store
-async def test_sigkill_one_of_four_every_survivor_names_it_within_a_second(victim: int) -> None:
-    t, events = await _scenario("loop", victim, signum=signal.SIGKILL)
+# "auto": the ranks of this host talk over Unix sockets and shared memory; "tcp": over TCP.
+@pytest.mark.parametrize(("victim", "transport"), [(3, "auto"), (0, "auto"), (3, "tcp")])  # rank 0 hosts the store
+async def test_sigkill_one_of_four_every_survivor_names_it_within_a_second(victim: int, transport: str) -> None:
+    t, events = await _scenario("loop", victim, signum=signal.SIGKILL, transport=transport)
     _check(t, events, victim, "PeerFailureError", 1.0)
 
 
-async def test_sigstop_one_of_four_every_survivor_names_it_within_five_seconds() -> None:
-    t, events = await _scenario("loop", 3, signum=signal.SIGSTOP)
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+async def test_sigstop_one_of_four_every_survivor_names_it_within_five_seconds(transport: str) -> None:
+    t, events = await _scenario("loop", 3, signum=signal.SIGSTOP, transport=transport)
     _check(t, events, 3, "PeerFailureError", 5.0)
     for r in (0, 1, 2):
         assert "heard nothing" in events[r]["msg"], events[r]
 
 
-async def test_a_stopped_rank_that_resumes_learns_that_it_was_declared_failed() -> None:
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+async def test_a_stopped_rank_that_resumes_learns_that_it_was_declared_failed(transport: str) -> None:
     """SIGSTOP past the heartbeat timeout, then SIGCONT: the others named it; it must blame itself
     (EvictedError naming its own rank), not a healthy peer that hung up on it."""
-    t, events = await _scenario("loop", 3, signum=signal.SIGSTOP, resume=True)
+    t, events = await _scenario("loop", 3, signum=signal.SIGSTOP, resume=True, transport=transport)
     _check(t, events, 3, "PeerFailureError", 5.0)
     ev = events.get(3)
     assert ev is not None, f"the resumed rank never raised: {events}"
@@ -168,8 +171,9 @@ async def test_a_stopped_rank_that_resumes_learns_that_it_was_declared_failed() 
     assert "declared failed" in ev["msg"], ev
 
 
-async def test_a_collective_mismatch_raises_on_every_rank_within_a_second() -> None:
-    t, events = await _scenario("mismatch", 2)
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+async def test_a_collective_mismatch_raises_on_every_rank_within_a_second(transport: str) -> None:
+    t, events = await _scenario("mismatch", 2, transport=transport)
     assert events[2]["type"] == "CollectiveMismatchError", events
     for r in range(WORLD):
         ev = events[r]

@@ -36,7 +36,7 @@ BIG = 1 << 20
 async def pair() -> AsyncIterator[tuple[list[Transport], OpChannel, OpChannel]]:
     store = MemoryStore()
     ts = [
-        await Transport.start(rank=r, world_size=2, job_id="perf", store=store, key_prefix="t/", timeout=5.0)
+        await Transport.start(rank=r, world_size=2, job_id="perf", store=store, key_prefix="t/", timeout=5.0, mode="tcp")
         for r in range(2)
     ]
     chans = []

@@ -173,7 +173,7 @@ def test_tcp_paused_writing_refuses_and_sends_nothing(loop: str) -> None:
 async def _transports(n: int) -> list[Transport]:
     store = MemoryStore()
     return [
-        await Transport.start(rank=r, world_size=n, job_id="job", store=store, key_prefix="t/", timeout=5.0)
+        await Transport.start(rank=r, world_size=n, job_id="job", store=store, key_prefix="t/", timeout=5.0, mode="tcp")
         for r in range(n)
     ]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import tuning
+from . import intranode, intranode_ops, tuning
 from .buffers import as_flat, as_flat_list, byte_view, check_dtype
 from .schedules import bruck_allgather, recursive_doubling_allgather, ring
 from .transfer import sendrecv
@@ -66,6 +66,9 @@ async def _all_gather(
     if outs[rank].ctypes.data != flat.ctypes.data:  # arr may already be the output slice
         np.copyto(outs[rank], flat)
     if p == 1:
+        return
+    eng = intranode.engine_for(ch, m * p * flat.itemsize, algorithm)
+    if eng is not None and await eng.run(ch, intranode_ops.all_gather, outs, flat):
         return
     algo = tuning.choose_all_gather(p, m * p * flat.itemsize, algorithm)
     if algo == "ring":

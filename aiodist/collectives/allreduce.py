@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from . import tuning
+from . import intranode, intranode_ops, tuning
 from .buffers import as_flat, byte_view
 from .ops import Combiner, ReduceOp, check_op_dtype, combiner, finish_avg
 from .schedules import fold, partition, recursive_doubling, recursive_halving, ring
@@ -63,6 +63,9 @@ async def all_reduce_flat(
     p = ch.size
     if p == 1:
         return
+    eng = intranode.engine_for(ch, flat.nbytes, algorithm)
+    if eng is not None and await eng.run(ch, intranode_ops.all_reduce, flat, op):
+        return  # (AVG included)
     combine = combiner(op, flat.dtype)
     algo = tuning.choose_all_reduce(p, flat.nbytes, algorithm)
     if algo == "recursive_doubling":

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from . import intranode, intranode_ops
 from .buffers import EMPTY_OUT, as_flat, as_flat_list, byte_view, check_dtype
 from .schedules import dissemination, pairwise_alltoall
 from .transfer import SMALL_SEND_BYTES, recv_into, run_all, send, sendrecv
@@ -160,6 +161,16 @@ async def exchange_blocks(ch: Channel, seq: int, outs: list[np.ndarray], ins: li
     np.copyto(outs[rank], ins[rank])
     pairs = pairwise_alltoall(p, rank)
     key = (seq, 0)
+    eng = intranode.engine_on(ch)
+    least = intranode.PAIR_MIN_BYTES
+    if eng is not None and any(max(ins[j].nbytes, outs[j].nbytes) >= least for j in range(p) if j != rank):
+        # Ranks of one host: large blocks are read straight out of their sender's array (each pair
+        # decides by the size of its own block, which both ends know); the others go as messages.
+        await intranode_ops.exchange_in_place(eng, ch, key, outs, ins, least)  # type: ignore[arg-type]
+        sends = [send(ch, dst, key, byte_view(ins[dst])) for dst, _ in pairs if ins[dst].nbytes < least]
+        recvs = [recv_into(ch, src, key, byte_view(outs[src])) for _, src in pairs if outs[src].nbytes < least]
+        await run_all([*recvs, *sends])
+        return
     if len(pairs) == 1:  # two ranks: one step, no task (see sendrecv)
         ((dst, src),) = pairs
         await sendrecv(ch, dst, key, byte_view(ins[dst]), src, key, byte_view(outs[src]))

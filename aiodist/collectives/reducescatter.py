@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import tuning
+from . import intranode, intranode_ops, tuning
 from .allreduce import all_reduce_flat
 from .buffers import as_flat, as_flat_list, byte_view, check_dtype
 from .ops import Combiner, ReduceOp, check_op_dtype, combiner, finish_avg
@@ -93,6 +93,9 @@ async def _reduce_scatter_blocks(
 ) -> None:
     p, rank = ch.size, ch.rank
     m = out.size
+    eng = intranode.engine_for(ch, m * p * out.itemsize, algorithm)
+    if eng is not None and await eng.run(ch, intranode_ops.reduce_scatter, out, blocks, op):
+        return  # (AVG included)
     algo = tuning.choose_reduce_scatter(p, m * p * out.itemsize, algorithm)
     if algo == "all_reduce" and p > 1:
         scratch = np.empty(m * p, dtype=out.dtype)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import tuning
+from . import intranode, intranode_ops, tuning
 from .buffers import as_flat, as_flat_list, byte_view
 from .ops import ReduceOp, check_op_dtype, combiner, finish_avg
 from .reducescatter import ring_reduce_scatter
@@ -68,6 +68,9 @@ async def broadcast(ch: Channel, seq: int, arr: Any, root: int, *, algorithm: st
     flat = as_flat(arr, "arr", writable=rank != root)
     if p == 1:
         return arr
+    eng = intranode.engine_for(ch, flat.nbytes, algorithm)
+    if eng is not None and await eng.run(ch, intranode_ops.broadcast, flat, root):
+        return arr
     algo = tuning.choose_broadcast(p, flat.nbytes, algorithm)
     tree = binomial_tree(p, rank, root)
     if algo == "binomial":
@@ -113,6 +116,9 @@ async def reduce(
     rop = check_op_dtype(op, flat.dtype)
     if p == 1:
         return arr
+    eng = intranode.engine_for(ch, flat.nbytes, algorithm)
+    if eng is not None and await eng.run(ch, intranode_ops.reduce, flat, root, rop):
+        return arr  # (AVG included)
     combine = combiner(rop, flat.dtype)
     algo = tuning.choose_reduce(p, flat.nbytes, algorithm)
     if algo == "binomial":

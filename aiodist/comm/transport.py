@@ -49,6 +49,7 @@ from ..auth import FROM_ENVIRONMENT, resolve_secret
 from ..context import current_network, getenv
 from ..errors import AiodistError, ConnectionClosedError, GroupError, PeerFailureError
 from ..net.base import Address, Connection, Frame, Header, Network
+from ..net.shmhost import choose_network
 from ..wire import as_byte_view
 from . import frames as F
 from .links import LinkState
@@ -137,14 +138,17 @@ class Transport:
         host: str | None = None,
         secret: Any = FROM_ENVIRONMENT,
         ssl: Any = None,
+        mode: str | None = None,
     ) -> Transport:
         """Listen (on ``host``, else ``AIODIST_HOST``, else the network's default) and publish the address.
 
         ``secret``: the job's secret (bytes), ``None`` for no authentication, or by
         default looked up as :func:`aiodist.auth.resolve_secret` does. ``ssl``: an
-        :class:`aiodist.tls.TLS` to run every link over TLS.
+        :class:`aiodist.tls.TLS` to run every link over TLS (TCP then, also between ranks
+        of one host). ``mode``: the transport mode (see :mod:`aiodist.net.shmhost`; "tcp"
+        forces TCP between ranks of one host).
         """
-        net = current_network()
+        net = choose_network(current_network(), mode=mode)
         t = cls(
             rank=rank,
             world_size=world_size,
@@ -166,6 +170,11 @@ class Transport:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def network(self) -> Network:
+        """The network this rank's connections are made on."""
+        return self._net
 
     async def close(self) -> None:
         """Say ``bye`` to connected peers, close every connection and await every task.

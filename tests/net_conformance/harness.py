@@ -6,7 +6,10 @@
   sockets on 127.0.0.1, on the default asyncio loop or on uvloop;
 * ``sim``: one virtual host of the simulator (``sim.run`` with one rank), on
   its virtual clock; its connections to ``127.0.0.1`` are simulated links
-  to itself.
+  to itself;
+* ``shm-asyncio`` / ``shm-uvloop``: :class:`aiodist.net.shmnet.HostNetwork`,
+  what ranks of one host use: its connections to a listener of this host are
+  Unix sockets with shared-memory rings (:mod:`aiodist.net.shm`).
 
 :func:`connected` gives a connection and the listener's end of it, so one body
 drives both ends. The same body must pass on every implementation: that is
@@ -25,13 +28,13 @@ import pytest
 
 import sim
 from aiodist.context import current_network
-from aiodist.net import tcp, tcp_connection
+from aiodist.net import shm, shmnet, tcp, tcp_connection
 from aiodist.net.base import Connection, Listener, Network
 
 T = TypeVar("T")
 Body = Callable[[Network], Awaitable[T]]
 
-IMPLS = ("tcp-asyncio", "tcp-uvloop", "sim")
+IMPLS = ("tcp-asyncio", "tcp-uvloop", "sim", "shm-asyncio", "shm-uvloop")
 
 
 @dataclass(frozen=True)
@@ -61,19 +64,22 @@ class Impl:
         return self._run_tcp(body, max_unread_frames, timeout)
 
     def _run_tcp(self, body: Body[T], max_unread_frames: int | None, timeout: float) -> T:
-        if self.name == "tcp-uvloop":
+        if self.name.endswith("-uvloop"):
             uvloop = pytest.importorskip("uvloop")
             factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
         else:
             factory = asyncio.new_event_loop
-        saved = tcp_connection._MAX_QUEUED_FRAMES
+        net: Network = tcp.TCPNetwork()
+        if self.name.startswith("shm"):
+            net = shmnet.HostNetwork(net, host_id="conformance")
+        saved = tcp_connection._MAX_QUEUED_FRAMES, shm.MAX_QUEUED_FRAMES
         if max_unread_frames is not None:
-            tcp_connection._MAX_QUEUED_FRAMES = max_unread_frames
+            tcp_connection._MAX_QUEUED_FRAMES = shm.MAX_QUEUED_FRAMES = max_unread_frames
         try:
             with asyncio.Runner(loop_factory=factory) as runner:
-                return runner.run(asyncio.wait_for(body(tcp.TCPNetwork()), timeout))
+                return runner.run(asyncio.wait_for(body(net), timeout))
         finally:
-            tcp_connection._MAX_QUEUED_FRAMES = saved
+            tcp_connection._MAX_QUEUED_FRAMES, shm.MAX_QUEUED_FRAMES = saved
 
     def _run_sim(self, body: Body[T], max_unread_frames: int | None, timeout: float, seed: int) -> T:
         network = sim.Network(max_unread_frames=max_unread_frames or 4096)
