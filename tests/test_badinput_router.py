@@ -155,7 +155,7 @@ def test_conflicting_arrival_is_the_public_form_of_arrived_sigs() -> None:
     assert r.conflicting_arrival(0, 4, "broadcast", sources=[0, 1, 2]) == (1, "all_reduce")
     assert r.conflicting_arrival(0, 5, "x") is None
     t = r.table
-    assert t._arrived[t._seqs[(0, 4)].first[2]].header["o"] == "broadcast"  # the private table still works
+    assert t.ops.arrived[t.ops.seqs[(0, 4)].first[2]].header["o"] == "broadcast"  # the private table still works
     assert r.conflicting_arrival(0, 4, "all_reduce", sources={2: 0}) == (2, "broadcast")  # any container
 
 

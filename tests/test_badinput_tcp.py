@@ -128,7 +128,7 @@ async def test_a_flood_of_unmatched_frames_is_bounded_and_closes_the_peer(job: A
         except Exception:
             break  # closed under us: fine
     await expect_rejection(ts, conn, "too many messages nobody waits for: 200 frames")  # never more
-    assert len(ts[0].router.table._arrived) == 0
+    assert len(ts[0].router.table.ops.arrived) == 0
 
 
 async def test_a_byte_flood_is_bounded_too(job: Any) -> None:
@@ -212,7 +212,7 @@ async def test_frames_for_a_destroyed_group_are_dropped_and_nobody_is_blamed(job
             break
         await asyncio.sleep(0.01)
     assert ts[0].router.dropped_destroyed == 500
-    assert ts[0].router.buffered(2) == (0, 0) and len(ts[0].router.table._arrived) == 0
+    assert ts[0].router.buffered(2) == (0, 0) and len(ts[0].router.table.ops.arrived) == 0
     assert ts[0].failed_peers() == [] and not conn.closed
     assert await sub_exchange(ts, 1) == [11, 10]
     conn.close()

@@ -245,7 +245,7 @@ def test_any_interleaving_of_posts_and_arrivals_delivers_each_message_once(data:
     for g in {g for g, _, _ in slots}:  # (the key's first element, its "seq", is g here)
         assert router.settle(g, g, f"op{g}", None, 0) is None  # every message was taken: no leftovers
     t = router.table
-    assert not t._calls and not t._seqs and not t._arrived  # the mismatch index does not leak
+    assert not t.ops.calls and not t.ops.seqs and not t.ops.arrived  # the mismatch index does not leak
     assert all(router.buffered(src) == (0, 0) for src in range(4))
 
 
@@ -349,7 +349,7 @@ def test_withdrawn_slots_are_forgotten_once_their_operation_is_settled() -> None
         router.post_keyed(r)
         router.cancel(r)
         router.settle(0, seq, "all_reduce", None, seq + 1)
-    assert len(router.table._abandoned) == 0 and not router.table._calls
+    assert len(router.table._abandoned) == 0 and not router.table.ops.calls
     # the message of a settled operation that comes after all is dropped, not buffered
     m = router.route(1, msg((5, "x"), sig="all_reduce"), 1)
     assert m.drop and m.late and router.buffered(1) == (0, 0)
@@ -375,7 +375,7 @@ def test_what_nobody_took_is_dropped_when_its_operation_ends() -> None:
     arrive(router, 2, msg((3, "b"), sig="broadcast"), b"yy")  # rank 2 called something else
     assert router.buffered(2) == (1, 2)
     assert router.settle(0, 3, "all_reduce", {1: 0, 2: 1}, 4) == (2, "broadcast")
-    assert router.buffered(2) == (0, 0) and not router.table._arrived and not router.table._seqs
+    assert router.buffered(2) == (0, 0) and not router.table.ops.arrived and not router.table.ops.seqs
 
 
 def test_a_nested_tuple_key_is_frozen_on_both_sides() -> None:

@@ -49,7 +49,7 @@ async def test_operations_that_time_out_leave_nothing_behind_in_the_router() -> 
                 with pytest.raises(CollectiveTimeoutError):
                     await pg.all_reduce(np.ones(1), timeout=0.02)
             table = pg.transport.router.table
-            return len(table._abandoned), len(table._calls), pg.transport.router.buffered(1)
+            return len(table._abandoned), len(table.ops.calls), pg.transport.router.buffered(1)
         finally:
             done.set()
 

@@ -7,8 +7,8 @@
 * :mod:`.detector` / :mod:`.heartbeats` -- the failure detector, and the timer that runs it;
 * :mod:`.frames` -- every frame and wire key of a rank link;
 * :mod:`.router` -- matching incoming messages to posted receives: the driver of
-  :mod:`.routing` (the pure tables, with :mod:`.p2p_routing`, :mod:`.admission`
-  and :mod:`.failures`), which resolves the receives they end; records in :mod:`.receives`;
+  :mod:`.routing` (the pure tables, with :mod:`.op_book`, :mod:`.p2p_routing`,
+  :mod:`.admission` and :mod:`.failures`), which resolves the receives they end; records in :mod:`.receives`;
 * :mod:`.registry`, :mod:`.mismatch_reports`, :mod:`.settings` -- groups and p2p numbers, mismatch reports, settings;
 * :mod:`.channel` -- a group's numbering and the Channel one operation runs over.
 """

@@ -25,21 +25,17 @@ frame that is impossible is refused (see :mod:`.router` for the rules and
 
 The tables, and what ties them together:
 
-* ``_posted`` / ``_arrived``: keyed receives waiting, keyed messages waiting
-  (by slot; :meth:`RouteTable._put_arrived`, :meth:`RouteTable._pop_arrived`
-  keep the budgets and the next table);
-* per operation (group, seq), until it is settled (:meth:`RouteTable.settle`)
-  or retired: ``_calls``, the call signature of this rank's receives, and
-  ``_seqs``, what arrived for it (:class:`SeqArrivals`), so that "another
-  call at the same seq" is found without a scan, and what nobody took is
-  dropped when the operation ends;
+* ``_posted``: the keyed receives waiting, by slot;
+* ``ops``: the keyed messages waiting, by slot and by operation, and this
+  rank's call at each operation until it is settled (:meth:`RouteTable.settle`)
+  or retired (:class:`~.op_book.OpBook`, which keeps their budgets);
 * ``_incoming``: keyed frames routed to be buffered whose payload is on its
   way, and ``_abandoned``: slots whose receive was withdrawn (their message
   is dropped when it comes, or when the floor passes its operation);
 * ``p2p``: the point-to-point receives and messages (:class:`~.p2p_routing.P2PTable`);
-* the failures that end receives at once (:class:`~.failures.Failures`);
-* the budgets (:class:`~.admission.Budgets`): every buffered frame is
-  charged to its sender while it is buffered or on its way to be.
+* ``failures``, what ends receives at once (:class:`~.failures.Failures`), and
+  ``budgets`` (:class:`~.admission.Budgets`): every buffered frame is charged
+  to its sender while it is buffered or on its way to be.
 """
 
 from __future__ import annotations
@@ -49,6 +45,7 @@ from typing import Any
 
 from .admission import Budgets, GroupBook
 from .failures import Failures
+from .op_book import OpBook, Slot
 from .p2p_routing import P2PTable
 from .receives import (
     Buffered,
@@ -68,31 +65,7 @@ from .receives import (
     violate,
 )
 
-Slot = tuple[Any, Any, int]
-"""A keyed message's (group, frozen key, global source rank)."""
-Op = tuple[Any, Any]
-"""A keyed operation: (group, seq)."""
-
 _SEQUENCES = (tuple, list)
-
-
-class SeqArrivals:
-    """What arrived for one operation (group, seq) before its receive: kept until the operation is settled.
-
-    ``slots``: the slots buffered (those still in the tables when the operation
-    ends were never taken: leftovers); ``first``: per source, the slot of its
-    first signed message (its header names the sender's call). Slots only: a
-    message's payload goes with the message when a receive takes it.
-    """
-
-    __slots__ = ("first", "slots")
-
-    def __init__(self) -> None:
-        self.first: dict[int, Slot] = {}
-        self.slots: list[Slot] = []
-
-    def __repr__(self) -> str:
-        return f"<SeqArrivals sources={sorted(self.first)} slots={len(self.slots)}>"
 
 
 class RouteTable:
@@ -106,15 +79,13 @@ class RouteTable:
         self.dropped_destroyed = 0  # frames dropped because their group was destroyed here
         self.late_from: dict[int, int] = {}  # per peer: frames dropped for operations retired here
         self._posted: dict[Slot, Receive] = {}
-        self._arrived: dict[Slot, Buffered] = {}
         self._incoming: dict[Slot, None] = {}
         self._abandoned: dict[Slot, None] = {}
-        self._calls: dict[Op, str] = {}
-        self._seqs: dict[Op, SeqArrivals] = {}
+        self.ops = OpBook(self.budgets)
         self.p2p = P2PTable(self.budgets, self.failures)
 
     def __repr__(self) -> str:
-        return f"<RouteTable posted={len(self._posted)} arrived={len(self._arrived)} {self.p2p!r}>"
+        return f"<RouteTable posted={len(self._posted)} arrived={len(self.ops.arrived)} {self.p2p!r}>"
 
     # ------------------------------------------------------------------ posting
 
@@ -138,8 +109,9 @@ class RouteTable:
             top[group] = seq
         if posted_twice:
             return end(r, RuntimeError(f"two receives posted for the same message {slot!r}"))
-        if self._arrived:  # (nothing buffered: the usual case, no lookups)
-            a = self._pop_arrived(slot)
+        ops = self.ops
+        if ops.arrived:  # (nothing buffered: the usual case, no lookups)
+            a = ops.pop(slot)
             if a is not None:
                 return end(r, deliver(r, a.src, a.header, a.payload, a.nbytes))
         if self.failures.active:
@@ -148,14 +120,14 @@ class RouteTable:
                 return end(r, f(r))
         sig = r.sig
         if sig is not None and key:
-            if self._seqs:
-                arrivals = self._seqs.get((group, seq))
+            if ops.seqs:
+                arrivals = ops.seqs.get((group, seq))
                 first = arrivals.first.get(r.src) if arrivals is not None else None
                 # (taken already: by a receive of the same call, or one that failed on it)
-                other = self._arrived.get(first) if first is not None else None
+                other = ops.arrived.get(first) if first is not None else None
                 if other is not None and other.header.get("o") != sig and r.check is not None:
                     return end(r, r.check(other.header, r.src, other.nbytes) or RuntimeError("mismatch"))
-            self._calls.setdefault((group, seq), sig)
+            ops.calls.setdefault((group, seq), sig)
         self._posted[slot] = r
         return None
 
@@ -230,10 +202,11 @@ class RouteTable:
         elif slot in self._abandoned:
             del self._abandoned[slot]
             m.drop = True
-        elif slot in self._arrived or slot in self._incoming:
-            return violate(m, f"a second message for {_describe(slot)} (a slot carries one message)")
         else:
-            if self._calls:
+            ops = self.ops
+            if slot in ops.arrived or slot in self._incoming:
+                return violate(m, f"a second message for {_describe(slot)} (a slot carries one message)")
+            if ops.calls:
                 m.ended = self._fail_conflicting(src, header, nbytes) or None
             if self._admit(m):
                 self._incoming[slot] = None
@@ -321,7 +294,7 @@ class RouteTable:
             charged, m.charged = m.charged, False
             if charged:
                 self._incoming.pop(slot, None)
-            self._put_arrived(slot, Buffered(m.src, m.header, payload, m.nbytes), charged=charged)
+            self.ops.put(slot, Buffered(m.src, m.header, payload, m.nbytes), charged=charged)
 
     # ------------------------------------------------------------------ failures
 
@@ -369,7 +342,7 @@ class RouteTable:
         if not k or sig is None:
             return []
         seq = k[0]
-        mine = self._calls.get((header.get("g"), seq if type(seq) is int else freeze(seq)))
+        mine = self.ops.calls.get((header.get("g"), seq if type(seq) is int else freeze(seq)))
         if mine is None or mine == sig:
             return []
         out: list[Completion] = []
@@ -388,14 +361,9 @@ class RouteTable:
     def forget_group(self, group: Any, factory: ErrorFactory) -> list[Completion]:
         """Drop everything of a destroyed group; its pending receives fail with ``factory``."""
         out = self.fail_group(group, factory)
-        for slot in [s for s in self._arrived if s[0] == group]:
-            self._pop_arrived(slot)
+        self.ops.forget_group(group)
         for slot in [s for s in self._abandoned if s[0] == group]:
             del self._abandoned[slot]
-        for op in [op for op in self._calls if op[0] == group]:
-            del self._calls[op]
-        for op in [op for op in self._seqs if op[0] == group]:
-            del self._seqs[op]
         self.failures.forget_group(group)
         self.p2p.forget_group(group)
         self.groups.forget(group)
@@ -410,17 +378,12 @@ class RouteTable:
         signature), the lowest such rank in ``sources`` (any container) -- or
         None: a mismatch this rank's part of the call completed without.
         """
-        op = (group, seq)
-        self._calls.pop(op, None)
-        other = None
-        arrivals = self._seqs.pop(op, None)
-        if arrivals is not None:
-            other = self._other_call(arrivals, sig, sources)
-            self._drop_leftovers(arrivals)
+        ops = self.ops
+        other = ops.settle(group, seq, sig, sources)
         floors = self.groups.floor
         if floor > floors.get(group, 0):  # (retire(), without a call when there is nothing to forget)
             floors[group] = floor
-            if self._abandoned or self._seqs or self._calls or self.failures.seq:
+            if self._abandoned or ops.seqs or ops.calls or self.failures.seq:
                 self._forget_below(group, floor)
         return other
 
@@ -441,25 +404,13 @@ class RouteTable:
         if self._abandoned:
             for slot in [s for s in self._abandoned if s[0] == group and type(s[1][0]) is int and s[1][0] < floor]:
                 del self._abandoned[slot]
-        if self._seqs:
-            for op in [op for op in self._seqs if op[0] == group and type(op[1]) is int and op[1] < floor]:
-                self._drop_leftovers(self._seqs.pop(op))
-        if self._calls:
-            for op in [op for op in self._calls if op[0] == group and type(op[1]) is int and op[1] < floor]:
-                del self._calls[op]
+        self.ops.forget_below(group, floor)
         if self.failures.seq:
             self.failures.forget_seqs(group, floor)
 
-    def _drop_leftovers(self, arrivals: SeqArrivals) -> None:
-        """Drop the messages of a finished operation that no receive took."""
-        for slot in arrivals.slots:
-            if slot in self._arrived:
-                self._pop_arrived(slot)
-
     def discard_source(self, src: int) -> None:
         """Drop every message buffered from ``src`` (it sent bad input: nothing of it is trusted)."""
-        for slot in [s for s in self._arrived if s[2] == src]:
-            self._pop_arrived(slot)
+        self.ops.discard_source(src)
         self.p2p.discard_source(src)
 
     # ------------------------------------------------------------------ queries
@@ -469,63 +420,19 @@ class RouteTable:
         return [*self._posted.values(), *self.p2p.pending()]
 
     def conflicting_arrival(self, group: Any, seq: Any, sig: str, sources: Any = None) -> tuple[int, str] | None:
-        """A message of ``group`` at ``seq`` buffered here (no receive took it), from a rank that called something else.
-
-        Returns (its global rank, its signature), or None; the lowest such rank in
-        ``sources`` (default: all; any container). Costs O(messages that came early
-        for that seq), never O(group size).
-        """
-        arrivals = self._seqs.get((group, seq))
-        return self._other_call(arrivals, sig, sources) if arrivals is not None else None
-
-    def _other_call(self, arrivals: SeqArrivals, sig: str, sources: Any) -> tuple[int, str] | None:
-        """The lowest source (in ``sources``, if given) of a message still buffered in ``arrivals`` whose call is not ``sig``."""
-        other: tuple[int, str] | None = None
-        for slot in arrivals.slots:
-            a = self._arrived.get(slot)
-            if a is None or (sources is not None and a.src not in sources):
-                continue
-            theirs = a.header.get("o")
-            if theirs is not None and theirs != sig and (other is None or a.src < other[0]):
-                other = (a.src, theirs)
-        return other
+        """A message of ``group`` at ``seq`` buffered here from a rank that called something else (:meth:`.OpBook.other_call`)."""
+        return self.ops.other_call(group, seq, sig, sources)
 
     def buffered_groups(self, src: int) -> list[tuple[Any, tuple[int, int]]]:
         """The groups of the messages from ``src`` buffered here: [(group, (frames, bytes))] (for errors only)."""
         acc: dict[Any, list[int]] = {}
-        every = [a for slot, a in self._arrived.items() if slot[2] == src]
-        every += self.p2p.buffered_from(src)
-        for a in every:
+        for a in [*self.ops.buffered_from(src), *self.p2p.buffered_from(src)]:
             c = acc.setdefault(a.header.get("g"), [0, 0])
             c[0] += 1
             c[1] += a.nbytes
         return sorted(((g, (c[0], c[1])) for g, c in acc.items()), key=repr)
 
     # ------------------------------------------------------------------ invariants
-
-    def _put_arrived(self, slot: Slot, a: Buffered, *, charged: bool) -> None:
-        """Buffer ``a`` at ``slot`` (``charged``: it is counted in its sender's budget already)."""
-        if slot in self._arrived:  # (route() refuses a second message for a buffered slot)
-            self._pop_arrived(slot)
-        self._arrived[slot] = a
-        if not charged:
-            self.budgets.charge(slot[2], a.nbytes)
-        key = slot[1]
-        if key:
-            op = (slot[0], key[0])
-            arrivals = self._seqs.get(op)
-            if arrivals is None:
-                arrivals = self._seqs[op] = SeqArrivals()
-            arrivals.slots.append(slot)
-            if a.header.get("o") is not None and slot[2] not in arrivals.first:
-                arrivals.first[slot[2]] = slot
-
-    def _pop_arrived(self, slot: Slot) -> Buffered | None:
-        """Take the message buffered at ``slot`` off the tables (refunding its sender)."""
-        a = self._arrived.pop(slot, None)
-        if a is not None:
-            self.budgets.refund(slot[2], a.nbytes)
-        return a
 
     def _admit(self, m: Match) -> bool:
         """``m`` will probably be buffered: charge it to its sender now (its payload is on its way), or refuse it."""
