@@ -2,7 +2,8 @@
 
 1. The store: a server on 127.0.0.1 and concurrent clients using set/get/add/wait.
 2. Real processes: `aiodist run -n 4 examples/train_dp.py` trains a model with
-   data-parallel all_reduce over TCP and checks it against one-process training.
+   data-parallel all_reduce (ranks on one host talk through shared memory, across
+   hosts over TCP) and checks it against one-process training.
 3. The simulator: the same, unchanged file as 60 virtual ranks with latency
    variation and a straggler; then again with a rank crashing mid-training, so
    that every survivor names the dead rank. Each run prints its virtual time and
@@ -59,7 +60,8 @@ def real_demo() -> None:
     proc = subprocess.run(cmd, cwd=ROOT, timeout=300)
     if proc.returncode != 0:
         raise SystemExit(f"demo: the 4-process training failed (exit code {proc.returncode})")
-    print(f"(4 processes over TCP, {time.perf_counter() - t0:.1f}s wall)")
+    print(f"(4 processes on one host: shared memory, {time.perf_counter() - t0:.1f}s wall; "
+          "AIODIST_TRANSPORT=tcp forces TCP)")
 
 
 def replay(world_size: int, seed: int, faults: list) -> str:
