@@ -70,6 +70,10 @@ class Peer:
 class PeerLinks:
     """The links of one rank (see the module doc)."""
 
+    __slots__ = ("rank", "world_size", "job_id", "store", "key_prefix", "timeout", "links", "peers", "_net", "_secret",
+                 "_ssl", "_router", "_groups", "_on_frame", "_on_payload", "_loop", "heartbeats", "_listener",
+                 "_published", "_tasks", "_reports", "_unauthentic")
+
     def __init__(
         self,
         *,

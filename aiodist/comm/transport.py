@@ -81,6 +81,9 @@ class Transport:
     every task it owns (readers, dials, reports).
     """
 
+    __slots__ = ("rank", "world_size", "job_id", "store", "key_prefix", "timeout", "router", "_loop", "_net",
+                 "_groups", "_links", "links", "_peers", "_closed", "_finished", "address")
+
     def __init__(
         self,
         *,
