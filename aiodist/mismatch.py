@@ -52,6 +52,8 @@ class MismatchChecker:
     unusable since. ``check_after``: :data:`MISMATCH_CHECK_AFTER` unless changed.
     """
 
+    __slots__ = ("comm", "store", "timeout", "check_after", "first", "_told", "_helpers")
+
     def __init__(self, comm: GroupComm, *, store: Any, timeout: float) -> None:
         self.comm = comm
         self.store = store

@@ -69,6 +69,9 @@ class OpRunner:
     ``aborted``: the group ended (no operation starts any more).
     """
 
+    __slots__ = ("comm", "transport", "name", "checker", "timeout", "seq", "destroyed", "aborted", "tasks", "running",
+                 "monitor", "_monitor_at", "_dumped", "_absent_warned")
+
     def __init__(self, comm: GroupComm, checker: MismatchChecker, *, timeout: float) -> None:
         self.comm = comm
         self.transport: Transport = comm.transport

@@ -6,6 +6,7 @@
     PYTHONPATH=. python benchmarks/sim_bench.py kernel        # the simulator alone: seam ping-pong
     PYTHONPATH=. python benchmarks/sim_bench.py ratio --ranks 1024 --repeat 3   # scale / kernel, same run
     PYTHONPATH=. python benchmarks/sim_bench.py ratio --ranks 1024 --repeat 5 --vs /work/base   # side by side
+    PYTHONPATH=. python benchmarks/sim_bench.py ceiling --sizes 64,256,1024  # kernel and full stack per world size
     PYTHONPATH=. python benchmarks/sim_bench.py sweep -n 8 --seeds 20 --vs /work/base   # seeds per second (--vs DIR ...)
     PYTHONPATH=. python benchmarks/sim_bench.py explore -n 8 --seeds 30       # exploration's cost per seed
 
@@ -132,10 +133,10 @@ def bench_scale(sizes: list[int], schedule: str, profile: bool = False) -> list[
 PINGS = 2000
 
 
-def bench_kernel(world_size: int) -> dict[str, Any]:
+def bench_kernel(world_size: int, pings: int = PINGS) -> dict[str, Any]:
     t0 = time.perf_counter()
     c0 = time.process_time()
-    res = sim.run(sim_pingpong.main, world_size=world_size, seed=1, trace=False, schedule="fifo", args=(PINGS,),
+    res = sim.run(sim_pingpong.main, world_size=world_size, seed=1, trace=False, schedule="fifo", args=(pings,),
                   **FIXED)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
@@ -159,6 +160,33 @@ def bench_ratio(ranks: int, repeat: int) -> float:
     print(f"kernel {k:.0f} deliveries/CPU s, full stack at {ranks} ranks {f:.0f} deliveries/CPU s (medians of "
           f"{repeat}): ratio {f / k:.3f} = 1/{k / f:.1f}")
     return f / k
+
+
+def bench_ceiling(sizes: list[int], repeat: int) -> None:
+    """The kernel and the full stack at each world size, alternating: how both scale with the world.
+
+    The kernel runs at least 1000 pings per pair (``PINGS`` at 64 ranks), so that its steady
+    state, not its start-up, sets its rate: a drop in that rate at a bigger world is the cost of
+    the world's size alone (more state, touched cold, per delivery), with no runtime on top.
+    Medians of ``repeat``.
+    """
+    import statistics
+
+    kernel: dict[int, list[float]] = {n: [] for n in sizes}
+    full: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeat):
+        for n in sizes:
+            kernel[n].append(bench_kernel(n, max(1000, PINGS * 64 // n))["deliveries_per_cpu_s"])
+            full[n].append(bench_scale([n], "random")[0]["deliveries_per_cpu_s"])
+    k = {n: statistics.median(kernel[n]) for n in sizes}
+    f = {n: statistics.median(full[n]) for n in sizes}
+    base = k[sizes[0]]
+    print(f"{'ranks':>6} {'kernel/CPU s':>13} {'full/CPU s':>11} {'full/kernel (same size)':>24} "
+          f"{f'full/kernel ({sizes[0]})':>19} {f'kernel/kernel ({sizes[0]})':>21}")
+    for n in sizes:
+        print(f"{n:>6} {k[n]:>13.0f} {f[n]:>11.0f} {f'1/{k[n] / f[n]:.1f}':>24} {f'1/{base / f[n]:.1f}':>19} "
+              f"{k[n] / base:>21.2f}")
+    print(f"(medians of {repeat}; the issue's ratio is the full stack at 1024 over the kernel at 64)")
 
 
 def _ratio_once(pythonpath: str, ranks: int) -> tuple[float, float, float]:
@@ -360,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--ranks", type=int, default=1024)
     r.add_argument("--repeat", type=int, default=3)
     r.add_argument("--vs", nargs="*", default=None, help="other checkouts (PYTHONPATH): one process per run, in turn")
+    c = sub.add_parser("ceiling")
+    c.add_argument("--sizes", default="64,256,1024")
+    c.add_argument("--repeat", type=int, default=3)
     w = sub.add_parser("sweep")
     w.add_argument("--program", default="examples/train_dp.py")
     w.add_argument("-n", type=int, default=8)
@@ -384,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_ratio_vs(ns.ranks, ns.repeat, ns.vs)
     elif ns.what == "ratio":
         bench_ratio(ns.ranks, ns.repeat)
+    elif ns.what == "ceiling":
+        bench_ceiling([int(x) for x in ns.sizes.split(",")], ns.repeat)
     elif ns.what == "sweep":
         bench_sweep(ns.program, ns.n, ns.seeds, ns.repeat, ns.vs)
     elif ns.what == "explore":

@@ -56,12 +56,11 @@ def _connected(fut: asyncio.Future[Any], conn: SimConnection) -> None:
 class SimConnection(Connection):
     """One endpoint of a simulated connection (see the module docstring)."""
 
-    # set_frame_handler (class defaults: no memory per endpoint until used)
-    _on_frame: FrameHandler | None = None
-    _draining = False
-    # send_nowait: frames the window could not take yet (TCP: asyncio's write buffer), and drained() waiters
-    _outbox: deque[tuple[Header, bytearray | None, int]] | tuple[()] = ()
-    _drainers: list[asyncio.Future[None]] | tuple[()] = ()
+    # Slotted: a big run has ~20 endpoints per rank, and each touches its own attributes on every
+    # frame (a slotted instance is a quarter of one with a dict, and its fields sit together).
+    __slots__ = ("_links", "_host", "_peer_host", "_id", "_peer_ep", "_out", "_frames", "_waiter", "_exc", "_sink",
+                 "_fin_sent", "_max_frame_size", "_closed_fut", "_paused", "_kernel", "_kernel_bytes", "_incoming",
+                 "_writers", "_on_frame", "_draining", "_outbox", "_drainers")
 
     def __init__(self, links: Links, host: Host, peer_host: Host, cid: int, max_frame_size: int) -> None:
         self._links = links
@@ -70,7 +69,14 @@ class SimConnection(Connection):
         self._id = cid
         self._peer_ep: SimConnection | None = None
         self._out: Stream | None = None  # what this side sends travels there (set once both ends exist)
-        self._frames: deque[Frame] = deque()
+        # Frames the program has not read (recv, or a handler's backlog): a deque once first needed.
+        self._frames: deque[Frame] | tuple[()] = ()
+        # set_frame_handler
+        self._on_frame: FrameHandler | None = None
+        self._draining = False
+        # send_nowait: frames the window could not take yet (TCP: asyncio's write buffer), and drained() waiters
+        self._outbox: deque[tuple[Header, bytearray | None, int]] | tuple[()] = ()
+        self._drainers: list[asyncio.Future[None]] | tuple[()] = ()
         self._waiter: asyncio.Future[None] | None = None
         self._exc: ConnectionClosedError | None = None
         self._sink: PayloadSink | None = None
@@ -132,16 +138,17 @@ class SimConnection(Connection):
         handler that swaps handlers, a resume) are queued and this loop hands
         them over, so a handler is never re-entered and order is kept.
         """
-        frames = self._frames
         self._draining = True
         try:
-            while frames and self._exc is None:
+            while self._frames and self._exc is None:  # (read anew: a frame queued meanwhile may start the deque)
                 handler = self._on_frame
-                if handler is None or not self._handle(handler, frames.popleft()):
+                if handler is None or not self._handle(handler, self._frames.popleft()):
                     return
         finally:
             self._draining = False
-        if self._paused and self._exc is None and len(frames) < self._links.max_unread_frames:
+            if not self._frames:
+                self._frames = ()  # (an idle endpoint keeps no deque: ~600 bytes each, ~20 per rank)
+        if self._paused and self._exc is None and len(self._frames) < self._links.max_unread_frames:
             self._resume(self._links.max_unread_frames)  # the queue emptied: read what waits in the kernel
 
     def _handle(self, handler: FrameHandler, frame: Frame) -> bool:
@@ -417,9 +424,11 @@ class SimConnection(Connection):
                 return
             finally:
                 self._draining = False
-            if frames:  # the handler swapped handlers or resumed reading meanwhile
+            if self._frames:  # the handler swapped handlers or resumed reading meanwhile
                 self._dispatch()
             return
+        if not frames:
+            frames = self._frames = deque()
         frames.append(frame)
         if len(frames) >= self._links.max_unread_frames:
             self._paused = True  # like aiodist.net.tcp: stop reading beyond this many unread frames
@@ -464,6 +473,8 @@ class SimConnection(Connection):
             finally:
                 self._waiter = None
         frame = self._frames.popleft()
+        if not self._frames:
+            self._frames = ()  # (see _dispatch)
         if self._paused and len(self._frames) <= self._links.max_unread_frames // 2:
             self._resume(self._links.max_unread_frames)
         return frame
@@ -537,7 +548,7 @@ class SimConnection(Connection):
         """Close in order: what :meth:`send_nowait` queued still leaves, then the FIN. See the seam."""
         if self._exc is None:
             self._exc = ConnectionClosedLocally(f"connection to {self.peer} was closed by this side")
-            self._frames.clear()
+            self._frames = ()
             outbox, self._outbox = self._outbox, ()
             for h, data, n in outbox:  # what was queued still leaves, before the FIN (as TCP flushes on close)
                 self._put(h, data, n, self._links.loop.now)
@@ -550,7 +561,7 @@ class SimConnection(Connection):
         """Reset: frames still queued here are dropped and the peer sees ConnectionLost at once."""
         if self._exc is None or not isinstance(self._exc, ConnectionLost):
             self._exc = ConnectionClosedLocally(f"connection to {self.peer} was aborted by this side")
-        self._frames.clear()
+        self._frames = ()
         self._outbox = ()
         self._fin_sent = True
         self._host.endpoints.pop(self._id, None)
@@ -648,6 +659,8 @@ class Dialer(Protocol):
 
 class HostNetwork(_SeamNetwork):
     """One virtual host's view of the simulated network (aiodist's Network seam)."""
+
+    __slots__ = ("_host", "fabric")
 
     def __init__(self, host: Host, fabric: Dialer) -> None:
         self._host = host

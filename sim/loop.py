@@ -640,7 +640,7 @@ class SimLoop(asyncio.AbstractEventLoop):
             self._lane_tasks[lane] = [task]
             return task
         n = len(tasks)
-        if n >= 64 and n & (n - 1) == 0:  # at powers of two: drop the ended ones (amortized O(1))
+        if n >= 8 and n & (n - 1) == 0:  # at powers of two: drop the ended ones (amortized O(1); few kept: memory)
             tasks[:] = [t for t in tasks if not t.done()]
         tasks.append(task)
         return task

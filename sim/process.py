@@ -367,6 +367,8 @@ class RankNetwork(SeamNetwork):
     (virtual host names such as ``rank3``; anything else is an unknown host).
     """
 
+    __slots__ = ("_net", "_host", "_fabric", "_store_host")
+
     def __init__(self, net: SeamNetwork, host: Host, fabric: Fabric, store_host: Callable[[], Host]) -> None:
         self._net = net
         self._host = host

@@ -149,7 +149,9 @@ async def test_a_refusal_never_names_this_ranks_job(closing: list[Transport]) ->
     assert "wrong job" in e.value.reason and "job-1" in e.value.reason and "secret-job-2" not in str(e.value)
 
 
-async def test_a_link_costs_no_more_than_before_per_message(closing: list[Transport]) -> None:
+async def test_a_link_costs_no_more_than_before_per_message(
+    closing: list[Transport], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Authentication happens once per connection: the frames after it carry nothing of it."""
     ts = await start(2, MemoryStore())
     closing.extend(ts)
@@ -157,13 +159,15 @@ async def test_a_link_costs_no_more_than_before_per_message(closing: list[Transp
     conn = ts[0]._peers[1].conn
     assert conn is not None
     headers: list[dict[str, Any]] = []
-    original = conn.try_send
+    cls = type(conn)
+    original = cls.try_send
 
-    def spy(header: Any, payload: Any = None) -> bool:
-        headers.append(dict(header))
-        return original(header, payload)
+    def spy(self: Any, header: Any, payload: Any = None) -> bool:
+        if self is conn:
+            headers.append(dict(header))
+        return original(self, header, payload)
 
-    conn.try_send = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(cls, "try_send", spy)  # (on the class: connections are slotted)
     a = OpChannel(GroupComm(ts[0], 0, (0, 1), name="test"), op="test", seq=1, sig="test")
     b = OpChannel(GroupComm(ts[1], 0, (0, 1), name="test"), op="test", seq=1, sig="test")
     out = np.zeros(2)

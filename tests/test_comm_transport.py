@@ -11,6 +11,7 @@ import pytest
 
 from aiodist.comm import GroupComm, OpChannel, Transport
 from aiodist.comm import frames
+from aiodist.comm.router import Router
 from aiodist.errors import PeerFailureError, PeerRefusedError
 from aiodist.store import MemoryStore
 
@@ -89,7 +90,9 @@ async def test_a_connection_of_another_job_is_refused(closing: list[Transport]) 
     assert current.connected_peers() == []
 
 
-async def test_payload_of_a_posted_receive_lands_in_the_callers_buffer(closing: list[Transport]) -> None:
+async def test_payload_of_a_posted_receive_lands_in_the_callers_buffer(
+    closing: list[Transport], monkeypatch: pytest.MonkeyPatch
+) -> None:
     ts = await start(2, MemoryStore())
     closing.extend(ts)
     a, b = (channel(t, 2) for t in ts)
@@ -97,14 +100,15 @@ async def test_payload_of_a_posted_receive_lands_in_the_callers_buffer(closing: 
     await b.recv_into(0, ("warm",), memoryview(bytearray()))
     sinks: list[Any] = []
     router = ts[1].router
-    original = router.route
+    original = Router.route
 
-    def spy(src: int, header: dict[str, Any], nbytes: int) -> Any:
-        m = original(src, header, nbytes)
-        sinks.append(m.sink)
+    def spy(self: Router, src: int, header: dict[str, Any], nbytes: int) -> Any:
+        m = original(self, src, header, nbytes)
+        if self is router:
+            sinks.append(m.sink)
         return m
 
-    router.route = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(Router, "route", spy)  # (on the class: routers are slotted)
     out = np.zeros(100_000, np.float64)
     view = memoryview(out).cast("B")
     recv = asyncio.ensure_future(b.recv_into(0, ("big",), view))
@@ -256,7 +260,9 @@ async def test_a_deferred_dial_to_a_lower_rank_that_is_gone_still_fails_fast(clo
     assert ei.value.rank == 0 and "unreachable" in str(ei.value)
 
 
-async def test_heartbeats_cost_no_task_per_connection_and_flow_both_ways(closing: list[Transport]) -> None:
+async def test_heartbeats_cost_no_task_per_connection_and_flow_both_ways(
+    closing: list[Transport], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One heartbeat timer per rank, not a watcher task per connection; heartbeat frames flow both ways."""
     ts = await start(2, MemoryStore())
     closing.extend(ts)
@@ -266,14 +272,14 @@ async def test_heartbeats_cost_no_task_per_connection_and_flow_both_ways(closing
     await a.send(1, ("hi",), b"")
     await b.recv_into(0, ("hi",), memoryview(bytearray()))
     beats = {0: 0, 1: 0}
-    for t in ts:
-        original = t._on_control
+    original = Transport._on_control
 
-        def spy(p: Any, kind: Any, h: dict[str, Any], original: Any = original, me: int = t.rank) -> None:
-            beats[me] += kind == frames.HEARTBEAT
-            original(p, kind, h)
+    def spy(self: Transport, p: Any, kind: Any, h: dict[str, Any]) -> None:
+        if any(self is t for t in ts):
+            beats[self.rank] += kind == frames.HEARTBEAT
+        original(self, p, kind, h)
 
-        t._on_control = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(Transport, "_on_control", spy)  # (on the class: transports are slotted)
     tasks = [len(t._links._tasks) for t in ts]
     await asyncio.sleep(0.45)
     assert [len(t._links._tasks) for t in ts] == tasks  # (rank 0's dial task reads the connection; nothing else)

@@ -143,3 +143,27 @@ def test_destroy_after_a_crash_does_not_wait_for_the_dead(silent: bool) -> None:
         assert culprit == 2
         assert took < 1.0, res.rank_results
     assert res.virtual_time < 5, res.summary()
+
+
+async def leave_a_cut_off_store_main(how: str) -> float:
+    """Measure how long this rank's abort / destroy takes once the store host is cut off."""
+    loop = asyncio.get_running_loop()
+    await dist.init_process_group(timeout=60)
+    await dist.barrier()
+    await asyncio.sleep(1.0)  # the store host is cut off at 0.5 s
+    start = loop.time()
+    if how == "abort":
+        await dist.abort()
+    else:
+        await dist.destroy_process_group()
+    return loop.time() - start
+
+
+@pytest.mark.parametrize("how", ["abort", "destroy"])
+def test_leaving_does_not_sit_out_the_store_timeout_when_the_store_is_cut_off(how: str) -> None:
+    # Before: saying goodbye to the store waited for the store client's whole timeout (60 s here).
+    res = sim.run(leave_a_cut_off_store_main, world_size=2, seed=0, store_host="separate", explore=False, args=(how,),
+                  faults=[sim.Partition(("store",), ("rank0", "rank1"), at=0.5)])
+    assert res.ok, res.summary()
+    bound = dist.STORE_GOODBYE_GRACE + (0 if how == "abort" else dist.STORE_LEAVE_WAIT)
+    assert all(0 <= took <= bound + 0.01 for took in res.rank_results), res.rank_results

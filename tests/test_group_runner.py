@@ -13,19 +13,28 @@ from conftest import run_world
 
 import aiodist.api as dist
 import sim
+from aiodist.comm import Transport
 from aiodist.errors import AiodistError, CollectiveMismatchError, CollectiveTimeoutError, PeerFailureError
 from aiodist.store.server import StoreServer
 
 
-async def test_a_group_broken_by_a_failure_that_names_no_rank_blames_nobody() -> None:
+async def test_a_group_broken_by_a_failure_that_names_no_rank_blames_nobody(monkeypatch: pytest.MonkeyPatch) -> None:
+    failure = PeerFailureError("the job's store went away", how="the store went away")  # no rank known
+    broken: list[Any] = []  # the transports whose groups report that failure
+    original = Transport.group_failure
+
+    def group_failure(self: Transport, gid: Any) -> Any:
+        return failure if any(self is t for t in broken) else original(self, gid)
+
+    monkeypatch.setattr(Transport, "group_failure", group_failure)  # (on the class: transports are slotted)
+
     async def body(pg: Any) -> Any:
-        failure = PeerFailureError("the job's store went away", how="the store went away")  # no rank known
-        pg.transport.group_failure = lambda gid: failure
+        broken.append(pg.transport)
         try:
             with pytest.raises(PeerFailureError) as e:
                 await pg.all_reduce(np.ones(1))
         finally:
-            del pg.transport.group_failure
+            broken.remove(pg.transport)
         return e.value.rank, e.value.global_rank, str(e.value)
 
     for rank, global_rank, message in await run_world(2, body):

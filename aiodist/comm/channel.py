@@ -53,6 +53,9 @@ def rank_table(ranks: Any) -> RankTable:
 class GroupComm:
     """The communication side of one process group on one rank."""
 
+    __slots__ = ("transport", "gid", "_table", "ranks", "name", "_index", "members", "rank", "size",
+                 "__weakref__")  # (weakly keyed: the intra-node engines)
+
     def __init__(self, transport: Transport, gid: Any, ranks: tuple[int, ...], *, name: str) -> None:
         self.transport = transport
         self.gid = gid
@@ -104,6 +107,8 @@ def new_receive(
 
 class OpChannel:
     """The Channel of one collective call (see the module doc)."""
+
+    __slots__ = ("comm", "loop", "op", "seq", "sig", "entry", "rank", "size", "_ranks", "_recv_waits", "_send_waits")
 
     def __init__(
         self,

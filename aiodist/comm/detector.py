@@ -50,6 +50,8 @@ class Watch:
 class FailureDetector:
     """Heartbeat bookkeeping for the peers of one rank: ``interval`` seconds, ``misses`` allowed."""
 
+    __slots__ = ("interval", "misses", "_watching")
+
     def __init__(self, interval: float, misses: int) -> None:
         if interval <= 0 or misses < 1:
             raise ValueError(f"heartbeat interval must be > 0 and misses >= 1, got {interval!r}, {misses!r}")

@@ -23,6 +23,8 @@ _HEARTBEAT = F.heartbeat()
 class Heartbeats:
     """``conn_of(rank)``: the link's connection; ``on_silent(rank, how)``: the detector declared it failed."""
 
+    __slots__ = ("_loop", "_conn_of", "_on_silent", "config", "_detector", "_timer", "_stopped")
+
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,

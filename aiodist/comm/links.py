@@ -129,6 +129,8 @@ class Link:
 class Links:
     """The links of rank ``rank`` of a ``world_size``-rank job (see the module doc)."""
 
+    __slots__ = ("rank", "world_size", "dial_defer", "condemned", "closing", "_links")
+
     def __init__(self, rank: int, world_size: int, *, dial_defer: float) -> None:
         self.rank = rank
         self.world_size = world_size

@@ -61,6 +61,8 @@ class P2PTable:
     ``failures``: what ends a receive posted for a failed source or group.
     """
 
+    __slots__ = ("budgets", "failures", "_queues", "_next_n", "_held")
+
     def __init__(self, budgets: Budgets, failures: Failures) -> None:
         self.budgets = budgets
         self.failures = failures

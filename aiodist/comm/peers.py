@@ -12,7 +12,6 @@ handed to the transport's ``on_frame`` / ``on_payload``; the heartbeats are
 from __future__ import annotations
 
 import asyncio
-import collections
 import copy
 import functools
 import logging
@@ -51,7 +50,7 @@ class Peer:
         self.rank = rank
         self.link = link
         self.watch = Watch(rank)  # signs of life, for the failure detector (set on every frame)
-        self.matches: collections.deque[Match] = collections.deque()  # frames whose payload is arriving
+        self.matches: list[Match] = []  # frames whose payload is arriving (rarely more than one: a list, not a deque)
         self.waiter: asyncio.Future[Any] | None = None  # sends waiting for the link: its connection, or an error
         self.timer: asyncio.TimerHandle | None = None  # the dial deferral
 
@@ -69,6 +68,10 @@ class Peer:
 
 class PeerLinks:
     """The links of one rank (see the module doc)."""
+
+    __slots__ = ("rank", "world_size", "job_id", "store", "key_prefix", "timeout", "links", "peers", "_net", "_secret",
+                 "_ssl", "_router", "_groups", "_on_frame", "_on_payload", "_loop", "heartbeats", "_listener",
+                 "_published", "_tasks", "_reports", "_unauthentic")
 
     def __init__(
         self,
@@ -280,7 +283,7 @@ class PeerLinks:
         error: Callable[[Any], PeerFailureError] = lambda r: self.links.peer_error(rank)
         if p is not None:
             while p.matches:
-                self._router.abort(p.matches.popleft(), error(None))
+                self._router.abort(p.matches.pop(0), error(None))
         self._router.fail_source(rank, error)
 
     # ------------------------------------------------------------------ connections
@@ -352,4 +355,4 @@ class PeerLinks:
             if p.matches:
                 err = self.links.peer_error(rank) if p.link.how is not None else GroupError(DESTROYED)
                 while p.matches:
-                    self._router.abort(p.matches.popleft(), err)
+                    self._router.abort(p.matches.pop(0), err)

@@ -19,6 +19,8 @@ from .router import Receive, Router
 class GroupRegistry:
     """Groups of one rank: ``error_for(rank)`` builds the error a failure of ``rank`` gives."""
 
+    __slots__ = ("_router", "_loop", "_error_for", "_members", "_failures", "_broken", "_p2p_numbers", "_next")
+
     def __init__(
         self, router: Router, loop: asyncio.AbstractEventLoop, error_for: Callable[[int], PeerFailureError]
     ) -> None:

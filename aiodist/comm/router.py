@@ -89,6 +89,8 @@ class Router:
     rank that called something else is returned: a mismatch).
     """
 
+    __slots__ = ("table", "settle")
+
     def __init__(self) -> None:
         self.table = RouteTable()
         # (the table's own method: it ends no receive, so there is nothing to resolve; once per operation)

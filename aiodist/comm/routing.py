@@ -71,6 +71,9 @@ _SEQUENCES = (tuple, list)
 class RouteTable:
     """The routing tables of one rank, all its groups (see the module doc)."""
 
+    __slots__ = ("groups", "budgets", "failures", "check_groups", "dropped_destroyed", "late_from", "_posted",
+                 "_incoming", "_abandoned", "ops", "p2p")
+
     def __init__(self) -> None:
         self.groups = GroupBook()
         self.budgets = Budgets()

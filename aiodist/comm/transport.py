@@ -81,6 +81,9 @@ class Transport:
     every task it owns (readers, dials, reports).
     """
 
+    __slots__ = ("rank", "world_size", "job_id", "store", "key_prefix", "timeout", "router", "_loop", "_net",
+                 "_groups", "_links", "links", "_peers", "_closed", "_finished", "address")
+
     def __init__(
         self,
         *,
@@ -392,7 +395,7 @@ class Transport:
         p.watch.alive = True
         m: Match | None = None
         if p.matches and p.matches[0].header is h:
-            m = p.matches.popleft()
+            m = p.matches.pop(0)
         kind = h.get(_KIND)
         if kind != _MESSAGE and kind != _P2P:  # control frames (one with a payload too: it was routed, dropped)
             if p.link.rejected is None:  # (nothing a peer that sent bad input says counts any more)

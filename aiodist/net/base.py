@@ -113,6 +113,8 @@ class Connection(abc.ABC):
     its receive buffers at once (it keeps no reference cycle alive).
     """
 
+    __slots__ = ()  # (implementations may be slotted)
+
     @property
     @abc.abstractmethod
     def peer(self) -> str:
@@ -281,6 +283,8 @@ class Listener(abc.ABC):
 
 class Network(abc.ABC):
     """Factory of connections and listeners for one host."""
+
+    __slots__ = ()  # (implementations may be slotted)
 
     @abc.abstractmethod
     async def connect(

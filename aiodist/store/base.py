@@ -81,6 +81,8 @@ class Store(abc.ABC):
     the head of its queue; a cancelled write may or may not have been applied.
     """
 
+    __slots__ = ()  # (implementations may be slotted)
+
     timeout: float
 
     @abc.abstractmethod

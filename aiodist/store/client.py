@@ -77,6 +77,10 @@ class TCPStore(Store):
     and the bound on every call's wait for the server.
     """
 
+    __slots__ = ("host", "port", "timeout", "_conn", "_loop", "_ping_interval", "max_key_bytes", "max_value_bytes",
+                 "_short_key", "_pending", "_next_id", "_sent", "_control", "_abandoned", "_wake", "_wake_at",
+                 "_error", "_closed_locally", "_server_said", "_housekeeper", "_watcher")
+
     def __init__(self, conn: Connection, *, host: str, port: int, timeout: float, hello: dict[str, Any]) -> None:
         self.host = host
         self.port = port
