@@ -8,7 +8,7 @@ versus :class:`ConnectionLost` (the peer or the network broke it).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 
 class AiodistError(Exception):
@@ -44,6 +44,23 @@ class ConnectionClosedLocally(ConnectionClosedError):
 
 class ConnectionLost(ConnectionClosedError):
     """The peer closed the connection or the network broke it (not your doing)."""
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def anew(exc: _E) -> _E:
+    """A new exception like ``exc`` (its type, arguments, attributes and cause), to raise in its place.
+
+    An ended connection keeps its error and raises it to every later call. Raising the kept object
+    itself would chain each raiser's traceback onto it, so the frames of every refused call (and the
+    buffers they hold) would live as long as the connection, and the callers would share one object.
+    """
+    new = type(exc).__new__(type(exc), *exc.args)
+    new.__dict__.update(exc.__dict__)
+    new.__cause__ = exc.__cause__
+    new.__suppress_context__ = exc.__suppress_context__
+    return new
 
 
 # --------------------------------------------------------------------- store

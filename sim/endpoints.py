@@ -14,7 +14,7 @@ import asyncio
 from collections import deque
 from typing import Any, Protocol
 
-from aiodist.errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost
+from aiodist.errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, anew
 from aiodist.net.base import Address, Connection, ConnectionHandler, Frame, FrameHandler, Header, Listener, PayloadSink
 from aiodist.net.base import Network as _SeamNetwork
 from aiodist.wire import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADER_SIZE, as_byte_view, encode_header
@@ -168,7 +168,7 @@ class SimConnection(Connection):
         so it is sent even if that wait is cancelled.
         """
         if self._exc is not None:
-            raise self._exc
+            raise anew(self._exc)
         h = wire_header(header)
         data, n = (None, 0) if payload is None else _copied(payload)
         links = self._links
@@ -216,7 +216,7 @@ class SimConnection(Connection):
         :meth:`drained` never returns.
         """
         if self._exc is not None:
-            raise self._exc
+            raise anew(self._exc)
         h = wire_header(header)
         data, n = (None, 0) if payload is None else _copied(payload)
         links = self._links
@@ -255,7 +255,7 @@ class SimConnection(Connection):
                 if fut in self._drainers:
                     self._drainers.remove(fut)
         if self._exc is not None:
-            raise self._exc
+            raise anew(self._exc)
         busy = self._host.cpu_free
         if busy > loop.now:
             waiter = loop.create_future()
@@ -341,7 +341,7 @@ class SimConnection(Connection):
                 if fut in peer._writers:
                     peer._writers.remove(fut)
         if self._exc is not None:
-            raise self._exc
+            raise anew(self._exc)
 
     def _deliver(self, header: Header, data: bytearray | None, n: int, msg: int) -> None:
         """A frame arrived (the link's delivery): account for it, fire a receive trigger, then let it in."""
@@ -466,7 +466,7 @@ class SimConnection(Connection):
         """
         while not self._frames:
             if self._exc is not None:
-                raise self._exc
+                raise anew(self._exc)
             self._waiter = asyncio.Future(loop=self._links.loop)
             try:
                 await self._waiter

@@ -27,7 +27,7 @@ import struct
 import sys
 from typing import Any
 
-from ..errors import ConnectionClosedError
+from ..errors import ConnectionClosedError, anew
 from ..wire import as_byte_view, encode_frame
 
 COALESCE_LIMIT = 1 << 16
@@ -172,7 +172,7 @@ class Outbox:
     def send_nowait(self, header: dict[str, Any], payload: Any = None) -> bool:
         """Queue one frame; False: the buffer is full (wait before sending more). See the module docstring."""
         if self._exc is not None:
-            raise self._exc
+            raise anew(self._exc)
         head, body = encode_frame(header, payload)
         if body is None:
             return self._queue_small(head)
@@ -210,7 +210,7 @@ class Outbox:
             last.waiter = None
         if not last.sent:
             assert self._exc is not None
-            raise self._exc
+            raise anew(self._exc)
 
     def _give_back(self, item: _Outgoing) -> None:
         """A send gave up waiting for ``item``: make sure nothing keeps referring to its payload."""
@@ -233,7 +233,7 @@ class Outbox:
     async def drained(self) -> None:
         """Wait until everything queued was handed to the kernel (raises if sending stopped)."""
         if self._exc is not None:
-            raise self._exc
+            raise anew(self._exc)
         if not self.paused and not self._queue:
             return
         fut = self._loop.create_future()
@@ -244,7 +244,7 @@ class Outbox:
             if fut in self._drainers:
                 self._drainers.remove(fut)
         if self._exc is not None:
-            raise self._exc
+            raise anew(self._exc)
 
     def _wake_drainers(self) -> None:
         while self._drainers:

@@ -45,7 +45,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
+from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError, anew
 from ..wire import DEFAULT_MAX_FRAME_SIZE, as_byte_view, encode_header
 from .base import Connection, Frame, FrameHandler, Header, PayloadSink
 from .shmring import RingSpace, Spares
@@ -258,7 +258,7 @@ class ShmConnection(Connection):
     def send_nowait(self, header: Header, payload: Any = None) -> bool:
         """Queue one frame; False: wait (:meth:`drained`) before sending more, and keep ``payload`` unchanged till then."""
         if self._exc is not None:
-            raise self._exc
+            raise anew(self._exc)
         if self._closing:
             raise ConnectionClosedLocally(f"connection to {self._peer} was closed by this side")
         if _K in header:
@@ -316,13 +316,13 @@ class ShmConnection(Connection):
             self._drain_waiters.append(fut)
             await fut
         if self._exc is not None:
-            raise self._exc
+            raise anew(self._exc)
         await self._stream.drained()
 
     async def recv(self) -> Frame:
         while not self._frames:
             if self._exc is not None:
-                raise self._exc
+                raise anew(self._exc)
             self._recv_waiter = self._loop.create_future()
             try:
                 await self._recv_waiter

@@ -26,7 +26,7 @@ import socket
 import struct
 from typing import Any, cast
 
-from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError
+from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError, anew
 from ..wire import DEFAULT_MAX_FRAME_SIZE, PREAMBLE, FrameDecoder
 from .base import Connection, Frame, FrameHandler, Header, PayloadSink
 from .outbox import KernelRoom, Outbox
@@ -288,10 +288,16 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             self._paused_reading = False
             self._update_reading()
 
+    def _ended(self) -> ConnectionClosedError:
+        """What a call on a connection without an outbox raises: its error, anew (see :func:`anew`)."""
+        if self._exc is not None:
+            return anew(self._exc)
+        return ConnectionClosedLocally(f"connection to {self._peer} is not open")
+
     async def send(self, header: Header, payload: Any = None) -> None:
         outbox = self._outbox
         if outbox is None:
-            raise self._exc or ConnectionClosedLocally(f"connection to {self._peer} is not open")
+            raise self._ended()
         if outbox.send_nowait(header, payload):
             return
         try:
@@ -319,19 +325,19 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         in one loop iteration are coalesced (see :mod:`aiodist.net.outbox`).
         """
         if self._outbox is None:
-            raise self._exc or ConnectionClosedLocally(f"connection to {self._peer} is not open")
+            raise self._ended()
         return self._outbox.send_nowait(header, payload)
 
     async def drained(self) -> None:
         """Wait until everything queued was handed to the kernel (raises if the connection closed or broke)."""
         if self._outbox is None:
-            raise self._exc or ConnectionClosedLocally(f"connection to {self._peer} is not open")
+            raise self._ended()
         await self._outbox.drained()
 
     async def recv(self) -> Frame:
         while not self._frames:
             if self._exc is not None:
-                raise self._exc
+                raise anew(self._exc)
             assert self._loop is not None
             self._recv_waiter = self._loop.create_future()
             try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -90,6 +92,36 @@ def test_when_the_peer_closes_its_frames_come_first_then_connection_lost(impl: I
             assert a.try_send({"late": 2}) is False
             with pytest.raises(ConnectionLost):
                 await a.recv()  # still the peer's doing
+
+    impl.run(body)
+
+
+def test_an_ended_connection_keeps_nothing_of_the_calls_it_refused(impl: Impl) -> None:
+    """Each refused call gets an error of its own: the connection's stored error collects no traceback,
+    so the buffers of the senders (and receivers) it was raised to are freed as soon as they let go."""
+
+    async def body(net: Network) -> None:
+        async with connected(net) as (a, b):
+            b.abort()
+            with pytest.raises(ConnectionLost):
+                await asyncio.wait_for(a.recv(), 10)
+            refs = []
+            errors: list[BaseException] = []
+            for i in range(3):
+                payload = np.full(1024, i, dtype=np.uint8)
+                refs.append(weakref.ref(payload))
+                with pytest.raises(ConnectionLost) as e:
+                    await a.send({"i": i}, payload)
+                errors.append(e.value.with_traceback(None))  # (the test keeps the error, not the call's frames)
+                with pytest.raises(ConnectionLost):
+                    a.send_nowait({"i": i}, payload)
+                with pytest.raises(ConnectionLost):
+                    await a.recv()
+                del payload, e
+            gc.collect()
+            assert [i for i, r in enumerate(refs) if r() is not None] == []  # (none kept alive)
+            assert len({id(x) for x in errors}) == 3  # (distinct objects: one per refused call)
+            assert all(type(x) is type(errors[0]) and str(x) == str(errors[0]) for x in errors)
 
     impl.run(body)
 
