@@ -131,6 +131,15 @@ async def init_process_group(
     transports: list[Transport] = []
 
     async def publish(info: Rendezvous) -> None:
+        if transports:
+            t = transports[-1]
+            same = (t.job_id, t.key_prefix, t.rank, t.world_size) == (info.job_id, info.key_prefix, info.rank,
+                                                                      info.world_size)
+            if same:
+                # The same round joined again over a new store connection (the old one broke): keep the
+                # transport (peers that finished the round may be connected to it already).
+                await t.use_store(info.store)
+                return
         while transports:  # a rendezvous that started over (its store went away): drop the old one
             await transports.pop().close()
         transports.append(

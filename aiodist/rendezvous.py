@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from . import auth, tls
-from .context import getenv
+from .context import getenv, token_bytes
 from .errors import RendezvousError, RendezvousTimeoutError, StoreError
 
 GENERATION_KEY = "aiodist/rdzv/generation"
@@ -205,10 +205,11 @@ async def rendezvous(
     if store is None:
         assert host is not None and port is not None
         store, server, owned = await _open_store(host, port, r, max(deadline - loop.time(), 0.001), access)
+    token = token_bytes(8).hex()  # this call's claim on RANK: a retry below recognizes its own
     try:
         while True:
             try:
-                result = await _join(store, r, n, deadline, publish)
+                result = await _join(store, r, n, deadline, publish, token)
                 break
             except (StoreError, ConnectionError) as e:
                 if isinstance(e, RendezvousError):
@@ -251,14 +252,23 @@ async def rendezvous(
 
 
 async def _join(
-    store: Any, rank: int, world_size: int, deadline: float, publish: Callable[[Rendezvous], Awaitable[None]] | None
+    store: Any, rank: int, world_size: int, deadline: float, publish: Callable[[Rendezvous], Awaitable[None]] | None,
+    token: str,
 ) -> Rendezvous:
+    """Join the store's current round as ``rank``, claiming it with ``token``.
+
+    Every step may be repeated by the same rendezvous call (after a lost store connection, with
+    the same token): the claim then finds its own token rather than a second process, and the
+    other steps set the same keys again. Only the joined counter can count a repeating rank
+    twice (if its add was applied but the reply lost), which can set "done" early: ranks that go
+    on before the last one published its address wait for it in the store.
+    """
     loop = asyncio.get_running_loop()
     for _ in range(16):  # each pass moves the generation on at most once
         gen = await store.add(GENERATION_KEY, 0)
         prefix = f"aiodist/{gen}/"
-        count = await store.add(f"{prefix}rank/{rank}", 1)
-        if count == 1:
+        holder = bytes(await store.compare_set(f"{prefix}rank/{rank}", b"", token.encode())).decode()
+        if holder == token:
             break
         if await store.check([f"{prefix}done"]):
             # Round ``gen`` finished long ago: this is a new initialization.
@@ -286,7 +296,7 @@ async def _join(
         await publish(result)
     await store.set(f"{prefix}joined/{rank}", b"1")
     joined = await store.add(f"{prefix}joined", 1)
-    if joined == world_size:
+    if joined >= world_size:  # (more: a repeated join counted twice; see above)
         await store.set(f"{prefix}done", b"1")
     remaining = deadline - loop.time()
     try:

@@ -10,6 +10,7 @@ import pytest
 from conftest import free_port, rank_context, rank_env, run_ranks
 
 import aiodist.api as dist
+import sim
 from aiodist.errors import GroupError, RendezvousError, RendezvousTimeoutError
 from aiodist.store.client import TCPStore
 from aiodist.store.server import StoreServer
@@ -221,3 +222,20 @@ async def test_a_rank_whose_store_goes_away_mid_rendezvous_reconnects_to_the_new
         assert await run_ranks(2, rank, env=env) == [3.0, 3.0]
     finally:
         await old.close()
+
+
+async def _join_then_barrier() -> None:
+    await dist.init_process_group(timeout=20)
+    await dist.barrier()
+    await dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_a_store_connection_broken_mid_join_joins_the_same_round_again(n: int) -> None:
+    """Rank 3's store connection is reset as it sends its n-th message (its handshake and join): it
+    reconnects and joins the same round again. Before: from its 5th message on, the retry found its
+    own claim and reported "joined rendezvous round 0 twice", or closed the transport that peers
+    which had finished the round were connected to (they saw rank 3 leave)."""
+    res = sim.run(_join_then_barrier, world_size=4, seed=1, explore=False,
+                  faults=[sim.ResetConnection("rank3", "rank0", on=sim.MessageSent(3, n))])
+    assert res.ok, res.summary()

@@ -124,6 +124,12 @@ class PeerLinks:
         await self.store.set(self._address_key(self.rank), self._published)
         return address
 
+    async def use_store(self, store: Any) -> None:
+        """Look addresses up in ``store`` from now on (a new connection to the job's store), and publish ours there."""
+        self.store = store
+        if self._published:  # (listening: our address is known)
+            await store.set(self._address_key(self.rank), self._published)
+
     async def close(self) -> None:
         """``bye`` to every live link, close them all, cancel and await every task (bounded).
 

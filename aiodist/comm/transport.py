@@ -170,6 +170,14 @@ class Transport:
             raise
         return t
 
+    async def use_store(self, store: Any) -> None:
+        """Use ``store`` (a new connection to the job's store, the same round) from now on.
+
+        The links, and peers already connected, are kept: only address lookups move to it.
+        """
+        self.store = store
+        await self._links.use_store(store)
+
     @property
     def closed(self) -> bool:
         return self._closed
