@@ -221,8 +221,8 @@ class ShmConnection(Connection):
 
     def set_max_frame_size(self, n: int) -> None:
         """Frames (inline or through the ring) whose header has not arrived yet are limited to ``n`` bytes."""
+        self._stream.set_max_frame_size(n)  # (first: it refuses a bad value before this side keeps it)
         self._max_frame_size = n
-        self._stream.set_max_frame_size(n)
 
     def set_frame_handler(self, handler: FrameHandler | None) -> None:
         """Deliver frames to ``handler(frame)`` as they complete (queued ones first) instead of through recv."""

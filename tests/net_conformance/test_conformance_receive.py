@@ -175,3 +175,18 @@ def test_a_closed_connection_lets_go_of_its_sink_and_handler_at_once(impl: Impl)
                 gc.enable()
 
     impl.run(body)
+
+
+def test_a_refused_frame_limit_leaves_the_limit_as_it_was(impl: Impl) -> None:
+    """set_max_frame_size with a bad value raises and changes nothing: frames keep coming."""
+
+    async def body(net: Network) -> None:
+        async with connected(net) as (a, b):
+            with pytest.raises(ValueError):
+                b.set_max_frame_size(0)
+            for size in (1000, 1 << 20):  # (inline, and through shared memory's ring)
+                await a.send({"x": size}, bytes(size))
+                f = await asyncio.wait_for(b.recv(), 10)
+                assert f.header == {"x": size} and bytes(f.payload) == bytes(size)
+
+    impl.run(body)
