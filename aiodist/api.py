@@ -41,8 +41,6 @@ log = logging.getLogger(__name__)
 
 STORE_LEAVE_WAIT = 10.0
 """Seconds rank 0 keeps the store server it hosts open for the other ranks to leave."""
-STORE_GOODBYE_GRACE = 1.0
-"""Seconds a leaving rank gives the store to take its goodbye, beyond the wait for the others."""
 MISMATCH_LEAVE_WAIT = 2.0
 """Seconds a rank whose main raised CollectiveMismatchError spends leaving in order (its reports to get out)."""
 DEFAULT_TIMEOUT = 300.0
@@ -191,19 +189,13 @@ async def init_process_group(
         # Keep the store up for the others until they leave too, unless the job is broken
         # (a failed rank never leaves: waiting would only delay this rank's error).
         wait = 0.0 if broken else min(timeout, STORE_LEAVE_WAIT)
-        # Saying goodbye to the store is bounded as a whole: the store may have gone with the failure
-        # (or be cut off), and an abort or destroy must not sit out the store client's timeout on it.
-        try:
-            async with asyncio.timeout(wait + STORE_GOODBYE_GRACE):
-                if found is not None:  # (file://: the store this rank found or hosts, and the file)
-                    await found.close(rdzv.key_prefix, rdzv.world_size, wait=wait)
-                if rdzv.server is not None:
-                    await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=wait)
-                elif rdzv.owned:
-                    await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=0)
-        except TimeoutError:
-            log.debug("rank %d: the store did not answer the goodbye within %.1f s", rdzv.rank,
-                      wait + STORE_GOODBYE_GRACE)
+        # (each goodbye to the store is bounded: see rendezvous.leave)
+        if found is not None:  # (file://: the store this rank found or hosts, and the file)
+            await found.close(rdzv.key_prefix, rdzv.world_size, wait=wait)
+        if rdzv.server is not None:
+            await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=wait)
+        elif rdzv.owned:
+            await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=0)
         for close in reversed(rdzv.owned):
             try:
                 await close()

@@ -44,6 +44,8 @@ from .errors import RendezvousError, RendezvousTimeoutError, StoreError
 GENERATION_KEY = "aiodist/rdzv/generation"
 RECONNECT_PAUSE = 0.1
 """Seconds a rank waits before reconnecting to a store server that went away during its rendezvous."""
+STORE_GOODBYE_GRACE = 1.0
+"""Seconds a leaving rank gives the store to take its goodbye, beyond the wait for the others."""
 BACKENDS = ("gloo", "nccl", "mpi", "cpu", "aiodist", "cpu:gloo")
 """Names torch programs pass as ``backend``: taken to mean ``env://``."""
 
@@ -324,13 +326,17 @@ async def leave(store: Any, prefix: str, world_size: int, *, wait: float) -> Non
     """Record that this rank left the round; wait up to ``wait`` s for all to leave (store owner only).
 
     Used before rank 0 closes the store server it hosts, so that the others
-    can still use the store until they are done. Errors are swallowed.
+    can still use the store until they are done. Errors are swallowed, and
+    it takes at most ``wait`` + :data:`STORE_GOODBYE_GRACE` s in all: the store
+    may have gone with a failure (or be cut off), and leaving must not sit out
+    the store client's timeout on it.
     """
     try:
-        left = await store.add(f"{prefix}left", 1)
-        if left >= world_size:
-            await store.set(f"{prefix}all_left", b"1")
-        if wait > 0:
-            await store.wait([f"{prefix}all_left"], timeout=wait)
+        async with asyncio.timeout(wait + STORE_GOODBYE_GRACE):
+            left = await store.add(f"{prefix}left", 1)
+            if left >= world_size:
+                await store.set(f"{prefix}all_left", b"1")
+            if wait > 0:
+                await store.wait([f"{prefix}all_left"], timeout=wait)
     except (TimeoutError, StoreError, ConnectionError):
         pass

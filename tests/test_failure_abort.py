@@ -12,6 +12,7 @@ from conftest import run_ranks
 import aiodist.api as dist
 import sim
 from aiodist.errors import AbortedError, GroupError, PeerFailureError
+from aiodist.rendezvous import STORE_GOODBYE_GRACE
 from aiodist.store.client import TCPStore
 from aiodist.store.server import StoreServer
 
@@ -165,5 +166,5 @@ def test_leaving_does_not_sit_out_the_store_timeout_when_the_store_is_cut_off(ho
     res = sim.run(leave_a_cut_off_store_main, world_size=2, seed=0, store_host="separate", explore=False, args=(how,),
                   faults=[sim.Partition(("store",), ("rank0", "rank1"), at=0.5)])
     assert res.ok, res.summary()
-    bound = dist.STORE_GOODBYE_GRACE + (0 if how == "abort" else dist.STORE_LEAVE_WAIT)
+    bound = STORE_GOODBYE_GRACE + (0 if how == "abort" else dist.STORE_LEAVE_WAIT)
     assert all(0 <= took <= bound + 0.01 for took in res.rank_results), res.rank_results
