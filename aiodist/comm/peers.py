@@ -12,7 +12,6 @@ handed to the transport's ``on_frame`` / ``on_payload``; the heartbeats are
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 import logging
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from .. import tls
 from ..auth import NONCE_BYTES, AuthenticationError
 from ..context import token_bytes
 from ..eager import start_eager
-from ..errors import ConnectionClosedError, ConnectionClosedLocally, EvictedError, GroupError, PeerFailureError
+from ..errors import ConnectionClosedError, ConnectionClosedLocally, EvictedError, GroupError, PeerFailureError, anew
 from ..net.base import Address, Connection, Frame, Header, Listener, Network
 from . import actions as A
 from . import connect
@@ -215,7 +214,7 @@ class PeerLinks:
             raise self.links.peer_error(p.rank) from None
         if isinstance(result, EvictedError):
             raise self.links.peer_error(self.rank) from None
-        raise copy.copy(result) from None  # (every waiter gets its own: the group layer restates errors)
+        raise anew(result) from None  # (every waiter gets its own: the group layer restates errors)
 
     def expect(self, src: int) -> None:
         """A receive from the higher rank ``src`` was posted: dial it if nothing is under way."""
