@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aiodist.context import new_rank_scope, set_rank_environ
+from rank_procs import free_port, rank_env  # (tests import them from here too)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,26 +34,6 @@ def printed_by_fresh_interpreters(code: str, hashseeds: Sequence[str], *, timeou
         assert out.returncode == 0, out.stderr
         printed.add(out.stdout.strip())
     return printed
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for env:// tests)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(world_size),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-    env.update(extra or {})
-    return env
 
 
 def rank_context(env: Mapping[str, str]) -> contextvars.Context:
