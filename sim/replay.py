@@ -140,6 +140,7 @@ def shrink_and_report(ns: argparse.Namespace, main: Any, result: Result, network
         setattr(minimal, flag, [])
     for fault in small.faults:
         getattr(minimal, fault.to_cli().split()[0][2:].replace("-", "_")).append(fault)
+    minimal.fault_order = list(small.faults)  # (the order the faults act in: see sim.cli's fault flags)
     print(f"Minimal replay:\n  {command(minimal, int(result.seed), None)}")
 
 
