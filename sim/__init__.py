@@ -15,7 +15,8 @@ from .faults import Clog, Crash, CrashStore, FaultError, Partition, Pause, Reset
 from .latency import Constant, Exponential, Tail, Uniform
 from .loop import SimLoop
 from .network import Network
-from .runner import Failure, Result, run
+from .result import Failure, Result
+from .runner import run
 from .shrink import Shrunk, shrink, signature
 from .swarm import Swarm
 from .sweep import SweepReport, sweep

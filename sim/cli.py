@@ -43,9 +43,9 @@ from .faults import FaultError
 from .loop import LANE
 from .latency import Constant, Exponential, LatencyModel, Uniform
 from .network import Network
-from .runner import DEFAULT_MASTER_PORT, Result, run
-from .runner import _ranks_text as ranks_text
-from .runner import _shape
+from .result import Result, _shape
+from .result import _ranks_text as ranks_text
+from .runner import DEFAULT_MASTER_PORT, run
 from .sweep import Progress, SweepReport, drive, process_executor, record_of, trace_file
 from .trace import events_from_json, events_to_json, first_divergence, write_chrome
 
