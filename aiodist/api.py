@@ -194,6 +194,8 @@ async def init_process_group(
             await found.close(rdzv.key_prefix, rdzv.world_size, wait=wait)
         if rdzv.server is not None:
             await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=wait)
+            if broken:  # the others' store calls fail now: say why, so that they name the cause
+                await rdzv.server.close(reason=_store_farewell(rdzv.rank, world_transport.links.first_failure))
         elif rdzv.owned:
             await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=0)
         for close in reversed(rdzv.owned):
@@ -207,6 +209,15 @@ async def init_process_group(
     _registry().append(pg)
     set_default_group(pg)
     return pg
+
+
+def _store_farewell(rank: int, first_failure: tuple[int | None, str] | None) -> str:
+    """What the store server hosted by ``rank`` tells its clients when that rank leaves a broken job."""
+    if first_failure is None:
+        return f"its host, rank {rank}, left the job after a failure"
+    culprit, how = first_failure
+    whose = "a failure" if culprit is None else f"rank {culprit} failed"
+    return f"its host, rank {rank}, left the job after {whose}: {how}"
 
 
 def is_initialized() -> bool:

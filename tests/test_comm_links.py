@@ -338,6 +338,54 @@ def test_close_says_bye_on_live_links_closes_everything_and_fails_waiting_sends(
     assert m.dialed(3, c := Conn(), WELCOME) == [Close(c)]
 
 
+def test_a_rank_leaving_after_a_failure_says_which_in_its_bye() -> None:
+    m = Links(1, 5, dial_defer=0)
+    c2, c3 = ready(m, 2), ready(m, 3)
+    m.reported(2, 4, "unreachable (connection refused)")  # the first failure it heard of
+    m.lost(3, c3)  # a later one
+    acts = m.close()
+    assert sent(acts, F.BYE) == [(c2, F.bye((4, "unreachable (connection refused)")))]
+    assert F.bye((4, "x")) == {F.KIND: F.BYE, F.RANK: 4, F.HOW: "x"} and F.bye() == {F.KIND: F.BYE}
+
+
+def test_a_bye_after_a_failure_names_the_root_cause_and_is_passed_on() -> None:
+    m = Links(0, 5, dial_defer=0)
+    c1, c2 = ready(m, 1), ready(m, 2)
+    m.bye(1, 4, "unreachable (connection refused)")
+    assert str(m.peer_error(1)) == "rank 1 failed: left the job after rank 4 failed: unreachable (connection refused)"
+    assert m.failed() == []  # (it left: only what expected it fails)
+    assert sent(m.close(), F.BYE) == [(c2, F.bye((4, "unreachable (connection refused)")))]  # the root, not rank 1
+    del c1
+
+
+def test_a_bye_says_nothing_of_a_failure_when_there_was_none_and_its_fields_are_checked() -> None:
+    m = Links(0, 6, dial_defer=0)
+    c = {r: ready(m, r) for r in range(1, 6)}
+    m.bye(1)
+    assert m.get(1).how == "left the job (its process group was destroyed)"  # type: ignore[union-attr]
+    m.bye(2, "3", "x" * 1000)  # not an int: names nobody; the text is cut
+    assert m.get(2).how == "left the job after: " + "x" * 300  # type: ignore[union-attr]
+    m.bye(3, 99, "y")  # outside the job
+    m.bye(4, 4, "z")  # itself
+    assert m.get(3).how == "left the job after: y" and m.get(4).how == "left the job after: z"  # type: ignore[union-attr]
+    m.bye(5, 0, "w")  # this rank
+    assert m.get(5).how == "left the job after this rank failed: w"  # type: ignore[union-attr]
+    assert m.first_failure == (None, "x" * 300)  # (never this rank itself)
+    del c
+
+
+def test_a_failed_address_lookup_is_the_failure_a_later_bye_says() -> None:
+    m = Links(2, 4, dial_defer=0)
+    c3 = ready(m, 3)
+    m.need(1)
+    m.lookup_failed(1, "StoreConnectionLost: the store server went away")
+    assert sent(m.close(), F.BYE) == [
+        (c3, F.bye((None, "looking up the address of rank 1 in the store failed "
+                          "(StoreConnectionLost: the store server went away)")))
+    ]
+    assert F.bye((None, "h")) == {F.KIND: F.BYE, F.HOW: "h"}
+
+
 def test_abort_closes_without_bye() -> None:
     m = Links(0, 4, dial_defer=0)
     c1 = ready(m, 1)

@@ -167,3 +167,36 @@ def test_a_paused_rank_that_resumes_learns_that_it_was_declared_failed(seed: int
     # the others named it within the detector's bound (~3.5 s of silence), well before it resumed
     # 6 s after it stopped; it could only learn its fate once it ran again
     assert when - max(detected) > 6.0 - 5.0, res.rank_results
+
+
+async def store_host_leaves_after_a_failure() -> str:
+    """Rank 0 (the store's host) and rank 2 talk; rank 2 crashes; rank 1 only uses the store."""
+    pg = await dist.init_process_group(timeout=60)
+    x = np.zeros(4)
+    try:
+        if pg.rank == 2:
+            await dist.send(x, 0)
+            await asyncio.sleep(10)  # (crashed here)
+        elif pg.rank == 0:
+            await dist.recv(x, 2)
+            await dist.recv(x, 2)  # rank 2 crashes instead of sending this one
+        else:
+            await pg.store.get("never-set", timeout=60)
+        return "finished"
+    except AiodistError as e:
+        return str(e)
+    finally:
+        await dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ranks_that_lose_the_store_with_its_host_learn_which_failure_it_left_after(seed: int) -> None:
+    """The store server goes with its host; it tells its clients why first (its host left after rank 2 failed).
+
+    Rank 1 has no link to the failed rank, nor to rank 0: the store is its only news.
+    """
+    res = sim.run(store_host_leaves_after_a_failure, world_size=3, seed=seed, faults=[sim.Crash(2, at=0.05)],
+                  stop_on_error=False, explore=False)
+    assert "rank 2 failed" in res.rank_results[0], res.rank_results
+    said = res.rank_results[1]
+    assert "its host, rank 0, left the job after rank 2 failed" in said, said

@@ -273,6 +273,20 @@ async def test_server_close_fails_pending_and_later_calls_promptly() -> None:
     await c.close()
 
 
+async def test_a_server_closed_with_a_reason_tells_every_client_why() -> None:
+    srv = await StoreServer.start(HOST, 0)
+    clients = [await connect(srv) for _ in range(2)]
+    pending = [asyncio.create_task(c.get("never", timeout=60)) for c in clients]
+    await until(lambda: srv.state.waiter_count() == 2)
+    await srv.close(reason="its host, rank 0, left the job after rank 3 failed: connection lost")
+    for task in pending:
+        with pytest.raises(StoreConnectionLost) as info:
+            await asyncio.wait_for(task, 2)
+        assert "(server said: its host, rank 0, left the job after rank 3 failed: connection lost)" in str(info.value)
+    for c in clients:
+        await c.close()
+
+
 async def test_connect_retries_until_the_server_is_up() -> None:
     with socket.socket() as s:
         s.bind((HOST, 0))

@@ -16,7 +16,8 @@ the simulator have their own protocols). A frame is a msgpack map (see
       m     {t, g: group id, k: key (seq first), o: the call's signature}  + payload  (collectives)
       p     {t, g: group id, tag, n: per (group, destination, tag) number} + payload  (point to point)
       hb    {t}                                  heartbeat
-      bye   {t}                                  this rank leaves the job (its group was destroyed)
+      bye   {t, how?, rank?}                     this rank leaves the job (its group was destroyed); after a
+                                                 failure: the first one it learned of (``how``; whose: ``rank``)
       fail  {t, rank, how}                       rank ``rank`` failed (``how``); may name the receiver
       x     {t, g, s: seq, m: message, c: [[global rank, call], ...]}   collective mismatch report
 
@@ -125,8 +126,14 @@ def dup() -> Header:
     return {KIND: DUP}
 
 
-def bye() -> Header:
-    return {KIND: BYE}
+def bye(after: tuple[int | None, str] | None = None) -> Header:
+    """This rank leaves; ``after``: (rank or None, how) of the failure it learned of first, if it leaves after one."""
+    if after is None:
+        return {KIND: BYE}
+    h: Header = {KIND: BYE, HOW: after[1]}
+    if after[0] is not None:
+        h[RANK] = after[0]
+    return h
 
 
 def heartbeat() -> Header:

@@ -91,6 +91,9 @@ _IDLE, _DEFERRED, _DIALING, _READY = LinkState.IDLE, LinkState.DEFERRED, LinkSta
 _LEFT, _FAILED, _REFUSED, _CLOSED = LinkState.LEFT, LinkState.FAILED, LinkState.REFUSED, LinkState.CLOSED
 TERMINAL = frozenset({_LEFT, _FAILED, _REFUSED, _CLOSED})
 
+MAX_HOW = 300
+"""Characters of a failure's description kept from a peer's ``bye`` (what it left after)."""
+
 
 class Link:
     """What this rank knows of its link to one other rank.
@@ -129,7 +132,7 @@ class Link:
 class Links:
     """The links of rank ``rank`` of a ``world_size``-rank job (see the module doc)."""
 
-    __slots__ = ("rank", "world_size", "dial_defer", "condemned", "closing", "_links")
+    __slots__ = ("rank", "world_size", "dial_defer", "condemned", "closing", "first_failure", "_links")
 
     def __init__(self, rank: int, world_size: int, *, dial_defer: float) -> None:
         self.rank = rank
@@ -137,6 +140,10 @@ class Links:
         self.dial_defer = dial_defer
         self.condemned: str | None = None  # why the other ranks consider this rank failed, if they do
         self.closing = False  # close() or abort() ran: no new links, failures are quiet
+        # (rank, how) of the first failure this rank learned of: a peer's, or one a peer left after
+        # (rank None: no rank to blame, e.g. the store went away). Said with ``bye``, so that ranks
+        # that only see this one leave can name the root cause.
+        self.first_failure: tuple[int | None, str] | None = None
         self._links: dict[int, Link] = {}
 
     def __repr__(self) -> str:
@@ -244,6 +251,8 @@ class Links:
             return []
         link.wanted = False
         how = f"looking up the address of rank {rank} in the store failed ({detail})"
+        if self.first_failure is None and not self.closing:
+            self.first_failure = (None, how[:MAX_HOW])
         return [Wake(rank, PeerFailureError(how, rank=None, how=how))]
 
     def dial_failed(self, rank: int, detail: str) -> Actions:
@@ -365,13 +374,26 @@ class Links:
             return []
         return self._fail(link, "connection lost")
 
-    def bye(self, rank: int) -> Actions:
-        """``rank`` left the job cleanly: only what still expected something from it fails."""
+    def bye(self, rank: int, after: Any = None, how: Any = None) -> Actions:
+        """``rank`` left the job cleanly: only what still expected something from it fails.
+
+        ``after``/``how``: the failure it left after, as it said (unchecked input: a rank
+        outside the job, or not an int, names nobody; ``how`` is cut to :data:`MAX_HOW`
+        characters).
+        """
         link = self._links.get(rank)
         if link is None or link.state is not _READY:
             return []
         link.state = _LEFT
-        link.how = "left the job (its process group was destroyed)"
+        root = after if type(after) is int and 0 <= after < self.world_size and after != rank else None
+        if how is None and root is None:
+            link.how = "left the job (its process group was destroyed)"
+        else:
+            cause = str(how)[:MAX_HOW] if how is not None else "unknown"
+            whose = "" if root is None else " this rank" if root == self.rank else f" rank {root}"
+            link.how = f"left the job after{whose} failed: {cause}" if root is not None else f"left the job after: {cause}"
+            if self.first_failure is None and not self.closing and root != self.rank:
+                self.first_failure = (root, cause)
         return [Log(logging.DEBUG, f"rank {self.rank}: peer rank {rank} {link.how}"), Unwatch(rank), FailReceives(rank)]
 
     def silent(self, rank: int, how: str) -> Actions:
@@ -435,6 +457,8 @@ class Links:
         link.state = state
         link.how = how
         link.after_eviction = self.condemned is not None
+        if self.first_failure is None and not self.closing and self.condemned is None:
+            self.first_failure = (link.rank, (cause or how)[:MAX_HOW])
         if not self.closing:
             acts.append(Log(logging.INFO, f"rank {self.rank}: peer rank {link.rank} failed: {how}"))
         if link.wanted:
@@ -477,7 +501,8 @@ class Links:
         self.closing = True
         acts: Actions = []
         if orderly:
-            acts += [Send(link.conn, F.bye()) for link in self._links.values() if link.state is _READY]
+            farewell = F.bye(self.first_failure)
+            acts += [Send(link.conn, farewell) for link in self._links.values() if link.state is _READY]
         destroyed = GroupError("the process group was destroyed")
         for link in self._links.values():
             if link.state is _DEFERRED:

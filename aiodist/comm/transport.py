@@ -424,7 +424,7 @@ class Transport:
 
     def _on_control(self, p: Peer, kind: Any, h: Header) -> None:
         if kind == F.BYE:
-            self._links.do(self.links.bye(p.rank))
+            self._links.do(self.links.bye(p.rank, h.get(F.RANK), h.get(F.HOW)))
         elif kind == F.FAIL:
             self._links.do(self.links.reported(p.rank, h.get(F.RANK), str(h.get(F.HOW, "?"))))
         elif kind == F.MISMATCH:

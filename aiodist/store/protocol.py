@@ -38,7 +38,10 @@ the server sends after any reply it already owed for ``id`` (so a client knows
 when a reply that crossed its cancel can no longer come); ``{"op": "unpop",
 "k": key, "v": [value]}`` puts a popped queue value back at the head of its
 queue (its caller was cancelled before it got it; no reply); ``{"op": "ping"}``
-is answered by ``{"op": "pong"}`` and keeps an idle connection alive.
+is answered by ``{"op": "pong"}`` and keeps an idle connection alive. A server
+that closes for a reason says it first: ``{"op": "error", "err": "closing",
+"msg": why}`` (e.g. that its host left the job after a failure); the client
+puts it in the error of every call the close then fails.
 
 Size limits: a frame header is at most 1 MiB (see :mod:`aiodist.wire`), so
 keys (at most 8 KiB each by default) of one request must fit in it; the

@@ -111,15 +111,25 @@ class StoreServer(Requests):
     def address(self) -> tuple[str, int]:
         return (self.host, self.port)
 
-    async def close(self) -> None:
+    async def close(self, *, reason: str | None = None) -> None:
         """Stop listening and close every client connection (their pending calls fail).
 
+        ``reason``: why the store goes away, told to every client first (an
+        ``error`` notice "closing": its errors then say it, e.g. that the
+        store's host left the job after a failure).
         Idempotent. Cancellation while closing may leave handler tasks
         finishing in the background; the listener still owns them.
         """
         if self._closed:
             return
         self._closed = True
+        if reason is not None:
+            notice = P.error_frame("closing", reason)
+            for session in list(self._sessions.values()):
+                try:
+                    session.conn.send_nowait(notice)
+                except ConnectionClosedError:
+                    pass
         try:
             if self._listener is not None:
                 await self._listener.aclose()
