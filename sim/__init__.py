@@ -15,6 +15,7 @@ from .faults import Clog, Crash, CrashStore, FaultError, Partition, Pause, Reset
 from .latency import Constant, Exponential, Tail, Uniform
 from .loop import SimLoop
 from .network import Network
+from .process import VIRTUAL_EPOCH
 from .result import Failure, Result
 from .runner import run
 from .shrink import Shrunk, shrink, signature
@@ -28,6 +29,6 @@ __all__ = [
     "SimLoop", "TraceEvent",
     "Chaos", "Crash", "Restart", "Pause", "Straggler", "CrashStore", "Partition", "Clog", "ResetConnection",
     "FaultError", "Exploration", "replay_plan", "Swarm", "shrink", "Shrunk", "signature",
-    "MessageSent", "MessageReceived",
+    "MessageSent", "MessageReceived", "VIRTUAL_EPOCH",
     "SimulationError", "SimUnsupportedError", "SimDeadlockError", "SimTimeLimitError", "SimLivelockError",
 ]

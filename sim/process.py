@@ -13,6 +13,12 @@ process of its own would give it:
   process seeds them from the OS, which no replay could reproduce), so
   ``random.seed(0)`` on every rank gives every rank the same sequence, as it
   does in real processes.
+* the clocks: :func:`time.time`, :func:`time.monotonic`,
+  :func:`time.perf_counter` (and their ``_ns`` forms) read the virtual clock
+  (``time.time()`` is :data:`VIRTUAL_EPOCH` at virtual time 0), so that a
+  lease, a deadline or a measured duration in the program passes in virtual
+  time, the same in every replay. (``time.process_time``, ``time.sleep`` and
+  :mod:`datetime`'s ``now()`` stay real: the last reads the OS clock in C.)
 * a nonce source for :func:`aiodist.context.token_bytes` drawn from the seed,
   and an ``AIODIST_SECRET`` derived from the seed (unless the run's ``env``
   chooses the secret), so authentication runs and replays.
@@ -33,6 +39,7 @@ under another name keeps the process-wide object.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hashlib
 import os
@@ -40,6 +47,7 @@ import random
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +60,7 @@ if TYPE_CHECKING:
     from .network import Fabric, Host
 
 __all__ = ["RankProcess", "ProcessGlobals", "RankNetwork", "inherited_environment", "current_process",
-           "LOOPBACK_NAMES", "PROCESS"]
+           "LOOPBACK_NAMES", "PROCESS", "VIRTUAL_EPOCH"]
 
 PROCESS: contextvars.ContextVar[RankProcess | None] = contextvars.ContextVar("sim_process", default=None)
 """The virtual rank process of the code running in a context (None: not a rank)."""
@@ -205,6 +213,41 @@ def _dispatcher(name: str, fallback: Any, pick: Callable[[RankProcess], Any]) ->
     return call
 
 
+# --------------------------------------------------------------------------- clocks
+
+VIRTUAL_EPOCH = 1_767_225_600.0
+"""What ``time.time()`` says in a rank at virtual time 0 (2026-01-01 00:00 UTC): a fixed wall clock, so runs replay."""
+
+_EPOCH_NS = int(VIRTUAL_EPOCH) * 1_000_000_000
+
+_CLOCKS: dict[str, Callable[[float], float | int]] = {
+    "time": lambda t: VIRTUAL_EPOCH + t,
+    "time_ns": lambda t: _EPOCH_NS + round(t * 1e9),
+    "monotonic": lambda t: t,
+    "monotonic_ns": lambda t: round(t * 1e9),
+    "perf_counter": lambda t: t,
+    "perf_counter_ns": lambda t: round(t * 1e9),
+}
+"""The clocks of :mod:`time` a rank reads as the virtual clock ``t`` (seconds since the run began)."""
+
+
+def _clock(name: str, virtual: Callable[[float], float | int]) -> Callable[[], float | int]:
+    """``time.<name>`` as a rank sees it: the virtual clock in a rank's code, the real one elsewhere."""
+    real = getattr(time, name)
+    running_loop = asyncio._get_running_loop
+
+    def clock() -> float | int:
+        if PROCESS.get() is not None:
+            loop = running_loop()
+            if loop is not None:
+                return virtual(loop.time())
+        return real()  # type: ignore[no-any-return]
+
+    clock.__name__ = clock.__qualname__ = name
+    clock.__doc__ = real.__doc__
+    return clock
+
+
 class _RankRandomState:
     """Stands in for ``numpy.random.mtrand._rand`` (libraries that read the legacy generator directly)."""
 
@@ -331,6 +374,8 @@ class ProcessGlobals:
                 if getattr(getattr(module, name), "__self__", None) is legacy:
                     patch(module, name, _dispatcher(name, legacy, lambda p: p.numpy))
         patch(mtrand, "_rand", _RankRandomState(legacy))
+        for name, virtual in _CLOCKS.items():
+            patch(time, name, _clock(name, virtual))
         return saved
 
     def __exit__(self, *exc: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from typing import Any
 
 import numpy as np
@@ -105,6 +106,43 @@ def test_ranks_get_a_seeded_secret_and_nonce_source() -> None:
     assert {s for s, _ in sim.run(main, world_size=3, seed=2).rank_results} != secrets
     insecure = sim.run(main, world_size=2, seed=1, env={"AIODIST_INSECURE": "1"}).rank_results
     assert [s for s, _ in insecure] == [None, None]
+
+
+async def _clocks() -> Any:
+    t0, m0, p0, n0 = time.time(), time.monotonic(), time.perf_counter(), time.monotonic_ns()
+    await asyncio.sleep(1.5)
+    return (time.time() - t0, time.monotonic() - m0, time.perf_counter() - p0, time.monotonic_ns() - n0,
+            time.time_ns() // 10**9 == int(time.time()), t0)
+
+
+def test_a_ranks_clocks_read_virtual_time() -> None:
+    """time.time/monotonic/perf_counter in a rank: 1.5 s of virtual sleep is 1.5 s on each (a lease expires)."""
+    real = time.time, time.monotonic, time.perf_counter
+    res = sim.run(_clocks, world_size=2, seed=1)
+    assert res.ok, res.summary()
+    for wall, mono, perf, mono_ns, ns_agrees, start in res.rank_results:
+        assert wall == pytest.approx(1.5, abs=1e-6) and mono == pytest.approx(1.5, abs=1e-6)
+        assert perf == pytest.approx(1.5, abs=1e-6) and mono_ns == pytest.approx(1.5e9, abs=1e3) and ns_agrees
+        assert sim.VIRTUAL_EPOCH <= start < sim.VIRTUAL_EPOCH + 1  # a fixed wall clock: replays agree
+    assert (time.time, time.monotonic, time.perf_counter) == real  # restored after the run
+    assert abs(time.time() - res.rank_results[0][5]) > 1.0 or time.time() < sim.VIRTUAL_EPOCH  # (real again)
+
+
+async def _poll_for_50ms() -> int:
+    deadline = time.time() + 0.05  # the way programs poll for a while
+    polls = 0
+    while time.time() < deadline:
+        polls += 1
+        await asyncio.sleep(0.001)
+    return polls
+
+
+def test_a_deadline_read_from_time_time_replays_exactly() -> None:
+    """Real time in a rank made every run of one seed differ (the loop ran as long as the machine took)."""
+    runs = [sim.run(_poll_for_50ms, world_size=2, seed=0) for _ in range(3)]
+    assert all(r.ok for r in runs)
+    assert [r.rank_results for r in runs] == [[50, 50]] * 3
+    assert len({r.digest for r in runs}) == 1
 
 
 async def _tcp_loopback() -> Any:
