@@ -141,6 +141,19 @@ def _arrays(case: Case, world: int, zeros: Callable[[int], Any]) -> tuple[Any, A
     return zeros(max(case.count, 1)), None
 
 
+def _calls(dist: Any) -> dict[str, Callable[[Any, Any], Any]]:
+    """Op name -> ``call(x, out)`` on ``dist``: aiodist (the call returns an awaitable) or torch.distributed."""
+    return {
+        "all_reduce": lambda x, out: dist.all_reduce(x),
+        "broadcast": lambda x, out: dist.broadcast(x, src=0),
+        "reduce": lambda x, out: dist.reduce(x, dst=0),
+        "all_gather_into_tensor": lambda x, out: dist.all_gather_into_tensor(out, x),
+        "reduce_scatter_tensor": lambda x, out: dist.reduce_scatter_tensor(out, x),
+        "all_to_all_single": lambda x, out: dist.all_to_all_single(out, x),
+        "barrier": lambda x, out: dist.barrier(),
+    }
+
+
 def _slowest_median(per_rank: Sequence[Sequence[float]]) -> float:
     return statistics.median(max(times) for times in zip(*per_rank, strict=True))
 
@@ -158,15 +171,7 @@ async def aiodist_rank(plan_json: str, shared: bool = False) -> dict[str, float 
     await dist.init_process_group()
     try:
         world = dist.get_world_size()
-        ops: dict[str, Callable[[Any, Any], Any]] = {
-            "all_reduce": lambda x, out: dist.all_reduce(x),
-            "broadcast": lambda x, out: dist.broadcast(x, src=0),
-            "reduce": lambda x, out: dist.reduce(x, dst=0),
-            "all_gather_into_tensor": lambda x, out: dist.all_gather_into_tensor(out, x),
-            "reduce_scatter_tensor": lambda x, out: dist.reduce_scatter_tensor(out, x),
-            "all_to_all_single": lambda x, out: dist.all_to_all_single(out, x),
-            "barrier": lambda x, out: dist.barrier(),
-        }
+        ops = _calls(dist)
         mine: list[list[float]] = []
         for case in plan:
             x, out = _arrays(case, world, zeros)
@@ -201,15 +206,7 @@ def torch_rank(plan_json: str) -> dict[str, float | None] | None:
     tdist.init_process_group("gloo")
     try:
         world = tdist.get_world_size()
-        ops: dict[str, Callable[[Any, Any], Any]] = {
-            "all_reduce": lambda x, out: tdist.all_reduce(x),
-            "broadcast": lambda x, out: tdist.broadcast(x, src=0),
-            "reduce": lambda x, out: tdist.reduce(x, dst=0),
-            "all_gather_into_tensor": lambda x, out: tdist.all_gather_into_tensor(out, x),
-            "reduce_scatter_tensor": lambda x, out: tdist.reduce_scatter_tensor(out, x),
-            "all_to_all_single": lambda x, out: tdist.all_to_all_single(out, x),
-            "barrier": lambda x, out: tdist.barrier(),
-        }
+        ops = _calls(tdist)
         mine: list[list[float] | None] = []
         for case in plan:
             x, out = _arrays(case, world, lambda n: torch.zeros(n, dtype=torch.float32))

@@ -23,31 +23,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the real-process harness, shared with the tests
+from rank_procs import RankProcs, emit, free_port  # noqa: E402
 
 
 # ----------------------------------------------------------------- workers
-
-
-def _report(kind: str, **kw: object) -> None:
-    print(json.dumps({"kind": kind, "t": time.time(), **kw}), flush=True)
 
 
 MISMATCH_AT = 300  # iteration at which rank MISMATCH_RANK calls broadcast instead of all_reduce
@@ -73,15 +61,15 @@ def worker_aiodist(scenario: str) -> None:
         try:
             while True:
                 if scenario == "mismatch" and i == MISMATCH_AT and pg.rank == MISMATCH_RANK:
-                    _report("fault")
+                    emit("fault")
                     await aiodist.broadcast(x, src=0)
                 else:
                     await aiodist.all_reduce(x)
                 i += 1
                 if i == 50:
-                    _report("ready")
+                    emit("ready")
         except Exception as e:  # noqa: BLE001 - we report whatever it is
-            _report("error", type=type(e).__name__, msg=str(e)[:300], rank=getattr(e, "rank", None))
+            emit("error", type=type(e).__name__, msg=str(e)[:300], rank=getattr(e, "rank", None))
             os._exit(0)
 
     run(main())
@@ -102,7 +90,7 @@ async def bandwidth_aiodist(pg: object) -> None:
         t0 = loop.time()
         await pg.all_reduce(x)  # type: ignore[attr-defined]
         times.append(loop.time() - t0)
-    _report("overhead", on=times, off=times)
+    emit("overhead", on=times, off=times)
     await aiodist.destroy_process_group()
 
 
@@ -129,7 +117,7 @@ async def overhead_aiodist(pg: object) -> None:
         for _ in range(OVERHEAD_OPS):
             await pg.all_reduce(x)  # type: ignore[attr-defined]
         times[mode].append((loop.time() - t0) / OVERHEAD_OPS)
-    _report("overhead", on=times["on"], off=times["off"])
+    emit("overhead", on=times["on"], off=times["off"])
     await aiodist.destroy_process_group()
 
 
@@ -155,62 +143,45 @@ def worker_torch(scenario: str) -> None:
             for _ in range(OVERHEAD_OPS):
                 dist.all_reduce(x)
             times.append((time.perf_counter() - t0) / OVERHEAD_OPS)
-        _report("overhead", on=times, off=times)
+        emit("overhead", on=times, off=times)
         dist.destroy_process_group()
         return
     i = 0
     try:
         while True:
             if scenario == "mismatch" and i == MISMATCH_AT and dist.get_rank() == MISMATCH_RANK:
-                _report("fault")
+                emit("fault")
                 dist.broadcast(x, src=0)
             else:
                 dist.all_reduce(x)
             i += 1
             if i == 50:
-                _report("ready")
+                emit("ready")
     except Exception as e:  # noqa: BLE001
-        _report("error", type=type(e).__name__, msg=str(e)[:300], rank=None)
+        emit("error", type=type(e).__name__, msg=str(e)[:300], rank=None)
         os._exit(0)
 
 
 # ----------------------------------------------------------------- harness
 
 
-async def _start(python: str, backend: str, world: int, scenario: str, extra_env: dict | None = None) -> list:
-    port = _free_port()
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(ROOT), **(extra_env or {}))
-        procs.append(await asyncio.create_subprocess_exec(
-            python, __file__, "--worker", backend, "--scenario", scenario, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL))
-    return procs
+async def _start(python: str, backend: str, world: int, scenario: str,
+                 extra_env: dict[str, str] | None = None) -> RankProcs:
+    return await RankProcs.start([__file__, "--worker", backend, "--scenario", scenario], world, python=python,
+                                 env=extra_env)
 
 
-async def _overhead(python: str, backend: str, world: int, extra_env: dict | None = None,
+async def _overhead(python: str, backend: str, world: int, extra_env: dict[str, str] | None = None,
                     scenario: str = "overhead") -> tuple[float, float]:
     """Median seconds per small all_reduce (4 float32) over rank 0's blocks: (checks on, checks off)."""
-    procs = await _start(python, backend, world, scenario, extra_env)
-    try:
-        assert procs[0].stdout is not None
-        async with asyncio.timeout(300):
-            async for line in procs[0].stdout:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if ev.get("kind") == "overhead":
-                    return statistics.median(ev["on"]), statistics.median(ev["off"])
-        raise RuntimeError(f"{backend}: no overhead report")
-    finally:
-        for p in procs:
-            try:
-                await asyncio.wait_for(p.wait(), 10)
-            except TimeoutError:
-                p.kill()
-                await p.wait()
+    async with await _start(python, backend, world, scenario, extra_env) as ranks:
+        if not await ranks.until(lambda: "overhead" in ranks.events[0] or 0 in ranks.ended, 300):
+            raise TimeoutError(f"{backend}: no overhead report within 300 s")
+        ev = ranks.events[0].get("overhead")
+        if ev is None:
+            raise RuntimeError(f"{backend}: no overhead report")
+        await ranks.close(grace=10)
+        return statistics.median(ev["on"]), statistics.median(ev["off"])
 
 
 async def _overhead_inproc(world: int, rounds: int) -> tuple[float, float]:
@@ -222,7 +193,7 @@ async def _overhead_inproc(world: int, rounds: int) -> tuple[float, float]:
     import aiodist.api as dist
     from aiodist.context import new_rank_scope, set_rank_environ
 
-    port = _free_port()
+    port = free_port()
     loop = asyncio.get_running_loop()
     times: dict[str, list[float]] = {"on": [], "off": []}
 
@@ -253,52 +224,23 @@ async def _overhead_inproc(world: int, rounds: int) -> tuple[float, float]:
 
 
 async def _trial(python: str, backend: str, world: int, fault: str, cap: float) -> list[dict]:
-    procs = await _start(python, backend, world, "mismatch" if fault == "mismatch" else "loop")
     victim = MISMATCH_RANK if fault == "mismatch" else world - 1
-    events: dict[int, dict] = {}
-    ready: set[int] = set()
-    all_ready = asyncio.Event()
-    fault_times: list[float] = []
-
-    async def read(r: int) -> None:
-        assert procs[r].stdout is not None
-        async for line in procs[r].stdout:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev["kind"] == "ready":
-                ready.add(r)
-                if len(ready) == world:
-                    all_ready.set()
-            elif ev["kind"] == "error":
-                events[r] = ev
-            elif ev["kind"] == "fault":
-                fault_times.append(ev["t"])
-
-    readers = [asyncio.create_task(read(r)) for r in range(world)]
     results: list[dict] = []
-    try:
+    async with await _start(python, backend, world, "mismatch" if fault == "mismatch" else "loop") as ranks:
         try:
-            await asyncio.wait_for(all_ready.wait(), 60)
+            await ranks.all_ready(60)
         except TimeoutError:
             raise RuntimeError(f"{backend}: ranks did not all start looping within 60 s") from None
         if fault == "mismatch":
-            expect = world  # every rank, the odd one too, must raise
-            start = time.monotonic()
-            while not fault_times and time.monotonic() < start + 30:
-                await asyncio.sleep(0.005)
-            t_fault = fault_times[0] if fault_times else time.time()
+            waited = list(range(world))  # every rank, the odd one too, must raise
+            await ranks.until(lambda: bool(ranks.faults), 30)
+            t_fault = ranks.faults[0] if ranks.faults else time.time()
         else:
-            expect = world - 1
-            t_fault = time.time()
-            os.kill(procs[victim].pid, signal.SIGKILL if fault == "SIGKILL" else signal.SIGSTOP)
-        deadline = time.monotonic() + cap
-        while time.monotonic() < deadline and len([r for r in events if r != victim or expect == world]) < expect:
-            await asyncio.sleep(0.005)
-        for r in range(world):
-            if r == victim and fault != "mismatch":
-                continue
+            waited = [r for r in range(world) if r != victim]
+            t_fault = ranks.kill(victim, signal.SIGKILL if fault == "SIGKILL" else signal.SIGSTOP)
+        await ranks.until(lambda: ranks.reported("error", waited), cap)
+        events = ranks.of("error")
+        for r in waited:
             ev = events.get(r)
             if ev is None:
                 results.append({"rank": r, "latency": None, "named": False, "type": "hung"})
@@ -309,17 +251,6 @@ async def _trial(python: str, backend: str, world: int, fault: str, cap: float) 
                     named = ev.get("rank") == victim
                 results.append({"rank": r, "latency": ev["t"] - t_fault, "named": named, "type": ev["type"],
                                 "msg": ev["msg"]})
-    finally:
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            await p.wait()
-        for t in readers:
-            t.cancel()
     return results
 
 

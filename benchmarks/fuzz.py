@@ -31,17 +31,23 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
 
+import aiodist
 from aiodist import auth
 from aiodist.store import TCPStore
 from aiodist.store import protocol as P
 from aiodist.wire import PREAMBLE
 
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the attacks' tools, shared with the tests
+from attacker import HOST, LISTENING_RANK, child_env, rss  # noqa: E402
+from rank_procs import free_port  # noqa: E402
+
 SECRET = "fuzzing-" + auth.new_secret()
-HOST = "127.0.0.1"
+TREE = str(Path(aiodist.__file__).resolve().parents[1])
 STORE_OPS = ["set", "get", "add", "compare_set", "append", "check", "wait", "delete_key", "num_keys", "multi_get",
              "multi_set", "queue_push", "queue_pop", "queue_len", "cancel", "unpop", "ping", "hello", "answer"]
 
@@ -171,35 +177,9 @@ async def one_case(port: int, data: bytes, authenticated: bool) -> None:
 # ------------------------------------------------------------------ targets
 
 
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def env(**extra: str) -> dict[str, str]:
-    e = dict(os.environ, AIODIST_SECRET=SECRET, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    e.update(extra)
-    return e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-RANK = """\
-import asyncio, os
-import aiodist as dist
-async def main():
-    pg = await dist.init_process_group(timeout=60)
-    print((await pg.store.get(f"aiodist/0/addr/0")).decode(), flush=True)
-    await asyncio.sleep(1e9)
-asyncio.run(main())
-"""
+    """A target's environment: the fuzzer's secret (the health checks authenticate with it), aiodist of this tree."""
+    return child_env(TREE, AIODIST_SECRET=SECRET, **extra)
 
 
 def start(target: str) -> tuple[subprocess.Popen[str], int, Callable[[], Any]]:
@@ -217,8 +197,8 @@ def start(target: str) -> tuple[subprocess.Popen[str], int, Callable[[], Any]]:
 
         return proc, port, healthy
     store_port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", RANK], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env(RANK="0", WORLD_SIZE="1", MASTER_ADDR=HOST, MASTER_PORT=str(store_port)))
+    proc = subprocess.Popen([sys.executable, "-c", LISTENING_RANK], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=env(RANK="0", WORLD_SIZE="1", MASTER_ADDR=HOST, MASTER_PORT=str(store_port)))
     assert proc.stdout is not None
     host, _, port = proc.stdout.readline().strip().rpartition("|")
 

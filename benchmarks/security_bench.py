@@ -47,77 +47,23 @@ import aiodist
 from aiodist.store import StoreServer, TCPStore
 from aiodist.wire import PREAMBLE
 
-HOST = "127.0.0.1"
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the attacks' tools, shared with the tests
+from attacker import HOST, LISTENING_RANK, Job, Relay, child_env, rss_growth  # noqa: E402
+from rank_procs import free_port  # noqa: E402
+
 TREE = str(Path(aiodist.__file__).resolve().parents[1])
-
-JOB = """\
-import asyncio, os, sys
-import numpy as np
-import aiodist as dist
-
-async def main():
-    pg = await dist.init_process_group(timeout=60)
-    print("ready", pg.rank, flush=True)
-    while not os.path.exists(sys.argv[1]):
-        await asyncio.sleep(0.02)
-    base = np.arange(4096, dtype=np.float64)
-    wrong = 0
-    for i in range(200):
-        x = base * (pg.rank + 1) + i
-        await dist.all_reduce(x)
-        wrong += int(not np.array_equal(x, base * 3 + 2 * i))
-    print("wrong", wrong, flush=True)
-    await dist.destroy_process_group()
-
-asyncio.run(main())
-"""
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIODIST_SECRET") and k != "AIODIST_INSECURE"}
-    env["PYTHONPATH"] = TREE
-    env.update(extra)
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
 
 # ------------------------------------------------------------------ the address-rewrite attack
 
 
-class CorruptingRelay:
+class CorruptingRelay(Relay):
     """Forwards aiodist frames both ways, adding 1000.0 to the first float64 of each large payload."""
 
     def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
+        super().__init__(target)
         self.corrupted = 0
-        self.server: asyncio.Server | None = None
 
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._serve, HOST, 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            tr, tw = await asyncio.open_connection(*self.target)
-        except OSError:
-            w.close()
-            return
-        await asyncio.gather(self._pipe(r, tw), self._pipe(tr, w), return_exceptions=True)
-
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    async def pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         try:
             w.write(await r.readexactly(len(PREAMBLE)))
             while True:
@@ -138,24 +84,11 @@ class CorruptingRelay:
 
 async def attack() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "job.py").write_text(JOB)
-        go = Path(tmp, "go")
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "aiodist", "run", "-n", "2", "--master-port", str(port), "job.py", str(go)],
-            cwd=tmp, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        assert proc.stdout is not None
-        ready = 0
-        while ready < 2:
-            line = await asyncio.to_thread(proc.stdout.readline)
-            if not line:
-                break
-            ready += "ready" in line
+        job = await asyncio.to_thread(Job, Path(tmp), 2, iterations=200, tree=TREE)
         outcome = "refused"
         relays: list[CorruptingRelay] = []
         try:
-            store = await TCPStore.connect(HOST, port, timeout=5)  # the attacker's own default settings
+            store = await TCPStore.connect(HOST, job.port, timeout=5)  # the attacker's own default settings
         except Exception as e:  # noqa: BLE001 - whatever keeps the attacker out
             outcome = f"refused ({type(e).__name__})"
         else:
@@ -166,51 +99,28 @@ async def attack() -> dict[str, Any]:
                 relays.append(relay)
                 await store.set(f"aiodist/0/addr/{rank}", f"{HOST}|{await relay.start()}")
             await store.close()
-        go.touch()
-        out, err = await asyncio.to_thread(proc.communicate, None, 120)
+        code, out, err = await asyncio.to_thread(job.finish, 120)
         wrong = sum(int(line.split()[-1]) for line in out.splitlines() if "wrong" in line)
         for relay in relays:
-            assert relay.server is not None
-            relay.server.close()
-        return {"store": outcome, "wrong results": wrong, "exit": proc.returncode,
+            relay.close()
+        return {"store": outcome, "wrong results": wrong, "exit": code,
                 "relayed payloads changed": sum(r.corrupted for r in relays)}
 
 
 # ------------------------------------------------------------------ memory before the bytes
 
 
-RANK = """\
-import asyncio, os
-import aiodist as dist
-async def main():
-    pg = await dist.init_process_group(timeout=60)
-    print((await pg.store.get("aiodist/0/addr/0")).decode(), flush=True)
-    await asyncio.sleep(1e9)
-asyncio.run(main())
-"""
-
-
 async def growth(pid: int, port: int, data: bytes) -> int:
-    await asyncio.sleep(0.3)
-    before = rss(pid)
-    socks = []
-    for _ in range(8):
-        s = socket.create_connection((HOST, port))
-        s.sendall(data)
-        socks.append(s)
-    await asyncio.sleep(1.5)
-    after = rss(pid)
-    for s in socks:
-        s.close()
-    return after - before
+    await asyncio.sleep(0.3)  # (what the previous connections left behind settles first)
+    return await rss_growth(pid, port, data, settle=1.5)
 
 
 async def rss_attack() -> dict[str, Any]:
     port = free_port()
     store = subprocess.Popen([sys.executable, "-m", "aiodist", "store", "serve", "--port", str(port)],
-                             cwd=TREE, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    rank = subprocess.Popen([sys.executable, "-c", RANK], env=child_env(RANK="0", WORLD_SIZE="1", MASTER_ADDR=HOST,
-                                                                        MASTER_PORT=str(free_port())),
+                             cwd=TREE, env=child_env(TREE), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    rank = subprocess.Popen([sys.executable, "-c", LISTENING_RANK],
+                            env=child_env(TREE, RANK="0", WORLD_SIZE="1", MASTER_ADDR=HOST, MASTER_PORT=str(free_port())),
                             cwd=TREE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert store.stdout is not None and rank.stdout is not None
@@ -271,7 +181,7 @@ async def load(clients: int, pause: float) -> dict[str, Any]:
          "resource.setrlimit(resource.RLIMIT_NOFILE,(h,h)); sys.argv=['aiodist']+sys.argv[1:]; "
          "from aiodist.cli import main; sys.exit(main())",
          "store", "serve", "--port", str(port), "--handshake-timeout", "120"],
-        cwd=TREE, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        cwd=TREE, env=child_env(TREE), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert server.stdout is not None
         await asyncio.to_thread(server.stdout.readline)

@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/sim_findrate.py                 # 200 seeds per program, defaults
     PYTHONPATH=. python benchmarks/sim_findrate.py --seeds 500 --no-explore
     PYTHONPATH=. python benchmarks/sim_findrate.py --only lease,split_brain --variants
+    PYTHONPATH=. python benchmarks/sim_findrate.py --blind          # the programs written from the outside
 
 For each program: its buggy version under plain ``sim.run`` defaults (timing
 classes) or ``faults=[sim.Swarm()]`` (restart and partition classes): the
@@ -26,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import sim  # noqa: E402
-from sim_bugs import CATALOG, VARIANTS, BugClass  # noqa: E402
+from sim_bugs import BLIND, CATALOG, VARIANTS, BugClass  # noqa: E402
 
 
 def sweep(bc: BugClass, program: Any, seeds: int, faults: list[Any], explore: bool, *,
@@ -55,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--twin-seeds", type=int, default=100)
     ap.add_argument("--no-explore", action="store_true", help="fixed timing (the simulator without exploration)")
     ap.add_argument("--variants", action="store_true", help="also the second programs of some classes")
+    ap.add_argument("--blind", action="store_true",
+                    help="only the programs of every class written without reading the others (tests/sim_bugs/blind_*)")
     ap.add_argument("--only", default="", help="comma-separated class names")
     ns = ap.parse_args(argv)
-    classes = CATALOG + (VARIANTS if ns.variants else [])
+    classes = BLIND if ns.blind else CATALOG + (VARIANTS if ns.variants else [])
     if ns.only:
         wanted = set(ns.only.split(","))
         classes = [c for c in classes if c.name in wanted or c.name.split("/")[0] in wanted]

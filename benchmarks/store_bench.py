@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 OPS = ("set", "get", "add", "compare_set")
@@ -65,6 +66,17 @@ def _torch_server(ready: Any) -> None:
 # ---------------------------------------------------------------------- workers
 
 
+def _call(store: Any, op: str, key: str) -> Callable[[], Any]:
+    """The measured call of ``op`` by one client (its own ``key``), on either store (aiodist's returns an awaitable)."""
+    if op == "set":
+        return lambda: store.set(key + "/v", VALUE)
+    if op == "get":
+        return lambda: store.get(key + "/v")
+    if op == "add":
+        return lambda: store.add(key, 1)
+    return lambda: store.compare_set(key + "/v", VALUE, VALUE)
+
+
 def _aiodist_worker(port: int, rank: int, cmds: Any, barrier: Any) -> None:
     import asyncio
 
@@ -78,14 +90,7 @@ def _aiodist_worker(port: int, rank: int, cmds: Any, barrier: Any) -> None:
             key = f"bench/{rank}"
             await store.set(key, b"0")
             await store.set(key + "/v", VALUE)
-            if op == "set":
-                call = lambda: store.set(key + "/v", VALUE)  # noqa: E731
-            elif op == "get":
-                call = lambda: store.get(key + "/v")  # noqa: E731
-            elif op == "add":
-                call = lambda: store.add(key, 1)  # noqa: E731
-            else:
-                call = lambda: store.compare_set(key + "/v", VALUE, VALUE)  # noqa: E731
+            call = _call(store, op, key)
             stop = False
             count = 0
 
@@ -124,14 +129,7 @@ def _torch_worker(port: int, rank: int, cmds: Any, barrier: Any) -> None:
         key = f"bench/{rank}"
         store.set(key, "0")
         store.set(key + "/v", VALUE)
-        if op == "set":
-            call = lambda: store.set(key + "/v", VALUE)  # noqa: E731
-        elif op == "get":
-            call = lambda: store.get(key + "/v")  # noqa: E731
-        elif op == "add":
-            call = lambda: store.add(key, 1)  # noqa: E731
-        else:
-            call = lambda: store.compare_set(key + "/v", VALUE, VALUE)  # noqa: E731
+        call = _call(store, op, key)
         counts = [0] * inflight
         stop = threading.Event()
 

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import importlib.util
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import pytest
+
 from aiodist.context import new_rank_scope, set_rank_environ
+from rank_procs import free_port, rank_env  # (tests import them from here too)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,24 +40,24 @@ def printed_by_fresh_interpreters(code: str, hashseeds: Sequence[str], *, timeou
     return printed
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for env:// tests)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def load_file(path: Path, name: str) -> ModuleType:
+    """Import the file ``path`` (an example, a benchmark) as the module ``name``, registered in ``sys.modules``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # (dataclasses look their module up there)
+    spec.loader.exec_module(module)
+    return module
 
 
-def rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(world_size),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-    env.update(extra or {})
-    return env
+def run_on(loop_name: str, coro_fn: Callable[[], Awaitable[Any]], *, timeout: float = 30.0) -> Any:
+    """Run ``coro_fn()`` on a new event loop of ``loop_name`` ("asyncio"; "uvloop": skipped where it is missing)."""
+    if loop_name == "uvloop":
+        factory: Callable[[], asyncio.AbstractEventLoop] = pytest.importorskip("uvloop").new_event_loop
+    else:
+        factory = asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as r:
+        return r.run(asyncio.wait_for(coro_fn(), timeout))
 
 
 def rank_context(env: Mapping[str, str]) -> contextvars.Context:

@@ -13,16 +13,15 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgpack
 import pytest
+from attacker import HOST, Job, Relay, child_env, rss_growth
+from rank_procs import free_port
 
 from aiodist.auth import AuthenticationError
 from aiodist.store import TCPStore
@@ -30,88 +29,6 @@ from aiodist.wire import PREAMBLE
 from store_wire import handshake
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[1]
-HOST = "127.0.0.1"
-
-JOB = """\
-import asyncio, os, sys
-import numpy as np
-import aiodist as dist
-
-async def main():
-    pg = await dist.init_process_group(timeout=30)
-    addr = (await pg.store.get(f"aiodist/0/addr/{pg.rank}")).decode()
-    print("ready", pg.rank, os.getpid(), addr, pg.job_id, flush=True)
-    while not os.path.exists(sys.argv[1]):
-        await asyncio.sleep(0.02)
-    base = np.arange(4096, dtype=np.float64)
-    wrong = 0
-    for i in range(int(sys.argv[2])):
-        x = base * (pg.rank + 1) + i
-        await dist.all_reduce(x)
-        wrong += int(not np.array_equal(x, base * 3 + 2 * i))
-    print("wrong", wrong, flush=True)
-    await dist.destroy_process_group()
-
-asyncio.run(main())
-"""
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIODIST_SECRET") and k != "AIODIST_INSECURE"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env.update(extra)
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-class Job:
-    """A ``python -m aiodist run`` of :data:`JOB`, whose ranks wait for a go file once ready."""
-
-    def __init__(self, tmp_path: Path, n: int, *options: str, iterations: int = 50) -> None:
-        (tmp_path / "job.py").write_text(JOB)
-        self.go = tmp_path / "go"
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "aiodist", "run", "-n", str(n), "--master-port", str(self.port), *options,
-             "job.py", str(self.go), str(iterations)],
-            cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        self.ready: dict[int, tuple[int, str, str]] = {}  # rank -> (pid, listen address, job id)
-        deadline = time.monotonic() + 30
-        assert self.proc.stdout is not None
-        while len(self.ready) < n and time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            words = line.split()
-            if "ready" in words:
-                rank, pid, addr, job_id = words[words.index("ready") + 1 :][:4]
-                self.ready[int(rank)] = (int(pid), addr, job_id)
-        assert len(self.ready) == n, self.finish(5)
-
-    def finish(self, timeout: float = 60) -> tuple[int, str, str]:
-        self.go.touch()
-        try:
-            out, err = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, err = self.proc.communicate()
-        return self.proc.returncode, out, err
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 # ------------------------------------------------------------------ the address-rewrite attack
@@ -136,27 +53,6 @@ async def test_a_foreign_process_is_refused_by_a_default_jobs_store_and_learns_n
     assert out.count("wrong 0") == 2, out  # not one corrupted result
 
 
-async def _relay(target: tuple[str, int], seen: list[int]) -> asyncio.Server:
-    """Forwards every byte both ways between whoever connects and ``target`` (counting them)."""
-
-    async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while data := await r.read(65536):
-                seen.append(len(data))
-                w.write(data)
-                await w.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            w.close()
-
-    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        tr, tw = await asyncio.open_connection(*target)
-        await asyncio.gather(pipe(r, tw), pipe(tr, w))
-
-    return await asyncio.start_server(serve, HOST, 0)
-
-
 async def test_a_relay_written_into_the_store_with_the_real_secret_fails_the_rank_link_handshake(tmp_path: Path) -> None:
     """Even an attacker who could write to the store cannot sit between two ranks.
 
@@ -167,22 +63,21 @@ async def test_a_relay_written_into_the_store_with_the_real_secret_fails_the_ran
     secret_file.write_text("the job's shared secret\n")
     secret_file.chmod(0o600)
     job = Job(tmp_path, 2, "--secret-file", str(secret_file), iterations=5)
-    relays: list[asyncio.Server] = []
-    seen: list[int] = []
+    relays: list[Relay] = []
     try:
         async with await TCPStore.connect(HOST, job.port, secret=secret_file.read_bytes().strip(), timeout=5) as store:
             for rank in (0, 1):
                 host, _, port = job.ready[rank][1].rpartition("|")
-                relay = await _relay((host, int(port)), seen)
+                relay = Relay((host, int(port)))
                 relays.append(relay)
-                await store.set(f"aiodist/0/addr/{rank}", f"{HOST}|{relay.sockets[0].getsockname()[1]}")
+                await store.set(f"aiodist/0/addr/{rank}", f"{HOST}|{await relay.start()}")
         code, out, err = await asyncio.to_thread(job.finish, 60)
     finally:
         for relay in relays:
             relay.close()
         if job.proc.poll() is None:
             job.proc.kill()
-    assert seen, "the ranks never dialed the rewritten addresses"
+    assert any(relay.seen for relay in relays), "the ranks never dialed the rewritten addresses"
     assert code != 0 and "wrong 0" not in out, (out, err)
     assert "AuthenticationError" in err or "prove" in err, err  # named as what it is, not a lost connection
 
@@ -198,20 +93,6 @@ def claims(kind: str, n: int) -> bytes:
     return PREAMBLE + struct.pack("<IQ", 1 << 20, 0) + hello  # a 1 MiB header, 20 bytes of it sent
 
 
-async def _rss_growth(pid: int, port: int, data: bytes, connections: int = 8) -> int:
-    before = rss(pid)
-    socks = []
-    for _ in range(connections):
-        s = socket.create_connection((HOST, port))
-        s.sendall(data)
-        socks.append(s)
-    await asyncio.sleep(1.0)
-    after = rss(pid)
-    for s in socks:
-        s.close()
-    return after - before
-
-
 @pytest.mark.parametrize("kind", ["payload", "header"])
 async def test_eight_connections_announcing_huge_frames_cost_the_store_server_little(kind: str) -> None:
     port = free_port()
@@ -221,7 +102,7 @@ async def test_eight_connections_announcing_huge_frames_cost_the_store_server_li
     )
     try:
         assert proc.stdout is not None and "listening" in proc.stdout.readline()
-        growth = await _rss_growth(proc.pid, port, claims(kind, 8))
+        growth = await rss_growth(proc.pid, port, claims(kind, 8))
         assert growth <= 16 << 20, f"store server RSS grew by {growth / 2**20:.0f} MB"
         async with await TCPStore.connect(HOST, port, timeout=5) as c:  # and it still serves
             assert await c.add("n", 1) == 1
@@ -237,7 +118,7 @@ async def test_eight_connections_announcing_huge_frames_cost_a_rank_listener_lit
         pid, addr, _ = job.ready[0]
         host, _, port = addr.rpartition("|")
         hello = msgpack.packb({"t": "hello", "job": "?"}, use_bin_type=True)
-        growth = await _rss_growth(pid, int(port), PREAMBLE + struct.pack("<IQ", len(hello), 512 << 20) + hello)
+        growth = await rss_growth(pid, int(port), PREAMBLE + struct.pack("<IQ", len(hello), 512 << 20) + hello)
         assert growth <= 16 << 20, f"rank listener RSS grew by {growth / 2**20:.0f} MB"
     finally:
         code, out, err = job.finish()

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from transports import start_transports
 
 from aiodist.comm import GroupComm, OpChannel, Transport
 from aiodist.comm.connect import format_address
@@ -39,11 +40,7 @@ SUB = 1  # a group of ranks 0 and 1 only
 @pytest.fixture
 async def job() -> AsyncIterator[tuple[list[Transport], MemoryStore]]:
     store = MemoryStore()
-    ts = [
-        await Transport.start(rank=r, world_size=WORLD, job_id="job", store=store, key_prefix="t/", timeout=5.0,
-                              secret=SECRET)
-        for r in range(2)
-    ]
+    ts = await start_transports(WORLD, store, ranks=range(2), secrets=[SECRET] * WORLD)
     for t in ts:
         t.register_group(0, (0, 1, 2))
         assert t.allocate_group_id() == SUB

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 import pytest
+from transports import channel, closing, start_transports  # noqa: F401 (closing: a fixture)
 
 from aiodist.comm import GroupComm, OpChannel, Transport
 from aiodist.comm import frames as F
@@ -23,25 +23,7 @@ SECRET = b"the job's secret"
 
 
 async def start(n: int, store: Any, *, secrets: list[Any] | None = None, job: str = "job") -> list[Transport]:
-    secrets = secrets if secrets is not None else [SECRET] * n
-    return [
-        await Transport.start(rank=r, world_size=n, job_id=job, store=store, key_prefix="t/", timeout=5.0,
-                              secret=secrets[r])
-        for r in range(n)
-    ]
-
-
-@pytest.fixture
-async def closing() -> AsyncIterator[list[Transport]]:
-    made: list[Transport] = []
-    yield made
-    for t in made:
-        await t.close()
-
-
-def channel(t: Transport, n: int) -> OpChannel:
-    t.register_group(0, tuple(range(n)))
-    return OpChannel(GroupComm(t, 0, tuple(range(n)), name="test"), op="test", seq=0, sig="test")
+    return await start_transports(n, store, job=job, secrets=secrets if secrets is not None else [SECRET] * n)
 
 
 async def exchange(ts: list[Transport]) -> list[float]:

@@ -3,39 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 import pytest
+from transports import channel, closing  # noqa: F401 (closing: a fixture)
+from transports import start_transports as start
 
-from aiodist.comm import GroupComm, OpChannel, Transport
+from aiodist.comm import Transport
 from aiodist.comm import frames
 from aiodist.comm.router import Router
 from aiodist.errors import PeerFailureError, PeerRefusedError
 from aiodist.store import MemoryStore
-
-
-async def start(
-    n: int, store: Any, *, job: str = "job", ranks: range | None = None, timeout: float = 5.0, mode: str | None = None
-) -> list[Transport]:
-    return [
-        await Transport.start(rank=r, world_size=n, job_id=job, store=store, key_prefix="t/", timeout=timeout, mode=mode)
-        for r in (ranks if ranks is not None else range(n))
-    ]
-
-
-@pytest.fixture
-async def closing() -> AsyncIterator[list[Transport]]:
-    made: list[Transport] = []
-    yield made
-    for t in made:
-        await t.close()
-
-
-def channel(t: Transport, n: int, seq: int = 0, gid: int = 0) -> OpChannel:
-    t.register_group(gid, tuple(range(n)))
-    return OpChannel(GroupComm(t, gid, tuple(range(n)), name="test"), op="test", seq=seq, sig="test")
 
 
 async def test_connections_are_lazy_only_where_messages_flow(closing: list[Transport]) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import io
 import os
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_file
 
 import sim
 from aiodist.launch.cli import build_command
@@ -17,14 +17,6 @@ from aiodist.launch.supervisor import LaunchConfig, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "elastic_train.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("elastic_train_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 async def _launch(args: list[str], n: int, env_extra: dict[str, str], max_restarts: int) -> tuple[object, str]:
@@ -56,7 +48,7 @@ async def test_without_restarts_the_kill_fails_the_job_naming_the_rank(tmp_path:
 
 @pytest.mark.parametrize(("victim", "seed"), [(2, 0), (3, 1), (1, 2)])
 def test_shrink_in_place_in_the_simulator(tmp_path: Path, victim: int, seed: int) -> None:
-    mod = _load()
+    mod = load_file(EXAMPLE, "elastic_train_example")
 
     async def main() -> dict[str, float]:
         return await mod.main(["--ckpt-dir", str(tmp_path / "ckpt"), "--every", "5", "--shrink"])
@@ -77,7 +69,7 @@ def test_shrink_in_place_in_the_simulator(tmp_path: Path, victim: int, seed: int
 @pytest.mark.parametrize("seed", range(6))
 def test_a_restarted_rank_rejoins_through_the_elastic_rendezvous_in_the_simulator(tmp_path: Path, seed: int) -> None:
     """Restart(2): the survivors and the restarted process meet in the next round; the model is right anyway."""
-    mod = _load()
+    mod = load_file(EXAMPLE, "elastic_train_example")
 
     async def main() -> dict[str, float]:
         return await mod.main(["--ckpt-dir", str(tmp_path / "ckpt"), "--every", "5", "--rejoin"])

@@ -11,25 +11,15 @@ Run as a script (``--worker SCENARIO``) it is the worker.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
+from rank_procs import RankProcs, emit
 
-ROOT = Path(__file__).resolve().parent.parent
 WORLD = 4
-
-
-def _emit(kind: str, **kw: Any) -> None:
-    print(json.dumps({"kind": kind, "t": time.time(), **kw}), flush=True)
 
 
 def worker(scenario: str) -> None:
@@ -45,90 +35,40 @@ def worker(scenario: str) -> None:
         try:
             while True:
                 if i == 200 and scenario == "exit" and pg.rank == 1:
-                    _emit("fault")
+                    emit("fault")
                     os._exit(0)  # leaves without a word, exit status 0
                 if i == 200 and scenario == "mismatch" and pg.rank == 2:
-                    _emit("fault")
+                    emit("fault")
                     await dist.broadcast(x, src=0)
                 else:
                     await dist.all_reduce(x)
                 x[:] = 1
                 i += 1
                 if i == 100:
-                    _emit("ready")
+                    emit("ready")
         except Exception as e:  # noqa: BLE001 - reported whatever it is
-            _emit("error", type=type(e).__name__, msg=str(e)[:400], rank=getattr(e, "rank", None))
+            emit("error", type=type(e).__name__, msg=str(e)[:400], rank=getattr(e, "rank", None))
             os._exit(0)
 
     run(main())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _scenario(scenario: str, victim: int, *, signum: int | None = None, cap: float = 15.0,
                     resume: bool = False, transport: str = "auto",
                     everyone: bool = False) -> tuple[float, dict[int, dict[str, Any]]]:
-    port = _free_port()
-    procs = []
-    for r in range(WORLD):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(WORLD),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(ROOT), AIODIST_TRANSPORT=transport)
-        procs.append(await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--worker", scenario, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
-    events: dict[int, dict[str, Any]] = {}
-    ready: set[int] = set()
-    all_ready = asyncio.Event()
-    fault_at: list[float] = []
-
-    async def read(r: int) -> None:
-        assert procs[r].stdout is not None
-        async for line in procs[r].stdout:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev["kind"] == "ready":
-                ready.add(r)
-                if len(ready) == WORLD:
-                    all_ready.set()
-            elif ev["kind"] == "fault":
-                fault_at.append(ev["t"])
-            elif ev["kind"] == "error":
-                events[r] = ev
-
-    readers = [asyncio.create_task(read(r)) for r in range(WORLD)]
-    try:
-        await asyncio.wait_for(all_ready.wait(), 60)
+    """Run ``scenario`` on WORLD ranks, signal ``victim`` once all loop; (time of the fault, rank -> its error)."""
+    async with await RankProcs.start([__file__, "--worker", scenario], WORLD,
+                                     env={"AIODIST_TRANSPORT": transport}) as ranks:
+        await ranks.all_ready(60)
         if signum is not None:
-            fault_at.append(time.time())
-            os.kill(procs[victim].pid, signum)
-        deadline = time.monotonic() + cap
-        while time.monotonic() < deadline and len([r for r in events if r != victim]) < WORLD - 1:
-            await asyncio.sleep(0.01)
-        while everyone and time.monotonic() < deadline and victim not in events:  # (it reports too: wait for it)
-            await asyncio.sleep(0.01)
+            ranks.kill(victim, signum)
+        waited = [r for r in range(WORLD) if r != victim or everyone]  # (everyone: the victim reports too)
+        await ranks.until(lambda: ranks.reported("error", waited), cap)
         if resume:  # the stopped rank comes back: what does it make of it?
-            procs[victim].send_signal(signal.SIGCONT)
-            deadline = time.monotonic() + cap
-            while time.monotonic() < deadline and victim not in events:
-                await asyncio.sleep(0.01)
-    finally:
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            await p.wait()
-        for t in readers:
-            t.cancel()
-    assert fault_at, "the fault never happened"
-    return fault_at[0], events
+            ranks.procs[victim].send_signal(signal.SIGCONT)
+            await ranks.until(lambda: ranks.reported("error", [victim]), cap)
+    assert ranks.faults, "the fault never happened"
+    return ranks.faults[0], ranks.of("error")
 
 
 def _check(t_fault: float, events: dict[int, dict[str, Any]], victim: int, error: str, bound: float,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import io
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from conftest import load_file
 
 from aiodist.launch.cli import build_command
 from aiodist.launch.supervisor import LaunchConfig, free_port, launch
@@ -18,16 +19,8 @@ EXAMPLE = ROOT / "examples" / "train_dp.py"
 HELLO = ROOT / "examples" / "hello_store.py"
 
 
-def _load_example():
-    spec = importlib.util.spec_from_file_location("train_dp_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_reference_training_learns() -> None:
-    example = _load_example()
+    example = load_file(EXAMPLE, "train_dp_example")
     x, y = example.make_data()
     w = example.train_single_process(x, y)
     loss, accuracy = example.loss_and_accuracy(w, x, y)
@@ -82,17 +75,8 @@ async def test_train_dp_under_the_launcher_with_4_ranks() -> None:
 BENCH = ROOT / "benchmarks" / "collectives_bench.py"
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("collectives_bench_under_test", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bench_busbw_factors_and_plan() -> None:
-    bench = _load_bench()
+    bench = load_file(BENCH, "collectives_bench_under_test")
     assert bench.busbw_factor("all_reduce", 4) == 1.5
     assert bench.busbw_factor("all_gather_into_tensor", 4) == 0.75
     assert bench.busbw_factor("broadcast", 4) == 1.0

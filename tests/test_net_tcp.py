@@ -11,22 +11,13 @@ import asyncio
 import socket
 
 import pytest
+from conftest import run_on
 
 from aiodist.errors import ConnectionLost
 from aiodist.net.tcp import TCPNetwork
 from aiodist.wire import PREAMBLE, encode_frame
 
 LOOPS = ["asyncio", "uvloop"]
-
-
-def run_on(loop_name: str, coro_fn):
-    if loop_name == "uvloop":
-        uvloop = pytest.importorskip("uvloop")
-        factory = uvloop.new_event_loop
-    else:
-        factory = asyncio.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as r:
-        return r.run(asyncio.wait_for(coro_fn(), 30))
 
 
 async def _echo_server(net: TCPNetwork, **kw):

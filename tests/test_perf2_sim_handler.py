@@ -6,39 +6,12 @@ import asyncio
 from typing import Any
 
 import pytest
+from sim_pair import dial, rank, serve_once
 
 import sim
-from aiodist.context import current_network, getenv
 from aiodist.errors import ConnectionLost
 from aiodist.net.base import Connection
 from sim.endpoints import SimConnection
-
-PORT = 7100
-
-
-def rank() -> int:
-    return int(getenv("RANK") or 0)
-
-
-async def serve_once(handler: Any) -> Any:
-    result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-    async def on_conn(conn: Connection) -> None:
-        try:
-            result.set_result(await handler(conn))
-        except Exception as e:  # noqa: BLE001 - surface it to the test
-            result.set_exception(e)
-
-    listener = await current_network().listen(("", PORT), on_conn)
-    try:
-        return await result
-    finally:
-        await listener.aclose()
-
-
-async def dial() -> Connection:
-    await asyncio.sleep(0.01)
-    return await current_network().connect(("rank0", PORT))
 
 
 def test_sim_connection_offers_a_frame_handler() -> None:

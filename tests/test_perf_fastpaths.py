@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from transports import channel, start_transports
 
-from aiodist.comm import GroupComm, OpChannel, Transport
+from aiodist.comm import OpChannel, Transport
 from aiodist.comm import transport as transport_mod
 from aiodist.comm.router import freeze
 from aiodist.net.base import Frame
@@ -34,15 +35,8 @@ BIG = 1 << 20
 
 @pytest.fixture
 async def pair() -> AsyncIterator[tuple[list[Transport], OpChannel, OpChannel]]:
-    store = MemoryStore()
-    ts = [
-        await Transport.start(rank=r, world_size=2, job_id="perf", store=store, key_prefix="t/", timeout=5.0, mode="tcp")
-        for r in range(2)
-    ]
-    chans = []
-    for t in ts:
-        t.register_group(0, (0, 1))
-        chans.append(OpChannel(GroupComm(t, 0, (0, 1), name="test"), op="test", seq=0, sig="test"))
+    ts = await start_transports(2, MemoryStore(), job="perf", mode="tcp")
+    chans = [channel(t, 2) for t in ts]
     await chans[0].send(1, ("warm",), b"")  # connect first
     await chans[1].recv_into(0, ("warm",), memoryview(bytearray()))
     yield ts, chans[0], chans[1]

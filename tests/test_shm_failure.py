@@ -11,25 +11,17 @@ Run as a script (``--worker``) it is the worker.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
+from rank_procs import RankProcs, emit
 
-ROOT = Path(__file__).resolve().parent.parent
 WORLD = 3
 VICTIM = 2
-
-
-def _emit(kind: str, **kw: Any) -> None:
-    print(json.dumps({"kind": kind, "t": time.time(), **kw}), flush=True)
 
 
 def _memfd_inodes() -> dict[int, str]:
@@ -67,7 +59,7 @@ def worker() -> None:
                     eng = intranode._ENGINES[pg._comm]
                     own = [eng._staging[pg.rank].ref.ino]  # type: ignore[union-attr]
                     own += [p.conn._out.ref.ino for p in pg.transport._peers.values() if p.conn is not None]
-                    _emit("ready", own=own, mapped=sorted(_memfd_inodes()))
+                    emit("ready", own=own, mapped=sorted(_memfd_inodes()))
         except Exception as e:  # noqa: BLE001 - reported whatever it is
             raised_at = time.time()
             # Told of the failure by another survivor first, this rank may not have read the dead
@@ -76,61 +68,20 @@ def worker() -> None:
             mapped = sorted(_memfd_inodes())
             await dist.destroy_process_group()
             gc.collect()
-            _emit("error", type=type(e).__name__, msg=str(e)[:400], rank=getattr(e, "rank", None), mapped=mapped,
-                  after=sorted(_memfd_inodes()), raised=raised_at)
+            emit("error", type=type(e).__name__, msg=str(e)[:400], rank=getattr(e, "rank", None), mapped=mapped,
+                 after=sorted(_memfd_inodes()), raised=raised_at)
             os._exit(0)
 
     run(main())
 
 
 async def _scenario(signum: int, cap: float) -> tuple[float, dict[int, Any], dict[int, Any]]:
-    from conftest import free_port
-
-    port = free_port()
-    procs = []
-    for r in range(WORLD):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(WORLD),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(ROOT), AIODIST_TRANSPORT="auto")
-        procs.append(await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--worker", env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
-    ready: dict[int, Any] = {}
-    errors: dict[int, Any] = {}
-    all_ready = asyncio.Event()
-
-    async def read(r: int) -> None:
-        assert procs[r].stdout is not None
-        async for line in procs[r].stdout:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev["kind"] == "ready":
-                ready[r] = ev
-                if len(ready) == WORLD:
-                    all_ready.set()
-            elif ev["kind"] == "error":
-                errors[r] = ev
-
-    readers = [asyncio.create_task(read(r)) for r in range(WORLD)]
-    try:
-        await asyncio.wait_for(all_ready.wait(), 60)
-        t_fault = time.time()
-        os.kill(procs[VICTIM].pid, signum)
-        deadline = time.monotonic() + cap
-        while time.monotonic() < deadline and len(errors) < WORLD - 1:
-            await asyncio.sleep(0.01)
-    finally:
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            await p.wait()
-        for t in readers:
-            t.cancel()
-    return t_fault, ready, errors
+    """Signal VICTIM once every rank loops; (time of the signal, rank -> its ready event, rank -> its error)."""
+    async with await RankProcs.start([__file__, "--worker"], WORLD, env={"AIODIST_TRANSPORT": "auto"}) as ranks:
+        await ranks.all_ready(60)
+        t_fault = ranks.kill(VICTIM, signum)
+        await ranks.until(lambda: len(ranks.of("error")) >= WORLD - 1, cap)
+    return t_fault, ranks.of("ready"), ranks.of("error")
 
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd, /proc")

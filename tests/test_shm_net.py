@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import run_on
 
 from aiodist.errors import ConnectionClosedLocally, ConnectionLost
 from aiodist.net import shm
@@ -23,16 +23,6 @@ from aiodist.net.shmseg import Segment, SharedMemoryError
 from aiodist.net.tcp import TCPConnection, TCPNetwork
 
 LOOPS = ["asyncio", "uvloop"]
-
-
-def run_on(loop_name: str, coro_fn: Callable[[], Awaitable[Any]]) -> Any:
-    if loop_name == "uvloop":
-        uvloop = pytest.importorskip("uvloop")
-        factory = uvloop.new_event_loop
-    else:
-        factory = asyncio.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as r:
-        return r.run(asyncio.wait_for(coro_fn(), 60))
 
 
 async def pair(host: str = "h", *, other_host: str | None = None) -> tuple[Connection, Connection, Any]:
@@ -102,7 +92,7 @@ def test_frames_of_every_size_keep_their_order_both_ways(loop: str) -> None:
         listener.close()
         await listener.wait_closed()
 
-    run_on(loop, main)
+    run_on(loop, main, timeout=60)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -133,7 +123,7 @@ def test_a_ring_payload_lands_in_the_sinks_buffer_and_a_large_one_goes_in_pieces
         listener.close()
         await listener.wait_closed()
 
-    run_on(loop, main)
+    run_on(loop, main, timeout=60)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -150,7 +140,7 @@ def test_a_payload_that_fits_the_ring_is_copied_at_once_and_the_buffer_is_free(l
         listener.close()
         await listener.wait_closed()
 
-    run_on(loop, main)
+    run_on(loop, main, timeout=60)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -170,7 +160,7 @@ def test_the_sender_goes_on_while_nobody_reads_on_the_other_side(loop: str, monk
         listener.close()
         await listener.wait_closed()
 
-    run_on(loop, main)
+    run_on(loop, main, timeout=60)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -205,7 +195,7 @@ def test_cancelling_a_send_that_waits_for_ring_space_leaves_no_or_a_whole_frame(
         listener.close()
         await listener.wait_closed()
 
-    run_on(loop, main)
+    run_on(loop, main, timeout=60)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -232,7 +222,7 @@ def test_close_delivers_what_was_queued_then_the_peer_sees_the_end(loop: str, mo
         listener.close()
         await listener.wait_closed()
 
-    run_on(loop, main)
+    run_on(loop, main, timeout=60)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -252,7 +242,7 @@ def test_the_end_of_the_peer_is_seen_at_once_and_both_rings_are_unmapped(loop: s
         listener.close()
         await listener.wait_closed()
 
-    run_on(loop, main)
+    run_on(loop, main, timeout=60)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -283,7 +273,7 @@ def test_frames_the_peer_sent_before_it_left_arrive_even_if_our_next_write_fails
         listener.close()
         await listener.wait_closed()
 
-    run_on(loop, main)
+    run_on(loop, main, timeout=60)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -310,7 +300,7 @@ def test_bad_input_on_the_ring_closes_the_connection_without_allocating(loop: st
         listener.close()
         await listener.wait_closed()
 
-    run_on(loop, main)
+    run_on(loop, main, timeout=60)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -333,7 +323,7 @@ def test_a_ring_that_cannot_be_mapped_leaves_the_payloads_inline(loop: str, monk
         await listener.wait_closed()
 
     with caplog.at_level(logging.INFO, logger="aiodist.net"):
-        run_on(loop, main)
+        run_on(loop, main, timeout=60)
     assert "cannot map the ring" in caplog.text
 
 
@@ -349,7 +339,7 @@ def test_another_host_is_reached_over_tcp(loop: str) -> None:
         listener.close()
         await listener.wait_closed()
 
-    run_on(loop, main)
+    run_on(loop, main, timeout=60)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -371,7 +361,7 @@ def test_a_taken_unix_name_leaves_a_tcp_listener_that_works(loop: str, caplog: A
             await lis.wait_closed()
 
     with caplog.at_level(logging.WARNING, logger="aiodist.net"):
-        run_on(loop, main)
+        run_on(loop, main, timeout=60)
     assert "TCP only" in caplog.text
 
 
@@ -397,7 +387,7 @@ def test_memory_for_payloads_nobody_waited_for_is_reused_once_they_are_dropped(l
         listener.close()
         await listener.wait_closed()
 
-    run_on(loop, main)
+    run_on(loop, main, timeout=60)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -430,4 +420,4 @@ def test_without_a_ring_of_its_own_a_side_sends_inline_and_still_receives_throug
         listener.close()
         await listener.wait_closed()
 
-    run_on(loop, main)
+    run_on(loop, main, timeout=60)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import sim
-from sim_bugs import CATALOG, VARIANTS, BugClass
+from sim_bugs import BLIND, CATALOG, VARIANTS, BugClass
 
 SEEDS = 200
 TWIN_SEEDS = 30
@@ -33,21 +33,21 @@ def _first_find(bc: BugClass) -> tuple[int | None, str]:
     return None, ""
 
 
-@pytest.mark.parametrize("bc", CATALOG + VARIANTS, ids=lambda bc: bc.name)
+@pytest.mark.parametrize("bc", CATALOG + VARIANTS + BLIND, ids=lambda bc: bc.name)
 def test_the_bug_is_found_by_itself_within_200_seeds(bc: BugClass) -> None:
     seed, message = _first_find(bc)
     assert seed is not None, f"{bc.name}: not found in {SEEDS} seeds"
     assert message.startswith(bc.symptom)
 
 
-@pytest.mark.parametrize("bc", CATALOG + VARIANTS, ids=lambda bc: bc.name)
+@pytest.mark.parametrize("bc", CATALOG + VARIANTS + BLIND, ids=lambda bc: bc.name)
 def test_the_fixed_twin_passes_under_the_defaults(bc: BugClass) -> None:
     for seed in range(TWIN_SEEDS):
         res = sim.run(bc.fixed, world_size=bc.world_size, seed=seed, trace=False, store_host=bc.store_host)
         assert res.ok, res.summary()
 
 
-@pytest.mark.parametrize("bc", [bc for bc in CATALOG + VARIANTS if bc.swarm], ids=lambda bc: bc.name)
+@pytest.mark.parametrize("bc", [bc for bc in CATALOG + VARIANTS + BLIND if bc.swarm], ids=lambda bc: bc.name)
 def test_the_fixed_twin_passes_a_swarm_of_the_kind_it_was_fixed_for(bc: BugClass) -> None:
     assert bc.swarm is not None
     for seed in range(TWIN_SEEDS):

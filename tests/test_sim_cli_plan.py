@@ -93,3 +93,23 @@ def test_a_sweeps_replay_lines_spell_the_plan_out_and_replay_the_seed(capsys: py
     code3, out3 = cli(capsys, "run", "-n", "4", RACE, "--seed", str(seed))
     assert code2 == code3 == 1
     assert out2.split("digest ")[1].split()[0] == out3.split("digest ")[1].split()[0]
+
+
+def test_faults_on_one_trigger_act_in_the_command_lines_order_as_in_the_api(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI grouped faults by flag (every --pause before every --clog), so a printed replay command
+    that listed a clog first ran another plan than the run it came from."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import sim_sends
+
+    clog = sim.Clog((1, 2), on=sim.MessageSent(rank=1, n=10), duration=0.01)
+    pause = sim.Pause(1, on=sim.MessageSent(rank=1, n=10), duration=0.005)
+    api = {order: sim.run(sim_sends.main, world_size=3, seed=0, explore=False, faults=list(faults)).digest
+           for order, faults in (("clog first", (clog, pause)), ("pause first", (pause, clog)))}
+    assert api["clog first"] != api["pause first"]  # (the order matters here)
+    program = str(ROOT / "tests" / "sim_sends.py")
+    flags = {"clog first": [*shlex.split(clog.to_cli()), *shlex.split(pause.to_cli())],
+             "pause first": [*shlex.split(pause.to_cli()), *shlex.split(clog.to_cli())]}
+    for order, extra in flags.items():
+        code, out = cli(capsys, "run", "-n", "3", program, "--seed", "0", "--no-explore", *extra)
+        assert code == 0 and f"digest {api[order]}" in out, (order, out)

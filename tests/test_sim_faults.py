@@ -83,18 +83,23 @@ def test_crash_on_the_nth_message_received() -> None:
     assert res.crashed == [1]
 
 
+async def connect_to_idle_rank0() -> Connection:
+    """Rank 0 listens on port 5000 and idles (its connections' handlers too); the others connect to it at 0.1 s."""
+    net = current_network()
+    if int(getenv("RANK") or 0) == 0:
+        async def handler(conn: Connection) -> None:
+            await asyncio.sleep(1000)
+
+        await net.listen(("", 5000), handler)
+        await asyncio.sleep(1000)
+    await asyncio.sleep(0.1)
+    return await net.connect(("rank0", 5000))
+
+
 def test_peers_of_a_crashed_rank_see_connection_lost() -> None:
     async def main() -> Any:
-        net = current_network()
         loop = asyncio.get_running_loop()
-        if int(getenv("RANK") or 0) == 0:
-            async def handler(conn: Connection) -> None:
-                await asyncio.sleep(1000)
-
-            await net.listen(("", 5000), handler)
-            await asyncio.sleep(1000)
-        await asyncio.sleep(0.1)
-        conn = await net.connect(("rank0", 5000))
+        conn = await connect_to_idle_rank0()
         with pytest.raises(ConnectionLost, match="crashed"):
             await conn.recv()
         return loop.time()
@@ -106,16 +111,8 @@ def test_peers_of_a_crashed_rank_see_connection_lost() -> None:
 
 def test_silent_crash_is_only_noticed_through_timeouts() -> None:
     async def main() -> Any:
-        net = current_network()
         loop = asyncio.get_running_loop()
-        if int(getenv("RANK") or 0) == 0:
-            async def handler(conn: Connection) -> None:
-                await asyncio.sleep(1000)
-
-            await net.listen(("", 5000), handler)
-            await asyncio.sleep(1000)
-        await asyncio.sleep(0.1)
-        conn = await net.connect(("rank0", 5000))
+        conn = await connect_to_idle_rank0()
         with pytest.raises(TimeoutError):  # no FIN: silence, not ConnectionLost
             async with asyncio.timeout(5):
                 await conn.recv()
@@ -124,7 +121,7 @@ def test_silent_crash_is_only_noticed_through_timeouts() -> None:
             await conn.recv()  # ... so TCP gives up after the retransmit timeout
         t_broken = loop.time()
         with pytest.raises(ConnectionLost, match="no answer"):
-            await net.connect(("rank0", 5000))
+            await current_network().connect(("rank0", 5000))
         return t_broken
 
     net = sim.Network(latency=1e-3, bandwidth=None, retransmit_timeout=3.0)

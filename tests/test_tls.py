@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from attacker import HOST, Relay
 from conftest import run_ranks
 
 import aiodist.api as dist
@@ -19,7 +20,6 @@ from aiodist.store import StoreServer, TCPStore
 from aiodist.tls import TLS
 from tls_certs import CA
 
-HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -39,39 +39,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
-class Tap:
-    """A relay between a client and a server that records every byte it forwards."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.seen = bytearray()
-
-    async def __aenter__(self) -> int:
-        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            try:
-                while data := await r.read(65536):
-                    self.seen += data
-                    w.write(data)
-                    await w.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                w.close()
-
-        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            tr, tw = await asyncio.open_connection(HOST, self.port)
-            await asyncio.gather(pipe(r, tw), pipe(tr, w))
-
-        self.server = await asyncio.start_server(serve, HOST, 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.server.close()
-
-
 async def test_the_store_over_mutual_tls_hides_keys_and_values_on_the_path(pki: dict[str, Any]) -> None:
     async with await StoreServer.start(HOST, 0, ssl=pki["a"]) as srv:
-        tap = Tap(srv.port)
+        tap = Relay((HOST, srv.port))
         async with tap as port, await TCPStore.connect(HOST, port, ssl=pki["b"], timeout=10) as c:
             await c.set("a-key-name-on-the-path", b"a value on the path")
             assert await c.get("a-key-name-on-the-path") == b"a value on the path"

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from transports import channel, start_transports
 
 import sim
 from aiodist import api
-from aiodist.comm import GroupComm, OpChannel, Transport
+from aiodist.comm import Transport
 from aiodist.errors import ConnectionLost, PeerFailureError
 from aiodist.net.base import Connection
 from aiodist.net.outbox import COALESCE_LIMIT as _COALESCE_LIMIT
@@ -170,19 +171,6 @@ def test_tcp_paused_writing_refuses_and_sends_nothing(loop: str) -> None:
 # --------------------------------------------------------------------------- Transport.send_soon
 
 
-async def _transports(n: int) -> list[Transport]:
-    store = MemoryStore()
-    return [
-        await Transport.start(rank=r, world_size=n, job_id="job", store=store, key_prefix="t/", timeout=5.0, mode="tcp")
-        for r in range(n)
-    ]
-
-
-def _channel(t: Transport, n: int) -> OpChannel:
-    t.register_group(0, tuple(range(n)))
-    return OpChannel(GroupComm(t, 0, tuple(range(n)), name="test"), op="test", seq=0, sig="test")
-
-
 def _header(key: str) -> dict[str, Any]:
     """The header an OpChannel (group 0, seq 0, sig "test") puts on a message with key ``(key,)``."""
     return {"t": "m", "g": 0, "k": (0, key), "o": "test"}
@@ -190,10 +178,10 @@ def _header(key: str) -> dict[str, Any]:
 
 async def test_send_soon_returns_none_for_a_frame_that_went_out_else_an_awaitable() -> None:
     """Not connected yet, or a 1 MiB payload: an awaitable that sends; a small frame once connected: None (sent)."""
-    ts = await _transports(2)
+    ts = await start_transports(2, MemoryStore(), mode="tcp")
     try:
-        _channel(ts[0], 2)
-        b = _channel(ts[1], 2)
+        channel(ts[0], 2)
+        b = channel(ts[1], 2)
         first = ts[0].send_soon(1, _header("first"), b"hi", 0)
         assert first is not None  # no connection yet: dial, then send
         await first
@@ -222,8 +210,8 @@ async def test_send_soon_returns_none_for_a_frame_that_went_out_else_an_awaitabl
 
 async def _connected(ts: list[Transport]) -> Any:
     """Rank 0's connection to rank 1, once a first frame went through it."""
-    _channel(ts[0], 2)
-    b = _channel(ts[1], 2)
+    channel(ts[0], 2)
+    b = channel(ts[1], 2)
     await ts[0].send(1, _header("warm"), b"", group=0)
     await asyncio.wait_for(b.recv_into(0, ("warm",), memoryview(bytearray())), 5)
     conn = ts[0]._peers[1].conn
@@ -233,7 +221,7 @@ async def _connected(ts: list[Transport]) -> Any:
 
 async def test_send_soon_on_a_closed_connection_gives_an_awaitable_that_raises_peer_failure() -> None:
     """A connection closed under the transport: nothing goes out, and awaiting the send raises PeerFailureError."""
-    ts = await _transports(2)
+    ts = await start_transports(2, MemoryStore(), mode="tcp")
     try:
         conn = await _connected(ts)
         conn.close()
@@ -249,7 +237,7 @@ async def test_send_soon_on_a_closed_connection_gives_an_awaitable_that_raises_p
 
 async def test_send_soon_turns_a_closed_error_from_try_send_into_peer_failure_at_once() -> None:
     """try_send raising ConnectionClosedError makes send_soon raise PeerFailureError synchronously (no awaitable)."""
-    ts = await _transports(2)
+    ts = await start_transports(2, MemoryStore(), mode="tcp")
     try:
         conn = await _connected(ts)
 
@@ -271,9 +259,9 @@ async def test_exchange_posts_its_receive_before_it_sends_and_moves_megabytes_bo
 ) -> None:
     """OpChannel.exchange: the receive is posted before a send that must wait starts waiting (so a
     large send never waits on a peer waiting for us to read), and 8 MiB each way arrive intact."""
-    ts = await _transports(2)
+    ts = await start_transports(2, MemoryStore(), mode="tcp")
     try:
-        chans = [_channel(t, 2) for t in ts]
+        chans = [channel(t, 2) for t in ts]
         seen: list[bool] = []
         original = Transport.send_soon
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..ratelog import RateLog
+from .base import wait_ended
 
 log = logging.getLogger("aiodist.net")
 
@@ -132,9 +133,7 @@ class AcceptLoop:
             task.cancel()
 
     async def wait_closed(self) -> None:
-        tasks = list(self._tasks.values())
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await wait_ended(self._tasks.values())
 
 
 async def listen_socket(

@@ -23,8 +23,9 @@ no silent loss on a live connection). Errors say whose fault it is:
 from __future__ import annotations
 
 import abc
+import asyncio
 import ssl as _ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 Address = tuple[str, int]
@@ -279,6 +280,18 @@ class Listener(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+async def wait_ended(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Wait until every one of ``tasks`` has ended, however it ended (each one reports its own errors).
+
+    What a listener's :meth:`Listener.wait_closed` does with the tasks it
+    owns (handler tasks, connections being set up) once :meth:`Listener.close`
+    cancelled them. Cancelling this wait cancels the tasks too.
+    """
+    pending = list(tasks)
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 class Network(abc.ABC):

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import ConnectionClosedError, anew
 from ..wire import as_byte_view, encode_frame
+from .waiters import Waiters, wake
 
 COALESCE_LIMIT = 1 << 16
 """Frames up to this size (header included) are copied and batched into one write."""
@@ -95,8 +96,7 @@ class _Outgoing:
         return f"<_Outgoing {self.pos}/{len(self.data)} {'owned' if self.owned else 'caller memory'}>"
 
     def wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
+        wake(self.waiter)
 
     @property
     def started(self) -> bool:
@@ -133,7 +133,7 @@ class Outbox:
         # Frames that could not be handed to the transport yet, in order: large ones
         # (_Outgoing) and, behind them, small ones copied into bytearrays.
         self._queue: collections.deque[_Outgoing | bytearray] = collections.deque()
-        self._drainers: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._drainers = Waiters(loop)
         self._exc: ConnectionClosedError | None = None  # why nothing more may be sent
         self.reset_needed = False  # a cancelled send left a caller's memory in the transport
 
@@ -236,21 +236,9 @@ class Outbox:
             raise anew(self._exc)
         if not self.paused and not self._queue:
             return
-        fut = self._loop.create_future()
-        self._drainers.append(fut)
-        try:
-            await fut
-        finally:
-            if fut in self._drainers:
-                self._drainers.remove(fut)
+        await self._drainers.wait()
         if self._exc is not None:
             raise anew(self._exc)
-
-    def _wake_drainers(self) -> None:
-        while self._drainers:
-            fut = self._drainers.popleft()
-            if not fut.done():
-                fut.set_result(None)
 
     # -- small frames: coalescing -------------------------------------------------
 
@@ -318,7 +306,7 @@ class Outbox:
         if self._queue:
             self._pump()
         if not self.paused and not self._queue:
-            self._wake_drainers()
+            self._drainers.wake_all()
 
     def _pump(self) -> None:
         """Hand queued frames to the transport, in order, while it takes them without holding on."""
@@ -337,7 +325,7 @@ class Outbox:
             item.sent = True
             item.wake()
         if not q and not self.paused:
-            self._wake_drainers()
+            self._drainers.wake_all()
 
     def _write_slices(self, t: asyncio.Transport, item: _Outgoing) -> bool:
         """Write ``item`` while the kernel takes it; True once all of it is in the kernel's hands or copied.
@@ -383,7 +371,7 @@ class Outbox:
         """No new frames (they raise ``exc``); what is queued still goes out."""
         if self._exc is None:
             self._exc = exc
-        self._wake_drainers()
+        self._drainers.wake_all()
 
     def close(self, exc: ConnectionClosedError) -> None:
         """An orderly close: refuse new frames; what is queued goes out, no longer from its senders' memory.
@@ -410,4 +398,4 @@ class Outbox:
             if isinstance(item, _Outgoing):
                 item.data = memoryview(b"")  # (its sender raises our exception, which we keep: with its frames)
                 item.wake()
-        self._wake_drainers()
+        self._drainers.wake_all()

@@ -17,7 +17,7 @@ from ..errors import ConnectionClosedError, ConnectionLost
 from ..rankenv import getenv
 from ..wire import DEFAULT_MAX_FRAME_SIZE
 from .accept import listen_socket
-from .base import Address, Connection, ConnectionHandler, Listener, Network
+from .base import Address, Connection, ConnectionHandler, Listener, Network, wait_ended
 from .tcp_connection import TCPConnection
 
 __all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "TCPConnection", "TCPListener", "TCPNetwork", "local_address_toward"]
@@ -76,9 +76,7 @@ class TCPListener(Listener):
             task.cancel()
 
     async def wait_closed(self) -> None:
-        tasks = list(self._tasks.values())
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await wait_ended(self._tasks.values())
         if self._server is not None:
             await self._server.wait_closed()
 

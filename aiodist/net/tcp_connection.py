@@ -30,6 +30,7 @@ from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionL
 from ..wire import DEFAULT_MAX_FRAME_SIZE, PREAMBLE, FrameDecoder
 from .base import Connection, Frame, FrameHandler, Header, PayloadSink
 from .outbox import KernelRoom, Outbox
+from .waiters import wake
 
 log = logging.getLogger("aiodist.net")
 
@@ -248,8 +249,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
-        if self._closed_fut is not None and not self._closed_fut.done():
-            self._closed_fut.set_result(None)
+        wake(self._closed_fut)
 
     def pause_writing(self) -> None:
         self._outbox.pause()  # type: ignore[union-attr]
@@ -351,9 +351,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         return frame
 
     def _wake_reader(self) -> None:
-        w = self._recv_waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        wake(self._recv_waiter)
 
     def _set_exc(self, exc: ConnectionClosedError) -> None:
         if self._exc is None:

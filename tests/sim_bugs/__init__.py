@@ -17,6 +17,8 @@ from typing import Any
 from . import (
     any_source,
     barrier_reuse,
+    blind_a,
+    blind_b,
     causal_order,
     check_then_act,
     lease,
@@ -40,10 +42,14 @@ class BugClass:
     swarm: frozenset[str] | None = None  # the fault kinds it needs (None: timing alone finds it)
     store_host: str = "rank0"
     symptom: str = "AssertionError"  # how the bug shows: the first failure's exception type
+    marker: str = ""  # and a text its message holds (the program's own words), if any
 
     def is_the_bug(self, result: Any) -> bool:
         """The run failed, and the way this bug fails (not, say, because a swarm crashed the store)."""
-        return bool(result.failures) and result.failures[0].message.startswith(self.symptom)
+        if not result.failures:
+            return False
+        message = result.failures[0].message
+        return message.startswith(self.symptom) and self.marker in message
 
 
 CATALOG = [
@@ -72,3 +78,25 @@ VARIANTS = [
              frozenset({"partition"})),
 ]
 """Second programs of a few classes, written differently, to check that the exploration is not tuned to CATALOG."""
+
+
+def _blind() -> list[BugClass]:
+    """The programs of blind_a and blind_b (their own tables: world sizes, symptoms, swarm kinds)."""
+    out = []
+    for name, cls in blind_a.PROGRAMS.items():
+        symptom = "StoreTimeoutError" if name == "job_board" else "AssertionError"
+        out.append(BugClass(f"{cls.replace(' ', '_')}/blind_{name}", getattr(blind_a, name),
+                            getattr(blind_a, f"{name}_fixed"), blind_a.WORLD[name], blind_a.SWARM_KINDS.get(name),
+                            symptom=symptom, marker=blind_a.SYMPTOM[name]))
+    for name, world in blind_b.PROGRAMS.items():
+        swarm = frozenset({"partition"}) if name.startswith("split_brain") else None
+        # (barrier_flags_reused: a rank that missed a deleted flag waits in the barrier until its store wait times out)
+        symptom, marker = ("StoreTimeoutError", "ready/") if name == "barrier_flags_reused" else ("AssertionError", "")
+        out.append(BugClass(f"blind_{name}", getattr(blind_b, name), getattr(blind_b, f"{name}_fixed"), world,
+                            swarm, symptom=symptom, marker=marker))
+    return out
+
+
+BLIND = _blind()
+"""Programs of every class written from the outside (without reading the ones above): a check that the
+exploration finds what it was not tuned on."""
