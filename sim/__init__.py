@@ -16,7 +16,8 @@ from .latency import Constant, Exponential, Tail, Uniform
 from .loop import SimLoop
 from .network import Network
 from .process import VIRTUAL_EPOCH
-from .runner import Failure, Result, run
+from .result import Failure, Result
+from .runner import run
 from .shrink import Shrunk, shrink, signature
 from .swarm import Swarm
 from .sweep import SweepReport, sweep

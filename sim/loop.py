@@ -45,12 +45,14 @@ import operator
 import itertools
 import random
 import threading
-from asyncio import events, futures
+from asyncio import futures
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .errors import SimDeadlockError, SimLivelockError, SimTimeLimitError, SimUnsupportedError
+from .errors import SimLivelockError, SimTimeLimitError, SimUnsupportedError
 from .handles import KernelEvent, LoopHandle, LoopTimerHandle
+from .loop_interface import LoopInterface, _Idle
+from .loop_lanes import LaneControl
 from .ready import SCHEDULES, PctReady, new_ready
 
 LANE: contextvars.ContextVar[int] = contextvars.ContextVar("sim_lane", default=-1)
@@ -66,19 +68,11 @@ _sleep_callback = futures._set_result_unless_cancelled  # type: ignore[attr-defi
 _new_handle = object.__new__
 
 
-class _Idle(Exception):
-    """Internal: nothing ready, nothing scheduled."""
-
-
-_KERNEL_CONTEXT = contextvars.Context()
-"""The context of the loop's own kernel events (resuming a paused lane)."""
-
-
 _read_now = operator.attrgetter("now")
 _read_debug = operator.attrgetter("_debug")
 
 
-class SimLoop(asyncio.AbstractEventLoop):
+class SimLoop(LaneControl, LoopInterface):
     """Deterministic virtual-time event loop. See the module docstring.
 
     ``schedule``: the ready-queue strategy, ``"fifo"``, ``"random"`` or
@@ -266,126 +260,6 @@ class SimLoop(asyncio.AbstractEventLoop):
         """Timers and events scheduled for later (cancelled ones not yet dropped included)."""
         return len(self._heap) + len(self._far)
 
-    # ------------------------------------------------------------------ lanes
-
-    def lane_alive(self, lane: int) -> bool:
-        return lane not in self.dead_lanes
-
-    def kill_lane(self, lane: int) -> None:
-        """Drop every pending and future callback of ``lane`` (a crashed process).
-
-        Its tasks are kept referenced (never resumed, never garbage-collected
-        mid-run, so no ``finally`` of theirs runs at a random moment) until
-        :meth:`discard`.
-        """
-        self.dead_lanes.add(lane)
-        self._stopped.add(lane)
-        held = self._paused.pop(lane, None)
-        if held:
-            self._graveyard.extend(held)
-        self._resume_at.pop(lane, None)
-        for task in self._lane_tasks.get(lane, ()):
-            if not task.done():
-                self._zombies.append(task)
-
-    def retire_lane(self, lane: int) -> None:
-        """``lane``'s process ended and none of its tasks is left: nothing of it runs again (no scan for tasks)."""
-        self.dead_lanes.add(lane)
-        self._stopped.add(lane)
-        self._lane_tasks.pop(lane, None)
-
-    def lane_tasks(self, lane: int) -> list[asyncio.Task[Any]]:
-        """The tasks of ``lane`` that may not have ended yet, in creation order (a copy)."""
-        return list(self._lane_tasks.get(lane, ()))
-
-    def pause_lane(self, lane: int, until: float) -> None:
-        """Stop ``lane`` until virtual time ``until`` (SIGSTOP, then SIGCONT).
-
-        Nothing of it runs meanwhile: its ready callbacks, timers that fall due
-        and deliveries to it wait, in order, and run after it resumes (its
-        timers fire late). Pausing a paused lane extends the pause.
-        """
-        if lane < 0 or lane in self.dead_lanes or until <= self.now:
-            return
-        if lane in self._paused:
-            if until <= self._resume_at[lane]:
-                return
-        else:
-            self._paused[lane] = []
-            self._firsts.pop(lane, None)
-            self._stopped.add(lane)
-        self._resume_at[lane] = until
-        self.schedule(until, -1, self._resume_lane, (lane,), _KERNEL_CONTEXT)
-
-    def lane_paused(self, lane: int) -> bool:
-        return lane in self._paused
-
-    def first_on_resume(self, lane: int, callback: Callable[..., Any], args: tuple[Any, ...],
-                        context: contextvars.Context) -> None:
-        """The rest of the running step of ``lane``, which was just paused: it runs first when the lane resumes.
-
-        (Before the lane's callbacks that were due meanwhile, even those already ready at this
-        instant: a receive that paused its process is read before anything that came after it.)
-        """
-        event = _new_handle(KernelEvent)
-        event._context = context
-        event._callback = callback
-        event._args = args
-        event._scheduled = False
-        held = self._paused[lane]
-        held.insert(self._firsts.get(lane, 0), event)
-        self._firsts[lane] = self._firsts.get(lane, 0) + 1
-
-    def _resume_lane(self, lane: int) -> None:
-        if lane not in self._paused or self._resume_at[lane] > self.now:
-            return  # killed meanwhile, or the pause was extended
-        held = self._paused.pop(lane)
-        del self._resume_at[lane]
-        self._firsts.pop(lane, None)
-        self._stopped.discard(lane)
-        if held:
-            self._ready.requeue_front(lane, held)
-
-    def _divert(self, lane: int, handle: Any) -> None:
-        """A callback of a dead or paused lane came up: drop it, or hold it until the lane resumes."""
-        held = self._paused.get(lane)
-        if held is None:
-            self._graveyard.append(handle)
-        else:
-            held.append(handle)
-
-    def stretch_sleeps(self, lane: int, factor: float) -> None:
-        """Make ``asyncio.sleep`` in ``lane`` last ``factor`` times longer (a straggler)."""
-        if factor == 1.0:
-            self._stretch.pop(lane, None)
-        else:
-            self._stretch[lane] = factor
-
-    def discard(self) -> None:
-        """Close the loop and every coroutine of every unfinished task, silently.
-
-        Their ``finally`` blocks run now; whatever they schedule is dropped and
-        whatever they raise is swallowed. Use at the end of a simulation.
-        """
-        if self._running:
-            raise RuntimeError("Cannot discard a running event loop")
-        tasks = list(self._zombies) + [t for lane in self._lane_tasks.values() for t in lane]  # (before close())
-        self._zombies = []
-        self._graveyard = []
-        self._paused.clear()
-        self.close()
-        self._discarding = True
-        for task in tasks:
-            if task.done():
-                continue
-            coro = task.get_coro()
-            if coro is None:  # (3.12+: an eager task that already finished has none)
-                continue
-            try:
-                coro.close()
-            except BaseException:  # noqa: BLE001 - a closed world: nothing can observe it
-                pass
-
     # ------------------------------------------------------------------ running
 
     def _advance(self) -> tuple[int, Any] | None:
@@ -508,113 +382,6 @@ class SimLoop(asyncio.AbstractEventLoop):
             self.steps = steps
             self.lane = -1
 
-    def run_forever(self) -> None:
-        """Run until :meth:`stop`. Raises SimTimeLimitError; returns when idle is impossible.
-
-        Raises the internal ``_Idle`` when nothing can ever run again; use
-        :meth:`run_until_complete` which turns that into SimDeadlockError.
-        """
-        if self._closed:
-            raise RuntimeError("Event loop is closed")
-        if self._running:
-            raise RuntimeError("This event loop is already running")
-        previous = events._get_running_loop()
-        events._set_running_loop(self)
-        self._running = True
-        self._thread_id = threading.get_ident()
-        try:
-            self._run()
-        finally:
-            self._stopping = False
-            self._running = False
-            self._thread_id = None
-            events._set_running_loop(previous)
-
-    def run_until_complete(self, future: Any) -> Any:
-        """Run until ``future`` is done and return its result.
-
-        Raises :class:`SimDeadlockError` if nothing can run any more while it is
-        pending, :class:`SimTimeLimitError` past ``time_limit``. In both cases
-        the future is left pending (the caller decides whether to cancel it).
-        """
-        fut = asyncio.ensure_future(future, loop=self)
-        fut.add_done_callback(self._stop_cb)
-        try:
-            self.run_until_idle_or_stopped()
-        finally:
-            fut.remove_done_callback(self._stop_cb)
-        if not fut.done():
-            raise SimDeadlockError(
-                f"deadlock at virtual time {self.now:.6f}s: nothing is ready, no timer is pending, "
-                "and the awaited work is not done"
-            )
-        return fut.result()
-
-    def run_until_idle_or_stopped(self) -> bool:
-        """Run until :meth:`stop` is called (True) or nothing can ever run again (False)."""
-        try:
-            self.run_forever()
-        except _Idle:
-            return False
-        return True
-
-    def _stop_cb(self, _fut: Any) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stopping = True
-
-    def is_running(self) -> bool:
-        return self._running
-
-    def is_closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        if self._running:
-            raise RuntimeError("Cannot close a running event loop")
-        self._closed = True
-        self._heap.clear()
-        self._far.clear()
-        self._daemons.clear()
-        self._ready.clear()
-
-    async def shutdown_asyncgens(self) -> None:
-        return None
-
-    async def shutdown_default_executor(self, timeout: float | None = None) -> None:
-        return None
-
-    # ------------------------------------------------------------------ executors (threads), inline
-
-    executor_cost: float | Callable[[Callable[..., Any], tuple[Any, ...]], float] = 0.0
-    """Virtual seconds an offloaded call takes: a number, or ``cost(func, args)`` (see run_in_executor)."""
-
-    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:  # type: ignore[override]
-        """Run ``func(*args)`` now, inline, and resolve the future ``executor_cost`` virtual seconds later.
-
-        What a thread pool (``asyncio.to_thread``, any ``executor``) would do,
-        without a thread: the call runs to its end before anything else, in
-        the caller's context; meanwhile the loop goes on, as it would beside a
-        thread. Its result or exception is delivered when the charged time
-        has passed. A function that blocks waiting for the loop (e.g.
-        ``run_coroutine_threadsafe(...).result()``) cannot work this way.
-        """
-        fut = self.create_future()
-        try:
-            outcome, failed = func(*args), False
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:  # noqa: BLE001 - the thread's error goes to whoever awaits
-            outcome, failed = exc, True
-        cost = self.executor_cost
-        delay = float(cost(func, args) if callable(cost) else cost)
-        self.call_at(self.now + delay, _settle, fut, outcome, failed)
-        return fut
-
-    def set_default_executor(self, executor: Any) -> None:
-        """Accepted and unused: offloaded calls run inline (see :meth:`run_in_executor`)."""
-
     # ------------------------------------------------------------------ futures and tasks
 
     def create_future(self) -> asyncio.Future[Any]:
@@ -645,69 +412,6 @@ class SimLoop(asyncio.AbstractEventLoop):
         tasks.append(task)
         return task
 
-    def set_task_factory(self, factory: Callable[..., Any] | None) -> None:
-        self._task_factory = factory
-
-    def get_task_factory(self) -> Callable[..., Any] | None:
-        return self._task_factory
-
-    # ------------------------------------------------------------------ errors and debug
-
-    def get_exception_handler(self) -> Callable[..., Any] | None:
-        return self._exc_handler
-
-    def set_exception_handler(self, handler: Callable[..., Any] | None) -> None:
-        self._exc_handler = handler
-
-    def default_exception_handler(self, context: dict[str, Any]) -> None:
-        """Record (never print) what asyncio reports: the simulation result lists it."""
-        self.unhandled.append(context)
-
-    def call_exception_handler(self, context: dict[str, Any]) -> None:
-        if self._exc_handler is None:
-            self.default_exception_handler(context)
-        else:
-            try:
-                self._exc_handler(self, context)
-            except Exception as exc:  # noqa: BLE001 - mirror asyncio: never let the handler kill the loop
-                self.default_exception_handler({"message": "exception in exception handler", "exception": exc})
-
-    def get_debug(self) -> bool:
-        return self._debug
-
-    def set_debug(self, enabled: bool) -> None:
-        self._debug = enabled
-
-
-def _unsupported(name: str) -> Callable[..., Any]:
-    def method(self: SimLoop, *args: Any, **kwargs: Any) -> Any:
-        raise SimUnsupportedError(name)
-
-    method.__name__ = name
-    method.__doc__ = f"Not available in the simulator: raises SimUnsupportedError({name!r})."
-    return method
-
-
-def _settle(fut: asyncio.Future[Any], outcome: Any, failed: bool) -> None:
-    if fut.cancelled():
-        return
-    if failed:
-        fut.set_exception(outcome)
-    else:
-        fut.set_result(outcome)
-
-
-_UNSUPPORTED = (
-    "getaddrinfo", "getnameinfo", "create_connection",
-    "create_server", "sendfile", "start_tls", "create_unix_connection", "create_unix_server",
-    "connect_accepted_socket", "create_datagram_endpoint", "connect_read_pipe", "connect_write_pipe",
-    "subprocess_shell", "subprocess_exec", "add_reader", "remove_reader", "add_writer", "remove_writer",
-    "sock_recv", "sock_recv_into", "sock_recvfrom", "sock_recvfrom_into", "sock_sendall", "sock_sendto",
-    "sock_connect", "sock_accept", "sock_sendfile", "add_signal_handler", "remove_signal_handler",
-)
-for _name in _UNSUPPORTED:
-    setattr(SimLoop, _name, _unsupported(_name))
-del _name
 
 
 def run(main: Coroutine[Any, Any, Any], *, seed: int | str = 0, schedule: str = "fifo",

@@ -2,7 +2,7 @@
 
 :class:`Network` is the *configuration* a user passes to ``sim.run``.
 :class:`Fabric` is one run's network: its hosts (each with a
-:class:`~sim.endpoints.HostNetwork`, the :class:`aiodist.net.base.Network`
+:class:`~sim.host_network.HostNetwork`, the :class:`aiodist.net.base.Network`
 the production store, rendezvous and collectives run on unchanged), how
 connections are made, and what crashes and resets do to them. When a frame
 arrives is :mod:`sim.links`' business; what the endpoints buffer is
@@ -30,7 +30,8 @@ from aiodist.errors import ConnectionLost
 from aiodist.net.base import Address, Connection
 from aiodist.wire import DEFAULT_MAX_FRAME_SIZE
 
-from .endpoints import LOCAL_NAMES, HostNetwork, SimConnection, SimListener, _connected, _fail_future
+from .endpoints import SimConnection, _connected, _fail_future
+from .host_network import LOCAL_NAMES, HostNetwork, SimListener
 from .latency import Constant, Exponential, LatencyModel, Tail, Uniform
 from .links import Host, Links, Stream
 

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 from aiodist.net.base import Address, Connection, ConnectionHandler, Listener
 from aiodist.net.base import Network as SeamNetwork
 
-from .endpoints import LOCAL_NAMES
+from .host_network import LOCAL_NAMES
 
 if TYPE_CHECKING:
     from .network import Fabric, Host

@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from .runner import Result, run
+from .result import Result
+from .runner import run
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .latency import Constant, LatencyModel, Tail, Uniform
-from .runner import Result
+from .result import Result
 from .swarm import KINDS, parse_swarm
 
 

@@ -27,177 +27,32 @@ import contextvars
 import gc
 import os
 import random
-import re
 import traceback as tb
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiodist import inflight
 from aiodist.api import finish_rank
-from aiodist.context import (get_default_group, new_rank_scope, rank_environ, rank_scope, set_network,
-                             set_rank_environ, set_token_source)
+from aiodist.context import new_rank_scope, rank_environ, rank_scope, set_network, set_rank_environ, set_token_source
 from aiodist.errors import UnawaitedOperationError
 
 from .errors import SimTimeLimitError
 from .explore import Exploration, Explorer, TimingPlan, env_detector
-from .faults import Block, Fault, HostRef
+from .fault_actions import FaultActions
+from .faults import Fault
+from .locations import _await_location, _raise_location
 from .loop import LANE, SimLoop
 from .network import Fabric, Host, Network
 from .plan import World, expand, validate
 from .process import PROCESS, ProcessGlobals, RankNetwork, RankProcess, inherited_environment, job_secret
+from .result import Failure as Failure
+from .result import Result as Result
+from .result import _ranks_text as _ranks_text  # (re-exported: tests import it from here)
 from .storehost import STORE_HOST, StoreHost
-from .trace import TraceEvent, Tracer
-from .triggers import Trigger, Watches
+from .trace import Tracer
+from .triggers import Watches
 
 DEFAULT_MASTER_PORT = 29500
-
-
-@dataclass
-class Failure:
-    """Something that went wrong in a run.
-
-    ``kind``: "exception" (a rank's main raised), "deadlock" (nothing ready,
-    no timer pending, ranks still running), "time_limit" or "unawaited" (a
-    rank finished with operations it never awaited). ``blocked`` maps
-    each still-running rank to the operations it waits in (from
-    :mod:`aiodist.inflight`), ``where`` to its innermost await location.
-    """
-
-    kind: str
-    rank: int | None
-    message: str
-    traceback: str = ""
-    time: float = 0.0
-    blocked: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    where: dict[int, str] = field(default_factory=dict)
-    location: str = ""
-    """For an exception: the program's own innermost line it came through (file:line in function)."""
-
-    def __str__(self) -> str:
-        who = f"rank {self.rank}" if self.rank is not None else "run"
-        lines = [f"[{self.kind}] {who} at t={self.time:.6f}s: {self.message}"]
-        if self.location:
-            lines.append(f"    raised at {_display_path(self.location)}")
-        described: list[tuple[int, str]] = []
-        for r in sorted(set(self.blocked) | set(self.where)):
-            ops = self.blocked.get(r) or []
-            desc = "; ".join(_describe_op(op) for op in ops) or "no registered operation"
-            loc = f"  ({_display_path(self.where[r])})" if r in self.where else ""
-            described.append((r, f"{desc}{loc}"))
-        if len(described) <= self.MAX_RANK_LINES:
-            lines += [f"    rank {r} blocked in: {text}" for r, text in described]
-        else:  # a big run: one line per distinct place, with the ranks waiting there
-            places: dict[str, list[int]] = {}
-            for r, text in described:
-                places.setdefault(text, []).append(r)
-            for text, ranks in places.items():
-                who = f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks ({_ranks_text(ranks)})"
-                lines.append(f"    {who} blocked in: {text}")
-        return "\n".join(lines)
-
-    MAX_RANK_LINES = 16
-    """Beyond this many blocked ranks, ranks blocked in the same place share one line."""
-
-
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-
-
-def _display_path(where: str) -> str:
-    """``file:line in f`` with the file relative to the working directory when it is under it."""
-    path, sep, rest = where.partition(":")
-    if sep and os.path.isabs(path):
-        rel = os.path.relpath(path)
-        if not rel.startswith(".."):
-            return rel + sep + rest
-    return where
-
-
-def _shape(text: str) -> str:
-    """``text`` with its numbers blanked: lines that differ only in rank numbers or times group together."""
-    return _NUMBER.sub("#", text)
-
-
-def _ranks_text(ranks: Iterable[int]) -> str:
-    """``[0, 2, 3, 4, 7]`` as ``"0, 2-4, 7"``."""
-    parts: list[str] = []
-    start = prev = None
-    for r in sorted(set(ranks)):
-        if prev is not None and r == prev + 1:
-            prev = r
-            continue
-        if start is not None:
-            parts.append(_span(start, prev))  # type: ignore[arg-type]
-        start = prev = r
-    if start is not None:
-        parts.append(_span(start, prev))  # type: ignore[arg-type]
-    return ", ".join(parts)
-
-
-def _span(a: int, b: int) -> str:
-    return str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}"
-
-
-def _describe_op(op: Mapping[str, Any]) -> str:
-    rest = ", ".join(f"{k}={v!r}" for k, v in op.items() if k != "op")
-    return f"{op.get('op', '?')}({rest})"
-
-
-@dataclass
-class Result:
-    """What a run produced. ``ok`` is true when there are no failures."""
-
-    ok: bool
-    seed: int | str
-    world_size: int
-    virtual_time: float
-    digest: str
-    rank_results: list[Any]
-    failures: list[Failure]
-    trace: list[TraceEvent] = field(repr=False)
-    steps: int = 0
-    messages: int = 0
-    crashed: list[int] = field(default_factory=list)
-    restarts: dict[int, int] = field(default_factory=dict)
-    unhandled: list[str] = field(default_factory=list)
-    faults: list[Any] = field(default_factory=list)
-    """Every fault of the run, ``Chaos`` and ``Swarm`` expanded into the concrete faults they drew."""
-    explored: list[Any] = field(default_factory=list)
-    """The timing perturbations exploration applied, as concrete faults (see :mod:`sim.explore`)."""
-    timing: TimingPlan | None = None
-    """What exploration drew for this seed (None: ``explore=False``)."""
-    ops: dict[int, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
-    """Per rank, its last operations from aiodist's flight recorder (start/end virtual times)."""
-
-    def summary(self) -> str:
-        head = (f"seed {self.seed}: {'ok' if self.ok else 'FAILED'} — {self.world_size} ranks, "
-                f"virtual time {self.virtual_time:.6f}s, {self.messages} messages, digest {self.digest}")
-        lines = [head]
-        if self.faults:
-            lines.append("  faults: " + "; ".join(f.to_cli().lstrip("-") for f in self.faults))
-        if self.timing is not None:
-            lines.append(f"  explored: {self.timing.describe()}"
-                         + "".join(f"; {f.to_cli().lstrip('-')}" for f in self.explored))
-        if len(self.failures) <= Failure.MAX_RANK_LINES:
-            lines += [str(f) for f in self.failures]
-        else:  # a big run: failures that differ only in numbers (ranks, times) share one entry
-            groups: dict[tuple[str, str], list[Failure]] = {}
-            for f in self.failures:
-                groups.setdefault((f.kind, _shape(f.message)), []).append(f)
-            for members in groups.values():
-                lines.append(str(members[0]))
-                others = [f.rank for f in members[1:] if f.rank is not None]
-                if len(members) > 1:
-                    who = f" (ranks {_ranks_text(others)})" if others else ""
-                    lines.append(f"    ... and {len(members) - 1} more like it{who}")
-        if self.unhandled:
-            lines.append(f"  {len(self.unhandled)} error(s) were only logged (handler tasks, unretrieved task errors):")
-            lines += [f"    {u}" for u in self.unhandled[:5]]
-        return "\n".join(lines)
-
-    def raise_on_failure(self) -> None:
-        if not self.ok:
-            raise AssertionError(self.summary())
 
 
 class _Incarnation:
@@ -216,8 +71,8 @@ class _Incarnation:
         return self.state in ("running", "finishing")
 
 
-class Simulation:
-    """One run in progress. Faults drive it through the methods below."""
+class Simulation(FaultActions):
+    """One run in progress. Faults drive it through the methods of :class:`~sim.fault_actions.FaultActions`."""
 
     def __init__(
         self,
@@ -287,139 +142,10 @@ class Simulation:
         if self.explorer is not None:
             self.explorer.install(self.hosts)
 
-    # -- fault API (what faults do to the run; see sim.faults) ------------------------
-
     def add_fault(self, fault: Fault) -> None:
         """Install one concrete fault."""
         self.faults.append(fault)
         fault.install(self)
-
-    def at(self, t: float, fn: Callable[[], None]) -> None:
-        """Run ``fn`` in the simulator kernel at virtual time ``t``."""
-        self.loop.schedule(t, -1, fn, (), self.kernel)
-
-    def after(self, delay: float, fn: Callable[[], None], *, daemon: bool = False) -> None:
-        """Run ``fn`` in the simulator kernel ``delay`` seconds from now (``daemon``: only if the run goes on)."""
-        self.loop.schedule(self.loop.time() + delay, -1, fn, (), self.kernel, daemon=daemon)
-
-    def when(self, trigger: Trigger, fn: Callable[[], None], *, fatal: bool = False) -> None:
-        """Run ``fn`` (synchronously, inside the triggering step) when ``trigger`` fires (``fatal``: it may kill)."""
-        self.watches.add(self.hosts[trigger.rank], trigger, fn, fatal=fatal)
-
-    def host_names(self, hosts: Iterable[HostRef]) -> frozenset[str]:
-        return frozenset(f"rank{h}" if isinstance(h, int) else h for h in hosts)
-
-    def _host(self, h: HostRef) -> Host:
-        name = f"rank{h}" if isinstance(h, int) else h
-        return self.fabric.hosts[name]
-
-    def crash_host(self, ref: HostRef, reason: str, *, silent: bool = False) -> None:
-        if isinstance(ref, int):
-            self.crash_rank(ref, reason, silent=silent)
-        elif self.store is not None and ref == STORE_HOST:
-            self.store.crash(reason, silent=silent)
-
-    def crash_rank(self, rank: int, reason: str, *, silent: bool = False) -> None:
-        inc = self.current[rank]
-        if inc is None or not inc.alive:
-            return
-        inc.state = "crashed"
-        self._ended += 1
-        self.fabric.crash(self.hosts[rank], reason, silent=silent)
-        self._maybe_finish()
-
-    def expect_restart(self, ref: HostRef, at: float | None) -> None:
-        """A restart at ``at`` is coming: the run does not end before it (one on a trigger counts once it fires)."""
-        if at is not None and isinstance(ref, int):
-            self.pending_restarts[ref] = self.pending_restarts.get(ref, 0) + 1
-
-    def restart_host(self, ref: HostRef, delay: float, *, counted: bool = False) -> None:
-        """Crash ``ref`` now (if it still runs) and start it again ``delay`` later.
-
-        A rank that finished, or whose start is already due (an earlier
-        restart), is left alone: one process per rank at a time. ``counted``:
-        :meth:`expect_restart` counted it already (a restart at a time).
-        """
-        if not isinstance(ref, int):
-            if self.store is not None and ref == STORE_HOST and not self.store.starting:
-                self.store.crash("Restart fault")
-                self.store.starting = True
-                self.after(delay, self.store.start)
-            return
-        inc = self.current[ref]
-        if (inc is not None and inc.state in ("done", "failed")) or ref in self._starting:
-            if counted:
-                self.pending_restarts[ref] -= 1  # nothing to restart
-            self._maybe_finish()
-            return
-        if not counted:
-            self.pending_restarts[ref] = self.pending_restarts.get(ref, 0) + 1
-        self.crash_rank(ref, "Restart fault")
-        self._starting.add(ref)
-        self.after(delay, lambda: self.restart_rank(ref))
-
-    def restart_rank(self, rank: int) -> None:
-        self._starting.discard(rank)
-        self.pending_restarts[rank] -= 1
-        inc = self.current[rank]
-        others = [o for o in self.current if o is not None and o.rank != rank]
-        if (inc is not None and inc.state in ("done", "failed")) or (others and not any(o.alive for o in others)):
-            # It finished before the restart was due, or the job is over (every other rank ended):
-            # nothing to restart, as a launcher would not restart a worker of a finished job.
-            self._maybe_finish()
-            return
-        self.restarts[rank] = self.restarts.get(rank, 0) + 1
-        self.tracer.emit(self.loop.time(), "restart", f"rank{rank}", detail=f"restart {self.restarts[rank]}")
-        self._start_rank(rank)
-
-    def pause_host(self, ref: HostRef, duration: float) -> None:
-        """Stop ``ref``'s process for ``duration`` seconds (SIGSTOP, then SIGCONT); nothing if it is not running."""
-        host = self._host(ref)
-        if host.alive:
-            self.loop.pause_lane(host.lane, self.loop.time() + duration)
-            self.tracer.emit(self.loop.time(), "fault", host.name, detail=f"pause {duration:g}s")
-
-    def set_straggler(self, rank: int, factor: float, duration: float | None = None) -> None:
-        host = self.hosts[rank]
-        host.factor = factor
-        self.loop.stretch_sleeps(host.lane, factor)
-        self.tracer.emit(self.loop.time(), "fault", host.name, detail=f"straggler x{factor:g}")
-        if duration is not None:
-            self.after(duration, lambda: self._end_straggler(host, factor))
-
-    def _end_straggler(self, host: Host, factor: float) -> None:
-        if host.factor == factor:
-            host.factor = 1.0
-            self.loop.stretch_sleeps(host.lane, 1.0)
-            self.tracer.emit(self.loop.time(), "fault", host.name, detail="straggler ends")
-
-    def crash_store(self) -> None:
-        if self.store is not None:
-            self.store.crash("CrashStore fault")
-            return
-        addr = self.rank_env(0, 0)["MASTER_ADDR"]
-        host = self.fabric.hosts.get(addr)
-        if host is None or not self.fabric.crash_listener(host, self.master_port, "CrashStore fault"):
-            self.tracer.emit(self.loop.time(), "fault", addr, detail="CrashStore: no store listening")
-
-    def add_block(self, block: Block) -> None:
-        self.fabric.links.add_block(block)
-        self.tracer.emit(self.loop.time(), "fault", "net", detail=f"begin {block!r}")
-
-    def remove_block(self, block: Block) -> None:
-        if block in self.fabric.links.blocks:
-            self.tracer.emit(self.loop.time(), "fault", "net", detail=f"end {block!r}")
-            self.fabric.links.remove_block(block)
-            self.fabric.release()
-
-    def reset_connections(self, a: HostRef, b: HostRef) -> None:
-        self.fabric.reset(self._host(a), self._host(b))
-
-    def live_ranks(self) -> Iterator[tuple[Mapping[str, str], Any]]:
-        """(environment, default group or None) of every running rank."""
-        for inc in self.current:
-            if inc is not None and inc.alive:
-                yield inc.env, inc.ctx.copy().run(get_default_group)  # (a copy: this one may be running)
 
     def new_lane(self) -> int:
         lane = self._next_lane
@@ -654,49 +380,6 @@ async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
-def _await_location(task: Any) -> str:
-    """Where ``task`` is suspended: the innermost frame of the program's own code (outside aiodist,
-    asyncio and sim), or the innermost one outside asyncio and sim if the program has none on the way."""
-    if task is None or task.done():
-        return ""
-    coro = task.get_coro()
-    user = inner = ""
-    for _ in range(200):
-        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
-        if frame is None:
-            break
-        filename = frame.f_code.co_filename
-        if not filename.startswith(_SKIP_DIRS):
-            inner = _frame_text(filename, frame.f_lineno, frame.f_code.co_name)
-            if not filename.startswith(_RUNTIME_DIR):
-                user = inner
-        nxt = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
-        if nxt is None or not (hasattr(nxt, "cr_frame") or hasattr(nxt, "gi_frame")):
-            break
-        coro = nxt
-    return user or inner
-
-
-def _raise_location(exc: BaseException) -> str:
-    """The innermost line of the program's own code an exception came through ("" if none)."""
-    where = ""
-    tb_ = exc.__traceback__
-    for _ in range(1000):
-        if tb_ is None:
-            break
-        code = tb_.tb_frame.f_code
-        if not code.co_filename.startswith(_SKIP_DIRS + (_RUNTIME_DIR,)):
-            where = _frame_text(code.co_filename, tb_.tb_lineno, code.co_name)
-        tb_ = tb_.tb_next
-    return where
-
-
-def _frame_text(filename: str, line: int, name: str) -> str:
-    return f"{filename}:{line} in {name}"
-
-
-_SKIP_DIRS = (os.path.dirname(asyncio.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep)
-_RUNTIME_DIR = os.path.dirname(os.path.abspath(inflight.__file__)) + os.sep
 
 
 def run(

@@ -28,7 +28,8 @@ from .explore import Explorer
 from .faults import Fault
 from .latency import Tail, Uniform
 from .network import Network
-from .runner import Result, run
+from .result import Result
+from .runner import run
 from .sweep import signature as failure_signature
 
 def signature(result: Result) -> str:

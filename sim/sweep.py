@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .runner import Failure, Result, run
+from .result import Failure, Result
+from .runner import run
 from .trace import write_chrome
 
 __all__ = ["sweep", "SweepReport", "Group", "RunSeed", "record_of", "signature", "Progress", "read_records",

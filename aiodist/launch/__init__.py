@@ -2,8 +2,9 @@
 
 Modules: :mod:`.env` (the variables a rank gets), :mod:`.program` (how a
 program file is started), :mod:`.prefix` (rank-prefixed output lines),
-:mod:`.status` (describing exits), :mod:`.supervisor` (running and stopping
-the ranks), :mod:`.spawn` (the same from Python), :mod:`.cli` (the ``run``
+:mod:`.status` (describing exits), :mod:`.job` (a launch's configuration and
+result), :mod:`.supervisor` (attempts, restarts, signals and the root cause),
+:mod:`.attempt` (one start of the ranks: processes, output, stopping), :mod:`.spawn` (the same from Python), :mod:`.cli` (the ``run``
 subcommand), :mod:`.runner` (running a sync or async entry function).
 """
 

@@ -31,6 +31,8 @@ The frames of this layer carry the key ``"\\x00"``, which a user's header may
 not contain; they never reach the user. The socket's end (EOF of a SIGKILLed
 peer included) ends the connection at once and unmaps both rings.
 
+The socket's protocol is :class:`~aiodist.net.shmstream.FrameStream`; moving
+payloads through the rings is :class:`~aiodist.net.shmtransfer.RingTransfer`.
 The network that makes these connections (and TCP ones to other hosts) is
 :class:`aiodist.net.shmnet.HostNetwork`.
 """
@@ -40,8 +42,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import socket
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -49,15 +49,15 @@ from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionL
 from ..wire import DEFAULT_MAX_FRAME_SIZE, as_byte_view, encode_header
 from .base import Connection, Frame, FrameHandler, Header, PayloadSink
 from .shmring import RingSpace, Spares
-from .shmseg import PEERS, Segment, SegmentRef, SharedMemoryError
-from .tcp_connection import TCPConnection
+from .shmseg import PEERS, Segment, SharedMemoryError
+from .shmstream import MAX_SALVAGE as MAX_SALVAGE
+from .shmstream import FrameStream as FrameStream
+from .shmtransfer import _ACK, _FIRST, _HELLO, _K, _MORE, _READY, INLINE_MAX, RingTransfer, _Incoming, _Job, _usable
 
 log = logging.getLogger("aiodist.net")
 
 __all__ = ["ShmConnection", "INLINE_MAX", "RING_BYTES", "PIECE_BYTES", "SPARE_BYTES", "MAX_QUEUED_FRAMES", "MAX_SALVAGE"]
 
-INLINE_MAX = 1 << 16
-"""Payloads up to this many bytes travel inline on the socket; larger ones through the ring."""
 RING_BYTES = 8 << 20
 """Bytes of each direction's ring (memory is only taken by the pages a connection uses)."""
 PIECE_BYTES = 1 << 20
@@ -66,102 +66,9 @@ SPARE_BYTES = 8 << 20
 """Memory kept per connection for payloads that arrive before anybody waits for them (see :class:`~aiodist.net.shmring.Spares`)."""
 MAX_QUEUED_FRAMES = 4096
 """Frames waiting for ``recv``: beyond this many the socket is no longer read."""
-MAX_SALVAGE = 16 << 20
-"""Bytes read at most from a socket whose write failed because the peer left (what it sent last)."""
-
-_K = "\x00"  # the key of this layer's own frames
-_HELLO, _READY, _FIRST, _MORE, _ACK = 0, 1, 2, 3, 4
-_PEERCRED = struct.Struct("3i")
 
 
-class _Job:
-    """A frame waiting to be sent behind a large payload that is going through the ring."""
-
-    __slots__ = ("header", "data", "total", "started", "fut")
-
-    def __init__(self, header: Header, data: memoryview | None, fut: asyncio.Future[None] | None) -> None:
-        self.header = header
-        self.data = data  # what is still to be placed (None: no payload)
-        self.total = 0 if data is None else data.nbytes
-        self.started = False  # its first piece was announced
-        self.fut = fut
-
-
-class _Incoming:
-    """A payload arriving through the ring: where it goes and how much came."""
-
-    __slots__ = ("header", "total", "target", "pos")
-
-    def __init__(self, header: Header, total: int, target: memoryview) -> None:
-        self.header = header
-        self.total = total
-        self.target = target  # the sink's buffer, or memory of our own
-        self.pos = 0
-
-
-class FrameStream(TCPConnection):
-    """The framed Unix socket under a :class:`ShmConnection` (the TCP connection's protocol, reused)."""
-
-    owner: ShmConnection | None = None
-    on_made: Callable[[FrameStream], None] | None = None
-    peer_pid: int | None = None  # the process at the other end (None if the system will not say)
-    _unread: socket.socket | None = None  # a second descriptor of the socket, to read what a failed write left
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        peer = self.peer
-        super().connection_made(transport)
-        self._peer = peer  # (a Unix socket's peername is no host:port)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-                self.peer_pid = _PEERCRED.unpack(raw)[0]
-            except OSError:
-                pass
-            try:
-                self._unread = sock.dup()
-                self._unread.setblocking(False)
-            except OSError:
-                self._unread = None
-        if self.on_made is not None:
-            self.on_made(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if exc is not None and self._exc is None:
-            self._read_the_rest()
-        unread, self._unread = self._unread, None
-        if unread is not None:
-            unread.close()
-        super().connection_lost(exc)
-        owner, self.owner = self.owner, None
-        if owner is not None:
-            owner._stream_lost(exc)
-
-    def _read_the_rest(self) -> None:
-        """The transport broke on a write (EPIPE: the peer is gone) without reading what the peer sent
-        before it left: read it now, so that its last frames (a notice that this rank was declared
-        failed, say) arrive before the end. Bounded by what the socket holds and :data:`MAX_SALVAGE`."""
-        sock = self._unread
-        left = MAX_SALVAGE
-        while sock is not None and left > 0 and self._exc is None:
-            buf = self.get_buffer(-1)
-            try:
-                n = sock.recv_into(buf, min(len(buf), left))
-            except OSError:  # (nothing more: EAGAIN, or a reset)
-                return
-            if n == 0:
-                return
-            left -= n
-            self.buffer_updated(n)
-
-    def take_unread(self) -> list[Frame]:
-        """The frames kept for ``recv`` (while no handler took them), in order; they are no longer kept."""
-        frames = list(self._frames)
-        self._frames.clear()
-        return frames
-
-
-class ShmConnection(Connection):
+class ShmConnection(RingTransfer, Connection):
     """A connection to a process of this host (see the module doc)."""
 
     def __init__(self, stream: FrameStream, *, peer_pid: int, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
@@ -297,18 +204,6 @@ class ShmConnection(Connection):
                 del job
         await self._stream.drained()
 
-    def _withdraw(self, job: _Job) -> None:
-        """The sender of ``job`` was cancelled: drop the frame if nothing of it left, else keep a copy of the rest."""
-        job.fut = None
-        if job not in self._jobs:
-            return
-        if not job.started:
-            self._jobs.remove(job)
-            job.data = None
-            self._wake_drainers()
-        elif job.data is not None:
-            job.data = memoryview(bytes(job.data))
-
     async def drained(self) -> None:
         """Wait until every queued frame was handed over (raises if the connection closed or broke)."""
         while self._jobs and self._exc is None:
@@ -365,51 +260,6 @@ class ShmConnection(Connection):
 
     async def wait_closed(self) -> None:
         await self._stream.wait_closed()
-
-    # ------------------------------------------------------------------ sending through the ring
-
-    def _pump(self) -> None:
-        """Send queued frames in order, placing large payloads into the ring as far as it has room."""
-        jobs, stream = self._jobs, self._stream
-        try:
-            while jobs:
-                job = jobs[0]
-                data = job.data
-                if data is None or data.nbytes <= INLINE_MAX and not job.started or self._inline:
-                    stream.send_nowait(job.header, data)
-                else:
-                    space, ring = self._space, self._out
-                    if space is None:
-                        return  # until the peer says whether it mapped our ring
-                    assert ring is not None and ring.view is not None
-                    while data.nbytes:
-                        offset, n = space.place(data.nbytes)
-                        if n == 0:
-                            return  # the ring is full: the next acknowledgement goes on
-                        ring.view[offset : offset + n] = data[:n]
-                        if job.started:
-                            stream.send_nowait({_K: _MORE, "o": offset, "l": n})
-                        else:
-                            job.started = True
-                            stream.send_nowait({_K: _FIRST, "h": job.header, "n": job.total, "o": offset, "l": n})
-                        data = job.data = data[n:]
-                jobs.popleft()
-                job.data = None
-                if job.fut is not None and not job.fut.done():
-                    job.fut.set_result(None)
-        except ConnectionClosedError as e:
-            self._set_exc(e)
-            return
-        except TypeError as e:  # an unserializable header: that frame is dropped, its sender told
-            job = jobs.popleft()
-            if job.fut is not None and not job.fut.done():
-                job.fut.set_exception(e)
-            self._pump()
-            return
-        self._wake_drainers()
-        if self._closing:
-            self._stream.close()
-            self._unmap()
 
     # ------------------------------------------------------------------ receiving
 
@@ -481,53 +331,6 @@ class ShmConnection(Connection):
         else:
             raise ProtocolError(f"unknown shared memory frame kind {kind!r}")
 
-    def _hello(self, h: Header) -> None:
-        raw = h["ring"]
-        ok = False
-        if raw is not None and self._in is None:
-            ref = SegmentRef.unpack(raw)
-            if ref.pid != self._peer_pid:
-                raise ProtocolError(f"the peer (pid {self._peer_pid}) announced a ring of process {ref.pid}")
-            try:
-                self._in = Segment.attach(ref)
-                ok = True
-            except SharedMemoryError as e:
-                log.info("cannot map the ring of %s (its payloads stay inline): %s", self._peer, e)
-        self._stream.send_nowait({_K: _READY, "ok": ok})
-
-    def _piece(self, h: Header, first: bool) -> None:
-        ring = self._in
-        if ring is None or ring.view is None:
-            raise ProtocolError("a payload piece, but no ring was mapped")
-        offset, n = h["o"], h["l"]
-        if type(offset) is not int or type(n) is not int or n <= 0 or offset < 0 or offset + n > ring.ref.size:
-            raise ProtocolError(f"a piece of {n!r} bytes at {offset!r} does not fit a ring of {ring.ref.size}")
-        inc = self._incoming
-        if first:
-            if inc is not None:
-                raise ProtocolError("a payload began in the middle of another")
-            header, total = h["h"], h["n"]
-            if type(header) is not dict or type(total) is not int or total <= INLINE_MAX:
-                raise ProtocolError(f"a malformed payload announcement {h!r}")
-            if total > self._max_frame_size:
-                raise ProtocolError(f"a payload of {total} bytes exceeds the limit of {self._max_frame_size} bytes")
-            target = self._sink(header, total, 0) if self._sink is not None else None
-            # Nobody waits for it yet: memory of our own, reused (see Spares). Only the pages the
-            # pieces fill become resident: memory grows with the bytes that arrive, not with the claim.
-            target = self._spares.lend(total) if target is None else _usable(target, total)
-            inc = self._incoming = _Incoming(header, total, target)
-        elif inc is None:
-            raise ProtocolError("a payload piece without its beginning")
-        if inc.pos + n > inc.total:
-            raise ProtocolError(f"pieces of {inc.pos + n} bytes for a payload of {inc.total}")
-        inc.target[inc.pos : inc.pos + n] = ring.view[offset : offset + n]
-        inc.pos += n
-        if not self._stream.closed:  # (after the end the peer needs no acknowledgement)
-            self._stream.send_nowait({_K: _ACK, "l": n})
-        if inc.pos == inc.total:
-            self._incoming = None
-            self._deliver(Frame(inc.header, inc.target))
-
     # ------------------------------------------------------------------ the end
 
     def _fail(self, e: ProtocolError) -> None:
@@ -592,11 +395,3 @@ def _nbytes(payload: Any) -> int:
     """The size of ``payload``'s buffer, without keeping a view of it."""
     with memoryview(payload) as view:
         return view.nbytes
-
-
-def _usable(target: memoryview, nbytes: int) -> memoryview:
-    if not isinstance(target, memoryview):
-        target = memoryview(target)
-    if target.nbytes != nbytes or target.readonly or not target.c_contiguous:
-        raise ProtocolError(f"payload sink returned an unusable buffer for {nbytes} bytes")
-    return target if target.format == "B" and target.ndim == 1 else target.cast("B")

@@ -11,6 +11,9 @@ not answer within its timeout plus a grace period (a hung or partitioned
 server). A call whose request waits for room in a full socket buffer is bound
 by the same deadline.
 
+The operations themselves (argument checks, encoding, errors) are
+:class:`~aiodist.store.client_ops.ClientOps`.
+
 Connecting runs the store's authenticated handshake (see
 :mod:`.admission`): the client proves the job's secret and refuses a server
 that cannot prove it.
@@ -26,7 +29,6 @@ import asyncio
 import logging
 import math
 from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
 from .. import auth, tls
@@ -37,27 +39,21 @@ from ..errors import (
     ConnectionLost,
     StoreConnectionLost,
     StoreConnectTimeoutError,
-    StoreRequestError,
     StoreTimeoutError,
 )
-from ..inflight import waiting_in
 from ..net.base import Connection, Frame
 from ..wire import DEFAULT_MAX_FRAME_SIZE
 from . import protocol as P
 from .admission import BusyError, client_handshake
+from .client_ops import REQUEST_TOO_LARGE as REQUEST_TOO_LARGE
+from .client_ops import ClientOps, _keylist
 from .limits import PRE_AUTH_MAX_FRAME
-from .base import Store, Value, as_amount, as_key, as_keys, as_timeout, as_value
-from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, KEY_TOO_LARGE, VALUE_TOO_LARGE
+from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
 
 log = logging.getLogger("aiodist.store")
 
 _GRACE = 5.0
 """Extra seconds a call waits for the server's own timeout reply before giving up locally."""
-
-_MAX_KEYS_BYTES = 512 * 1024
-"""Bound on the keys of one request: they travel in the frame header, which the wire limits to 1 MiB."""
-
-REQUEST_TOO_LARGE = "request_too_large"
 
 _BACKOFF_FIRST = 0.05
 _BACKOFF_MAX = 1.0
@@ -66,11 +62,7 @@ _BACKOFF_MAX = 1.0
 _Call = tuple["asyncio.Future[tuple[dict[str, Any], memoryview | None]]", float, str, "str | list[str]", float]
 
 
-def _keylist(keys: str | list[str]) -> list[str]:
-    return [keys] if isinstance(keys, str) else keys
-
-
-class TCPStore(Store):
+class TCPStore(ClientOps):
     """A client of a :class:`~aiodist.store.server.StoreServer`.
 
     Create with :meth:`connect`. ``timeout`` is the default for blocking calls
@@ -248,45 +240,6 @@ class TCPStore(Store):
         self._control.append((msg, body))
         self._wake.set()
 
-    def _failed(self, h: dict[str, Any], op: str, keys: str | list[str], timeout: float) -> Exception:
-        if h.get("err") == P.TIMEOUT:
-            return StoreTimeoutError(_keylist(keys), timeout, op)
-        return P.reply_error(h, op)
-
-    def _check_key(self, raw: Any, op: str) -> str:
-        key = as_key(raw)
-        if len(key) * 4 > self.max_key_bytes and len(key.encode("utf-8", "surrogatepass")) > self.max_key_bytes:
-            raise StoreRequestError(
-                f"store refused {op}: key of {len(key.encode('utf-8', 'surrogatepass'))} bytes exceeds the limit of {self.max_key_bytes} bytes",
-                code=KEY_TOO_LARGE,
-                op=op,
-                key=key[:64],
-            )
-        return key
-
-    def _check_keys(self, keys: Any, op: str) -> list[str]:
-        """Keys for a multi-key call; refuses lists too large for one request header."""
-        ks = [self._check_key(k, op) for k in as_keys(keys)]
-        chars = sum(len(k) for k in ks) + 8 * len(ks)
-        if chars * 4 > _MAX_KEYS_BYTES:
-            size = sum(len(k.encode("utf-8", "surrogatepass")) + 8 for k in ks)
-            if size > _MAX_KEYS_BYTES:
-                raise StoreRequestError(
-                    f"store refused {op}: {len(ks)} keys of {size} bytes in total exceed the limit of "
-                    f"{_MAX_KEYS_BYTES} bytes per request; split the call",
-                    code=REQUEST_TOO_LARGE,
-                    op=op,
-                )
-        return ks
-
-    def _check_value(self, key: str, value: bytes, op: str) -> None:
-        if len(value) > self.max_value_bytes:
-            raise StoreRequestError(
-                f"store refused {op}: value of {len(value)} bytes for key {key[:64]!r} exceeds the limit of {self.max_value_bytes} bytes",
-                code=VALUE_TOO_LARGE,
-                op=op,
-                key=key[:64],
-            )
 
     # ------------------------------------------------------------ background tasks
 
@@ -437,160 +390,3 @@ class TCPStore(Store):
                 await self._conn.wait_closed()
         except TimeoutError:
             pass
-
-    # ------------------------------------------------------------ the API
-
-    async def set(self, key: str, value: Value) -> None:
-        if type(key) is not str or len(key) > self._short_key:
-            key = self._check_key(key, "set")
-        if type(value) is not bytes:
-            value = as_value(value)
-        if len(value) <= P.HEADER_VALUES_LIMIT:
-            r, _ = await self._call({"op": "set", "k": key, "v": [value]}, None, "set", key, self.timeout)
-        else:
-            self._check_value(key, value, "set")
-            h: dict[str, Any] = {"op": "set", "k": key}
-            body = P.pack_values(h, (value,))
-            r, _ = await self._call(h, body, "set", key, self.timeout)
-        if "err" in r:
-            raise self._failed(r, "set", key, self.timeout)
-
-    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
-        if type(key) is not str or len(key) > self._short_key:
-            key = self._check_key(key, "get")
-        t = self.timeout if timeout is None else as_timeout(timeout, self.timeout)
-        with waiting_in("store.get", key=key):
-            r, payload = await self._call({"op": "get", "k": key, "t": t}, None, "get", key, t)
-        if "err" in r:
-            raise self._failed(r, "get", key, t)
-        v = r.get("v")
-        return v[0] if v is not None else P.unpack_values(r, payload)[0]
-
-    async def add(self, key: str, amount: int) -> int:
-        if type(key) is not str or len(key) > self._short_key:
-            key = self._check_key(key, "add")
-        if type(amount) is not int:
-            amount = as_amount(amount)
-        r, _ = await self._call({"op": "add", "k": key, "n": amount}, None, "add", key, self.timeout)
-        if "err" in r:
-            raise self._failed(r, "add", key, self.timeout)
-        return r["r"]  # type: ignore[no-any-return]
-
-    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
-        if type(key) is not str or len(key) > self._short_key:
-            key = self._check_key(key, "compare_set")
-        exp = expected if type(expected) is bytes else as_value(expected)
-        des = desired if type(desired) is bytes else as_value(desired)
-        if len(exp) > self.max_value_bytes or len(des) > self.max_value_bytes:
-            self._check_value(key, exp, "compare_set")
-            self._check_value(key, des, "compare_set")
-        h: dict[str, Any] = {"op": "compare_set", "k": key}
-        body = P.pack_values(h, (exp, des))
-        r, payload = await self._call(h, body, "compare_set", key, self.timeout)
-        if "err" in r:
-            raise self._failed(r, "compare_set", key, self.timeout)
-        v = r.get("v")
-        return v[0] if v is not None else P.unpack_values(r, payload)[0]
-
-    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
-        ks = self._check_keys(keys, "wait")
-        t = as_timeout(timeout, self.timeout)
-        with waiting_in("store.wait", keys=ks):
-            r, _ = await self._call({"op": "wait", "ks": ks, "t": t}, None, "wait", ks, t)
-        if "err" in r:
-            raise self._failed(r, "wait", ks, t)
-
-    async def check(self, keys: Sequence[str]) -> bool:
-        ks = self._check_keys(keys, "check")
-        r, _ = await self._call({"op": "check", "ks": ks}, None, "check", ks, self.timeout)
-        if "err" in r:
-            raise self._failed(r, "check", ks, self.timeout)
-        return bool(r["r"])
-
-    async def delete_key(self, key: str) -> bool:
-        if type(key) is not str or len(key) > self._short_key:
-            key = self._check_key(key, "delete_key")
-        r, _ = await self._call({"op": "delete_key", "k": key}, None, "delete_key", key, self.timeout)
-        if "err" in r:
-            raise self._failed(r, "delete_key", key, self.timeout)
-        return bool(r["r"])
-
-    async def num_keys(self) -> int:
-        r, _ = await self._call({"op": "num_keys"}, None, "num_keys", [], self.timeout)
-        if "err" in r:
-            raise self._failed(r, "num_keys", [], self.timeout)
-        return r["r"]  # type: ignore[no-any-return]
-
-    async def append(self, key: str, value: Value) -> None:
-        if type(key) is not str or len(key) > self._short_key:
-            key = self._check_key(key, "append")
-        value = as_value(value)
-        self._check_value(key, value, "append")
-        h: dict[str, Any] = {"op": "append", "k": key}
-        body = P.pack_values(h, (value,))
-        r, _ = await self._call(h, body, "append", key, self.timeout)
-        if "err" in r:
-            raise self._failed(r, "append", key, self.timeout)
-
-    async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
-        ks = self._check_keys(keys, "multi_get")
-        t = as_timeout(timeout, self.timeout)
-        with waiting_in("store.multi_get", keys=ks):
-            r, payload = await self._call({"op": "multi_get", "ks": ks, "t": t}, None, "multi_get", ks, t)
-        if "err" in r:
-            raise self._failed(r, "multi_get", ks, t)
-        return P.unpack_values(r, payload)
-
-    async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
-        ks = self._check_keys(keys, "multi_set")
-        if isinstance(values, (str, bytes, bytearray, memoryview)):
-            raise TypeError("multi_set expects a sequence of values")
-        vs = [as_value(v) for v in values]
-        if len(vs) != len(ks):
-            raise ValueError(f"multi_set got {len(ks)} keys but {len(vs)} values")
-        total = 0
-        for k, v in zip(ks, vs):
-            self._check_value(k, v, "multi_set")
-            total += len(v)
-        if total > 2 * self.max_value_bytes:
-            raise StoreRequestError(
-                f"store refused multi_set: {total} bytes of values exceed the limit of "
-                f"{2 * self.max_value_bytes} bytes per request (2 x max value); split the call",
-                code=REQUEST_TOO_LARGE,
-                op="multi_set",
-            )
-        h: dict[str, Any] = {"op": "multi_set", "ks": ks}
-        body = P.pack_values(h, vs)
-        r, _ = await self._call(h, body, "multi_set", ks, self.timeout)
-        if "err" in r:
-            raise self._failed(r, "multi_set", ks, self.timeout)
-
-    async def queue_push(self, key: str, value: Value) -> None:
-        if type(key) is not str or len(key) > self._short_key:
-            key = self._check_key(key, "queue_push")
-        value = as_value(value)
-        self._check_value(key, value, "queue_push")
-        h: dict[str, Any] = {"op": "queue_push", "k": key}
-        body = P.pack_values(h, (value,))
-        r, _ = await self._call(h, body, "queue_push", key, self.timeout)
-        if "err" in r:
-            raise self._failed(r, "queue_push", key, self.timeout)
-
-    async def queue_pop(self, key: str, *, timeout: float | None = None) -> bytes:
-        if type(key) is not str or len(key) > self._short_key:
-            key = self._check_key(key, "queue_pop")
-        t = as_timeout(timeout, self.timeout)
-        with waiting_in("store.queue_pop", key=key):
-            r, payload = await self._call({"op": "queue_pop", "k": key, "t": t}, None, "queue_pop", key, t)
-        if "err" in r:
-            raise self._failed(r, "queue_pop", key, t)
-        v = r.get("v")
-        return v[0] if v is not None else P.unpack_values(r, payload)[0]
-
-    async def queue_len(self, key: str) -> int:
-        if type(key) is not str or len(key) > self._short_key:
-            key = self._check_key(key, "queue_len")
-        r, _ = await self._call({"op": "queue_len", "k": key}, None, "queue_len", key, self.timeout)
-        if "err" in r:
-            raise self._failed(r, "queue_len", key, self.timeout)
-        return r["r"]  # type: ignore[no-any-return]

@@ -29,7 +29,8 @@ Semantics follow torch.distributed's TCPStore:
   oldest waiting ``queue_pop`` (exactly one) or enqueues it.
 
 Ordering is deterministic: waiters are kept in insertion-ordered dicts and
-woken oldest first; nothing iterates a set.
+woken oldest first; nothing iterates a set (see :mod:`.waiters`). Replies and
+error codes: :mod:`.replies`.
 """
 
 from __future__ import annotations
@@ -37,10 +38,19 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Hashable, Sequence
-from typing import Any, Final, NamedTuple
+from typing import Final
 
 from .quota import QUOTA_EXCEEDED as QUOTA_EXCEEDED  # a write over a quota (see :mod:`.quota`)
 from .quota import Ledger
+from .replies import BAD_REQUEST as BAD_REQUEST
+from .replies import DUPLICATE_REQUEST as DUPLICATE_REQUEST
+from .replies import KEY_TOO_LARGE as KEY_TOO_LARGE
+from .replies import NOT_INTEGER as NOT_INTEGER
+from .replies import OVERFLOW as OVERFLOW
+from .replies import VALUE_TOO_LARGE as VALUE_TOO_LARGE
+from .replies import Failure as Failure
+from .replies import Reply as Reply
+from .waiters import _GET, _MULTI_GET, _POP, _WAIT, Waiters, _Waiter
 
 DEFAULT_MAX_KEY_BYTES: Final = 8 * 1024
 DEFAULT_MAX_VALUE_BYTES: Final = 64 * 1024 * 1024
@@ -50,56 +60,13 @@ INT64_MAX: Final = 2**63 - 1
 
 _INTEGER = re.compile(rb"[+-]?[0-9]+")
 
-# Error codes carried in replies (and in StoreRequestError.code on the client).
-NOT_INTEGER: Final = "not_integer"
-OVERFLOW: Final = "overflow"
-KEY_TOO_LARGE: Final = "key_too_large"
-VALUE_TOO_LARGE: Final = "value_too_large"
-DUPLICATE_REQUEST: Final = "duplicate_request"
-BAD_REQUEST: Final = "bad_request"
-
-
-class Failure(NamedTuple):
-    """Why a request was refused: a stable ``code`` and a human ``message``."""
-
-    code: str
-    message: str
-    key: str | None = None
-
-
-class Reply(NamedTuple):
-    """The answer to request ``request`` of ``client``: a ``value`` or a ``failure``."""
-
-    client: Hashable
-    request: int
-    value: Any = None
-    failure: Failure | None = None
-
 
 # Reply(...) runs namedtuple's Python-level __new__; the hot operations build
 # their replies with tuple.__new__ directly, twice as fast. Same objects.
 _new_tuple = tuple.__new__
 
-_GET: Final = 0
-_WAIT: Final = 1
-_MULTI_GET: Final = 2
-_POP: Final = 3
 
-
-class _Waiter:
-    """One blocked request. It sits in exactly one wait list: ``self.on``."""
-
-    __slots__ = ("client", "request", "kind", "keys", "on")
-
-    def __init__(self, client: Hashable, request: int, kind: int, keys: Sequence[str]) -> None:
-        self.client = client
-        self.request = request
-        self.kind = kind
-        self.keys = keys
-        self.on = keys[0] if keys else ""
-
-
-class StoreState:
+class StoreState(Waiters):
     """Keys -> bytes, queues, and the waiters blocked on them.
 
     ``max_key_bytes`` bounds a key's UTF-8 size, ``max_value_bytes`` a value's
@@ -187,81 +154,6 @@ class StoreState:
         if size <= self.max_value_bytes:
             return None
         return Failure(VALUE_TOO_LARGE, f"value of {size} bytes for key {key[:64]!r} exceeds the limit of {self.max_value_bytes} bytes", key[:64])
-
-    # ------------------------------------------------------------ waking
-
-    def _exists(self, key: str) -> bool:
-        if key in self._values:
-            return True
-        q = self._queues.get(key)
-        return bool(q)
-
-    def _first_missing(self, w: _Waiter) -> str | None:
-        values = self._values
-        if w.kind == _WAIT:
-            for key in w.keys:
-                if not self._exists(key):
-                    return key
-        else:
-            for key in w.keys:
-                if key not in values:
-                    return key
-        return None
-
-    def _result(self, w: _Waiter) -> Any:
-        if w.kind == _GET:
-            return self._values[w.keys[0]]
-        if w.kind == _MULTI_GET:
-            values = self._values
-            return [values[k] for k in w.keys]
-        return None
-
-    def _park(self, w: _Waiter, key: str, table: dict[str, dict[tuple[Hashable, int], _Waiter]]) -> None:
-        w.on = key
-        lst = table.get(key)
-        if lst is None:
-            lst = table[key] = {}
-        lst[(w.client, w.request)] = w
-
-    def _wake(self, key: str, out: list[Reply] | None) -> list[Reply]:
-        """Re-examine the key waiters parked on ``key`` (it was just written)."""
-        lst = self._key_waiters.pop(key, None)
-        if lst is None:
-            return out if out is not None else []
-        if out is None:
-            out = []
-        for w in list(lst.values()):
-            missing = self._first_missing(w)
-            if missing is None:
-                self._forget(w)
-                out.append(Reply(w.client, w.request, self._result(w)))
-            else:
-                self._park(w, missing, self._key_waiters)
-        return out
-
-    def _forget(self, w: _Waiter) -> None:
-        mine = self._by_client.get(w.client)
-        if mine is not None:
-            mine.pop(w.request, None)
-            if not mine:
-                del self._by_client[w.client]
-
-    def _register(self, client: Hashable, request: int, kind: int, keys: Sequence[str]) -> _Waiter | Failure:
-        mine = self._by_client.get(client)
-        if mine is None:
-            mine = self._by_client[client] = {}
-        elif request in mine:
-            return Failure(DUPLICATE_REQUEST, f"request id {request} is already waiting")
-        w = _Waiter(client, request, kind, keys)
-        mine[request] = w
-        return w
-
-    def _block(self, client: Hashable, request: int, kind: int, keys: Sequence[str], missing: str) -> list[Reply]:
-        w = self._register(client, request, kind, keys)
-        if isinstance(w, Failure):
-            return [Reply(client, request, None, w)]
-        self._park(w, missing, self._queue_waiters if kind == _POP else self._key_waiters)
-        return []
 
     # ------------------------------------------------------------ quotas
 
@@ -502,40 +394,3 @@ class StoreState:
         if key in self._key_waiters:
             return self._wake(key, None)
         return []
-
-    # ------------------------------------------------------------ cancellation
-
-    def cancel(self, client: Hashable, request: int) -> bool:
-        """Drop the waiter of ``(client, request)``; False if it is not waiting (any more)."""
-        mine = self._by_client.get(client)
-        if mine is None:
-            return False
-        w = mine.pop(request, None)
-        if w is None:
-            return False
-        if not mine:
-            del self._by_client[client]
-        self._unpark(w)
-        return True
-
-    def drop_client(self, client: Hashable) -> int:
-        """Drop every waiter of ``client`` (it disconnected); returns how many.
-
-        What it stored stays, counted in the total quota only.
-        """
-        if self._ledger is not None:
-            self._ledger.forget_client(client)
-        mine = self._by_client.pop(client, None)
-        if not mine:
-            return 0
-        for w in mine.values():
-            self._unpark(w)
-        return len(mine)
-
-    def _unpark(self, w: _Waiter) -> None:
-        table = self._queue_waiters if w.kind == _POP else self._key_waiters
-        lst = table.get(w.on)
-        if lst is not None:
-            lst.pop((w.client, w.request), None)
-            if not lst:
-                del table[w.on]

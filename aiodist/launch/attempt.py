@@ -1,0 +1,350 @@
+"""One attempt of a launch: every local rank started as a child process, its output copied, its exit watched.
+
+An :class:`Attempt` starts each local rank (in a process group of its own,
+killed with the launcher on Linux) with its environment, copies its stdout
+and stderr line by line with a ``[rankN]: `` prefix, reports each exit on
+the job's event queue, settles the root cause of a failure from the ranks'
+end records (:mod:`aiodist.launch.outcome`), and stops the ranks still
+running (a signal, then SIGKILL after the grace period).
+
+Process management, not protocol code: asyncio subprocesses and the
+wall-clock event loop directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from . import outcome as outcomes
+from .env import merged_env, rank_env
+from .job import LaunchConfig, RankExit
+from .outcome import Blame
+from .prefix import LinePrefixer, rank_prefix
+
+_DRAIN_TIMEOUT = 2.0  # output still buffered in a dead rank's pipes
+_KILL_WAIT = 5.0  # after SIGKILL
+_POLL = 0.05  # how often the ranks' end records are read while waiting for them
+
+# Each rank leads a process group of its own: a Ctrl-C at the terminal reaches
+# the launcher only (which forwards it once), and stopping a rank also stops
+# the processes it started.
+_OWN_GROUPS = hasattr(os, "killpg") and sys.platform != "win32"
+_PROCESS_GROUP: int | None = 0 if _OWN_GROUPS else None
+
+
+@dataclass(frozen=True)
+class Exited:
+    attempt: int
+    exit: RankExit
+
+
+@dataclass(frozen=True)
+class Signalled:
+    signum: int
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    pass
+
+
+Event = Exited | Signalled | TimedOut
+
+
+def _parent_death_hook() -> Callable[[], None] | None:
+    """A preexec hook that makes a rank die (SIGKILL) if the launcher dies without stopping it (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None  # PR_SET_PDEATHSIG follows the forking *thread*, which may end early
+
+    launcher = os.getpid()
+
+    def hook() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != launcher:  # the launcher died before the line above took effect
+            os._exit(1)
+
+    return hook
+
+
+class Sink:
+    """A binary output stream that keeps accepting (and dropping) data once it broke."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._broken = False
+
+    def write(self, data: bytes) -> None:
+        if self._broken or not data:
+            return
+        try:
+            self._stream.write(data)
+            self._stream.flush()
+        except (OSError, ValueError):
+            self._broken = True
+
+
+class _RankProtocol(asyncio.SubprocessProtocol):
+    """Receives one rank's output (prefixed line by line into the sinks) and its exit.
+
+    ``exited`` resolves with the exit status as soon as the rank is reaped;
+    ``closed`` once its pipes are closed too (a process the rank left behind
+    may hold them open indefinitely, so nothing waits on it unbounded).
+    """
+
+    def __init__(self, rank: int, out: Sink, err: Sink) -> None:
+        loop = asyncio.get_running_loop()
+        self._sinks = {1: out, 2: err}
+        self._prefixers = {1: LinePrefixer(rank_prefix(rank)), 2: LinePrefixer(rank_prefix(rank))}
+        self._transport: asyncio.SubprocessTransport | None = None
+        self.exited: asyncio.Future[int] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self._transport = transport
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        if fd in self._sinks:
+            self._sinks[fd].write(self._prefixers[fd].feed(bytes(data) if isinstance(data, bytes) else data.encode()))
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.flush(fd)
+
+    def flush(self, fd: int) -> None:
+        """Write out the unfinished last line of ``fd``, if any."""
+        if fd in self._sinks:
+            self._sinks[fd].write(self._prefixers[fd].flush())
+
+    def process_exited(self) -> None:
+        assert self._transport is not None
+        returncode = self._transport.get_returncode()
+        if not self.exited.done() and returncode is not None:
+            self.exited.set_result(returncode)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+class _Rank:
+    """A started rank: its transport (pid, signals, status) and protocol (output, exit)."""
+
+    def __init__(self, local_rank: int, transport: asyncio.SubprocessTransport, protocol: _RankProtocol) -> None:
+        self.local_rank = local_rank
+        self.transport = transport
+        self.protocol = protocol
+        self.pid = transport.get_pid()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.transport.get_returncode()
+
+
+class Attempt:
+    """One start of all local ranks. Owns the processes and their watcher tasks."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        *,
+        index: int,
+        master_port: int,
+        events: asyncio.Queue[Event],
+        out: Sink,
+        err: Sink,
+        status_dir: str,
+    ) -> None:
+        self._config = config
+        self.index = index
+        self.status_dir = status_dir
+        self._master_port = master_port
+        self._events = events
+        self._out = out
+        self._err = err
+        self._ranks: list[_Rank] = []
+        self._watchers: list[asyncio.Task[None]] = []
+        self._exits: list[tuple[RankExit, bool]] = []  # (exit, observed before stop began)
+        self.stopping = False
+        self.running_count = 0
+
+    def _rank(self, local_rank: int) -> int:
+        return self._config.node_rank * self._config.nproc_per_node + local_rank
+
+    async def start(self) -> None:
+        """Start every local rank. On error the ranks already started are left for :meth:`stop`."""
+        cfg = self._config
+        loop = asyncio.get_running_loop()
+        base = os.environ if cfg.env is None else cfg.env
+        pipe = subprocess.PIPE if cfg.prefix_output else None
+        hook = _parent_death_hook()
+        for local_rank in range(cfg.nproc_per_node):
+            env = merged_env(
+                base,
+                rank_env(
+                    local_rank=local_rank,
+                    nproc_per_node=cfg.nproc_per_node,
+                    nnodes=cfg.nnodes,
+                    node_rank=cfg.node_rank,
+                    master_addr=cfg.master_addr,
+                    master_port=self._master_port,
+                    restart_count=self.index + cfg.restart_base,
+                    max_restarts=cfg.max_restarts + cfg.restart_base,
+                    run_id=cfg.run_id,
+                ),
+                nproc_per_node=cfg.nproc_per_node,
+            )
+            env[outcomes.STATUS_DIR_ENV] = self.status_dir
+            rank = self._rank(local_rank)
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _RankProtocol(rank, self._out, self._err),
+                *cfg.command,
+                stdin=subprocess.DEVNULL,
+                stdout=pipe,
+                stderr=pipe,
+                env=env,
+                cwd=cfg.cwd,
+                preexec_fn=hook,
+                process_group=_PROCESS_GROUP,
+            )
+            started = _Rank(local_rank, transport, protocol)
+            self._ranks.append(started)
+            self.running_count += 1
+            self._watchers.append(asyncio.create_task(self._watch(started)))
+
+    async def _watch(self, started: _Rank) -> None:
+        protocol = started.protocol
+        try:
+            returncode = await protocol.exited
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_DRAIN_TIMEOUT):
+                    await asyncio.shield(protocol.closed)
+        finally:
+            protocol.flush(1)
+            protocol.flush(2)
+            started.transport.close()  # releases the pipes (the rank itself has exited by now)
+        ended = RankExit(rank=self._rank(started.local_rank), local_rank=started.local_rank, pid=started.pid,
+                         returncode=returncode)
+        self._exits.append((ended, not self.stopping))
+        self._events.put_nowait(Exited(self.index, ended))
+
+    async def wait(self, *, all_ranks: bool = False) -> Event | None:
+        """Wait until every rank succeeded (``None``), one failed (its ``Exited``), or a signal/timeout event.
+
+        ``all_ranks``: a failure does not end the wait; it returns once every rank
+        has exited (the first failure's ``Exited``, or None) or at a signal/timeout.
+        """
+        first: Exited | None = None
+        while self.running_count:
+            event = await self._events.get()
+            if not isinstance(event, Exited):
+                return event
+            if event.attempt != self.index:
+                continue
+            self.running_count -= 1
+            if event.exit.returncode != 0:
+                if not all_ranks:
+                    return event
+                first = first or event
+        return first
+
+    async def settle_blame(self, limit: float) -> Blame | None:
+        """After a failure: wait (up to ``limit`` s) until the root cause is known, then return it.
+
+        Known when a rank failed on its own (its record says so, or it died
+        without a record), or every rank has exited. A signal or timeout event
+        that arrives meanwhile is put back for the caller.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        while True:
+            blame = self.blame()
+            if not self.running_count:
+                return blame
+            if blame is not None and blame.kind in ("raised", "signal", "exit") and self.exit_of(blame.rank):
+                return blame  # (a rank that recorded its error is on its way out: its exit status is its own)
+            left = deadline - loop.time()
+            if left <= 0:
+                return blame
+            try:
+                event = await asyncio.wait_for(self._events.get(), min(_POLL, left))
+            except TimeoutError:
+                continue
+            if not isinstance(event, Exited):
+                self._events.put_nowait(event)
+                return self.blame()
+            if event.attempt == self.index:
+                self.running_count -= 1
+
+    def blame(self) -> Blame | None:
+        """The root cause as far as the exits and records seen so far tell."""
+        exits = [(e.rank, e.returncode) for e, _ in self._exits]
+        stopped = [e.rank for e, before_stop in self._exits if not before_stop]
+        return outcomes.root_cause(exits, outcomes.load(self.status_dir), stopped=stopped)
+
+    def exit_of(self, rank: int) -> RankExit | None:
+        for e, _ in self._exits:
+            if e.rank == rank:
+                return e
+        return None
+
+    def failures(self) -> tuple[RankExit, ...]:
+        """Ranks that failed on their own (not because they were stopped), in the order seen."""
+        return tuple(e for e, before_stop in self._exits if before_stop and e.returncode != 0)
+
+    def running(self) -> int:
+        """How many ranks have not exited yet."""
+        return sum(1 for r in self._ranks if r.returncode is None)
+
+    def signal_all(self, signum: int) -> None:
+        """Send ``signum`` to every rank still running, with the processes it started (its process group)."""
+        for r in self._ranks:
+            if r.returncode is None:  # not reaped yet, so its pid (= its group id) is still ours
+                try:
+                    if _OWN_GROUPS:
+                        os.killpg(r.pid, signum)
+                    else:
+                        r.transport.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+
+    async def _watchers_done(self, timeout: float) -> bool:
+        if not self._watchers:
+            return True
+        _, pending = await asyncio.wait(self._watchers, timeout=timeout)
+        return not pending
+
+    async def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Stop every rank still running: ``signum``, then SIGKILL after the grace period.
+
+        Returns once every rank has been reaped (or, for a rank that cannot be
+        reaped, after a bounded wait); the watcher tasks are done afterwards.
+        """
+        self.stopping = True
+        if any(r.returncode is None for r in self._ranks):
+            self.signal_all(signum)
+        if not await self._watchers_done(self._config.grace_period):
+            self.signal_all(signal.SIGKILL)
+            await self._watchers_done(_KILL_WAIT)
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+
+    @property
+    def size(self) -> int:
+        return len(self._ranks)

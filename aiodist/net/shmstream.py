@@ -1,0 +1,89 @@
+"""The framed Unix socket under a shared-memory connection (:class:`~aiodist.net.shm.ShmConnection`).
+
+:class:`FrameStream` is the TCP connection's protocol, reused on a Unix
+domain socket: it learns the peer's pid (``SO_PEERCRED``) and, when a write
+fails because the peer left, still reads what the peer sent before it went.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .base import Frame
+from .tcp_connection import TCPConnection
+
+if TYPE_CHECKING:
+    from .shm import ShmConnection
+
+__all__ = ["FrameStream", "MAX_SALVAGE"]
+
+MAX_SALVAGE = 16 << 20
+"""Bytes read at most from a socket whose write failed because the peer left (what it sent last)."""
+
+_PEERCRED = struct.Struct("3i")
+
+
+class FrameStream(TCPConnection):
+    """The framed Unix socket under a :class:`ShmConnection` (the TCP connection's protocol, reused)."""
+
+    owner: ShmConnection | None = None
+    on_made: Callable[[FrameStream], None] | None = None
+    peer_pid: int | None = None  # the process at the other end (None if the system will not say)
+    _unread: socket.socket | None = None  # a second descriptor of the socket, to read what a failed write left
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = self.peer
+        super().connection_made(transport)
+        self._peer = peer  # (a Unix socket's peername is no host:port)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+                self.peer_pid = _PEERCRED.unpack(raw)[0]
+            except OSError:
+                pass
+            try:
+                self._unread = sock.dup()
+                self._unread.setblocking(False)
+            except OSError:
+                self._unread = None
+        if self.on_made is not None:
+            self.on_made(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and self._exc is None:
+            self._read_the_rest()
+        unread, self._unread = self._unread, None
+        if unread is not None:
+            unread.close()
+        super().connection_lost(exc)
+        owner, self.owner = self.owner, None
+        if owner is not None:
+            owner._stream_lost(exc)
+
+    def _read_the_rest(self) -> None:
+        """The transport broke on a write (EPIPE: the peer is gone) without reading what the peer sent
+        before it left: read it now, so that its last frames (a notice that this rank was declared
+        failed, say) arrive before the end. Bounded by what the socket holds and :data:`MAX_SALVAGE`."""
+        sock = self._unread
+        left = MAX_SALVAGE
+        while sock is not None and left > 0 and self._exc is None:
+            buf = self.get_buffer(-1)
+            try:
+                n = sock.recv_into(buf, min(len(buf), left))
+            except OSError:  # (nothing more: EAGAIN, or a reset)
+                return
+            if n == 0:
+                return
+            left -= n
+            self.buffer_updated(n)
+
+    def take_unread(self) -> list[Frame]:
+        """The frames kept for ``recv`` (while no handler took them), in order; they are no longer kept."""
+        frames = list(self._frames)
+        self._frames.clear()
+        return frames

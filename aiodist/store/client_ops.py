@@ -1,0 +1,241 @@
+"""The store client's operations: each checks its arguments, encodes its request and decodes the reply.
+
+:class:`ClientOps` is the half of :class:`~aiodist.store.client.TCPStore`
+that knows the operations of :class:`~aiodist.store.base.Store`: keys and
+values are checked against the limits the server announced (an oversized
+one is refused here, with the same :class:`~aiodist.errors.StoreRequestError`
+the server would send), small values travel in the header and larger ones
+as the frame's payload, and an error reply becomes the matching exception.
+Sending a request and waiting for its reply is the client's business
+(:meth:`TCPStore._call`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import StoreRequestError, StoreTimeoutError
+from ..inflight import waiting_in
+from . import protocol as P
+from .base import Store, Value, as_amount, as_key, as_keys, as_timeout, as_value
+from .state import KEY_TOO_LARGE, VALUE_TOO_LARGE
+
+_MAX_KEYS_BYTES = 512 * 1024
+"""Bound on the keys of one request: they travel in the frame header, which the wire limits to 1 MiB."""
+
+REQUEST_TOO_LARGE = "request_too_large"
+
+
+def _keylist(keys: str | list[str]) -> list[str]:
+    return [keys] if isinstance(keys, str) else keys
+
+
+class ClientOps(Store):
+    """The operations of a store client; :class:`~aiodist.store.client.TCPStore` holds the state named here."""
+
+    __slots__ = ()
+
+    timeout: float
+    max_key_bytes: int
+    max_value_bytes: int
+    _short_key: int
+
+    if TYPE_CHECKING:
+        async def _call(self, header: dict[str, Any], payload: bytes | None, op: str, keys: str | list[str],
+                        timeout: float) -> tuple[dict[str, Any], memoryview | None]: ...
+
+    def _failed(self, h: dict[str, Any], op: str, keys: str | list[str], timeout: float) -> Exception:
+        if h.get("err") == P.TIMEOUT:
+            return StoreTimeoutError(_keylist(keys), timeout, op)
+        return P.reply_error(h, op)
+
+    def _check_key(self, raw: Any, op: str) -> str:
+        key = as_key(raw)
+        if len(key) * 4 > self.max_key_bytes and len(key.encode("utf-8", "surrogatepass")) > self.max_key_bytes:
+            raise StoreRequestError(
+                f"store refused {op}: key of {len(key.encode('utf-8', 'surrogatepass'))} bytes exceeds the limit of {self.max_key_bytes} bytes",
+                code=KEY_TOO_LARGE,
+                op=op,
+                key=key[:64],
+            )
+        return key
+
+    def _check_keys(self, keys: Any, op: str) -> list[str]:
+        """Keys for a multi-key call; refuses lists too large for one request header."""
+        ks = [self._check_key(k, op) for k in as_keys(keys)]
+        chars = sum(len(k) for k in ks) + 8 * len(ks)
+        if chars * 4 > _MAX_KEYS_BYTES:
+            size = sum(len(k.encode("utf-8", "surrogatepass")) + 8 for k in ks)
+            if size > _MAX_KEYS_BYTES:
+                raise StoreRequestError(
+                    f"store refused {op}: {len(ks)} keys of {size} bytes in total exceed the limit of "
+                    f"{_MAX_KEYS_BYTES} bytes per request; split the call",
+                    code=REQUEST_TOO_LARGE,
+                    op=op,
+                )
+        return ks
+
+    def _check_value(self, key: str, value: bytes, op: str) -> None:
+        if len(value) > self.max_value_bytes:
+            raise StoreRequestError(
+                f"store refused {op}: value of {len(value)} bytes for key {key[:64]!r} exceeds the limit of {self.max_value_bytes} bytes",
+                code=VALUE_TOO_LARGE,
+                op=op,
+                key=key[:64],
+            )
+
+    async def set(self, key: str, value: Value) -> None:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "set")
+        if type(value) is not bytes:
+            value = as_value(value)
+        if len(value) <= P.HEADER_VALUES_LIMIT:
+            r, _ = await self._call({"op": "set", "k": key, "v": [value]}, None, "set", key, self.timeout)
+        else:
+            self._check_value(key, value, "set")
+            h: dict[str, Any] = {"op": "set", "k": key}
+            body = P.pack_values(h, (value,))
+            r, _ = await self._call(h, body, "set", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "set", key, self.timeout)
+
+    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "get")
+        t = self.timeout if timeout is None else as_timeout(timeout, self.timeout)
+        with waiting_in("store.get", key=key):
+            r, payload = await self._call({"op": "get", "k": key, "t": t}, None, "get", key, t)
+        if "err" in r:
+            raise self._failed(r, "get", key, t)
+        v = r.get("v")
+        return v[0] if v is not None else P.unpack_values(r, payload)[0]
+
+    async def add(self, key: str, amount: int) -> int:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "add")
+        if type(amount) is not int:
+            amount = as_amount(amount)
+        r, _ = await self._call({"op": "add", "k": key, "n": amount}, None, "add", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "add", key, self.timeout)
+        return r["r"]  # type: ignore[no-any-return]
+
+    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "compare_set")
+        exp = expected if type(expected) is bytes else as_value(expected)
+        des = desired if type(desired) is bytes else as_value(desired)
+        if len(exp) > self.max_value_bytes or len(des) > self.max_value_bytes:
+            self._check_value(key, exp, "compare_set")
+            self._check_value(key, des, "compare_set")
+        h: dict[str, Any] = {"op": "compare_set", "k": key}
+        body = P.pack_values(h, (exp, des))
+        r, payload = await self._call(h, body, "compare_set", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "compare_set", key, self.timeout)
+        v = r.get("v")
+        return v[0] if v is not None else P.unpack_values(r, payload)[0]
+
+    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
+        ks = self._check_keys(keys, "wait")
+        t = as_timeout(timeout, self.timeout)
+        with waiting_in("store.wait", keys=ks):
+            r, _ = await self._call({"op": "wait", "ks": ks, "t": t}, None, "wait", ks, t)
+        if "err" in r:
+            raise self._failed(r, "wait", ks, t)
+
+    async def check(self, keys: Sequence[str]) -> bool:
+        ks = self._check_keys(keys, "check")
+        r, _ = await self._call({"op": "check", "ks": ks}, None, "check", ks, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "check", ks, self.timeout)
+        return bool(r["r"])
+
+    async def delete_key(self, key: str) -> bool:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "delete_key")
+        r, _ = await self._call({"op": "delete_key", "k": key}, None, "delete_key", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "delete_key", key, self.timeout)
+        return bool(r["r"])
+
+    async def num_keys(self) -> int:
+        r, _ = await self._call({"op": "num_keys"}, None, "num_keys", [], self.timeout)
+        if "err" in r:
+            raise self._failed(r, "num_keys", [], self.timeout)
+        return r["r"]  # type: ignore[no-any-return]
+
+    async def append(self, key: str, value: Value) -> None:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "append")
+        value = as_value(value)
+        self._check_value(key, value, "append")
+        h: dict[str, Any] = {"op": "append", "k": key}
+        body = P.pack_values(h, (value,))
+        r, _ = await self._call(h, body, "append", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "append", key, self.timeout)
+
+    async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
+        ks = self._check_keys(keys, "multi_get")
+        t = as_timeout(timeout, self.timeout)
+        with waiting_in("store.multi_get", keys=ks):
+            r, payload = await self._call({"op": "multi_get", "ks": ks, "t": t}, None, "multi_get", ks, t)
+        if "err" in r:
+            raise self._failed(r, "multi_get", ks, t)
+        return P.unpack_values(r, payload)
+
+    async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
+        ks = self._check_keys(keys, "multi_set")
+        if isinstance(values, (str, bytes, bytearray, memoryview)):
+            raise TypeError("multi_set expects a sequence of values")
+        vs = [as_value(v) for v in values]
+        if len(vs) != len(ks):
+            raise ValueError(f"multi_set got {len(ks)} keys but {len(vs)} values")
+        total = 0
+        for k, v in zip(ks, vs):
+            self._check_value(k, v, "multi_set")
+            total += len(v)
+        if total > 2 * self.max_value_bytes:
+            raise StoreRequestError(
+                f"store refused multi_set: {total} bytes of values exceed the limit of "
+                f"{2 * self.max_value_bytes} bytes per request (2 x max value); split the call",
+                code=REQUEST_TOO_LARGE,
+                op="multi_set",
+            )
+        h: dict[str, Any] = {"op": "multi_set", "ks": ks}
+        body = P.pack_values(h, vs)
+        r, _ = await self._call(h, body, "multi_set", ks, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "multi_set", ks, self.timeout)
+
+    async def queue_push(self, key: str, value: Value) -> None:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "queue_push")
+        value = as_value(value)
+        self._check_value(key, value, "queue_push")
+        h: dict[str, Any] = {"op": "queue_push", "k": key}
+        body = P.pack_values(h, (value,))
+        r, _ = await self._call(h, body, "queue_push", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "queue_push", key, self.timeout)
+
+    async def queue_pop(self, key: str, *, timeout: float | None = None) -> bytes:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "queue_pop")
+        t = as_timeout(timeout, self.timeout)
+        with waiting_in("store.queue_pop", key=key):
+            r, payload = await self._call({"op": "queue_pop", "k": key, "t": t}, None, "queue_pop", key, t)
+        if "err" in r:
+            raise self._failed(r, "queue_pop", key, t)
+        v = r.get("v")
+        return v[0] if v is not None else P.unpack_values(r, payload)[0]
+
+    async def queue_len(self, key: str) -> int:
+        if type(key) is not str or len(key) > self._short_key:
+            key = self._check_key(key, "queue_len")
+        r, _ = await self._call({"op": "queue_len", "k": key}, None, "queue_len", key, self.timeout)
+        if "err" in r:
+            raise self._failed(r, "queue_len", key, self.timeout)
+        return r["r"]  # type: ignore[no-any-return]

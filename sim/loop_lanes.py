@@ -1,0 +1,168 @@
+"""Lanes of the simulated loop: kill, retire, pause and slow one virtual process's callbacks.
+
+A *lane* is one virtual process incarnation (see :data:`sim.loop.LANE`).
+:class:`LaneControl` is the part of :class:`~sim.loop.SimLoop` that faults
+and the runner use on a lane: kill it (a crash: its callbacks never run
+again), retire it (the process ended), pause it until a virtual time
+(SIGSTOP: its callbacks are held, in order, and run after it resumes),
+stretch its sleeps (a straggler), and, at the end of a simulation, discard
+every task left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .handles import KernelEvent
+
+if TYPE_CHECKING:
+    from .ready import FifoReady, PctReady, RandomReady
+
+_new_handle = object.__new__
+
+_KERNEL_CONTEXT = contextvars.Context()
+"""The context of the loop's own kernel events (resuming a paused lane)."""
+
+
+class LaneControl:
+    """Per-lane control of the loop; :class:`~sim.loop.SimLoop` holds the state named here."""
+
+    now: float
+    dead_lanes: set[int]
+    _stopped: set[int]
+    _paused: dict[int, list[Any]]
+    _resume_at: dict[int, float]
+    _firsts: dict[int, int]
+    _stretch: dict[int, float]
+    _lane_tasks: dict[int, list[asyncio.Task[Any]]]
+    _zombies: list[asyncio.Task[Any]]
+    _graveyard: list[Any]
+    _ready: FifoReady | RandomReady | PctReady
+    _running: bool
+    _discarding: bool
+
+    if TYPE_CHECKING:
+        def schedule(self, when: float, lane: int, callback: Callable[..., Any], args: tuple[Any, ...],
+                     context: contextvars.Context, *, daemon: bool = False) -> None: ...
+        def close(self) -> None: ...
+
+    def lane_alive(self, lane: int) -> bool:
+        return lane not in self.dead_lanes
+
+    def kill_lane(self, lane: int) -> None:
+        """Drop every pending and future callback of ``lane`` (a crashed process).
+
+        Its tasks are kept referenced (never resumed, never garbage-collected
+        mid-run, so no ``finally`` of theirs runs at a random moment) until
+        :meth:`discard`.
+        """
+        self.dead_lanes.add(lane)
+        self._stopped.add(lane)
+        held = self._paused.pop(lane, None)
+        if held:
+            self._graveyard.extend(held)
+        self._resume_at.pop(lane, None)
+        for task in self._lane_tasks.get(lane, ()):
+            if not task.done():
+                self._zombies.append(task)
+
+    def retire_lane(self, lane: int) -> None:
+        """``lane``'s process ended and none of its tasks is left: nothing of it runs again (no scan for tasks)."""
+        self.dead_lanes.add(lane)
+        self._stopped.add(lane)
+        self._lane_tasks.pop(lane, None)
+
+    def lane_tasks(self, lane: int) -> list[asyncio.Task[Any]]:
+        """The tasks of ``lane`` that may not have ended yet, in creation order (a copy)."""
+        return list(self._lane_tasks.get(lane, ()))
+
+    def pause_lane(self, lane: int, until: float) -> None:
+        """Stop ``lane`` until virtual time ``until`` (SIGSTOP, then SIGCONT).
+
+        Nothing of it runs meanwhile: its ready callbacks, timers that fall due
+        and deliveries to it wait, in order, and run after it resumes (its
+        timers fire late). Pausing a paused lane extends the pause.
+        """
+        if lane < 0 or lane in self.dead_lanes or until <= self.now:
+            return
+        if lane in self._paused:
+            if until <= self._resume_at[lane]:
+                return
+        else:
+            self._paused[lane] = []
+            self._firsts.pop(lane, None)
+            self._stopped.add(lane)
+        self._resume_at[lane] = until
+        self.schedule(until, -1, self._resume_lane, (lane,), _KERNEL_CONTEXT)
+
+    def lane_paused(self, lane: int) -> bool:
+        return lane in self._paused
+
+    def first_on_resume(self, lane: int, callback: Callable[..., Any], args: tuple[Any, ...],
+                        context: contextvars.Context) -> None:
+        """The rest of the running step of ``lane``, which was just paused: it runs first when the lane resumes.
+
+        (Before the lane's callbacks that were due meanwhile, even those already ready at this
+        instant: a receive that paused its process is read before anything that came after it.)
+        """
+        event = _new_handle(KernelEvent)
+        event._context = context
+        event._callback = callback
+        event._args = args
+        event._scheduled = False
+        held = self._paused[lane]
+        held.insert(self._firsts.get(lane, 0), event)
+        self._firsts[lane] = self._firsts.get(lane, 0) + 1
+
+    def _resume_lane(self, lane: int) -> None:
+        if lane not in self._paused or self._resume_at[lane] > self.now:
+            return  # killed meanwhile, or the pause was extended
+        held = self._paused.pop(lane)
+        del self._resume_at[lane]
+        self._firsts.pop(lane, None)
+        self._stopped.discard(lane)
+        if held:
+            self._ready.requeue_front(lane, held)
+
+    def _divert(self, lane: int, handle: Any) -> None:
+        """A callback of a dead or paused lane came up: drop it, or hold it until the lane resumes."""
+        held = self._paused.get(lane)
+        if held is None:
+            self._graveyard.append(handle)
+        else:
+            held.append(handle)
+
+    def stretch_sleeps(self, lane: int, factor: float) -> None:
+        """Make ``asyncio.sleep`` in ``lane`` last ``factor`` times longer (a straggler)."""
+        if factor == 1.0:
+            self._stretch.pop(lane, None)
+        else:
+            self._stretch[lane] = factor
+
+    def discard(self) -> None:
+        """Close the loop and every coroutine of every unfinished task, silently.
+
+        Their ``finally`` blocks run now; whatever they schedule is dropped and
+        whatever they raise is swallowed. Use at the end of a simulation.
+        """
+        if self._running:
+            raise RuntimeError("Cannot discard a running event loop")
+        tasks = list(self._zombies) + [t for lane in self._lane_tasks.values() for t in lane]  # (before close())
+        self._zombies = []
+        self._graveyard = []
+        self._paused.clear()
+        self.close()
+        self._discarding = True
+        for task in tasks:
+            if task.done():
+                continue
+            coro = task.get_coro()
+            if coro is None:  # (3.12+: an eager task that already finished has none)
+                continue
+            try:
+                coro.close()
+            except BaseException:  # noqa: BLE001 - a closed world: nothing can observe it
+                pass
