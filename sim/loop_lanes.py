@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
+import inspect
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -146,7 +149,9 @@ class LaneControl:
         """Close the loop and every coroutine of every unfinished task, silently.
 
         Their ``finally`` blocks run now; whatever they schedule is dropped and
-        whatever they raise is swallowed. Use at the end of a simulation.
+        whatever they raise is swallowed, also what Python reports as "ignored"
+        (an async generator whose cleanup awaits: nothing can run it any more).
+        Use at the end of a simulation.
         """
         if self._running:
             raise RuntimeError("Cannot discard a running event loop")
@@ -156,13 +161,25 @@ class LaneControl:
         self._paused.clear()
         self.close()
         self._discarding = True
-        for task in tasks:
-            if task.done():
-                continue
-            coro = task.get_coro()
-            if coro is None:  # (3.12+: an eager task that already finished has none)
-                continue
-            try:
-                coro.close()
-            except BaseException:  # noqa: BLE001 - a closed world: nothing can observe it
-                pass
+        hook = sys.unraisablehook
+        sys.unraisablehook = functools.partial(_dropped_world, hook)
+        try:
+            for task in tasks:
+                if task.done():
+                    continue
+                coro = task.get_coro()
+                if coro is None:  # (3.12+: an eager task that already finished has none)
+                    continue
+                try:
+                    coro.close()
+                except BaseException:  # noqa: BLE001 - a closed world: nothing can observe it
+                    pass
+        finally:
+            sys.unraisablehook = hook
+
+
+def _dropped_world(hook: Callable[[Any], object], unraisable: Any) -> None:
+    """``sys.unraisablehook`` while a world is dropped: its coroutines' and async generators' cleanup errors are
+    dropped with it (an ``async with`` left by closing, whose exit awaits); anything else goes to ``hook``."""
+    if not inspect.iscoroutine(unraisable.object) and not inspect.isasyncgen(unraisable.object):
+        hook(unraisable)

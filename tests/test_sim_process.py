@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import os
 import random
+import sys
 import time
 from typing import Any
 
@@ -292,3 +295,40 @@ def test_to_thread_runs_inline_at_a_virtual_cost() -> None:
     assert [r[3] for r in charged.rank_results] == [0.75, 0.75]
     by_call = sim.run(main, world_size=1, compute=lambda func, args: 0.1 * len(args))
     assert by_call.rank_results[0][3] == pytest.approx(0.1)  # (to_thread passes no args; the executor call one)
+
+
+@contextlib.asynccontextmanager
+async def _resource() -> Any:
+    try:
+        yield
+        await asyncio.sleep(1)  # leaving: a goodbye that waits
+    finally:
+        await asyncio.sleep(0)  # cleanup that awaits (closing a connection, say)
+
+
+async def _fails_inside_a_resource() -> None:
+    async with _resource():
+        if os.environ["RANK"] == "0":
+            await asyncio.sleep(0.1)
+            raise AssertionError("rank 0 fails")
+        # (the other rank is in the exit's goodbye when the run ends: inside the async generator)
+
+
+def test_a_dropped_world_prints_no_ignored_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks left inside an ``async with`` whose exit awaits: dropping them printed "Exception ignored in:
+    <async_generator ...> RuntimeError: async generator ignored GeneratorExit" for each (sweeps too)."""
+    seen: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    res = sim.run(_fails_inside_a_resource, world_size=2, seed=0)
+    assert not res.ok and res.failures[0].message.startswith("AssertionError: rank 0 fails")
+    assert seen == []
+    assert sys.unraisablehook == seen.append  # (restored)
+
+
+def test_a_rank_waiting_in_an_async_context_managers_exit_is_blocked_at_the_generators_line() -> None:
+    """It was reported blocked in contextlib.py (its ``__aexit__``), not at the program's line."""
+    res = sim.run(_fails_inside_a_resource, world_size=2, seed=0)
+    lines, first = inspect.getsourcelines(_resource)
+    wait_line = first + next(i for i, text in enumerate(lines) if "await asyncio.sleep(1)" in text)
+    assert res.failures[0].where[1] == f"{__file__}:{wait_line} in _resource", res.failures[0].where
+    assert f"test_sim_process.py:{wait_line} in _resource" in res.summary()
