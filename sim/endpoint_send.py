@@ -209,11 +209,14 @@ class SendPath:
         links = self._links
         out = self._out
         assert out is not None
+        host = self._host
+        blocked = links.loop._blocked
+        if blocked:  # (a blocking call in this process's step: what it sends leaves when the call ends)
+            depart = max(depart, links.loop.lane_clock(host.lane))
         if out.held is None and not links.blocks and not out.vanished:
             links.launch(out, h, data, n, depart)  # (transmit's common case, without the call)
         else:
             links.transmit(out, h, data, n, depart)
-        host = self._host
         host.sent += 1
         if host.sent >= host.watch_sent:
             links.on_send(host, out.dst)

@@ -123,6 +123,7 @@ class SimLoop(LaneControl, LoopInterface):
         self._stopped: set[int] = set()  # dead or paused lanes: the run loop diverts their callbacks
         self._paused: dict[int, list[Any]] = {}  # paused lane -> its callbacks held until it resumes
         self._resume_at: dict[int, float] = {}
+        self._blocked: dict[int, float] = {}  # lane -> when its blocking call (time.sleep) ends
         self._firsts: dict[int, int] = {}  # paused lane -> how many held callbacks go before the others
         self._stretch: dict[int, float] = {}
         self._closed = False

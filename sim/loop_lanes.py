@@ -38,6 +38,7 @@ class LaneControl:
     _stopped: set[int]
     _paused: dict[int, list[Any]]
     _resume_at: dict[int, float]
+    _blocked: dict[int, float]
     _firsts: dict[int, int]
     _stretch: dict[int, float]
     _lane_tasks: dict[int, list[asyncio.Task[Any]]]
@@ -68,6 +69,7 @@ class LaneControl:
         if held:
             self._graveyard.extend(held)
         self._resume_at.pop(lane, None)
+        self._blocked.pop(lane, None)
         for task in self._lane_tasks.get(lane, ()):
             if not task.done():
                 self._zombies.append(task)
@@ -104,6 +106,26 @@ class LaneControl:
     def lane_paused(self, lane: int) -> bool:
         return lane in self._paused
 
+    def block_lane(self, lane: int, seconds: float) -> float:
+        """A blocking call of ``seconds`` in the running step of ``lane`` (``time.sleep``); when it ends.
+
+        The process is stopped for that long, as by a pause: nothing else of it
+        runs, its timers fire late, what it sends in the rest of this step
+        leaves when the call ends (:meth:`lane_clock`), and its own clocks read
+        that time. Blocking calls in one step add up.
+        """
+        start = self._blocked.get(lane, self.now)
+        until = (start if start > self.now else self.now) + seconds
+        if until > self.now:
+            self._blocked[lane] = until
+            self.pause_lane(lane, until)
+        return until
+
+    def lane_clock(self, lane: int) -> float:
+        """The virtual time as ``lane`` sees it: later than the loop's while a blocking call of its step lasts."""
+        until = self._blocked.get(lane)
+        return until if until is not None and until > self.now else self.now
+
     def first_on_resume(self, lane: int, callback: Callable[..., Any], args: tuple[Any, ...],
                         context: contextvars.Context) -> None:
         """The rest of the running step of ``lane``, which was just paused: it runs first when the lane resumes.
@@ -125,6 +147,7 @@ class LaneControl:
             return  # killed meanwhile, or the pause was extended
         held = self._paused.pop(lane)
         del self._resume_at[lane]
+        self._blocked.pop(lane, None)
         self._firsts.pop(lane, None)
         self._stopped.discard(lane)
         if held:

@@ -17,8 +17,11 @@ process of its own would give it:
   :func:`time.perf_counter` (and their ``_ns`` forms) read the virtual clock
   (``time.time()`` is :data:`VIRTUAL_EPOCH` at virtual time 0), so that a
   lease, a deadline or a measured duration in the program passes in virtual
-  time, the same in every replay. (``time.process_time``, ``time.sleep`` and
-  :mod:`datetime`'s ``now()`` stay real: the last reads the OS clock in C.)
+  time, the same in every replay; ``time.sleep`` blocks the rank's process for
+  that long in virtual time (as a pause: nothing else of it runs, what it sends
+  leaves when the sleep ends, its peers hear nothing meanwhile).
+  (``time.process_time`` and :mod:`datetime`'s ``now()`` stay real: the last
+  reads the OS clock in C.)
 * a nonce source for :func:`aiodist.context.token_bytes` drawn from the seed,
   and an ``AIODIST_SECRET`` derived from the seed (unless the run's ``env``
   chooses the secret), so authentication runs and replays.
@@ -240,12 +243,29 @@ def _clock(name: str, virtual: Callable[[float], float | int]) -> Callable[[], f
         if PROCESS.get() is not None:
             loop = running_loop()
             if loop is not None:
-                return virtual(loop.time())
+                return virtual(loop.lane_clock(loop.lane))  # type: ignore[attr-defined]  # (a SimLoop)
         return real()  # type: ignore[no-any-return]
 
     clock.__name__ = clock.__qualname__ = name
     clock.__doc__ = real.__doc__
     return clock
+
+
+def _sleep() -> Callable[[float], None]:
+    """``time.sleep`` as a rank sees it: its process blocks for that long in virtual time (elsewhere: real)."""
+    real = time.sleep
+    running_loop = asyncio._get_running_loop
+
+    def sleep(seconds: float, /) -> None:
+        if PROCESS.get() is None or (loop := running_loop()) is None:
+            return real(seconds)
+        if not seconds >= 0:
+            raise ValueError("sleep length must be non-negative")
+        loop.block_lane(loop.lane, float(seconds))  # type: ignore[attr-defined]  # (a SimLoop)
+        return None
+
+    sleep.__doc__ = real.__doc__
+    return sleep
 
 
 class _RankRandomState:
@@ -376,6 +396,7 @@ class ProcessGlobals:
         patch(mtrand, "_rand", _RankRandomState(legacy))
         for name, virtual in _CLOCKS.items():
             patch(time, name, _clock(name, virtual))
+        patch(time, "sleep", _sleep())
         return saved
 
     def __exit__(self, *exc: Any) -> None:

@@ -332,3 +332,47 @@ def test_a_rank_waiting_in_an_async_context_managers_exit_is_blocked_at_the_gene
     wait_line = first + next(i for i, text in enumerate(lines) if "await asyncio.sleep(1)" in text)
     assert res.failures[0].where[1] == f"{__file__}:{wait_line} in _resource", res.failures[0].where
     assert f"test_sim_process.py:{wait_line} in _resource" in res.summary()
+
+
+async def _blocks_then_sends() -> Any:
+    await aiodist.init_process_group()
+    loop = asyncio.get_running_loop()
+    buf = np.zeros(1)
+    try:
+        if aiodist.get_rank() == 0:
+            t0 = time.time()
+            time.sleep(0.5)  # a blocking call: the process is stopped for 0.5 s
+            buf[0] = time.time() - t0
+            sent_at = loop.time()
+            await aiodist.send(buf, dst=1)
+            return float(buf[0]), sent_at
+        start = loop.time()
+        await aiodist.recv(buf, src=0)
+        return float(buf[0]), loop.time() - start
+    finally:
+        await aiodist.destroy_process_group()
+
+
+async def _polls_with_a_blocking_sleep() -> int:
+    deadline = time.monotonic() + 0.2
+    polls = 0
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+        polls += 1
+    return polls
+
+
+def test_a_blocking_sleep_stops_the_rank_in_virtual_time() -> None:
+    """time.sleep in a rank: its clocks move on, what it sends after leaves then, the others go on meanwhile.
+
+    (Real time before: the run waited for it and the rank's clocks did not move, so a
+    polling loop on time.monotonic() with time.sleep never ended once the clocks were virtual.)
+    """
+    res = sim.run(_blocks_then_sends, world_size=2, seed=0, explore=False)
+    assert res.ok, res.summary()
+    (slept, _), (told, waited) = res.rank_results
+    assert slept == pytest.approx(0.5) and told == pytest.approx(0.5)
+    assert 0.5 <= waited < 0.51  # the message left when the sleep ended
+    polls = sim.run(_polls_with_a_blocking_sleep, world_size=2, seed=0, explore=False)
+    assert polls.ok and polls.rank_results == [20, 20] and polls.virtual_time == pytest.approx(0.2)
+    assert time.sleep.__module__ == "time" and not hasattr(time.sleep, "__wrapped__")  # (restored: the builtin)
