@@ -22,6 +22,10 @@ process of its own would give it:
   leaves when the sleep ends, its peers hear nothing meanwhile).
   (``time.process_time`` and :mod:`datetime`'s ``now()`` stay real: the last
   reads the OS clock in C.)
+* ``os.getpid()``: a process id of its own (per rank and incarnation), and
+  ``os.urandom`` (with it ``uuid.uuid4``, :mod:`secrets` and
+  ``random.SystemRandom``): a seeded stream of the rank's, so ids and tokens
+  a program draws replay;
 * a nonce source for :func:`aiodist.context.token_bytes` drawn from the seed,
   and an ``AIODIST_SECRET`` derived from the seed (unless the run's ``env``
   chooses the secret), so authentication runs and replays.
@@ -106,7 +110,7 @@ class RankProcess:
     matter.
     """
 
-    __slots__ = ("rank", "incarnation", "environ", "_seed", "_random", "_numpy", "_tokens", "torch_state")
+    __slots__ = ("rank", "incarnation", "environ", "_seed", "_random", "_numpy", "_tokens", "_urandom", "torch_state")
 
     def __init__(self, seed: int | str, rank: int, incarnation: int, environ: dict[str, str]) -> None:
         self.rank = rank
@@ -116,6 +120,7 @@ class RankProcess:
         self._random: random.Random | None = None
         self._numpy: Any = None
         self._tokens: random.Random | None = None
+        self._urandom: random.Random | None = None
         self.torch_state: Any = None  # torch's default generator state while another rank runs
 
     def __repr__(self) -> str:
@@ -148,6 +153,18 @@ class RankProcess:
         if t is None:
             t = self._tokens = random.Random(self.stream("tokens"))
         return t.randbytes(n)
+
+    def urandom(self, n: int) -> bytes:
+        """``os.urandom`` for this process (and so ``uuid.uuid4``, :mod:`secrets`, ``random.SystemRandom``): seeded."""
+        u = self._urandom
+        if u is None:
+            u = self._urandom = random.Random(self.stream("urandom"))
+        return u.randbytes(n)
+
+    @property
+    def pid(self) -> int:
+        """``os.getpid()`` for this process: one per rank and incarnation (a restarted rank has a new one)."""
+        return 10_000 + 1_000 * self.incarnation + self.rank
 
     def torch_seed(self) -> int:
         return random.Random(self.stream("torch")).randrange(2**63)
@@ -266,6 +283,18 @@ def _sleep() -> Callable[[float], None]:
 
     sleep.__doc__ = real.__doc__
     return sleep
+
+
+def _per_process(real: Callable[..., Any], answer: Callable[..., Any]) -> Callable[..., Any]:
+    """``real`` as a rank sees it: ``answer(process, *args)`` in a rank's code, ``real(*args)`` elsewhere."""
+
+    def call(*args: Any) -> Any:
+        p = PROCESS.get()
+        return real(*args) if p is None else answer(p, *args)
+
+    call.__name__ = call.__qualname__ = getattr(real, "__name__", "call")
+    call.__doc__ = real.__doc__
+    return call
 
 
 class _RankRandomState:
@@ -397,6 +426,10 @@ class ProcessGlobals:
         for name, virtual in _CLOCKS.items():
             patch(time, name, _clock(name, virtual))
         patch(time, "sleep", _sleep())
+        patch(os, "getpid", _per_process(os.getpid, lambda p: p.pid))
+        urandom = _per_process(os.urandom, RankProcess.urandom)
+        patch(os, "urandom", urandom)
+        patch(random, "_urandom", urandom)  # (random.SystemRandom, and so secrets, reads its own binding)
         return saved
 
     def __exit__(self, *exc: Any) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import secrets
 import os
 import random
 import sys
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -376,3 +378,38 @@ def test_a_blocking_sleep_stops_the_rank_in_virtual_time() -> None:
     polls = sim.run(_polls_with_a_blocking_sleep, world_size=2, seed=0, explore=False)
     assert polls.ok and polls.rank_results == [20, 20] and polls.virtual_time == pytest.approx(0.2)
     assert time.sleep.__module__ == "time" and not hasattr(time.sleep, "__wrapped__")  # (restored: the builtin)
+
+
+async def _ids() -> Any:
+    return os.getpid(), uuid.uuid4().hex, secrets.token_hex(8), random.SystemRandom().random(), os.urandom(4)
+
+
+def test_each_rank_has_its_own_pid_and_seeded_urandom() -> None:
+    """All ranks shared the simulator's pid (an owner id made of it named every rank), and uuid4/secrets/urandom
+    drew from the OS, so a program that made ids or tokens with them never replayed."""
+    real_pid = os.getpid()
+    a, b = sim.run(_ids, world_size=3, seed=5), sim.run(_ids, world_size=3, seed=5)
+    c = sim.run(_ids, world_size=3, seed=6)
+    assert a.ok and a.rank_results == b.rank_results and a.digest == b.digest
+    pids = [r[0] for r in a.rank_results]
+    assert len(set(pids)) == 3 and real_pid not in pids
+    assert len({r[1] for r in a.rank_results}) == 3  # (each rank its own stream)
+    assert [r[1:] for r in c.rank_results] != [r[1:] for r in a.rank_results]  # (drawn from the seed)
+    assert os.getpid() == real_pid and len(os.urandom(8)) == 8  # restored after the run
+
+
+_PIDS_SEEN: list[tuple[int, str, int]] = []  # (a test's record across incarnations: module state is shared)
+
+
+async def _records_its_pid() -> None:
+    _PIDS_SEEN.append((int(os.environ["RANK"]), os.environ.get("AIODIST_RESTART_COUNT", "0"), os.getpid()))
+    if os.environ.get("AIODIST_RESTART_COUNT", "0") == "0":
+        await asyncio.sleep(1)  # (rank 1 is restarted meanwhile)
+
+
+def test_a_restarted_rank_has_a_new_pid() -> None:
+    _PIDS_SEEN.clear()
+    res = sim.run(_records_its_pid, world_size=2, seed=0, faults=[sim.Restart(1, at=0.05)], explore=False)
+    assert res.ok, res.summary()
+    rank1 = [(count, pid) for rank, count, pid in _PIDS_SEEN if rank == 1]
+    assert [count for count, _ in rank1] == ["0", "1"] and rank1[0][1] != rank1[1][1]
