@@ -124,6 +124,9 @@ class SimLoop(LaneControl, LoopInterface):
         self._paused: dict[int, list[Any]] = {}  # paused lane -> its callbacks held until it resumes
         self._resume_at: dict[int, float] = {}
         self._blocked: dict[int, float] = {}  # lane -> when its blocking call (time.sleep) ends
+        # ``sys.exit`` in a callback of ``lane``: the owner ends that lane's process and says True (else it
+        # propagates, as from asyncio's own loop)
+        self.on_system_exit: Callable[[int, SystemExit], bool] | None = None
         self._firsts: dict[int, int] = {}  # paused lane -> how many held callbacks go before the others
         self._stretch: dict[int, float] = {}
         self._closed = False
@@ -374,8 +377,11 @@ class SimLoop(LaneControl, LoopInterface):
                 self.lane = lane
                 try:  # Handle._run, inlined
                     handle._context.run(handle._callback, *handle._args)
-                except (SystemExit, KeyboardInterrupt):
+                except KeyboardInterrupt:
                     raise
+                except SystemExit as exc:  # a process exits (sys.exit in a rank), or the simulator's own
+                    if lane < 0 or self.on_system_exit is None or not self.on_system_exit(lane, exc):
+                        raise
                 except BaseException as exc:  # noqa: BLE001 - asyncio reports, never dies
                     self._callback_failed(handle, exc)
                 steps += 1

@@ -115,6 +115,7 @@ class Simulation(FaultActions):
                 seed, world.budget, world_size)
             network = Explorer.network(network, self.timing)
         self.loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit, pct_depth=pct_depth)  # type: ignore[abstract]
+        self.loop.on_system_exit = self._system_exit
         self.loop.executor_cost = compute
         self.globals = ProcessGlobals()
         self.base_env = inherited_environment(os.environ)
@@ -240,6 +241,34 @@ class Simulation(FaultActions):
         inc.exiting = self.loop.create_task(self._finish(inc, normal=inc.state == "finishing"),
                                             name=f"sim-rank{inc.rank}-exit", context=inc.ctx)
         inc.exiting.add_done_callback(lambda t, inc=inc: self._exited(inc, t), context=self.kernel)
+
+    def _system_exit(self, lane: int, exc: SystemExit) -> bool:
+        """``sys.exit`` in a rank: its process exits with that code, as ``asyncio.run`` lets it (what is left
+        of it is cancelled first; no orderly finish). Code 0 or None is a normal end (result None)."""
+        inc = next((i for i in self.current if i is not None and i.lane == lane), None)
+        if inc is None or not inc.alive:
+            return False
+        for t in self.loop.lane_tasks(lane):  # the task it came from ended with it: its exit is taken here
+            if t.done() and isinstance(getattr(t, "_exception", None), SystemExit):
+                t.exception()  # (seen: no "exception was never retrieved" report later)
+        if inc.state == "running":
+            now = self.loop.time()
+            code = exc.code
+            if code is None or code == 0:
+                inc.state, inc.result = "finishing", None
+            else:
+                inc.state = "failed"
+                self.tracer.emit(now, "exit", f"rank{inc.rank}", detail=f"exit code {code!r}")
+                self.failures.append(Failure("exception", inc.rank, f"SystemExit: {code}",
+                                             "".join(tb.format_exception(exc)), now, location=_raise_location(exc)))
+                if self.stop_on_error:
+                    self._ended += 1
+                    self.loop.stop()
+                    return True
+            inc.exiting = self.loop.create_task(self._finish(inc, normal=False), name=f"sim-rank{inc.rank}-exit",
+                                                context=inc.ctx)
+            inc.exiting.add_done_callback(lambda t, inc=inc: self._exited(inc, t), context=self.kernel)
+        return True
 
     async def _finish(self, inc: _Incarnation, *, normal: bool) -> Failure | None:
         failure = None

@@ -413,3 +413,29 @@ def test_a_restarted_rank_has_a_new_pid() -> None:
     assert res.ok, res.summary()
     rank1 = [(count, pid) for rank, count, pid in _PIDS_SEEN if rank == 1]
     assert [count for count, _ in rank1] == ["0", "1"] and rank1[0][1] != rank1[1][1]
+
+
+async def _exits(code: Any, in_a_task: bool) -> str:
+    if os.environ["RANK"] == "1":
+        if in_a_task:
+            async def child() -> None:
+                await asyncio.sleep(0.01)
+                sys.exit(code)
+
+            task = asyncio.create_task(child())
+            await asyncio.sleep(1)
+            task.cancel()
+        await asyncio.sleep(0.01)
+        sys.exit(code)
+    await asyncio.sleep(0.1)
+    return "ok"
+
+
+@pytest.mark.parametrize("in_a_task", [False, True])
+def test_sys_exit_in_a_rank_ends_that_rank_with_its_code(in_a_task: bool) -> None:
+    """SystemExit went through the simulator: sys.exit(3) in one rank ended the whole sweep."""
+    res = sim.run(_exits, world_size=2, seed=0, args=(3, in_a_task), stop_on_error=False)
+    assert not res.ok and [(f.rank, f.message) for f in res.failures] == [(1, "SystemExit: 3")]
+    assert res.rank_results[0] == "ok" and res.unhandled == []
+    clean = sim.run(_exits, world_size=2, seed=0, args=(0, in_a_task))
+    assert clean.ok and clean.rank_results == ["ok", None]
