@@ -32,7 +32,7 @@ from .group import WORLD_GROUP_ID, ProcessGroup
 from .net.shmhost import transport_mode
 from .operations import *  # noqa: F403  (every operation: aiodist.api.all_reduce is aiodist.all_reduce)
 from .operations import __all__ as _OPERATIONS
-from .rendezvous import Rendezvous, leave, rendezvous
+from .rendezvous import STORE_GOODBYE_GRACE, Rendezvous, leave, rendezvous
 from .subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
 from .unawaited import raise_if_unawaited
 from .work import Work
@@ -184,7 +184,10 @@ async def init_process_group(
 
     async def teardown() -> None:
         # before close(): then every peer looks gone; an aborted transport waits for nobody either
-        broken = bool(world_transport.failed_peers()) or world_transport.closed
+        aborted = world_transport.closed
+        broken = bool(world_transport.failed_peers()) or aborted
+        if not aborted:  # (after a failure: peers that dial this rank once it is gone learn which)
+            await world_transport.note_departure(grace=STORE_GOODBYE_GRACE)
         await world_transport.close()
         # Keep the store up for the others until they leave too, unless the job is broken
         # (a failed rank never leaves: waiting would only delay this rank's error).

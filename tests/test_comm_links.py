@@ -386,6 +386,20 @@ def test_a_failed_address_lookup_is_the_failure_a_later_bye_says() -> None:
     assert F.bye((None, "h")) == {F.KIND: F.BYE, F.HOW: "h"}
 
 
+def test_a_dial_to_a_rank_that_left_after_a_failure_names_the_root_cause() -> None:
+    m = Links(2, 5, dial_defer=0)
+    c3 = ready(m, 3)
+    m.need(1)
+    acts = m.dial_failed(1, "ConnectionLost: connection refused", (4, "connection lost"))
+    assert str(m.peer_error(1)) == "rank 1 failed: left the job after rank 4 failed: connection lost"
+    assert sent(acts, F.FAIL) == [(c3, F.fail(1, "left the job after rank 4 failed: connection lost"))]
+    assert m.first_failure == (4, "connection lost")  # (the root: what a bye of this rank passes on)
+    m2 = Links(2, 5, dial_defer=0)
+    m2.need(1)
+    m2.dial_failed(1, "ConnectionLost: connection refused", ("x", None))  # (unchecked input: names nobody)
+    assert str(m2.peer_error(1)) == "rank 1 failed: left the job after: unknown"
+
+
 def test_abort_closes_without_bye() -> None:
     m = Links(0, 4, dial_defer=0)
     c1 = ready(m, 1)

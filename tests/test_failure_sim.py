@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import numpy as np
@@ -169,24 +170,31 @@ def test_a_paused_rank_that_resumes_learns_that_it_was_declared_failed(seed: int
     assert when - max(detected) > 6.0 - 5.0, res.rank_results
 
 
-async def store_host_leaves_after_a_failure() -> str:
-    """Rank 0 (the store's host) and rank 2 talk; rank 2 crashes; rank 1 only uses the store."""
+async def _outcome(body: Any) -> str:
+    """Run ``body(pg, x)`` as the rank's work: "finished", or the error that ended it (the group destroyed after)."""
     pg = await dist.init_process_group(timeout=60)
-    x = np.zeros(4)
     try:
-        if pg.rank == 2:
-            await dist.send(x, 0)
-            await asyncio.sleep(10)  # (crashed here)
-        elif pg.rank == 0:
-            await dist.recv(x, 2)
-            await dist.recv(x, 2)  # rank 2 crashes instead of sending this one
-        else:
-            await pg.store.get("never-set", timeout=60)
+        await body(pg, np.zeros(4))
         return "finished"
     except AiodistError as e:
         return str(e)
     finally:
         await dist.destroy_process_group()
+
+
+async def _store_host_leaves(pg: Any, x: np.ndarray) -> None:
+    """Rank 0 (the store's host) and rank 2 talk; rank 2 crashes; rank 1 only uses the store."""
+    if pg.rank == 2:
+        await dist.send(x, 0)
+        await asyncio.sleep(10)  # (crashed here)
+    elif pg.rank == 0:
+        await dist.recv(x, 2)
+        await dist.recv(x, 2)  # rank 2 crashes instead of sending this one
+    else:
+        await pg.store.get("never-set", timeout=60)
+
+
+store_host_leaves_after_a_failure = functools.partial(_outcome, _store_host_leaves)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -200,3 +208,30 @@ def test_ranks_that_lose_the_store_with_its_host_learn_which_failure_it_left_aft
     assert "rank 2 failed" in res.rank_results[0], res.rank_results
     said = res.rank_results[1]
     assert "its host, rank 0, left the job after rank 2 failed" in said, said
+
+
+async def _dials_a_rank_gone(pg: Any, x: np.ndarray) -> None:
+    """Rank 1 leaves after rank 3 crashed; rank 2, which never talked to either, then sends to rank 1."""
+    if pg.rank == 3:
+        await dist.send(x, 1)
+        await asyncio.sleep(10)  # (crashed here)
+    elif pg.rank == 1:
+        await dist.recv(x, 3)
+        await dist.recv(x, 3)  # rank 3 crashes instead of sending this one
+    elif pg.rank == 2:
+        await asyncio.sleep(1.0)  # rank 1 has left by then: its listener is gone
+        await dist.send(x, 1)
+    else:
+        await asyncio.sleep(2.0)
+
+
+rank_gone_after_a_failure = functools.partial(_outcome, _dials_a_rank_gone)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_rank_that_dials_a_rank_gone_after_a_failure_learns_which_from_the_store(seed: int) -> None:
+    """It could only say "rank 1 failed: unreachable (connection refused)": nothing named rank 3."""
+    res = sim.run(rank_gone_after_a_failure, world_size=4, seed=seed, faults=[sim.Crash(3, at=0.05)],
+                  stop_on_error=False, explore=False)
+    assert "rank 3 failed" in res.rank_results[1], res.rank_results
+    assert "rank 1 failed: left the job after rank 3 failed: connection lost" in res.rank_results[2], res.rank_results

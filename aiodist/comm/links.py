@@ -255,14 +255,20 @@ class Links:
             self.first_failure = (None, how[:MAX_HOW])
         return [Wake(rank, PeerFailureError(how, rank=None, how=how))]
 
-    def dial_failed(self, rank: int, detail: str) -> Actions:
-        """Connecting to ``rank``, or its handshake, failed (refused, timed out, broke): it is unreachable."""
+    def dial_failed(self, rank: int, detail: str, departed: tuple[Any, Any] | None = None) -> Actions:
+        """Connecting to ``rank``, or its handshake, failed (refused, timed out, broke): it is unreachable.
+
+        ``departed``: what ``rank`` left in the store when it left the job after a failure
+        (the rank and how, unchecked): then that is how it failed.
+        """
         link = self._links[rank]
         if link.state is not _DIALING:
             return []
         if link.speculative and not link.wanted:  # nobody needed it: no verdict on the peer
             link.state = _IDLE
             return []
+        if departed is not None:
+            return self._fail(link, self._left_after(rank, *departed))
         return self._fail(link, f"unreachable ({detail})")
 
     def dial_unauthentic(self, rank: int, detail: str) -> Actions:
@@ -385,16 +391,25 @@ class Links:
         if link is None or link.state is not _READY:
             return []
         link.state = _LEFT
-        root = after if type(after) is int and 0 <= after < self.world_size and after != rank else None
-        if how is None and root is None:
+        if after is None and how is None:
             link.how = "left the job (its process group was destroyed)"
         else:
-            cause = str(how)[:MAX_HOW] if how is not None else "unknown"
-            whose = "" if root is None else " this rank" if root == self.rank else f" rank {root}"
-            link.how = f"left the job after{whose} failed: {cause}" if root is not None else f"left the job after: {cause}"
-            if self.first_failure is None and not self.closing and root != self.rank:
-                self.first_failure = (root, cause)
+            link.how = self._left_after(rank, after, how)
         return [Log(logging.DEBUG, f"rank {self.rank}: peer rank {rank} {link.how}"), Unwatch(rank), FailReceives(rank)]
+
+    def _left_after(self, rank: int, after: Any, how: Any) -> str:
+        """How ``rank`` left, as it said: after the failure of rank ``after`` (``how``); notes the root cause.
+
+        Unchecked input: an ``after`` that is not a rank of the job other than ``rank`` names
+        nobody; ``how`` is cut to :data:`MAX_HOW` characters.
+        """
+        root = after if type(after) is int and 0 <= after < self.world_size and after != rank else None
+        cause = str(how)[:MAX_HOW] if how is not None else "unknown"
+        if self.first_failure is None and not self.closing and root != self.rank:
+            self.first_failure = (root, cause)
+        if root is None:
+            return f"left the job after: {cause}"
+        return f"left the job after {'this rank' if root == self.rank else f'rank {root}'} failed: {cause}"
 
     def silent(self, rank: int, how: str) -> Actions:
         """The failure detector heard nothing from ``rank`` for too long: fail it, telling it first

@@ -32,7 +32,8 @@ from .handshake import AcceptHandshake, DialHandshake
 from .heartbeats import Heartbeats
 from .registry import GroupRegistry
 from .router import Match, Router
-from .settings import BYE_TIMEOUT, DIAL_DEFER, DIAL_DEFER_ENV, HELLO_TIMEOUT, REPORT_GRACE, env_number
+from .settings import (BYE_TIMEOUT, DEPARTURE_LOOKUP, DIAL_DEFER, DIAL_DEFER_ENV, HELLO_TIMEOUT, REPORT_GRACE,
+                       env_number)
 
 log = logging.getLogger("aiodist.comm")
 
@@ -296,6 +297,38 @@ class PeerLinks:
     def _address_key(self, rank: int) -> str:
         return f"{self.key_prefix}addr/{rank}"
 
+    def _departure_key(self, rank: int) -> str:
+        return f"{self.key_prefix}gone/{rank}"
+
+    async def note_departure(self, *, grace: float) -> None:
+        """This rank leaves after a failure: say which (the first it learned of) in the store, within ``grace`` s.
+
+        For the peers that dial it once it is gone (they can no longer hear its ``bye``):
+        their errors then name the root cause. Errors are swallowed (the store may be gone).
+        """
+        first = self.links.first_failure
+        if first is None:
+            return
+        culprit, how = first
+        try:
+            async with asyncio.timeout(grace):
+                await self.store.set(self._departure_key(self.rank), f"{'' if culprit is None else culprit}|{how}")
+        except Exception as e:  # noqa: BLE001 - a courtesy: leaving goes on without it
+            log.debug("rank %d: could not note its departure in the store: %r", self.rank, e)
+
+    async def _departure_of(self, rank: int) -> tuple[int | None, str] | None:
+        """What ``rank`` noted in the store when it left after a failure (None: nothing, or no store to ask)."""
+        key = self._departure_key(rank)
+        try:
+            async with asyncio.timeout(min(self.timeout, DEPARTURE_LOOKUP)):
+                if not await self.store.check([key]):
+                    return None
+                raw = bytes(await self.store.get(key)).decode(errors="replace")
+        except Exception:  # noqa: BLE001 - the store failed us too: no more to say than the dial's error
+            return None
+        culprit, _, how = raw.partition("|")
+        return (int(culprit) if culprit.isdigit() else None), how
+
     def _nonce(self) -> bytes:
         return token_bytes(NONCE_BYTES) if self._secret is not None else b""
 
@@ -317,8 +350,9 @@ class PeerLinks:
         except AuthenticationError as e:
             self.do(self.links.dial_unauthentic(rank, str(e)))
             return
-        except Exception as e:  # connect or handshake failed: the peer is unreachable
-            self.do(self.links.dial_failed(rank, f"{type(e).__name__}: {e}"))
+        except Exception as e:  # connect or handshake failed: the peer is unreachable (or left: it says why)
+            departed = await self._departure_of(rank)
+            self.do(self.links.dial_failed(rank, f"{type(e).__name__}: {e}", departed))
             return
         self.do(self.links.dialed(rank, conn, outcome))
         await self._read(rank, conn)

@@ -25,6 +25,9 @@ BYE_TIMEOUT = 2.0
 REPORT_GRACE = 1.0
 """Seconds a mismatch report may take to reach its rank (connecting first if needed)."""
 
+DEPARTURE_LOOKUP = 1.0
+"""Seconds a rank asks the store, after a dial failed, whether the peer left after a failure (and which)."""
+
 DIAL_DEFER = 0.002
 """Seconds the higher rank of a pair waits for the lower rank's connection before dialing itself."""
 DIAL_DEFER_ENV = "AIODIST_DIAL_DEFER"

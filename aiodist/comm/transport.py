@@ -202,6 +202,11 @@ class Transport:
             self.router.cancel(r)
             resolve(r, GroupError(DESTROYED))
 
+    async def note_departure(self, *, grace: float) -> None:
+        """Before :meth:`close` after a failure: note in the store which failure this rank leaves after (see
+        :meth:`PeerLinks.note_departure`), within ``grace`` seconds."""
+        await self._links.note_departure(grace=grace)
+
     def abort(self) -> None:
         """Drop every connection at once, without ``bye``: what a crash of this rank looks like to its peers.
 
