@@ -113,3 +113,29 @@ def test_faults_on_one_trigger_act_in_the_command_lines_order_as_in_the_api(
     for order, extra in flags.items():
         code, out = cli(capsys, "run", "-n", "3", program, "--seed", "0", "--no-explore", *extra)
         assert code == 0 and f"digest {api[order]}" in out, (order, out)
+
+
+REPLAYED = ["tight_receive_timeout", "lease_without_fencing", "split_brain", "restart_amnesia/blind_row_totals",
+            "blind_split_brain_log_server"]
+
+
+@pytest.mark.parametrize("name", REPLAYED)
+def test_every_failing_seeds_printed_command_replays_it(name: str, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The printed command of each failing seed (exploration, and a swarm for the fault classes) gives its digest."""
+    from sim_bugs import BLIND, CATALOG, VARIANTS
+
+    bc = {b.name: b for b in CATALOG + VARIANTS + BLIND}[name]
+    monkeypatch.setenv("SIM_BUG", name)
+    program = str(ROOT / "tests" / "sim_bugs" / "by_name.py")
+    replayed = 0
+    for seed in range(12):
+        code, out = cli(capsys, "run", "-n", str(bc.world_size), program, "--seed", str(seed),
+                        *(["--swarm"] if bc.swarm else []))
+        if code != 1:
+            continue
+        digest = out.split("digest ")[1].split()[0]
+        code2, out2 = cli(capsys, *_replay(out)[3:])
+        assert code2 == 1 and f"digest {digest}" in out2, (seed, _replay(out))
+        replayed += 1
+    assert replayed >= 1, f"{name}: no failing seed in 12"
