@@ -136,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not stop a run at the first rank exception (default: stop, like the launcher)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="drop what the program prints; print only the verdict (and a sweep's failure groups)")
-    for flag, parse, help_text in _FAULT_FLAGS:
-        p.add_argument(flag, type=parse, action=_AppendFault, default=[], help=help_text, dest=flag[2:].replace("-", "_"))
+    for flag, parse, help_text in _FAULT_FLAGS:  # (one list, in the command line's order: see _faults)
+        p.add_argument(flag, type=parse, action="append", default=[], help=help_text, dest="faults",
+                       metavar=flag[2:].replace("-", "_").upper())
     replay.add_plan_options(p)  # exploration, swarm, store host, shrinking (sim/replay.py)
     return parser
 
@@ -156,22 +157,10 @@ def _network(ns: argparse.Namespace) -> Network:
     return Network(**kw)
 
 
-class _AppendFault(argparse.Action):
-    """A fault flag: the fault goes to its flag's list and, in command-line order, to ``ns.fault_order``.
-
-    The order matters: faults due at the same instant or on the same trigger act in the
-    order given, and a replay command lists them in the order the run had them.
-    """
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), values])
-        namespace.fault_order = [*(getattr(namespace, "fault_order", None) or []), values]
-
-
 def _faults(ns: argparse.Namespace) -> list[Any]:
-    """The faults of the command line, in its order."""
-    return list(getattr(ns, "fault_order", None) or [])
+    """The faults of the command line, in its order: faults due at the same instant or on the same trigger
+    act in the order given, and a replay command lists them in the order the run had them."""
+    return list(ns.faults)
 
 
 def replay_command(ns: argparse.Namespace, seed: int, result: Result | None = None) -> str:

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .chaos import Chaos
 from .latency import Constant, LatencyModel, Tail, Uniform
 from .result import Result
 from .swarm import KINDS, parse_swarm
@@ -78,7 +79,8 @@ def latency_spec(m: LatencyModel) -> str:
 
 def explicit(ns: argparse.Namespace, result: Result | None) -> bool:
     """Whether the replay of ``result`` spells its plan out (it drew something: exploration, swarm, chaos)."""
-    return result is not None and (result.timing is not None or ns.swarm is not None or bool(ns.chaos))
+    return result is not None and (result.timing is not None or ns.swarm is not None
+                                   or any(isinstance(f, Chaos) for f in ns.faults))
 
 
 def plan_args(ns: argparse.Namespace, result: Result | None) -> list[str]:
@@ -136,14 +138,7 @@ def shrink_and_report(ns: argparse.Namespace, main: Any, result: Result, network
     minimal.latency = small.band if small.band is not None else ns.latency
     minimal.latency_tail = small.tail if small.tail is not None else ns.latency_tail
     minimal.slow_link = list(small.slow) if small.slow else ns.slow_link
-    for flag in FLAG_DESTS:
-        setattr(minimal, flag, [])
-    for fault in small.faults:
-        getattr(minimal, fault.to_cli().split()[0][2:].replace("-", "_")).append(fault)
-    minimal.fault_order = list(small.faults)  # (the order the faults act in: see sim.cli's fault flags)
+    minimal.faults = list(small.faults)  # (in the order they act: see sim.cli's fault flags)
     print(f"Minimal replay:\n  {command(minimal, int(result.seed), None)}")
 
 
-FLAG_DESTS = ("crash", "vanish", "restart", "pause", "partition", "one_way_partition", "clog", "straggler", "reset",
-              "crash_store", "chaos")
-"""The namespace attributes the fault flags fill (sim.cli's ``_FAULT_FLAGS``)."""

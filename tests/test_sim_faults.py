@@ -291,10 +291,7 @@ def test_faults_round_trip_through_their_cli_flags(fault: Any) -> None:
     from sim.cli import build_parser
 
     ns = build_parser().parse_args(["run", "prog.py", *fault.to_cli().split()])
-    names = ("crash", "vanish", "restart", "partition", "one_way_partition", "clog", "straggler", "reset", "crash_store",
-             "chaos")
-    parsed = [f for name in names for f in getattr(ns, name)]
-    assert parsed == [fault]
+    assert ns.faults == [fault]  # (every fault flag fills the one list, in the command line's order)
 
 
 # --------------------------------------------------------------------------- chaos
