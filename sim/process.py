@@ -161,8 +161,7 @@ class RankProcess:
             u = self._urandom = random.Random(self.stream("urandom"))
         return u.randbytes(n)
 
-    @property
-    def pid(self) -> int:
+    def getpid(self) -> int:
         """``os.getpid()`` for this process: one per rank and incarnation (a restarted rank has a new one)."""
         return 10_000 + 1_000 * self.incarnation + self.rank
 
@@ -283,18 +282,6 @@ def _sleep() -> Callable[[float], None]:
 
     sleep.__doc__ = real.__doc__
     return sleep
-
-
-def _per_process(real: Callable[..., Any], answer: Callable[..., Any]) -> Callable[..., Any]:
-    """``real`` as a rank sees it: ``answer(process, *args)`` in a rank's code, ``real(*args)`` elsewhere."""
-
-    def call(*args: Any) -> Any:
-        p = PROCESS.get()
-        return real(*args) if p is None else answer(p, *args)
-
-    call.__name__ = call.__qualname__ = getattr(real, "__name__", "call")
-    call.__doc__ = real.__doc__
-    return call
 
 
 class _RankRandomState:
@@ -426,8 +413,8 @@ class ProcessGlobals:
         for name, virtual in _CLOCKS.items():
             patch(time, name, _clock(name, virtual))
         patch(time, "sleep", _sleep())
-        patch(os, "getpid", _per_process(os.getpid, lambda p: p.pid))
-        urandom = _per_process(os.urandom, RankProcess.urandom)
+        patch(os, "getpid", _dispatcher("getpid", os, lambda p: p))
+        urandom = _dispatcher("urandom", os, lambda p: p)
         patch(os, "urandom", urandom)
         patch(random, "_urandom", urandom)  # (random.SystemRandom, and so secrets, reads its own binding)
         return saved
