@@ -219,27 +219,35 @@ class Simulation(FaultActions):
     def _rank_done(self, inc: _Incarnation, task: Any) -> None:
         if inc.state != "running":
             return
-        now = self.loop.time()
         if task.cancelled():
             inc.state = "failed"
-            self.failures.append(Failure("exception", inc.rank, "main was cancelled", time=now))
+            self.failures.append(Failure("exception", inc.rank, "main was cancelled", time=self.loop.time()))
         elif task.exception() is not None:
-            exc = task.exception()
-            inc.state = "failed"
-            text = "".join(tb.format_exception(exc))
-            self.tracer.emit(now, "exit", f"rank{inc.rank}", detail=f"raised {type(exc).__name__}")
-            self.failures.append(Failure("exception", inc.rank, f"{type(exc).__name__}: {exc}", text, now,
-                                         location=_raise_location(exc)))
-            if self.stop_on_error:
-                self._ended += 1
-                self.loop.stop()
+            if self._raised(inc, task.exception()):
                 return
         else:
             inc.state = "finishing"
             inc.result = task.result()
-        # The process ends as asyncio.run ends: (finish_rank after a normal return,) cancel what is left.
-        inc.exiting = self.loop.create_task(self._finish(inc, normal=inc.state == "finishing"),
-                                            name=f"sim-rank{inc.rank}-exit", context=inc.ctx)
+        self._exit(inc, normal=inc.state == "finishing")
+
+    def _raised(self, inc: _Incarnation, exc: BaseException) -> bool:
+        """The program of ``inc`` raised ``exc``, which ends it: its failure. True when that stops the run."""
+        now = self.loop.time()
+        inc.state = "failed"
+        text = "".join(tb.format_exception(exc))
+        self.tracer.emit(now, "exit", f"rank{inc.rank}", detail=f"raised {type(exc).__name__}")
+        self.failures.append(Failure("exception", inc.rank, f"{type(exc).__name__}: {exc}", text, now,
+                                     location=_raise_location(exc)))
+        if self.stop_on_error:
+            self._ended += 1
+            self.loop.stop()
+            return True
+        return False
+
+    def _exit(self, inc: _Incarnation, *, normal: bool) -> None:
+        """The process ends as asyncio.run ends: (finish_rank after a normal return,) cancel what is left, exit."""
+        inc.exiting = self.loop.create_task(self._finish(inc, normal=normal), name=f"sim-rank{inc.rank}-exit",
+                                            context=inc.ctx)
         inc.exiting.add_done_callback(lambda t, inc=inc: self._exited(inc, t), context=self.kernel)
 
     def _system_exit(self, lane: int, exc: SystemExit) -> bool:
@@ -252,22 +260,11 @@ class Simulation(FaultActions):
             if t.done() and isinstance(getattr(t, "_exception", None), SystemExit):
                 t.exception()  # (seen: no "exception was never retrieved" report later)
         if inc.state == "running":
-            now = self.loop.time()
-            code = exc.code
-            if code is None or code == 0:
+            if exc.code is None or exc.code == 0:
                 inc.state, inc.result = "finishing", None
-            else:
-                inc.state = "failed"
-                self.tracer.emit(now, "exit", f"rank{inc.rank}", detail=f"exit code {code!r}")
-                self.failures.append(Failure("exception", inc.rank, f"SystemExit: {code}",
-                                             "".join(tb.format_exception(exc)), now, location=_raise_location(exc)))
-                if self.stop_on_error:
-                    self._ended += 1
-                    self.loop.stop()
-                    return True
-            inc.exiting = self.loop.create_task(self._finish(inc, normal=False), name=f"sim-rank{inc.rank}-exit",
-                                                context=inc.ctx)
-            inc.exiting.add_done_callback(lambda t, inc=inc: self._exited(inc, t), context=self.kernel)
+            elif self._raised(inc, exc):
+                return True
+            self._exit(inc, normal=False)
         return True
 
     async def _finish(self, inc: _Incarnation, *, normal: bool) -> Failure | None:
