@@ -15,7 +15,7 @@ from sim.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 RACE = str(ROOT / "examples" / "sim_race.py")
-LEASE_MAIN = str(ROOT / "tests" / "sim_bugs" / "lease_buggy_main.py")
+BY_NAME = str(ROOT / "tests" / "sim_bugs" / "by_name.py")  # main: the buggy program of the class $SIM_BUG names
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -28,12 +28,13 @@ def _replay(out: str) -> list[str]:
 
 
 def test_an_explored_failure_prints_its_plan_and_the_replay_spelled_out_gives_the_same_run(
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from sim_bugs import lease
 
     seed = next(s for s in range(200) if not sim.run(lease.buggy, world_size=3, seed=s, trace=False).ok)
-    code, out = cli(capsys, "run", "-n", "3", LEASE_MAIN, "--seed", str(seed))
+    monkeypatch.setenv("SIM_BUG", "lease_without_fencing")
+    code, out = cli(capsys, "run", "-n", "3", BY_NAME, "--seed", str(seed))
     assert code == 1 and "explored:" in out and "two holders overlapped" in out
     digest = out.split("digest ")[1].split()[0]
     argv = _replay(out)
@@ -127,7 +128,7 @@ def test_every_failing_seeds_printed_command_replays_it(name: str, capsys: pytes
 
     bc = {b.name: b for b in CATALOG + VARIANTS + BLIND}[name]
     monkeypatch.setenv("SIM_BUG", name)
-    program = str(ROOT / "tests" / "sim_bugs" / "by_name.py")
+    program = BY_NAME
     replayed = 0
     for seed in range(12):
         code, out = cli(capsys, "run", "-n", str(bc.world_size), program, "--seed", str(seed),
