@@ -12,8 +12,11 @@ then each kind that is on draws a few faults (:data:`MOST`):
 * ``restart``: a rank dies and starts again (``AIODIST_RESTART_COUNT`` one
   higher), after up to a second;
 * ``partition``: a set of hosts cut from the others, both ways or one way,
-  healed after a while (shorter than the failure detector tolerates: a
-  program written for partitions survives them);
+  healed after a while. A plan's partitions together last at most
+  :data:`PARTITION_SHARE` of the silence the failure detector tolerates, so
+  however they overlap or follow each other, and with exploration's pause
+  (40%) and latency tail (20%) on top, no cut outlasts the detector: a
+  program written for partitions survives them;
 * ``pause``: a rank stops for longer than the failure detector tolerates (its
   peers declare it failed);
 * ``clog``: one link holds its messages for a while;
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .faults import Clog, Crash, CrashStore, Fault, FaultError, HostRef, Partition, Pause, Restart
@@ -45,6 +48,10 @@ if TYPE_CHECKING:
 KINDS = ("crash", "restart", "partition", "pause", "clog", "store")
 ON = 0.4
 """The chance that a kind allowed is on in a seed (at least one is)."""
+PARTITION_SHARE = 0.4
+"""The share of the failure detector's budget a plan's partitions may take, all of them together: with
+exploration's worst pause and tail (:data:`sim.explore.PAUSE_SHARE`, ``TAIL_SHARE``) it adds up to the
+budget. (Each on its own is not enough: overlapping partitions of one pair of hosts are one long cut.)"""
 MOST = {"crash": 1, "restart": 4, "partition": 3, "pause": 2, "clog": 3, "store": 1}
 """At most this many faults of a kind per seed (1 to MOST, uniformly): a program survives a restart
 or a healed partition, so several of them give a short window several chances; it does not survive
@@ -119,7 +126,18 @@ class _Draw:
                 fault = getattr(self, f"_{kind}")()
                 if fault is not None:
                     out.append(fault)
-        return out
+        return self._fit_partitions(out)
+
+    def _fit_partitions(self, plan: list[Fault]) -> list[Fault]:
+        """``plan`` with its partitions shortened in proportion when together they last longer than
+        :data:`PARTITION_SHARE` of the budget (their times or triggers are unknown here: any may overlap)."""
+        cap = PARTITION_SHARE * self.budget
+        total = sum(f.duration or 0.0 for f in plan if isinstance(f, Partition))
+        if total <= cap:
+            return plan
+        scale = cap / total
+        return [replace(f, duration=float(f"{(f.duration or 0.0) * scale:.6g}"))
+                if isinstance(f, Partition) else f for f in plan]
 
     def _victim(self) -> int | None:
         return self.rng.choice(self.victims) if self.victims else None
@@ -147,9 +165,9 @@ class _Draw:
         cut = 1 + int(self.rng.random() * (len(hosts) - 1))
         a, b = tuple(sorted(hosts[:cut], key=str)), tuple(sorted(hosts[cut:], key=str))
         one_way = self.rng.random() < 0.5
-        # Shorter than the failure detector tolerates: a program written for partitions survives them;
-        # silences the detector sees through are the pause kind's.
-        duration = self._log(0.05, 0.9 * self.budget)
+        # Shorter than the failure detector tolerates (see _fit_partitions): a program written for
+        # partitions survives them; silences the detector sees through are the pause kind's.
+        duration = self._log(0.05, PARTITION_SHARE * self.budget)
         trigger_rank = self.rng.choice(self.ranks)
         at, on = self._when(trigger_rank)
         return Partition(a, b, at=at, one_way=one_way, on=on, duration=duration)
