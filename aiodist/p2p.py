@@ -86,7 +86,10 @@ def recv(comm: GroupComm, x: Any, src: int | None, tag: int, *, timeout: float) 
     sender) and the posted receive.
 
     Cancellation withdraws the receive if no message was matched to it yet;
-    a message already being written into ``x`` is lost with it. (A task that
+    a message already being written into ``x`` is lost with it. A timeout is
+    not a cancellation of that kind: a message matched by the time the
+    deadline is handled (both came due while the process was not running) is
+    the receive's result, not lost behind a CollectiveTimeoutError. (A task that
     runs the coroutine and is cancelled before it starts must withdraw the
     receive itself: ``comm.transport.router.cancel(receive)``.)
     """
@@ -127,11 +130,17 @@ async def _received(comm: GroupComm, r: Receive, fut: Any, src: int | None, tag:
             async with asyncio.timeout(timeout) as cm:
                 result = await fut
         except TimeoutError:
-            comm.transport.router.cancel(r)
-            if not cm.expired():
-                raise
-            waiting = [src] if src is not None else [i for i in range(comm.size) if i != comm.rank]
-            raise _timeout("recv", comm, waiting, tag, timeout) from None
+            if cm.expired() and fut.done() and not fut.cancelled():
+                # The message came in the same stretch as the deadline (e.g. both while the loop was
+                # blocked): it was matched and written into the buffer, so it is the receive's result.
+                # Raising here would lose it: the next receive would never see it.
+                result = fut.result()
+            else:
+                comm.transport.router.cancel(r)
+                if not cm.expired():
+                    raise
+                waiting = [src] if src is not None else [i for i in range(comm.size) if i != comm.rank]
+                raise _timeout("recv", comm, waiting, tag, timeout) from None
         except BaseException:
             comm.transport.router.cancel(r)
             raise
