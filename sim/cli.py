@@ -49,7 +49,15 @@ from .trace import events_from_json, events_to_json, first_divergence, write_chr
 
 
 def load_main(path: str) -> Callable[..., Awaitable[Any]]:
-    """Import ``path`` as a module and return its ``main`` coroutine function."""
+    """Import ``path`` as a module and return its ``main`` coroutine function.
+
+    ``FILE.py:NAME`` names another function of the file (a module holding several programs).
+    """
+    name = "main"
+    if not Path(path).is_file() and ":" in path:
+        path, _, name = path.rpartition(":")
+        if not name.isidentifier():
+            raise SystemExit(f"sim: {name!r} is not a function name (PROGRAM is FILE.py or FILE.py:NAME)")
     p = Path(path).resolve()
     if not p.is_file():
         raise SystemExit(f"sim: no such program file: {path}")
@@ -60,9 +68,9 @@ def load_main(path: str) -> Callable[..., Awaitable[Any]]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    main: Callable[..., Awaitable[Any]] | None = getattr(module, "main", None)  # the program's contract
-    if main is None:
-        raise SystemExit(f"sim: {path} has no main()")
+    main: Callable[..., Awaitable[Any]] | None = getattr(module, name, None)  # the program's contract
+    if main is None or not callable(main):
+        raise SystemExit(f"sim: {path} has no {name}()")
     return main
 
 
@@ -100,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sim", description="deterministic simulator for aiodist programs")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run a program as N virtual ranks")
-    p.add_argument("program", help="a .py file with async def main()")
+    p.add_argument("program", help="a .py file with async def main(), or FILE.py:NAME for its async def NAME()")
     p.add_argument("-n", "--nproc", "--world-size", dest="world_size", type=int, default=DEFAULT_NPROC,
                    help=f"number of virtual ranks (default {DEFAULT_NPROC}, the same as aiodist run)")
     g = p.add_mutually_exclusive_group()

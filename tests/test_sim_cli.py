@@ -124,3 +124,22 @@ def test_parallel_sweep_finds_the_same_seeds(capsys: pytest.CaptureFixture[str],
     _, serial = cli(capsys, "run", "-n", "4", RACE, "--seeds", span, "-q")
     _, parallel = cli(capsys, "run", "-n", "4", RACE, "--seeds", span, "-q", "-j", "2")
     assert serial == parallel and "seeds failed" in serial
+
+
+def test_file_colon_name_runs_another_function_of_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "progs.py").write_text(
+        "import os\n\n"
+        "async def main():\n    return 0\n\n"
+        "async def failing():\n    assert os.environ['RANK'] != '1', 'rank 1 fails'\n\n"
+        "VALUE = 3\n"
+    )
+    prog = str(tmp_path / "progs.py")
+    assert cli(capsys, "run", "-n", "2", prog, "--seed", "0")[0] == 0
+    code, out = cli(capsys, "run", "-n", "2", f"{prog}:failing", "--seed", "0")
+    assert code == 1 and "rank 1 fails" in out
+    replay = shlex.split(out.split("Replay with:")[1].strip().splitlines()[0])
+    assert f"{prog}:failing" in replay and cli(capsys, *replay[3:])[0] == 1  # the replay names it too
+    for bad, says in ((f"{prog}:nothing", "has no nothing()"), (f"{prog}:VALUE", "has no VALUE()"),
+                      (f"{prog}:a-b", "not a function name"), (f"{tmp_path}/none.py:main", "no such program file")):
+        with pytest.raises(SystemExit, match=says):
+            cli(capsys, "run", "-n", "2", bad, "--seed", "0")
