@@ -19,6 +19,7 @@ from . import (
     barrier_reuse,
     blind_a,
     blind_b,
+    blind_c,
     causal_order,
     check_then_act,
     lease,
@@ -81,7 +82,7 @@ VARIANTS = [
 
 
 def _blind() -> list[BugClass]:
-    """The programs of blind_a and blind_b (their own tables: world sizes, symptoms, swarm kinds)."""
+    """The programs of blind_a, blind_b and blind_c (their own tables: world sizes, symptoms, swarm kinds)."""
     out = []
     for name, cls in blind_a.PROGRAMS.items():
         symptom = "StoreTimeoutError" if name == "job_board" else "AssertionError"
@@ -94,6 +95,10 @@ def _blind() -> list[BugClass]:
         symptom, marker = ("StoreTimeoutError", "ready/") if name == "barrier_flags_reused" else ("AssertionError", "")
         out.append(BugClass(f"blind_{name}", getattr(blind_b, name), getattr(blind_b, f"{name}_fixed"), world,
                             swarm, symptom=symptom, marker=marker))
+    for name in blind_c.PROGRAMS:
+        symptom, marker = blind_c.SYMPTOM[name]
+        out.append(BugClass(f"blind_c_{name}", getattr(blind_c, name), getattr(blind_c, f"{name}_fixed"),
+                            blind_c.WORLD[name], blind_c.SWARM_KINDS.get(name), symptom=symptom, marker=marker))
     return out
 
 
