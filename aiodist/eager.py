@@ -25,9 +25,9 @@ deterministic.
 from __future__ import annotations
 
 import asyncio
-import collections.abc
 import contextvars
 import sys
+import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
@@ -107,87 +107,79 @@ else:  # pragma: no cover - Python 3.11
         return _start_eager_311(coro, loop)
 
 
-class EagerStart(collections.abc.Coroutine):  # type: ignore[type-arg]
-    """(Python 3.11) An eagerly started coroutine: what its first step did, and the coroutine its task runs from there.
+class EagerStart:
+    """(Python 3.11) What the first step of an eagerly started coroutine did.
 
     ``finished`` is True when the first step ran to the end: then ``error`` is
     what it raised (or None) and ``value`` what it returned. The task created
     for it finishes the same way at its first step.
-
-    As the task's coroutine it carries on from the first suspension. A class
-    rather than a generator so that a throw before the task's first step (the
-    task was cancelled before it ran) still reaches the coroutine at its
-    suspension point, where its cleanup (``except CancelledError``/``finally``)
-    runs. (One object for both roles: it is made for every collective.)
     """
 
-    __slots__ = ("finished", "value", "error", "_coro", "_yielded", "_started")
+    __slots__ = ("finished", "value", "error")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def __init__(self) -> None:
         self.finished = False
         self.value: Any = None
         self.error: BaseException | None = None
-        self._coro = coro
-        self._yielded: Any = None  # what the first step yielded (the future it waits on)
-        self._started = False  # the task ran its first step (it took over from first_step)
 
     def __repr__(self) -> str:
         state = "running" if not self.finished else "failed" if self.error is not None else "done"
         return f"<EagerStart {state}>"
 
-    def first_step(self) -> None:
-        try:
-            self._yielded = self._coro.send(None)
-        except StopIteration as e:
-            self.finished, self.value = True, e.value
-        except BaseException as e:  # the task raises it again; the caller decides who sees it
-            self.finished, self.error = True, e
 
-    def _first(self) -> Any:
-        self._started = True
-        if self.finished:
-            if self.error is not None:
-                raise self.error
-            raise StopIteration(self.value)
-        fut = self._yielded
-        self._yielded = None
-        if getattr(fut, "_asyncio_future_blocking", False) and fut.done():
+@types.coroutine
+def _carry_on(coro: Coroutine[Any, Any, Any], state: EagerStart) -> Generator[Any, Any, Any]:
+    """(Python 3.11) The coroutine an eager task runs: ``coro``'s first step now, the rest as the task's.
+
+    Primed by :func:`_start_eager_311` (one ``send``: the first step runs, up to
+    the bare ``yield`` after it); the task's first step carries on from there.
+    A generator rather than an object with ``send``/``throw`` methods: once the
+    task has waited for what the first step yielded, every later step is
+    ``yield from`` -- the interpreter resumes ``coro`` directly, with no Python
+    call in between. A throw before the task's first step (the task was
+    cancelled before it ran) still reaches ``coro`` at its suspension point,
+    where its cleanup runs; closing this generator closes ``coro``.
+    """
+    try:
+        yielded = coro.send(None)
+    except StopIteration as e:
+        state.finished, state.value = True, e.value
+        yield  # (the primer stops here; the task's first step ends with the same outcome)
+        return e.value
+    except BaseException as e:  # the task raises it again; the caller decides who sees it
+        state.finished, state.error = True, e
+        yield
+        raise e
+    exc: BaseException | None = None
+    try:
+        yield  # primed: the task's first step carries on from here
+    except GeneratorExit:
+        coro.close()
+        raise
+    except BaseException as e:  # noqa: BLE001 - handed to coro at its suspension point
+        exc = e
+    else:
+        if getattr(yielded, "_asyncio_future_blocking", False) and yielded.done():
             # What the first step waits on is done already (a reply that came in before the
             # task's first turn): carry on now, as the task's wakeup would one iteration later.
-            fut._asyncio_future_blocking = False
-            return self._coro.send(None)
-        return fut
-
-    def send(self, value: Any) -> Any:
-        if not self._started:
-            return self._first()  # what the first step yielded: the task waits on it now
-        return self._coro.send(value)
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        if not self._started:
-            self._started = True
-            if self.finished:  # nothing left to interrupt
-                raise typ if val is None else val
-        exc = typ if val is None else val
-        return self._coro.throw(exc)
-
-    def close(self) -> None:
-        if not self.finished:
-            self._coro.close()
-
-    @property
-    def __name__(self) -> str:  # what asyncio shows for the task's coroutine
-        coro = self._coro
-        return str(getattr(coro, "__qualname__", None) or getattr(coro, "__name__", "eager"))
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        return self
-
-    def __iter__(self) -> EagerStart:
-        return self
-
-    def __next__(self) -> Any:
-        return self.send(None)
+            yielded._asyncio_future_blocking = False
+            return (yield from coro)
+    while True:  # hand what the task is waiting on to it (throws go to coro), until it resumes us
+        if exc is not None:
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as e:
+                return e.value
+            exc = None
+        try:
+            yield yielded
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as e:  # noqa: BLE001 - handed to coro at its suspension point
+            exc = e
+            continue
+        return (yield from coro)
 
 
 if sys.version_info < (3, 12):  # pragma: no cover - Python 3.11: asyncio's internals, here and nowhere else
@@ -202,15 +194,16 @@ if sys.version_info < (3, 12):  # pragma: no cover - Python 3.11: asyncio's inte
         If the first step finished, the task only finishes the same way one
         iteration later (nothing waits for that).
         """
-        state = EagerStart(coro)
+        state = EagerStart()
+        gen = _carry_on(coro, state)
         ctx = contextvars.copy_context()
-        task: asyncio.Task[Any] = loop.create_task(state, context=ctx)
+        task: asyncio.Task[Any] = loop.create_task(gen, context=ctx)  # type: ignore[arg-type]
         caller = _CURRENT_TASKS.get(loop)
         if caller is not None:
             _leave_task(loop, caller)
         _enter_task(loop, task)
         try:
-            ctx.run(state.first_step)
+            ctx.run(gen.send, None)
         finally:
             _leave_task(loop, task)
             if caller is not None:
