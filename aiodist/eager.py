@@ -197,7 +197,7 @@ if sys.version_info < (3, 12):  # pragma: no cover - Python 3.11: asyncio's inte
         state = EagerStart()
         gen = _carry_on(coro, state)
         ctx = contextvars.copy_context()
-        task: asyncio.Task[Any] = loop.create_task(gen, context=ctx)  # type: ignore[arg-type]
+        task: asyncio.Task[Any] = loop.create_task(gen, context=ctx)
         caller = _CURRENT_TASKS.get(loop)
         if caller is not None:
             _leave_task(loop, caller)
