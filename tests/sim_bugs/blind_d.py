@@ -470,6 +470,18 @@ def _journal_entries(raw: bytes) -> list[int]:
     return [int(s) for s in raw.decode().split(";") if s]
 
 
+async def _commit_once(store: dist.Store, journal: str, shard: int) -> None:
+    """Append ``shard`` to the journal unless it is there: compare_set, so a request of a previous process
+    still in flight when this one resumed cannot add it a second time."""
+    raw = await store.get(journal) if await store.check([journal]) else b""
+    while shard not in _journal_entries(raw):
+        new = raw + f"{shard};".encode()
+        cur = await store.compare_set(journal, raw, new)
+        if cur == new:
+            return
+        raw = cur
+
+
 async def _tokenize(fixed: bool) -> Any:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
@@ -485,9 +497,9 @@ async def _tokenize(fixed: bool) -> Any:
                     f"shard {shard} tokenized again: written {written.count(shard)} times by rank {r}: {written}")
                 assert written.count(shard) == 1, f"shard {shard} missing from rank {r}'s journal: {written}"
         await store.set("tok/audited", b"1")
+        await store.wait([f"tok/left/{r}" for r in range(1, world)], timeout=120.0)  # the store outlives them
         await store.close()
         assert server is not None
-        await asyncio.sleep(0.5)  # let the workers read the verdict before the store goes
         await server.close()
         return "audited"
     journal = f"tok/journal/{rank}"
@@ -499,10 +511,14 @@ async def _tokenize(fixed: bool) -> Any:
         if shard in done:
             continue
         await asyncio.sleep(0.05 + 0.01 * (shard % 4))  # tokenize the shard
-        await store.append(journal, f"{shard};")
+        if fixed:
+            await _commit_once(store, journal, shard)
+        else:
+            await store.append(journal, f"{shard};")
         done.add(shard)
     await store.set(f"tok/done/{rank}", str(len(done)))
     await store.wait(["tok/audited"], timeout=120.0)
+    await store.set(f"tok/left/{rank}", b"1")
     await store.close()
     return len(done)
 
