@@ -20,6 +20,7 @@ from . import (
     blind_a,
     blind_b,
     blind_c,
+    blind_d,
     causal_order,
     check_then_act,
     lease,
@@ -82,7 +83,7 @@ VARIANTS = [
 
 
 def _blind() -> list[BugClass]:
-    """The programs of blind_a, blind_b and blind_c (their own tables: world sizes, symptoms, swarm kinds)."""
+    """The programs of blind_a, blind_b, blind_c and blind_d (their own tables: world sizes, symptoms, swarm kinds)."""
     out = []
     for name, cls in blind_a.PROGRAMS.items():
         symptom = "StoreTimeoutError" if name == "job_board" else "AssertionError"
@@ -99,6 +100,10 @@ def _blind() -> list[BugClass]:
         symptom, marker = blind_c.SYMPTOM[name]
         out.append(BugClass(f"blind_c_{name}", getattr(blind_c, name), getattr(blind_c, f"{name}_fixed"),
                             blind_c.WORLD[name], blind_c.SWARM_KINDS.get(name), symptom=symptom, marker=marker))
+    for name in blind_d.PROGRAMS:
+        symptom, marker = blind_d.SYMPTOM[name]
+        out.append(BugClass(f"blind_d_{name}", getattr(blind_d, name), getattr(blind_d, f"{name}_fixed"),
+                            blind_d.WORLD[name], blind_d.SWARM_KINDS.get(name), symptom=symptom, marker=marker))
     return out
 
 
