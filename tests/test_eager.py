@@ -117,6 +117,69 @@ async def test_cancelling_before_the_task_ran_reaches_the_suspension_point() -> 
     assert cleaned == ["withdrawn"]
 
 
+async def test_cancelling_while_the_task_waits_on_its_first_step_reaches_the_coroutine() -> None:
+    loop = asyncio.get_running_loop()
+    first = loop.create_future()
+    cleaned: list[str] = []
+
+    async def op() -> None:
+        try:
+            await first
+        except asyncio.CancelledError:
+            cleaned.append("withdrawn")
+            raise
+
+    task, _ = start_eager(op(), loop)
+    await asyncio.sleep(0)  # the task's first turn: it waits on what the first step awaited
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned == ["withdrawn"]
+
+
+async def test_every_later_step_gets_what_it_awaited() -> None:
+    loop = asyncio.get_running_loop()
+    futs = [loop.create_future() for _ in range(3)]
+
+    async def op() -> list[int]:
+        got = [await f for f in futs[:2]]
+        try:
+            await futs[2]
+        except KeyError as e:
+            got.append(int(str(e)))
+        return got
+
+    task, early = start_eager(op(), loop)
+    assert not early.finished
+    for i, f in enumerate(futs[:2]):
+        await asyncio.sleep(0)
+        f.set_result(i)
+    await asyncio.sleep(0)
+    futs[2].set_exception(KeyError(7))
+    assert await task == [0, 1, 7]
+
+
+async def test_closing_a_task_that_never_ran_runs_the_coroutines_cleanup() -> None:
+    # (what the simulator does to the tasks of a world it drops)
+    loop = asyncio.get_running_loop()
+    never = loop.create_future()
+    cleaned: list[str] = []
+
+    async def op() -> None:
+        try:
+            await never
+        finally:
+            cleaned.append("closed")
+
+    task, _ = start_eager(op(), loop)
+    coro = task.get_coro()
+    assert coro is not None
+    coro.close()
+    assert cleaned == ["closed"]
+    task.cancel()
+
+
 async def test_a_broadcast_root_is_done_when_the_call_returns() -> None:
     async def body(pg: Any) -> bool:
         x = np.arange(4, dtype=np.float32) if pg.rank == 0 else np.zeros(4, dtype=np.float32)
