@@ -378,7 +378,9 @@ class Dialer(_Side):
         self._acceptor_nonce = nonce
         self._check(_proof_of(challenge))
         self.state = AuthState.DONE
-        return {PROOF: self._proof(self.role)}
+        ours = self._proof(self.role)
+        self._tail = b""  # (no proof after this one)
+        return {PROOF: ours}
 
     def refused(self) -> AuthenticationError:
         """The error to raise when the acceptor refused our answer (it says why to nobody)."""
@@ -425,6 +427,7 @@ class Acceptor(_Side):
             return
         self._check(_proof_of(answer))
         self.state = AuthState.DONE
+        self._tail = b""  # (no proof after this one)
 
 
 def binding(*parts: str | int | bytes) -> bytes:

@@ -73,7 +73,7 @@ class Shake:
     callback said so).
     """
 
-    __slots__ = ("conn", "rank", "timeout", "over", "error", "linked", "_timer")
+    __slots__ = ("conn", "rank", "timeout", "over", "error", "linked", "_timer")  # (and each side's ``hs``)
 
     def __init__(self, conn: Connection, rank: int | None, timeout: float, loop: asyncio.AbstractEventLoop) -> None:
         self.conn = conn
@@ -82,7 +82,7 @@ class Shake:
         self.over = False
         self.error: Exception | None = None
         self.linked = False
-        self._timer = loop.call_later(timeout, self._expire)
+        self._timer: asyncio.TimerHandle | None = loop.call_later(timeout, self._expire)
 
     def _expire(self) -> None:
         if not self.over:
@@ -90,7 +90,9 @@ class Shake:
 
     def _end(self) -> None:
         self.over = True
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None  # (a link keeps nothing of its handshake: see also ``hs``)
 
     def _fail(self, error: Exception | None) -> None:
         """The handshake failed (``error``, or a refusal already sent): close the connection; the owner finds out."""
@@ -122,13 +124,14 @@ class Dialing(Shake):
     def __init__(self, conn: Connection, hs: DialHandshake, timeout: float, loop: asyncio.AbstractEventLoop,
                  outcome: Callable[[int, Connection, Outcome], bool]) -> None:
         super().__init__(conn, hs.peer_rank, timeout, loop)
-        self.hs = hs
+        self.hs: DialHandshake | None = hs  # (dropped once the verdict is in)
         self._outcome = outcome
         conn.set_frame_handler(self.on_frame)
         _send(conn, hs.hello())
 
     def on_frame(self, frame: Frame) -> None:
         hs = self.hs
+        assert hs is not None  # (no frame comes here after the verdict: the link's handler, or closed)
         try:
             if hs.phase is Phase.HELLO_SENT:
                 reply = hs.on_reply(frame.header)
@@ -143,7 +146,8 @@ class Dialing(Shake):
             self._fail(e)
             return
         self._end()
-        self.linked = self._outcome(self.hs.peer_rank, self.conn, outcome)
+        self.hs = None
+        self.linked = self._outcome(hs.peer_rank, self.conn, outcome)
 
 
 class Accepting(Shake):
@@ -162,12 +166,13 @@ class Accepting(Shake):
     def __init__(self, conn: Connection, hs: AcceptHandshake, timeout: float, loop: asyncio.AbstractEventLoop,
                  accepted: Callable[[int, Connection], bool]) -> None:
         super().__init__(conn, None, timeout, loop)
-        self.hs = hs
+        self.hs: AcceptHandshake | None = hs  # (dropped once the dialer proved itself; kept if refused: its problem)
         self._accepted = accepted
         conn.set_frame_handler(self.on_frame)
 
     def on_frame(self, frame: Frame) -> None:
         hs = self.hs
+        assert hs is not None  # (no frame comes here after the answer: the link's handler, or closed)
         if hs.phase is Phase.START:
             try:
                 reply = hs.on_hello(frame.header)
@@ -185,5 +190,6 @@ class Accepting(Shake):
             self._fail(e)
             return
         self._end()
+        self.hs = None
         self.rank = rank
         self.linked = self._accepted(rank, self.conn)

@@ -387,6 +387,7 @@ class PeerLinks:
                 await self._dial_failed(rank, e)
                 return
             shake = connect.Dialing(conn, hs, timeout, self._loop, self._dialed)  # (the handshake: frame by frame)
+            del hs  # (the shake keeps it until the verdict only)
             end = await self._serve(conn, shake)
             if shake.over and shake.error is None:
                 return  # (the acceptor's verdict was taken: the connection was the link, or it was closed)
@@ -418,6 +419,7 @@ class PeerLinks:
         hs = AcceptHandshake(self._secret, job=self.job_id, rank=self.rank, world=self.world_size,
                              address=self._published, nonce=self._nonce())
         shake = connect.Accepting(conn, hs, min(self.timeout, HELLO_TIMEOUT), self._loop, self._accepted)
+        del hs  # (the shake keeps it until the dialer proved itself only)
         await self._serve(conn, shake)
         error = shake.error
         if isinstance(error, AuthenticationError):
@@ -427,8 +429,8 @@ class PeerLinks:
                     self._unauthentic)
         elif error is not None and not isinstance(error, TimeoutError):
             raise error  # (a local bug: the listener reports it)
-        elif hs.problem is not None:
-            log.info("rank %d: refusing connection from %s: %s", self.rank, conn.peer, hs.problem)
+        elif shake.hs is not None and shake.hs.problem is not None:
+            log.info("rank %d: refusing connection from %s: %s", self.rank, conn.peer, shake.hs.problem)
 
     def _accepted(self, rank: int, conn: Connection) -> bool:
         """``rank`` proved itself on ``conn`` (in the frame's delivery): answer it; True if ``conn`` became the link."""
