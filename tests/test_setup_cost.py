@@ -136,3 +136,35 @@ async def test_a_cancelled_wait_for_a_link_leaves_nothing_behind_and_close_ends_
                 await asyncio.wait_for(s, 5.0)
     finally:
         silent.close()
+
+
+async def test_a_connection_that_ends_during_the_handshake_fails_the_dial_at_once_and_leaves_no_deadline(
+    monkeypatch: pytest.MonkeyPatch, closing: list[Transport]
+) -> None:
+    from aiodist.comm import connect
+
+    shakes: list[connect.Shake] = []
+    made = connect.Dialing.__init__
+
+    def spy(self: connect.Dialing, *args: Any, **kw: Any) -> None:
+        made(self, *args, **kw)
+        shakes.append(self)
+
+    monkeypatch.setattr(connect.Dialing, "__init__", spy)
+    store = MemoryStore()
+    [t] = await start_transports(2, store, ranks=[0], secrets=[SECRET, SECRET])
+    closing.append(t)
+
+    async def hang_up(conn: Connection) -> None:
+        await conn.recv()  # (the hello)
+        conn.abort()
+
+    rude = await TCPNetwork().listen(("127.0.0.1", 0), hang_up)
+    await store.set("t/addr/1", format_address(rude.address))
+    try:
+        with pytest.raises(PeerFailureError) as e:
+            await asyncio.wait_for(channel(t, 2).send(1, ("x",), np.arange(4.0)), 5.0)
+        assert "unreachable (ConnectionLost:" in str(e.value)
+        assert len(shakes) == 1 and not shakes[0].over and shakes[0]._timer is None
+    finally:
+        rude.close()

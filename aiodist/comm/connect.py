@@ -90,6 +90,9 @@ class Shake:
 
     def _end(self) -> None:
         self.over = True
+        self._stop_timer()
+
+    def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None  # (a link keeps nothing of its handshake: see also ``hs``)
@@ -101,9 +104,10 @@ class Shake:
         self.conn.close()
 
     def abandon(self) -> None:
-        """The owner stops waiting (cancelled): a handshake still under way ends, its connection closed."""
+        """The owner stops waiting (the connection ended, or the wait was cancelled): a handshake still under
+        way stops there (its deadline cancelled, its connection closed; ``over`` stays False)."""
         if not self.over:
-            self._end()
+            self._stop_timer()
             self.conn.close()
 
 

@@ -450,8 +450,9 @@ class PeerLinks:
         """Wait for the end of ``conn`` (the handshake runs in its frame handler meanwhile); what ended it.
 
         If the connection became the link: its end is the link's (lost), and the
-        frames whose payload was still arriving fail. Cancelled: a handshake
-        still under way is abandoned (the connection closed).
+        frames whose payload was still arriving fail. A handshake still under way
+        when the connection ends, or this wait is cancelled, is abandoned (its
+        deadline cancelled, the connection closed).
         """
         end: ConnectionClosedError | None = None
         try:
@@ -461,10 +462,8 @@ class PeerLinks:
                     self._on_frame(self.peers[shake.rank], frame)
         except ConnectionClosedError as e:
             end = e
-        except BaseException:
-            shake.abandon()
-            raise
         finally:
+            shake.abandon()  # (a handshake still under way ends with the connection, or with this wait)
             r = shake.rank
             if shake.linked and r is not None:
                 if end is not None:
