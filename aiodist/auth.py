@@ -43,7 +43,6 @@ warning.
 from __future__ import annotations
 
 import enum
-import hashlib
 import hmac
 import logging
 import os
@@ -235,18 +234,37 @@ def resolve_secret(secret: Any = FROM_ENVIRONMENT, *, environ: Mapping[str, str]
 # --------------------------------------------------------------------- the handshake
 
 
+def _part(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+_PREFIXES: dict[tuple[str, str], bytes] = {}
+
+
+def _prefix(purpose: str, role: str) -> bytes:
+    """The constant head of a transcript (version, purpose, role), made once per process for each pair."""
+    head = _PREFIXES.get((purpose, role))
+    if head is None:
+        head = _part(VERSION) + _part(purpose.encode()) + _part(role.encode())
+        if len(_PREFIXES) < 64:  # (the purposes are the code's few constants: a bound all the same)
+            _PREFIXES[(purpose, role)] = head
+    return head
+
+
+def _tail(dialer_nonce: bytes, acceptor_nonce: bytes, binding: bytes) -> bytes:
+    """The part of a transcript that is the connection's own (both nonces, the binding)."""
+    return b"".join((len(dialer_nonce).to_bytes(4, "big"), dialer_nonce, len(acceptor_nonce).to_bytes(4, "big"),
+                     acceptor_nonce, len(binding).to_bytes(4, "big"), binding))
+
+
 def transcript(*, purpose: str, role: str, dialer_nonce: bytes, acceptor_nonce: bytes, binding: bytes) -> bytes:
     """The bytes a proof signs: every part length-prefixed, so no two part lists collide."""
-    out = bytearray()
-    for part in (VERSION, purpose.encode(), role.encode(), dialer_nonce, acceptor_nonce, binding):
-        out += len(part).to_bytes(4, "big")
-        out += part
-    return bytes(out)
+    return _prefix(purpose, role) + _tail(dialer_nonce, acceptor_nonce, binding)
 
 
 def proof(secret: bytes, **parts: Any) -> bytes:
     """HMAC-SHA256 of :func:`transcript` under ``secret``."""
-    return hmac.new(secret, transcript(**parts), hashlib.sha256).digest()
+    return hmac.digest(secret, transcript(**parts), "sha256")
 
 
 def _nonce_of(fields: Mapping[str, Any], what: str) -> bytes | None:
@@ -292,6 +310,7 @@ class _Side:
         self.state = AuthState.START
         self._dialer_nonce = b""
         self._acceptor_nonce = b""
+        self._tail = b""  # (the transcript's own part, once both nonces are known: both proofs share it)
 
     def __repr__(self) -> str:
         mode = "insecure" if self.secret is None else "hmac-sha256"
@@ -303,15 +322,11 @@ class _Side:
         return self.state is AuthState.DONE and self.secret is not None
 
     def _proof(self, role: str) -> bytes:
+        """:func:`proof` for ``role`` (the same bytes, from the parts made once per process and connection)."""
         assert self.secret is not None
-        return proof(
-            self.secret,
-            purpose=self.purpose,
-            role=role,
-            dialer_nonce=self._dialer_nonce,
-            acceptor_nonce=self._acceptor_nonce,
-            binding=self.binding,
-        )
+        if not self._tail:
+            self._tail = _tail(self._dialer_nonce, self._acceptor_nonce, self.binding)
+        return hmac.digest(self.secret, _prefix(self.purpose, role) + self._tail, "sha256")
 
     def _check(self, got: bytes | None) -> None:
         if got is None:
@@ -363,7 +378,9 @@ class Dialer(_Side):
         self._acceptor_nonce = nonce
         self._check(_proof_of(challenge))
         self.state = AuthState.DONE
-        return {PROOF: self._proof(self.role)}
+        ours = self._proof(self.role)
+        self._tail = b""  # (no proof after this one)
+        return {PROOF: ours}
 
     def refused(self) -> AuthenticationError:
         """The error to raise when the acceptor refused our answer (it says why to nobody)."""
@@ -410,12 +427,13 @@ class Acceptor(_Side):
             return
         self._check(_proof_of(answer))
         self.state = AuthState.DONE
+        self._tail = b""  # (no proof after this one)
 
 
 def binding(*parts: str | int | bytes) -> bytes:
     """Pack what both ends know independently (addresses, ranks, job) into a transcript binding."""
-    out = bytearray()
+    out: list[bytes] = []
     for p in parts:
         b = p if isinstance(p, bytes) else str(p).encode()
-        out += len(b).to_bytes(4, "big") + b
-    return bytes(out)
+        out += (len(b).to_bytes(4, "big"), b)
+    return b"".join(out)

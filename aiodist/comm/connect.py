@@ -1,21 +1,28 @@
 """The I/O of a link's set-up: dialing a rank's published address, and both sides of the handshake.
 
 The decisions are :mod:`.handshake`'s (what the frames say) and
-:mod:`.links`'s (what to do with a connection that authenticated); these
-coroutines only move the frames, with a timeout on every wait. Before the
-other end has proved the job's secret, frames are limited to
-:data:`.frames.MAX_HANDSHAKE_FRAME` bytes: both the acceptor's listener and
-the dialer's connect start their connections so.
+:mod:`.links`'s (what to do with a connection that authenticated); the two
+drivers here (:class:`Dialing`, :class:`Accepting`) only move the frames,
+with one deadline over the whole handshake. They run as the connection's
+frame handler: each frame is answered in the step that delivers it, with no
+task woken and no future per frame. The task that owns the connection
+(:class:`~aiodist.comm.peers.PeerLinks`' dial, or the listener's handler)
+meanwhile waits in :meth:`~aiodist.net.base.Connection.recv`, which with a
+handler installed only reports the connection's end: a handshake that fails
+or times out closes the connection, and the driver's :attr:`Shake.error`
+says why. Before the other end has proved the job's secret, frames are
+limited to :data:`.frames.MAX_HANDSHAKE_FRAME` bytes: both the acceptor's
+listener and the dialer's connect start their connections so.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from ssl import SSLContext
-from typing import Any
 
 from ..errors import ConnectionClosedError
-from ..net.base import Address, Connection, Header, Network
+from ..net.base import Address, Connection, Frame, Header, Network
 from ..wire import DEFAULT_MAX_FRAME_SIZE
 from . import frames as F
 from .handshake import AcceptHandshake, DialHandshake, Outcome, Phase
@@ -34,124 +41,159 @@ def parse_address(raw: bytes) -> Address:
     return host, int(port)
 
 
-async def dial(
-    net: Network,
-    raw_address: bytes,
-    hs: DialHandshake,
-    timeout: float,
-    loop: asyncio.AbstractEventLoop,
-    *,
-    ssl: SSLContext | None = None,
-) -> tuple[Connection, Outcome]:
-    """Connect to ``raw_address`` (as published) and shake hands within ``timeout``; the connection and
-    the acceptor's verdict.
+async def open_connection(
+    net: Network, raw_address: bytes, timeout: float, *, ssl: SSLContext | None = None
+) -> Connection:
+    """Connect to ``raw_address`` (as published) within ``timeout``, frames limited as before authentication.
 
     Raises what connecting raises (ConnectionLost, TimeoutError, ValueError for
-    an address that does not parse), AuthenticationError, ProtocolError.
-    Any error, or cancellation, closes the connection.
+    an address that does not parse).
     """
-    conn = await net.connect(parse_address(raw_address), timeout=timeout, max_frame_size=F.MAX_HANDSHAKE_FRAME, ssl=ssl)
-    deadline = _Deadline(loop, conn, timeout)
-    try:
-        _send(conn, hs.hello())
-        step = hs.on_reply(await deadline.recv())
-        if isinstance(step, Outcome):
-            return conn, step
-        conn.set_max_frame_size(LINK_MAX_FRAME)  # it proved the secret: its frames may follow the verdict at once
-        _send(conn, step)
-        return conn, hs.on_verdict(await deadline.recv())
-    except BaseException:
-        conn.close()
-        raise
-    finally:
-        deadline.cancel()
-
-
-async def accept(conn: Connection, hs: AcceptHandshake, timeout: float, loop: asyncio.AbstractEventLoop) -> int | None:
-    """The acceptor's side up to the dialer's proof (within ``timeout``): the authenticated dialer's rank, or None.
-
-    None: the hello could not be taken (refused, see ``hs.problem``) or the
-    connection ended or timed out. Raises AuthenticationError for a dialer
-    that did not prove the secret (it was refused with nothing more said).
-    Cancellation leaves the connection open.
-    """
-    deadline = _Deadline(loop, conn, timeout)
-    try:
-        _send(conn, hs.on_hello(await deadline.recv()))
-        if hs.phase is Phase.FAILED:
-            return None
-        answer = await deadline.recv()
-    except (TimeoutError, ConnectionClosedError):
-        return None
-    finally:
-        deadline.cancel()
-    try:
-        return hs.on_answer(answer)
-    except Exception:
-        _send(conn, F.refused())
-        raise
+    return await net.connect(parse_address(raw_address), timeout=timeout, max_frame_size=F.MAX_HANDSHAKE_FRAME,
+                             ssl=ssl)
 
 
 def _send(conn: Connection, header: Header) -> None:
-    """Queue a handshake frame (tiny: never waits; a broken connection shows at the next receive)."""
+    """Queue a handshake frame (tiny: never waits; a broken connection shows as the connection's end)."""
     try:
         conn.send_nowait(header)
     except ConnectionClosedError:
         pass
 
 
-class _Deadline:
-    """One timer for a whole handshake: when it fires the connection is closed, and :meth:`recv` says why.
+class Shake:
+    """What both drivers share: the connection, one deadline for the whole handshake, and how it ended.
 
-    (Not ``asyncio.timeout``: a context manager, a cancellation and its undoing, on
-    both sides of every new connection.)
+    ``rank``: the peer's (the dialer knows it from the start, the acceptor
+    once the dialer proved it); ``over``: the handshake reached its end (an
+    outcome, or a failure);
+    ``error``: why it failed (None: it did not, or the connection ended
+    first, which the owner's :meth:`~aiodist.net.base.Connection.recv`
+    reports); ``linked``: the connection became the link (the owner's
+    callback said so).
     """
 
-    __slots__ = ("conn", "timeout", "expired", "_timer")
+    __slots__ = ("conn", "rank", "timeout", "over", "error", "linked", "_timer")  # (and each side's ``hs``)
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, conn: Connection, timeout: float) -> None:
+    def __init__(self, conn: Connection, rank: int | None, timeout: float, loop: asyncio.AbstractEventLoop) -> None:
         self.conn = conn
+        self.rank = rank
         self.timeout = timeout
-        self.expired = False
-        self._timer = loop.call_later(timeout, self._expire)
+        self.over = False
+        self.error: Exception | None = None
+        self.linked = False
+        self._timer: asyncio.TimerHandle | None = loop.call_later(timeout, self._expire)
 
     def _expire(self) -> None:
-        self.expired = True
+        if not self.over:
+            self._fail(TimeoutError(f"no handshake from {self.conn.peer} within {self.timeout:g}s"))
+
+    def _end(self) -> None:
+        self.over = True
+        self._stop_timer()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None  # (a link keeps nothing of its handshake: see also ``hs``)
+
+    def _fail(self, error: Exception | None) -> None:
+        """The handshake failed (``error``, or a refusal already sent): close the connection; the owner finds out."""
+        self._end()
+        self.error = error
         self.conn.close()
 
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-    async def recv(self) -> Header:
-        """The next frame's header; TimeoutError once the deadline passed (the connection is closed then)."""
-        try:
-            return (await self.conn.recv()).header
-        except ConnectionClosedError:
-            if self.expired:
-                raise TimeoutError(f"no handshake from {self.conn.peer} within {self.timeout:g}s") from None
-            raise
+    def abandon(self) -> None:
+        """The owner stops waiting (the connection ended, or the wait was cancelled): a handshake still under
+        way stops there (its deadline cancelled, its connection closed; ``over`` stays False)."""
+        if not self.over:
+            self._stop_timer()
+            self.conn.close()
 
 
-async def first_of(loop: asyncio.AbstractEventLoop, a: asyncio.Future[Any], b: asyncio.Future[Any] | None) -> None:
-    """Wait until ``a`` or ``b`` is done (without cancelling either when this wait is cancelled).
+class Dialing(Shake):
+    """The dialer's side, as the frame handler of the connection it opened: sends the hello at once.
 
-    What ``asyncio.wait(shield(a), b, FIRST_COMPLETED)`` does, for a fraction of
-    its cost: every first send to a peer waits here while the connection is made.
+    Raises nothing: an :class:`~aiodist.auth.AuthenticationError` (the acceptor
+    did not prove the secret, or refused our proof), a
+    :class:`~aiodist.errors.ProtocolError` (a frame out of place) or the
+    deadline's ``TimeoutError`` become :attr:`error`, and the connection is
+    closed. The acceptor's verdict goes to ``outcome(rank, conn, outcome)``,
+    which returns whether the connection became the link (then it installed
+    the link's own frame handler; otherwise it closed the connection).
     """
-    if a.done() or (b is not None and b.done()):
-        return
-    waiter = loop.create_future()
 
-    def wake(_: Any) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
+    __slots__ = ("hs", "_outcome")
 
-    a.add_done_callback(wake)
-    if b is not None:
-        b.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        a.remove_done_callback(wake)
-        if b is not None:
-            b.remove_done_callback(wake)
+    def __init__(self, conn: Connection, hs: DialHandshake, timeout: float, loop: asyncio.AbstractEventLoop,
+                 outcome: Callable[[int, Connection, Outcome], bool]) -> None:
+        super().__init__(conn, hs.peer_rank, timeout, loop)
+        self.hs: DialHandshake | None = hs  # (dropped once the verdict is in)
+        self._outcome = outcome
+        conn.set_frame_handler(self.on_frame)
+        _send(conn, hs.hello())
+
+    def on_frame(self, frame: Frame) -> None:
+        hs = self.hs
+        assert hs is not None  # (no frame comes here after the verdict: the link's handler, or closed)
+        try:
+            if hs.phase is Phase.HELLO_SENT:
+                reply = hs.on_reply(frame.header)
+                if not isinstance(reply, Outcome):
+                    self.conn.set_max_frame_size(LINK_MAX_FRAME)  # it proved the secret: its frames may follow
+                    _send(self.conn, reply)                       # the verdict at once
+                    return
+                outcome = reply
+            else:
+                outcome = hs.on_verdict(frame.header)
+        except Exception as e:  # noqa: BLE001 - the owner decides (AuthenticationError, ProtocolError, ...)
+            self._fail(e)
+            return
+        self._end()
+        self.hs = None
+        self.linked = self._outcome(hs.peer_rank, self.conn, outcome)
+
+
+class Accepting(Shake):
+    """The acceptor's side, as the frame handler of an accepted connection: the hello, then the dialer's proof.
+
+    A hello this rank cannot take is refused (``hs.problem`` says why) and a
+    dialer that does not prove the secret is refused with nothing more said
+    (:attr:`error` is the :class:`~aiodist.auth.AuthenticationError`); either
+    way the connection is closed. The authenticated dialer's rank goes to
+    ``accepted(rank, conn)``, which answers it and returns whether the
+    connection became the link (as :class:`Dialing`'s ``outcome``).
+    """
+
+    __slots__ = ("hs", "_accepted")
+
+    def __init__(self, conn: Connection, hs: AcceptHandshake, timeout: float, loop: asyncio.AbstractEventLoop,
+                 accepted: Callable[[int, Connection], bool]) -> None:
+        super().__init__(conn, None, timeout, loop)
+        self.hs: AcceptHandshake | None = hs  # (dropped once the dialer proved itself; kept if refused: its problem)
+        self._accepted = accepted
+        conn.set_frame_handler(self.on_frame)
+
+    def on_frame(self, frame: Frame) -> None:
+        hs = self.hs
+        assert hs is not None  # (no frame comes here after the answer: the link's handler, or closed)
+        if hs.phase is Phase.START:
+            try:
+                reply = hs.on_hello(frame.header)
+            except Exception as e:  # noqa: BLE001 - a local bug: the owner raises it
+                self._fail(e)
+                return
+            _send(self.conn, reply)
+            if hs.problem is not None:  # refused (it says why)
+                self._fail(None)
+            return
+        try:
+            rank = hs.on_answer(frame.header)
+        except Exception as e:  # noqa: BLE001 - AuthenticationError (or a local bug): the owner decides
+            _send(self.conn, F.refused())
+            self._fail(e)
+            return
+        self._end()
+        self.hs = None
+        self.rank = rank
+        self.linked = self._accepted(rank, self.conn)

@@ -132,7 +132,7 @@ class Link:
 class Links:
     """The links of rank ``rank`` of a ``world_size``-rank job (see the module doc)."""
 
-    __slots__ = ("rank", "world_size", "dial_defer", "condemned", "closing", "first_failure", "_links")
+    __slots__ = ("rank", "world_size", "dial_defer", "condemned", "closing", "first_failure", "_links", "_nfailed")
 
     def __init__(self, rank: int, world_size: int, *, dial_defer: float) -> None:
         self.rank = rank
@@ -145,6 +145,7 @@ class Links:
         # that only see this one leave can name the root cause.
         self.first_failure: tuple[int | None, str] | None = None
         self._links: dict[int, Link] = {}
+        self._nfailed = 0  # links in state FAILED (which a new link must hear of: none, usually)
 
     def __repr__(self) -> str:
         counts: dict[str, int] = {}
@@ -352,9 +353,10 @@ class Links:
             link.wanted = False
             acts.append(Wake(link.rank))
         # A peer that connects after a failure must hear of it too (it may wait on us in vain).
-        for q in self._links.values():
-            if q is not link and q.state is _FAILED:
-                acts.append(Send(conn, F.fail(q.rank, q.how or "unknown")))
+        if self._nfailed:
+            for q in self._links.values():
+                if q is not link and q.state is _FAILED:
+                    acts.append(Send(conn, F.fail(q.rank, q.how or "unknown")))
         return acts
 
     # ------------------------------------------------------------------ a link ends
@@ -470,6 +472,8 @@ class Links:
         if was is _DEFERRED:
             acts.append(CancelTimer(link.rank))
         link.state = state
+        if state is _FAILED:
+            self._nfailed += 1
         link.how = how
         link.after_eviction = self.condemned is not None
         if self.first_failure is None and not self.closing and self.condemned is None:

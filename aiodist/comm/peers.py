@@ -2,7 +2,8 @@
 
 :class:`PeerLinks` listens, dials (:meth:`PeerLinks._dial` is the one place a
 connection to a peer is opened), runs both sides of the handshake
-(:mod:`.connect`), reads each link until it ends, and carries out the state
+(:mod:`.connect`: as frame handlers, while the task that owns the connection
+waits for its end), hands each link's frames on until it ends, and carries out the state
 machine's actions in order (:meth:`PeerLinks.do`). What arrives on a link is
 handed to the transport's ``on_frame`` / ``on_payload``; the heartbeats are
 :class:`.heartbeats.Heartbeats`'. Every task it starts it owns, and
@@ -20,7 +21,7 @@ from typing import Any
 from .. import tls
 from ..auth import NONCE_BYTES, AuthenticationError
 from ..context import token_bytes
-from ..eager import start_eager
+from ..eager import running_task, start_eager
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, EvictedError, GroupError, PeerFailureError, anew
 from ..net.base import Address, Connection, Frame, Header, Listener, Network
 from . import actions as A
@@ -28,7 +29,7 @@ from . import connect
 from . import frames as F
 from . import links as L
 from .detector import Watch
-from .handshake import AcceptHandshake, DialHandshake
+from .handshake import AcceptHandshake, DialHandshake, Outcome
 from .heartbeats import Heartbeats
 from .registry import GroupRegistry
 from .router import Match, Router
@@ -44,14 +45,15 @@ _ENDED = (L.LinkState.FAILED, L.LinkState.REFUSED, L.LinkState.LEFT)
 class Peer:
     """The driver's side of the link to one rank: the frames being received, the sends waiting for it."""
 
-    __slots__ = ("rank", "link", "watch", "matches", "waiter", "timer")
+    __slots__ = ("rank", "link", "watch", "matches", "waiters", "timer")
 
     def __init__(self, rank: int, link: L.Link) -> None:
         self.rank = rank
         self.link = link
         self.watch = Watch(rank)  # signs of life, for the failure detector (set on every frame)
         self.matches: list[Match] = []  # frames whose payload is arriving (rarely more than one: a list, not a deque)
-        self.waiter: asyncio.Future[Any] | None = None  # sends waiting for the link: its connection, or an error
+        # Sends waiting for the link, a future each: its connection, an error, or _BROKEN (their group broke).
+        self.waiters: list[asyncio.Future[Any]] | None = None
         self.timer: asyncio.TimerHandle | None = None  # the dial deferral
 
     def __repr__(self) -> str:
@@ -71,7 +73,7 @@ class PeerLinks:
 
     __slots__ = ("rank", "world_size", "job_id", "store", "key_prefix", "timeout", "links", "peers", "_net", "_secret",
                  "_ssl", "_router", "_groups", "_on_frame", "_on_payload", "_loop", "heartbeats", "_listener",
-                 "_published", "_tasks", "_reports", "_unauthentic")
+                 "_published", "_tasks", "_dials", "_dials_ended", "_reports", "_unauthentic")
 
     def __init__(
         self,
@@ -105,7 +107,10 @@ class PeerLinks:
         self.heartbeats = Heartbeats(self._loop, lambda r: self.peers[r].link.conn, self._silent)
         self._listener: Listener | None = None
         self._published = b""  # our address as published in the store (what dialers bind their proofs to)
-        self._tasks: dict[asyncio.Task[Any], None] = {}
+        self._tasks: dict[asyncio.Task[Any], None] = {}  # (and dial tasks that have not started yet)
+        # Dial tasks under way: each forgets itself as it ends (no done callback, no gather: steps less per link).
+        self._dials: dict[asyncio.Task[Any], None] = {}
+        self._dials_ended: asyncio.Future[None] | None = None  # close() waits there for the last one
         self._reports: dict[asyncio.Task[Any], None] = {}  # (spawned with now=True: close() lets them finish first)
         self._unauthentic = 0  # connections refused for not proving the secret (the first one is logged)
 
@@ -146,10 +151,14 @@ class PeerLinks:
         if self._listener is not None:
             self._listener.close()
         tasks = list(self._tasks)
-        for task in tasks:
+        for task in (*tasks, *self._dials):
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self._dials:
+            if self._dials_ended is None or self._dials_ended.done():
+                self._dials_ended = self._loop.create_future()
+            await self._dials_ended
         try:
             async with asyncio.timeout(BYE_TIMEOUT):  # a transport that never reports its end must not hang us
                 if self._listener is not None:
@@ -202,13 +211,29 @@ class PeerLinks:
         self.do(self.links.need(p.rank))
         if p.link.state is L.LinkState.READY:
             return p.link.conn  # type: ignore[no-any-return]
-        waiter = p.waiter
-        if waiter is None:
-            waiter = p.waiter = self._loop.create_future()
-        await connect.first_of(self._loop, waiter, broken)  # through callbacks: cancelling this wait leaves it alone
-        if not waiter.done():  # the group broke first
+        if broken is not None and broken.done():
             raise self.links.peer_error(culprit())
-        result = waiter.result()
+        # A future of its own (set by the Wake, or by ``broken``): cancelling this wait touches no other one.
+        waiter = self._loop.create_future()
+        if p.waiters is None:
+            p.waiters = [waiter]
+        else:
+            p.waiters.append(waiter)
+        on_break = None
+        if broken is not None:
+            on_break = functools.partial(_broke, waiter)
+            broken.add_done_callback(on_break)
+        try:
+            result = await waiter
+        except asyncio.CancelledError:
+            if p.waiters is not None and waiter in p.waiters:
+                p.waiters.remove(waiter)
+            raise
+        finally:
+            if on_break is not None:
+                broken.remove_done_callback(on_break)  # type: ignore[union-attr]
+        if result is _BROKEN:  # the group broke first
+            raise self.links.peer_error(culprit())
         if not isinstance(result, BaseException):
             return result  # type: ignore[no-any-return]
         if p.link.state in _ENDED:
@@ -245,9 +270,12 @@ class PeerLinks:
 
     def _wake(self, a: A.Wake) -> None:
         p = self.peers[a.rank]
-        waiter, p.waiter = p.waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(p.link.conn if a.error is None else a.error)
+        waiters, p.waiters = p.waiters, None
+        if waiters is not None:
+            result = p.link.conn if a.error is None else a.error
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(result)
 
     def _install(self, a: A.Install) -> None:
         a.conn.set_max_frame_size(connect.LINK_MAX_FRAME)
@@ -271,7 +299,7 @@ class PeerLinks:
         A.Install: _install,
         A.Watch: lambda self, a: self.heartbeats.watch(self.peers[a.rank].watch),
         A.Unwatch: lambda self, a: self.heartbeats.unwatch(a.rank),
-        A.Dial: lambda self, a: self.spawn(self._dial(a.rank)),
+        A.Dial: lambda self, a: self._start_dial(a.rank),
         A.StartTimer: _start_timer,
         A.CancelTimer: _cancel_timer,
         A.Log: lambda self, a: log.log(a.level, "%s", a.message),
@@ -332,66 +360,126 @@ class PeerLinks:
     def _nonce(self) -> bytes:
         return token_bytes(NONCE_BYTES) if self._secret is not None else b""
 
+    def _start_dial(self, rank: int) -> None:
+        """Run :meth:`_dial` in a task owned here (in ``_tasks`` until it starts, then in ``_dials``)."""
+        self._tasks[self._loop.create_task(self._dial(rank))] = None
+
     async def _dial(self, rank: int) -> None:
-        """Open a connection to ``rank`` (the one place that does) and, if it becomes the link, read it."""
+        """Open a connection to ``rank`` (the one place that does) and, if it becomes the link, serve it until it ends."""
+        task = running_task(self._loop)
+        if task is not None:
+            del self._tasks[task]
+            self._dials[task] = None
         try:
-            raw = bytes(await self.store.get(self._address_key(rank), timeout=self.timeout))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the store failed us, not the peer: no verdict on it, a later dial may retry
-            self.do(self.links.lookup_failed(rank, f"{type(e).__name__}: {e}"))
-            return
-        hs = DialHandshake(self._secret, job=self.job_id, rank=self.rank, world=self.world_size, peer_rank=rank,
-                           address=raw, nonce=self._nonce(), peer=f"rank {rank}")
-        try:
-            conn, outcome = await connect.dial(
-                self._net, raw, hs, min(self.timeout, HELLO_TIMEOUT), self._loop, ssl=tls.client_side(self._ssl)
-            )
-        except AuthenticationError as e:
-            self.do(self.links.dial_unauthentic(rank, str(e)))
-            return
-        except Exception as e:  # connect or handshake failed: the peer is unreachable (or left: it says why)
-            departed = await self._departure_of(rank)
-            self.do(self.links.dial_failed(rank, f"{type(e).__name__}: {e}", departed))
-            return
+            try:
+                raw = bytes(await self.store.get(self._address_key(rank), timeout=self.timeout))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the store failed us, not the peer: no verdict on it, a later dial may retry
+                self.do(self.links.lookup_failed(rank, f"{type(e).__name__}: {e}"))
+                return
+            hs = DialHandshake(self._secret, job=self.job_id, rank=self.rank, world=self.world_size, peer_rank=rank,
+                               address=raw, nonce=self._nonce(), peer=f"rank {rank}")
+            timeout = min(self.timeout, HELLO_TIMEOUT)
+            try:
+                conn = await connect.open_connection(self._net, raw, timeout, ssl=tls.client_side(self._ssl))
+            except Exception as e:  # connect failed: the peer is unreachable (or left: it says why)
+                await self._dial_failed(rank, e)
+                return
+            shake = connect.Dialing(conn, hs, timeout, self._loop, self._dialed)  # (the handshake: frame by frame)
+            del hs  # (the shake keeps it until the verdict only)
+            end = await self._serve(conn, shake)
+            if shake.over and shake.error is None:
+                return  # (the acceptor's verdict was taken: the connection was the link, or it was closed)
+            error = shake.error if shake.error is not None else end
+            assert error is not None  # (the connection ended during the handshake)
+            if isinstance(error, AuthenticationError):
+                self.do(self.links.dial_unauthentic(rank, str(error)))
+            else:  # the handshake failed (broke, timed out, out of place): unreachable (or left: it says why)
+                await self._dial_failed(rank, error)
+        except Exception as e:  # noqa: BLE001 - a local bug (as spawn's tasks report theirs)
+            log.error("comm task failed", exc_info=e)
+        finally:
+            if task is not None:
+                del self._dials[task]
+                if not self._dials and self._dials_ended is not None and not self._dials_ended.done():
+                    self._dials_ended.set_result(None)
+
+    async def _dial_failed(self, rank: int, e: BaseException) -> None:
+        departed = await self._departure_of(rank)
+        self.do(self.links.dial_failed(rank, f"{type(e).__name__}: {e}", departed))
+
+    def _dialed(self, rank: int, conn: Connection, outcome: Outcome) -> bool:
+        """The acceptor's verdict on our dial (in the frame's delivery): True if ``conn`` became the link."""
         self.do(self.links.dialed(rank, conn, outcome))
-        await self._read(rank, conn)
+        return self._linked(rank, conn)
 
     async def _accept(self, conn: Connection) -> None:
-        """Listener handler: the handshake, then read the connection until it ends (if it became the link)."""
+        """Listener handler: the handshake, then serve the connection until it ends (if it became the link)."""
         hs = AcceptHandshake(self._secret, job=self.job_id, rank=self.rank, world=self.world_size,
                              address=self._published, nonce=self._nonce())
-        try:
-            rank = await connect.accept(conn, hs, min(self.timeout, HELLO_TIMEOUT), self._loop)
-        except AuthenticationError as e:
+        shake = connect.Accepting(conn, hs, min(self.timeout, HELLO_TIMEOUT), self._loop, self._accepted)
+        del hs  # (the shake keeps it until the dialer proved itself only)
+        await self._serve(conn, shake)
+        error = shake.error
+        if isinstance(error, AuthenticationError):
             self._unauthentic += 1
             level = logging.WARNING if self._unauthentic == 1 else logging.DEBUG
-            log.log(level, "rank %d: refused a connection from %s: %s (%d so far)", self.rank, conn.peer, e,
+            log.log(level, "rank %d: refused a connection from %s: %s (%d so far)", self.rank, conn.peer, error,
                     self._unauthentic)
-            return
-        if rank is None:
-            if hs.problem is not None:
-                log.info("rank %d: refusing connection from %s: %s", self.rank, conn.peer, hs.problem)
-            return
+        elif error is not None and not isinstance(error, TimeoutError):
+            raise error  # (a local bug: the listener reports it)
+        elif shake.hs is not None and shake.hs.problem is not None:
+            log.info("rank %d: refusing connection from %s: %s", self.rank, conn.peer, shake.hs.problem)
+
+    def _accepted(self, rank: int, conn: Connection) -> bool:
+        """``rank`` proved itself on ``conn`` (in the frame's delivery): answer it; True if ``conn`` became the link."""
         self.peer(rank)
         self.do(self.links.accepted(rank, conn))
-        await self._read(rank, conn)
+        return self._linked(rank, conn)
 
-    async def _read(self, rank: int, conn: Connection) -> None:
-        """If ``conn`` is the link to ``rank``: hand its frames to ``on_frame`` until it ends."""
+    def _linked(self, rank: int, conn: Connection) -> bool:
+        """If ``conn`` is now the link to ``rank``: its frames go to ``on_frame`` from now on (True)."""
         p = self.peers[rank]
         if p.link.conn is not conn or p.link.state is not L.LinkState.READY:
-            return
+            return False
+        conn.set_frame_handler(functools.partial(self._on_frame, p))  # frames dispatched as they complete
+        return True
+
+    async def _serve(self, conn: Connection, shake: connect.Shake) -> ConnectionClosedError | None:
+        """Wait for the end of ``conn`` (the handshake runs in its frame handler meanwhile); what ended it.
+
+        If the connection became the link: its end is the link's (lost), and the
+        frames whose payload was still arriving fail. A handshake still under way
+        when the connection ends, or this wait is cancelled, is abandoned (its
+        deadline cancelled, the connection closed).
+        """
+        end: ConnectionClosedError | None = None
         try:
-            conn.set_frame_handler(functools.partial(self._on_frame, p))  # frames dispatched as they complete
-            while True:  # (recv then only reports the end)
-                self._on_frame(p, await conn.recv())
-        except ConnectionClosedLocally:
-            self.do(self.links.lost(rank, conn, locally=True))
-        except ConnectionClosedError:
-            self.do(self.links.lost(rank, conn))
+            while True:  # (with a frame handler installed, recv only reports the end)
+                frame = await conn.recv()
+                if shake.linked and shake.rank is not None:  # (only if a link's handler stepped aside)
+                    self._on_frame(self.peers[shake.rank], frame)
+        except ConnectionClosedError as e:
+            end = e
         finally:
-            if p.matches:
-                err = self.links.peer_error(rank) if p.link.how is not None else GroupError(DESTROYED)
-                while p.matches:
-                    self._router.abort(p.matches.pop(0), err)
+            shake.abandon()  # (a handshake still under way ends with the connection, or with this wait)
+            r = shake.rank
+            if shake.linked and r is not None:
+                if end is not None:
+                    self.do(self.links.lost(r, conn, locally=isinstance(end, ConnectionClosedLocally)))
+                p = self.peers[r]
+                if p.matches:
+                    err = self.links.peer_error(r) if p.link.how is not None else GroupError(DESTROYED)
+                    while p.matches:
+                        self._router.abort(p.matches.pop(0), err)
+        return end
+
+
+_BROKEN = object()
+"""What a waiting send's future holds when its group broke first."""
+
+
+def _broke(waiter: asyncio.Future[Any], _: Any) -> None:
+    if not waiter.done():
+        waiter.set_result(_BROKEN)
