@@ -51,8 +51,8 @@ SUBSET = (0.5, 0.8)
 """How many of the allowed kinds are on in a seed: one with chance 0.5, two with 0.3, else three or more
 (uniformly up to all). Small subsets first: a bug that needs one kind of fault is most often hidden by
 another kind that breaks the run first (a crash, the store's loss), and a kind combined with every
-other is the rarest configuration (swarm testing's point); pairs stay about as common as when each
-kind is switched on at random."""
+other is the rarest configuration (swarm testing's point); a given pair on its own stays about as
+common as when each kind was switched on with chance 0.4 (2.0% of seeds against 2.1%)."""
 PARTITION_SHARE = 0.4
 """The share of the failure detector's budget a plan's partitions may take, all of them together: with
 exploration's worst pause and tail (:data:`sim.explore.PAUSE_SHARE`, ``TAIL_SHARE``) it adds up to the
