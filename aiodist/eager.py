@@ -69,11 +69,6 @@ class FirstStep:
 
 if sys.version_info >= (3, 12):
 
-    def _eager_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any) -> asyncio.Task[Any]:
-        """:func:`asyncio.eager_task_factory`, taking whatever else a loop passes (uvloop passes ``eager_start``)."""
-        kwargs["eager_start"] = True
-        return asyncio.Task(coro, loop=loop, **kwargs)
-
     running_task: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None] = asyncio.current_task
 
     def start_eager(coro: Coroutine[Any, Any, Any],
@@ -88,7 +83,16 @@ if sys.version_info >= (3, 12):
         own task factory, if it has one, is not used for this task.)
         """
         saved = loop.get_task_factory()
-        loop.set_task_factory(_eager_task)
+
+        def eager_task(loop_: asyncio.AbstractEventLoop, coro_: Coroutine[Any, Any, Any], **kwargs: Any) -> asyncio.Task[Any]:
+            # :func:`asyncio.eager_task_factory`, taking whatever else a loop passes (uvloop passes
+            # ``eager_start``). The loop's own factory is back before the first step runs: a task
+            # that step creates is an ordinary one, as on 3.11 (not eager too).
+            loop.set_task_factory(saved)
+            kwargs["eager_start"] = True
+            return asyncio.Task(coro_, loop=loop_, **kwargs)
+
+        loop.set_task_factory(eager_task)
         try:
             task = loop.create_task(coro, context=contextvars.copy_context())
         finally:

@@ -180,6 +180,27 @@ async def test_closing_a_task_that_never_ran_runs_the_coroutines_cleanup() -> No
     task.cancel()
 
 
+async def test_a_task_the_first_step_creates_is_an_ordinary_one() -> None:
+    # (3.12's eager start goes through the loop's task factory: it used to stay set while the first
+    # step ran, so a task created there started eagerly too -- a dial task that ran before its
+    # creator had recorded it, and a report that was never sent)
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+
+    async def inner() -> None:
+        order.append("inner")
+
+    async def op() -> None:
+        t = loop.create_task(inner())
+        order.append("created")
+        await t
+
+    task, _ = start_eager(op(), loop)
+    assert order == ["created"]
+    await task
+    assert order == ["created", "inner"]
+
+
 async def test_a_broadcast_root_is_done_when_the_call_returns() -> None:
     async def body(pg: Any) -> bool:
         x = np.arange(4, dtype=np.float32) if pg.rank == 0 else np.zeros(4, dtype=np.float32)

@@ -362,13 +362,15 @@ class PeerLinks:
 
     def _start_dial(self, rank: int) -> None:
         """Run :meth:`_dial` in a task owned here (in ``_tasks`` until it starts, then in ``_dials``)."""
-        self._tasks[self._loop.create_task(self._dial(rank))] = None
+        task = self._loop.create_task(self._dial(rank))
+        if task not in self._dials and not task.done():  # (a task factory may have run its first step already)
+            self._tasks[task] = None
 
     async def _dial(self, rank: int) -> None:
         """Open a connection to ``rank`` (the one place that does) and, if it becomes the link, serve it until it ends."""
         task = running_task(self._loop)
         if task is not None:
-            del self._tasks[task]
+            self._tasks.pop(task, None)
             self._dials[task] = None
         try:
             try:
