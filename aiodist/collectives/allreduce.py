@@ -15,7 +15,7 @@ from . import intranode, intranode_ops, tuning
 from .buffers import as_flat, byte_view
 from .ops import Combiner, ReduceOp, check_op_dtype, combiner, finish_avg
 from .schedules import fold, partition, recursive_doubling, recursive_halving, ring
-from .transfer import MAX_MESSAGE_BYTES, recv_into, run_all, send, sendrecv
+from .transfer import recv_into, run_all, send, sendrecv
 from ..channel import Channel
 
 __all__ = ["all_reduce", "all_reduce_flat"]
@@ -109,18 +109,10 @@ async def _recursive_doubling(ch: Channel, seq: int, flat: np.ndarray, combine: 
         assert f.partner is not None
         await recv_into(ch, f.partner, (seq, _FOLD, 0), sbuf)
         combine(flat, scratch, flat)  # the extra is the lower rank
-    whole = buf.nbytes <= MAX_MESSAGE_BYTES  # (one message per step: Channel.exchange without sendrecv's call)
     for step, partner in recursive_doubling(ch.size, rank):
         key = (seq, _RD, step)
-        if whole:
-            await ch.exchange(partner, key, buf, partner, key, sbuf)
-        else:
-            await sendrecv(ch, partner, key, buf, partner, key, sbuf)
-        # (_combine_ordered, inlined: the same operand order on both sides of the exchange)
-        if partner < rank:
-            combine(flat, scratch, flat)
-        else:
-            combine(flat, flat, scratch)
+        await sendrecv(ch, partner, key, buf, partner, key, sbuf)
+        _combine_ordered(combine, flat, scratch, partner < rank)
     if f.role == "absorber":
         assert f.partner is not None
         await send(ch, f.partner, (seq, _UNFOLD, 0), buf)

@@ -192,20 +192,7 @@ class OpChannel:
             self.comm.transport.router.cancel(r)  # (a timeout then names the send's peer, not this one)
             self._untrack(self._recv_waits, src)
             raise
-        # self._received(src, r, fut), inlined: one coroutine fewer for every step of every collective
-        try:
-            result = await fut
-        except asyncio.CancelledError:
-            self.comm.transport.router.cancel(r)  # a receive cut short by a timeout was still waiting
-            raise
-        waits = self._recv_waits
-        n = waits[src] - 1
-        if n:
-            waits[src] = n
-        else:
-            del waits[src]
-        if isinstance(result, BaseException):
-            raise self._failed(result, src, r) from None
+        await self._received(src, r, fut)
 
     async def send(self, peer: int, key: tuple[Any, ...], payload: Any) -> None:
         pending = self._send_soon(peer, key, payload)

@@ -209,11 +209,8 @@ class RouteTable:
             ops = self.ops
             if slot in ops.arrived or slot in self._incoming:
                 return violate(m, f"a second message for {_describe(slot)} (a slot carries one message)")
-            calls = ops.calls
-            if calls:  # (_fail_conflicting's first test, inlined: the early message of the same call)
-                mine = calls.get((g, k[0])) if type(k[0]) is int else None
-                if mine is None or mine != header.get("o"):
-                    m.ended = self._fail_conflicting(src, header, nbytes) or None
+            if ops.calls:
+                m.ended = self._fail_conflicting(src, header, nbytes) or None
             if self._admit(m):
                 self._incoming[slot] = None
         return m
