@@ -21,7 +21,7 @@ from typing import Any
 from .. import tls
 from ..auth import NONCE_BYTES, AuthenticationError
 from ..context import token_bytes
-from ..eager import running_task, start_eager
+from ..eager import start_eager
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, EvictedError, GroupError, PeerFailureError, anew
 from ..net.base import Address, Connection, Frame, Header, Listener, Network
 from . import actions as A
@@ -73,7 +73,7 @@ class PeerLinks:
 
     __slots__ = ("rank", "world_size", "job_id", "store", "key_prefix", "timeout", "links", "peers", "_net", "_secret",
                  "_ssl", "_router", "_groups", "_on_frame", "_on_payload", "_loop", "heartbeats", "_listener",
-                 "_published", "_tasks", "_dials", "_dials_ended", "_reports", "_unauthentic")
+                 "_published", "_tasks", "_reports", "_unauthentic")
 
     def __init__(
         self,
@@ -107,10 +107,7 @@ class PeerLinks:
         self.heartbeats = Heartbeats(self._loop, lambda r: self.peers[r].link.conn, self._silent)
         self._listener: Listener | None = None
         self._published = b""  # our address as published in the store (what dialers bind their proofs to)
-        self._tasks: dict[asyncio.Task[Any], None] = {}  # (and dial tasks that have not started yet)
-        # Dial tasks under way: each forgets itself as it ends (no done callback, no gather: steps less per link).
-        self._dials: dict[asyncio.Task[Any], None] = {}
-        self._dials_ended: asyncio.Future[None] | None = None  # close() waits there for the last one
+        self._tasks: dict[asyncio.Task[Any], None] = {}
         self._reports: dict[asyncio.Task[Any], None] = {}  # (spawned with now=True: close() lets them finish first)
         self._unauthentic = 0  # connections refused for not proving the secret (the first one is logged)
 
@@ -151,14 +148,10 @@ class PeerLinks:
         if self._listener is not None:
             self._listener.close()
         tasks = list(self._tasks)
-        for task in (*tasks, *self._dials):
+        for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._dials:
-            if self._dials_ended is None or self._dials_ended.done():
-                self._dials_ended = self._loop.create_future()
-            await self._dials_ended
         try:
             async with asyncio.timeout(BYE_TIMEOUT):  # a transport that never reports its end must not hang us
                 if self._listener is not None:
@@ -299,7 +292,7 @@ class PeerLinks:
         A.Install: _install,
         A.Watch: lambda self, a: self.heartbeats.watch(self.peers[a.rank].watch),
         A.Unwatch: lambda self, a: self.heartbeats.unwatch(a.rank),
-        A.Dial: lambda self, a: self._start_dial(a.rank),
+        A.Dial: lambda self, a: self.spawn(self._dial(a.rank)),
         A.StartTimer: _start_timer,
         A.CancelTimer: _cancel_timer,
         A.Log: lambda self, a: log.log(a.level, "%s", a.message),
@@ -360,52 +353,34 @@ class PeerLinks:
     def _nonce(self) -> bytes:
         return token_bytes(NONCE_BYTES) if self._secret is not None else b""
 
-    def _start_dial(self, rank: int) -> None:
-        """Run :meth:`_dial` in a task owned here (in ``_tasks`` until it starts, then in ``_dials``)."""
-        task = self._loop.create_task(self._dial(rank))
-        if task not in self._dials and not task.done():  # (a task factory may have run its first step already)
-            self._tasks[task] = None
-
     async def _dial(self, rank: int) -> None:
         """Open a connection to ``rank`` (the one place that does) and, if it becomes the link, serve it until it ends."""
-        task = running_task(self._loop)
-        if task is not None:
-            self._tasks.pop(task, None)
-            self._dials[task] = None
         try:
-            try:
-                raw = bytes(await self.store.get(self._address_key(rank), timeout=self.timeout))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the store failed us, not the peer: no verdict on it, a later dial may retry
-                self.do(self.links.lookup_failed(rank, f"{type(e).__name__}: {e}"))
-                return
-            hs = DialHandshake(self._secret, job=self.job_id, rank=self.rank, world=self.world_size, peer_rank=rank,
-                               address=raw, nonce=self._nonce(), peer=f"rank {rank}")
-            timeout = min(self.timeout, HELLO_TIMEOUT)
-            try:
-                conn = await connect.open_connection(self._net, raw, timeout, ssl=tls.client_side(self._ssl))
-            except Exception as e:  # connect failed: the peer is unreachable (or left: it says why)
-                await self._dial_failed(rank, e)
-                return
-            shake = connect.Dialing(conn, hs, timeout, self._loop, self._dialed)  # (the handshake: frame by frame)
-            del hs  # (the shake keeps it until the verdict only)
-            end = await self._serve(conn, shake)
-            if shake.over and shake.error is None:
-                return  # (the acceptor's verdict was taken: the connection was the link, or it was closed)
-            error = shake.error if shake.error is not None else end
-            assert error is not None  # (the connection ended during the handshake)
-            if isinstance(error, AuthenticationError):
-                self.do(self.links.dial_unauthentic(rank, str(error)))
-            else:  # the handshake failed (broke, timed out, out of place): unreachable (or left: it says why)
-                await self._dial_failed(rank, error)
-        except Exception as e:  # noqa: BLE001 - a local bug (as spawn's tasks report theirs)
-            log.error("comm task failed", exc_info=e)
-        finally:
-            if task is not None:
-                del self._dials[task]
-                if not self._dials and self._dials_ended is not None and not self._dials_ended.done():
-                    self._dials_ended.set_result(None)
+            raw = bytes(await self.store.get(self._address_key(rank), timeout=self.timeout))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the store failed us, not the peer: no verdict on it, a later dial may retry
+            self.do(self.links.lookup_failed(rank, f"{type(e).__name__}: {e}"))
+            return
+        hs = DialHandshake(self._secret, job=self.job_id, rank=self.rank, world=self.world_size, peer_rank=rank,
+                           address=raw, nonce=self._nonce(), peer=f"rank {rank}")
+        timeout = min(self.timeout, HELLO_TIMEOUT)
+        try:
+            conn = await connect.open_connection(self._net, raw, timeout, ssl=tls.client_side(self._ssl))
+        except Exception as e:  # connect failed: the peer is unreachable (or left: it says why)
+            await self._dial_failed(rank, e)
+            return
+        shake = connect.Dialing(conn, hs, timeout, self._loop, self._dialed)  # (the handshake: frame by frame)
+        del hs  # (the shake keeps it until the verdict only)
+        end = await self._serve(conn, shake)
+        if shake.over and shake.error is None:
+            return  # (the acceptor's verdict was taken: the connection was the link, or it was closed)
+        error = shake.error if shake.error is not None else end
+        assert error is not None  # (the connection ended during the handshake)
+        if isinstance(error, AuthenticationError):
+            self.do(self.links.dial_unauthentic(rank, str(error)))
+        else:  # the handshake failed (broke, timed out, out of place): unreachable (or left: it says why)
+            await self._dial_failed(rank, error)
 
     async def _dial_failed(self, rank: int, e: BaseException) -> None:
         departed = await self._departure_of(rank)
