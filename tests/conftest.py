@@ -40,6 +40,14 @@ def printed_by_fresh_interpreters(code: str, hashseeds: Sequence[str], *, timeou
     return printed
 
 
+def aiodist_run_source(tmp_path: Path, source: str, n: int, *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``source`` written to ``tmp_path/prog.py`` and run as ``aiodist run -n N prog.py`` (real processes)."""
+    (tmp_path / "prog.py").write_text(source)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    return subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", str(n), "prog.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def load_file(path: Path, name: str) -> ModuleType:
     """Import the file ``path`` (an example, a benchmark) as the module ``name``, registered in ``sys.modules``."""
     spec = importlib.util.spec_from_file_location(name, path)

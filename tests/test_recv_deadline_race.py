@@ -12,14 +12,12 @@ tests/sim_bugs/blind_c.py: a fixed twin that failed 4 seeds in 100.)
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import sim
 from sim.cli import load_main
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import aiodist_run_source
 
 PROGRAM = '''
 import asyncio, time
@@ -55,10 +53,7 @@ if __name__ == "__main__":
 
 
 def test_real_processes_blocked_past_the_deadline_keep_the_message(tmp_path: Path) -> None:
-    (tmp_path / "prog.py").write_text(PROGRAM)
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", "2", "prog.py"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = aiodist_run_source(tmp_path, PROGRAM, 2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "received 7.0" in proc.stdout
 
