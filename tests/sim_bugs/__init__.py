@@ -96,14 +96,11 @@ def _blind() -> list[BugClass]:
         symptom, marker = ("StoreTimeoutError", "ready/") if name == "barrier_flags_reused" else ("AssertionError", "")
         out.append(BugClass(f"blind_{name}", getattr(blind_b, name), getattr(blind_b, f"{name}_fixed"), world,
                             swarm, symptom=symptom, marker=marker))
-    for name in blind_c.PROGRAMS:
-        symptom, marker = blind_c.SYMPTOM[name]
-        out.append(BugClass(f"blind_c_{name}", getattr(blind_c, name), getattr(blind_c, f"{name}_fixed"),
-                            blind_c.WORLD[name], blind_c.SWARM_KINDS.get(name), symptom=symptom, marker=marker))
-    for name in blind_d.PROGRAMS:
-        symptom, marker = blind_d.SYMPTOM[name]
-        out.append(BugClass(f"blind_d_{name}", getattr(blind_d, name), getattr(blind_d, f"{name}_fixed"),
-                            blind_d.WORLD[name], blind_d.SWARM_KINDS.get(name), symptom=symptom, marker=marker))
+    for prefix, mod in (("blind_c", blind_c), ("blind_d", blind_d)):  # (the same tables, one module each)
+        for name in mod.PROGRAMS:
+            symptom, marker = mod.SYMPTOM[name]
+            out.append(BugClass(f"{prefix}_{name}", getattr(mod, name), getattr(mod, f"{name}_fixed"),
+                                mod.WORLD[name], mod.SWARM_KINDS.get(name), symptom=symptom, marker=marker))
     return out
 
 
