@@ -380,8 +380,9 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         """Send ``x`` to group rank ``dst`` with ``tag`` (messages per (src, tag) arrive in order).
 
         Cancelling a task that awaits the Work does not cancel the send (its
-        message was numbered when it was called: it must go out, or later
-        messages to ``dst`` with that tag would wait for it).
+        message was numbered when it was called, and the receiver delivers in
+        that order). A send that times out gives its number up: the messages
+        sent after it to ``dst`` with that tag are delivered without it.
         """
         if self._comm.rank < 0:
             return self._runner.absent("send")

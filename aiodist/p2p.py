@@ -29,6 +29,7 @@ from .collectives.buffers import as_flat, byte_view
 from .comm import GroupComm
 from .comm.channel import new_receive
 from .comm.router import Delivery, Receive
+from .comm.settings import HELLO_TIMEOUT
 from .errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailureError
 from .inflight import waiting_in
 from .signatures import dtype_name
@@ -54,9 +55,12 @@ def send(comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float, label: 
 
     ``x`` must not be modified until the send completes. ``label``: what the
     header says in place of the dtype (a message that is no array, e.g. pickled
-    objects). Cancellation: the message was handed to the transport whole or
-    not at all (a number that was taken but never sent makes later messages of
-    that (dst, tag) wait).
+    objects). Cancellation (or the timeout): the message was handed to the
+    transport whole or not at all; either way its number is given up (a skip
+    frame follows it: :meth:`~.comm.transport.Transport.give_up_p2p`; one
+    that gave up before the link was up waits for it as long as the send's
+    timeout or the handshake's, whichever is longer), so the messages sent
+    after it to ``dst`` with ``tag`` do not wait for it.
     """
     flat = as_flat(x, "x", writable=False)
     tag = _check_tag(tag)
@@ -73,10 +77,11 @@ def send(comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float, label: 
                     await comm.transport.send(gdst, header, payload, group=comm.gid)
             except PeerFailureError as e:
                 raise comm.localize(e, op="send", seq=None) from None
-            except TimeoutError:
-                if not cm.expired():
-                    raise
-                raise _timeout("send", comm, [dst], tag, timeout) from None
+            except (TimeoutError, asyncio.CancelledError) as e:
+                comm.transport.give_up_p2p(gdst, comm.gid, tag, n, grace=max(timeout, HELLO_TIMEOUT))
+                if isinstance(e, TimeoutError) and cm.expired():
+                    raise _timeout("send", comm, [dst], tag, timeout) from None
+                raise
 
     return run()
 

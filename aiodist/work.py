@@ -20,9 +20,11 @@ timing out, a TaskGroup sibling failing, ``task.cancel()``) cancels the
 
 * a collective or a send goes on: the other ranks expect its messages (a
   collective left half done would hang or mismatch them; a send was numbered
-  when it was called, and later messages to that rank with that tag wait for
-  it). It ends on its own, bounded by its timeout, or when its group is
-  destroyed. To stop waiting for it, stop awaiting it.
+  when it was called, and the receiver delivers in that order). It ends on its
+  own, bounded by its timeout, or when its group is destroyed. To stop waiting
+  for it, stop awaiting it. (A send that gives up at its timeout tells the
+  receiver to skip its number: later messages to that rank with that tag do
+  not wait for it.)
 * a receive is withdrawn, as cancelling any asyncio operation would: a
   message that arrives later is left for the next receive instead of landing
   in an abandoned buffer, so ``asyncio.wait_for(aiodist.recv(x), t)`` and

@@ -40,12 +40,30 @@ def printed_by_fresh_interpreters(code: str, hashseeds: Sequence[str], *, timeou
     return printed
 
 
-def aiodist_run_source(tmp_path: Path, source: str, n: int, *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``source`` written to ``tmp_path/prog.py`` and run as ``aiodist run -n N prog.py`` (real processes)."""
+def aiodist_run_source(tmp_path: Path, source: str, n: int, *, timeout: float = 60,
+                       env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``source`` written to ``tmp_path/prog.py`` and run as ``aiodist run -n N prog.py`` (real processes);
+    ``env``: variables added to the environment."""
     (tmp_path / "prog.py").write_text(source)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     return subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", str(n), "prog.py"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def sim_run_source(tmp_path: Path, source: str, n: int, seeds: range) -> list[Any]:
+    """``source`` written to ``tmp_path/prog.py``, its ``main`` simulated on ``n`` ranks for each seed (all must
+    pass): each seed's rank results."""
+    import sim
+    from sim.cli import load_main
+
+    (tmp_path / "prog.py").write_text(source)
+    main = load_main(str(tmp_path / "prog.py"))
+    results = []
+    for seed in seeds:
+        res = sim.run(main, world_size=n, seed=seed, trace=False)
+        assert res.ok, res.summary()
+        results.append(res.rank_results)
+    return results
 
 
 def load_file(path: Path, name: str) -> ModuleType:

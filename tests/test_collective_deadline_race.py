@@ -16,10 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import sim
-from sim.cli import load_main
-
-from conftest import aiodist_run_source
+from conftest import aiodist_run_source, sim_run_source
 
 PROGRAM = '''
 import asyncio, time
@@ -60,9 +57,4 @@ def test_real_processes_blocked_past_the_deadline_complete_the_collective(tmp_pa
 
 def test_simulated_rank_blocked_past_the_deadline_completes_the_collective(tmp_path: Path) -> None:
     # The same program: in the simulator, time.sleep blocks the rank's lane for 0.3 virtual seconds.
-    (tmp_path / "prog.py").write_text(PROGRAM)
-    main = load_main(str(tmp_path / "prog.py"))
-    for seed in range(4):
-        res = sim.run(main, world_size=2, seed=seed, trace=False)
-        assert res.ok, res.summary()
-        assert res.rank_results == [4.0, 4.0]
+    assert sim_run_source(tmp_path, PROGRAM, 2, range(4)) == [[4.0, 4.0]] * 4

@@ -303,6 +303,118 @@ def test_a_vetoed_p2p_message_does_not_hold_up_the_ones_after_it() -> None:
     assert isinstance(d, Delivery) and d.header["n"] == 1
 
 
+def skip(tag: int, n: int, group: Any = 0) -> dict[str, Any]:
+    return {"t": "p", "g": group, "tag": tag, "n": n, "skip": 1}
+
+
+def test_a_skipped_number_does_not_hold_up_the_messages_after_it() -> None:
+    """A send that gave up before its frame was queued: its skip frame stands in for it (either order)."""
+    router = Router()
+    arrive(router, 1, pmsg(0, 0), b"A")
+    arrive(router, 1, pmsg(0, 2), b"C")  # number 1 never left: C is held ...
+    got = []
+    for _ in range(2):
+        r, s = p2p(1, 0, memoryview(bytearray(1)))
+        router.post_p2p(r)
+        got.append(s)
+    assert [type(s.results[0]).__name__ for s in got[:1]] == ["Delivery"] and got[1].results == []
+    arrive(router, 1, skip(0, 1), b"")  # ... until number 1's skip comes
+    d = got[1].results[0]
+    assert isinstance(d, Delivery) and bytes(d.payload or b"") == b"C" and d.header["n"] == 2
+    assert router.buffered(1) == (0, 0)
+
+
+def test_a_skip_that_comes_before_the_next_message_is_held_like_a_message() -> None:
+    router = Router()
+    r, s = p2p(1, 0, memoryview(bytearray(1)))
+    router.post_p2p(r)
+    arrive(router, 1, skip(0, 1), b"")  # ahead of number 0: held
+    arrive(router, 1, pmsg(0, 0), b"A")
+    arrive(router, 1, pmsg(0, 2), b"C")  # 1 was skipped: C is next
+    r2, s2 = p2p(1, 0, memoryview(bytearray(1)))
+    router.post_p2p(r2)
+    assert [bytes(x.payload or b"") for x in (s.results[0], s2.results[0])] == [b"A", b"C"]  # type: ignore[union-attr]
+    r3, s3 = p2p(1, 0, memoryview(bytearray(1)))
+    router.post_p2p(r3)
+    assert s3.results == []  # a skip delivers nothing
+
+
+def test_the_skip_of_a_message_that_came_is_ignored_and_is_no_violation() -> None:
+    """The send gave up after its frame was queued: the message came first (same link), the skip is stale."""
+    router = Router()
+    arrive(router, 1, pmsg(0, 0), b"A")
+    m = router.route(1, skip(0, 0), 0)
+    assert m.violation is None and m.drop
+    router.complete(m, None)
+    arrive(router, 1, pmsg(0, 1), b"B")
+    got = []
+    for _ in range(3):
+        r, s = p2p(1, 0, memoryview(bytearray(1)))
+        router.post_p2p(r)
+        got.append(s)
+    assert [bytes(s.results[0].payload or b"") for s in got[:2]] == [b"A", b"B"]  # type: ignore[union-attr]
+    assert got[2].results == []
+    assert router.route(1, pmsg(0, 1), 1).violation is not None  # a duplicate message is still bad input
+
+
+@pytest.mark.parametrize("before", ["empty message", "skip"])
+def test_a_frame_routed_early_whose_turn_comes_while_its_payload_arrives_is_delivered(before: str) -> None:
+    """A connection routes a frame with a payload when its header arrives, and a frame without one when it is
+    complete: in one read, number 1's header is routed before number 0 (no payload) is. When number 1
+    completes, number 0 has come: number 1 is next, not held for ever."""
+    router = Router()
+    r, s = p2p(1, 0, memoryview(bytearray(0 if before == "empty message" else 4)))
+    router.post_p2p(r)
+    late = router.route(1, pmsg(0, 1), 4)  # its header: number 0 did not come yet
+    assert late.violation is None and not late.in_order
+    arrive(router, 1, pmsg(0, 0) if before == "empty message" else skip(0, 0), b"")
+    router.complete(late, memoryview(bytearray(b"BBBB")))
+    got = [s.results[0]] if s.results else []
+    if before == "empty message":  # the first receive took the empty message; the next one takes number 1
+        assert isinstance(got[0], Delivery) and got[0].header["n"] == 0
+        r, s = p2p(1, 0, memoryview(bytearray(4)))
+        router.post_p2p(r)
+        got = [s.results[0]] if s.results else []
+    assert got and isinstance(got[0], Delivery) and got[0].header["n"] == 1 and bytes(got[0].payload or b"") == b"BBBB"
+    assert router.buffered(1) == (0, 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_whatever_numbers_are_skipped_the_rest_arrive_once_in_order(data: st.DataObject) -> None:
+    """Each number is sent or skipped (a given-up send: its message may still have gone first); any link order
+    that keeps each message before its own skip delivers exactly the messages sent, in number order."""
+    count = data.draw(st.integers(1, 8))
+    fate = [data.draw(st.sampled_from(["sent", "skipped", "both"])) for _ in range(count)]
+    frames: list[tuple[str, int]] = []
+    for n, f in enumerate(fate):
+        if f != "skipped":
+            frames.append(("msg", n))
+        if f != "sent":
+            frames.append(("skip", n))
+    order = list(data.draw(st.permutations(frames)))
+    for n, f in enumerate(fate):  # (a skip follows its own message on the link)
+        if f == "both" and order.index(("skip", n)) < order.index(("msg", n)):
+            i, j = order.index(("skip", n)), order.index(("msg", n))
+            order[i], order[j] = order[j], order[i]
+    router = Router()
+    for kind, n in order:
+        m = router.route(1, pmsg(0, n) if kind == "msg" else skip(0, n), 1 if kind == "msg" else 0)
+        assert m.violation is None
+        target = m.sink if m.sink is not None else memoryview(bytearray(1))
+        if kind == "msg":
+            target[:] = bytes([n])
+        router.complete(m, target if kind == "msg" else None)
+    got = []
+    for _ in range(count + 1):
+        r, s = p2p(1, 0, memoryview(bytearray(1)))
+        router.post_p2p(r)
+        if s.results:
+            got.append(bytes(s.results[0].payload or b"")[0])  # type: ignore[union-attr]
+    assert got == [n for n, f in enumerate(fate) if f != "skipped"]
+    assert router.buffered(1) == (0, 0)
+
+
 # ---------------------------------------------------------------------- completions
 
 

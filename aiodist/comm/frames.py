@@ -15,6 +15,7 @@ the simulator have their own protocols). A frame is a msgpack map (see
     on a link that is up
       m     {t, g: group id, k: key (seq first), o: the call's signature}  + payload  (collectives)
       p     {t, g: group id, tag, n: per (group, destination, tag) number} + payload  (point to point)
+      p     {t, g, tag, n, skip: 1}              number ``n`` will not come (its send gave up first); no payload
       hb    {t}                                  heartbeat
       bye   {t, how?, rank?}                     this rank leaves the job (its group was destroyed); after a
                                                  failure: the first one it learned of (``how``; whose: ``rank``)
@@ -67,6 +68,7 @@ KEY: Final = "k"
 SIG: Final = "o"
 TAG: Final = "tag"
 NUMBER: Final = "n"
+SKIP: Final = "skip"
 
 # failure and mismatch reports
 HOW: Final = "how"
@@ -86,6 +88,16 @@ def message(group: Any, key: Any, sig: str | None) -> Header:
 def p2p(group: Any, tag: int, number: int) -> Header:
     """A point-to-point message."""
     return {KIND: P2P, GROUP: group, TAG: tag, NUMBER: number}
+
+
+def p2p_skip(group: Any, tag: int, number: int) -> Header:
+    """Point-to-point message ``number`` of (group, tag) will not come: its send gave up, perhaps before it was queued.
+
+    Sent on the same link after the send ended, so a receiver that got the
+    message itself got it first (and ignores this); otherwise it stops waiting
+    for that number, and the messages after it are delivered.
+    """
+    return {KIND: P2P, GROUP: group, TAG: tag, NUMBER: number, SKIP: 1}
 
 
 def hello(job: str, rank: int, world: int, to: int, auth: Header) -> Header:

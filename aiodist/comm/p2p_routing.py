@@ -6,7 +6,9 @@ and messages from one source with one tag in the order they were sent: each
 carries the sender's per-(group, destination, tag) number ``"n"``, so the
 order holds even if the sender's tasks ran in another order. A message whose
 number is ahead of the next one expected is *held* until the ones before it
-came.
+came. A *skip* frame for a number (its send gave up, perhaps before the
+message was queued: :func:`.frames.p2p_skip`) stands in for that message if
+the message did not come before it, and delivers nothing.
 
 Like :mod:`.routing`, of which it is a part, it never resolves a receive: it
 marks them done and hands them back as :class:`~.receives.Completion`
@@ -21,6 +23,7 @@ from typing import Any
 
 from .admission import Budgets
 from .failures import Failures
+from .frames import SKIP
 from .receives import (
     Buffered,
     Completion,
@@ -117,15 +120,21 @@ class P2PTable:
         if n is None:
             n = expected
         if n < expected or n in self._held.get(stream, ()):
+            if header.get(SKIP):  # its message came (the skip follows it on the same link): nothing to skip
+                m.drop = True
+                return m
             return violate(m, f"a duplicate point-to-point message (group {g!r}, tag {tag}, number {n})")
         if n > expected + window:
             return violate(
                 m, f"point-to-point number {n} (group {g!r}, tag {tag}) is more than {window} "
                 f"ahead of the next one expected ({expected})")
         if n != expected:
-            m.in_order = False
+            m.in_order = False  # (held; a skip held stands in for its number: see _release_held)
             return m
         self._next_n[stream] = expected + 1
+        if header.get(SKIP):  # the message of this number will not come: the ones after it are next
+            m.drop = True
+            return m
         r = self._take(g, tag, src)
         if r is not None:
             err = veto(r, src, header, m.nbytes)
@@ -139,10 +148,19 @@ class P2PTable:
         """The frame ``m`` has fully arrived (no longer charged): deliver, hold or buffer it; release what it unblocks."""
         stream = (m.header.get("g"), m.src, int(m.header.get("tag", 0)))
         if not m.in_order:
-            if not m.drop:
-                self._held.setdefault(stream, {})[int(m.header["n"])] = Buffered(m.src, m.header, payload, m.nbytes)
+            if m.drop:
+                return
+            n = int(m.header["n"])
+            if n != self._next_n.get(stream, 0):
+                self._held.setdefault(stream, {})[n] = Buffered(m.src, m.header, payload, m.nbytes)
                 self.budgets.charge(m.src, m.nbytes)
-            return
+                return
+            # Its turn came while its payload arrived: a frame before it in the same read without a
+            # payload (routed only when complete, as this one's header was routed at once) was next.
+            self._next_n[stream] = n + 1
+            m.in_order = True
+            if m.header.get(SKIP):
+                m.drop = True
         if not m.drop:
             self._complete(m, payload, out)
         self._release_held(stream, out)
@@ -170,7 +188,8 @@ class P2PTable:
                 break
             self.budgets.refund(a.src, a.nbytes)
             self._next_n[stream] = nxt + 1
-            self._complete(Match(a.src, a.header, a.nbytes), a.payload, out)
+            if not a.header.get(SKIP):
+                self._complete(Match(a.src, a.header, a.nbytes), a.payload, out)
         if held is not None and not held:
             del self._held[stream]
 

@@ -348,6 +348,43 @@ class Transport:
             return
         _ = self._links.spawn(self._report(dst, F.mismatch(gid, seq, message, calls)), now=True)  # owned by the links
 
+    def give_up_p2p(self, dst: int, gid: Any, tag: int, number: int, *, grace: float) -> None:
+        """A point-to-point send to rank ``dst`` gave up (timed out, cancelled), perhaps before its frame was queued.
+
+        So that its number does not hold up the messages sent after it, a skip
+        frame follows it on the same link (:func:`.frames.p2p_skip`): queued at
+        once if the link is up (with ``send_nowait``: behind whatever waits,
+        never withdrawn), else as soon as it comes up (within ``grace`` seconds,
+        as a send after this one would wait). Fire and forget: nothing if the
+        peer failed or this transport is closed.
+        """
+        if self._closed or dst == self.rank or not 0 <= dst < self.world_size:
+            return
+        header = F.p2p_skip(gid, tag, number)
+        p = self._peers.get(dst)
+        if p is not None and p.link.state is _READY:
+            self._queue_whatever(p.link.conn, header)
+        else:
+            _ = self._links.spawn(self._skip_when_connected(dst, gid, header, grace))  # owned by the links
+
+    async def _skip_when_connected(self, dst: int, gid: Any, header: Header, grace: float) -> None:
+        p = self._links.peer(dst)
+        try:
+            async with asyncio.timeout(grace):
+                conn = await self._connection(p, gid)
+        except (AiodistError, TimeoutError) as e:  # it failed, or cannot be reached: nothing after it comes either
+            log.debug("rank %d: no link to rank %d for a skip frame (group %r): %r", self.rank, dst, gid, e)
+            return
+        self._queue_whatever(conn, header)
+
+    @staticmethod
+    def _queue_whatever(conn: Connection, header: Header) -> None:
+        """Queue a header-only frame behind everything ``conn`` holds, however full (it is small; nothing waits)."""
+        try:
+            conn.send_nowait(header)
+        except ConnectionClosedError:  # the peer failed: it learns otherwise
+            pass
+
     async def _report(self, dst: int, header: Header) -> None:
         try:
             async with asyncio.timeout(REPORT_GRACE):
