@@ -381,8 +381,9 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
 
         Cancelling a task that awaits the Work does not cancel the send (its
         message was numbered when it was called, and the receiver delivers in
-        that order). A send that times out gives its number up: the messages
-        sent after it to ``dst`` with that tag are delivered without it.
+        that order). A send that times out gives its number up (its message
+        still arrives if its frame was queued whole): the messages sent after
+        it to ``dst`` with that tag do not wait for it.
         """
         if self._comm.rank < 0:
             return self._runner.absent("send")

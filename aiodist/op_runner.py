@@ -42,6 +42,7 @@ from . import flight
 from .arguments import seconds
 from .comm import GroupComm, OpChannel, Transport
 from .comm.router import Receive
+from .deadline import about_to_resume
 from .eager import running_task, start_eager
 from .errors import (
     AbortedError,
@@ -358,7 +359,7 @@ class OpRunner:
         for rec in list(self.running.values()):
             if not rec.expired:
                 if rec.deadline <= now:
-                    if _about_to_resume(rec.task):
+                    if about_to_resume(rec.task):
                         # What it waited for came in together with its deadline (the process was
                         # not running while both came due): its step goes first, and the deadline
                         # is looked at again after it (the operation may have ended).
@@ -395,10 +396,3 @@ class OpRunner:
             await asyncio.gather(*tasks, return_exceptions=True)
         await self.checker.close()
 
-
-def _about_to_resume(task: asyncio.Task[Any] | None) -> bool:
-    """Is ``task`` (not running now) due to resume: the future it waits on is done (its wakeup is queued)?"""
-    if task is None or task.done():
-        return False
-    waiter = getattr(task, "_fut_waiter", None)  # (asyncio's Task: the future its step waits on)
-    return waiter is not None and bool(waiter.done())

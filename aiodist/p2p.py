@@ -30,6 +30,7 @@ from .comm import GroupComm
 from .comm.channel import new_receive
 from .comm.router import Delivery, Receive
 from .comm.settings import HELLO_TIMEOUT
+from .deadline import Deadline
 from .errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailureError
 from .inflight import waiting_in
 from .signatures import dtype_name
@@ -55,12 +56,14 @@ def send(comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float, label: 
 
     ``x`` must not be modified until the send completes. ``label``: what the
     header says in place of the dtype (a message that is no array, e.g. pickled
-    objects). Cancellation (or the timeout): the message was handed to the
-    transport whole or not at all; either way its number is given up (a skip
-    frame follows it: :meth:`~.comm.transport.Transport.give_up_p2p`; one
-    that gave up before the link was up waits for it as long as the send's
-    timeout or the handshake's, whichever is longer), so the messages sent
-    after it to ``dst`` with ``tag`` do not wait for it.
+    objects). The timeout does not cut short a frame handed over together with
+    it (:class:`~.deadline.Deadline`). Cancellation (or the timeout): the
+    message was handed to the transport whole or not at all; either way its
+    number is given up (a skip frame follows it:
+    :meth:`~.comm.transport.Transport.give_up_p2p`; one that gave up before the
+    link was up waits for it as long as the send's timeout or the handshake's,
+    whichever is longer), so the messages sent after it to ``dst`` with
+    ``tag`` do not wait for it.
     """
     flat = as_flat(x, "x", writable=False)
     tag = _check_tag(tag)
@@ -73,7 +76,7 @@ def send(comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float, label: 
     async def run() -> None:
         with waiting_in("send", group=comm.name, peer=dst, tag=tag):
             try:
-                async with asyncio.timeout(timeout) as cm:
+                async with Deadline(timeout) as cm:  # (a frame handed over together with its deadline: sent)
                     await comm.transport.send(gdst, header, payload, group=comm.gid)
             except PeerFailureError as e:
                 raise comm.localize(e, op="send", seq=None) from None

@@ -23,8 +23,8 @@ timing out, a TaskGroup sibling failing, ``task.cancel()``) cancels the
   when it was called, and the receiver delivers in that order). It ends on its
   own, bounded by its timeout, or when its group is destroyed. To stop waiting
   for it, stop awaiting it. (A send that gives up at its timeout tells the
-  receiver to skip its number: later messages to that rank with that tag do
-  not wait for it.)
+  receiver to skip its number, unless its message came: later messages to
+  that rank with that tag do not wait for it.)
 * a receive is withdrawn, as cancelling any asyncio operation would: a
   message that arrives later is left for the next receive instead of landing
   in an abandoned buffer, so ``asyncio.wait_for(aiodist.recv(x), t)`` and
