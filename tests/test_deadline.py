@@ -58,7 +58,7 @@ def test_it_times_out_like_asyncio_timeout(loop_name: str) -> None:
         return d.expired(), loop.time() - t0
 
     expired, took = run_on(loop_name, main)
-    assert expired and 0.02 <= took < 1.0
+    assert expired and 0.015 <= took < 1.0  # (uvloop keeps time in milliseconds: a timer may fire a hair early)
 
 
 @pytest.mark.parametrize("loop_name", LOOPS)
