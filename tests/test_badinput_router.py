@@ -146,6 +146,26 @@ def test_duplicate_and_far_ahead_point_to_point_numbers() -> None:
     assert "number 'x'" in feed(r, 1, p("x")).violation
 
 
+def test_skip_frames_are_vetted_like_the_messages_they_stand_for() -> None:
+    """A peer's skip frames touch only its own stream, within the window; one with a payload buffers nothing."""
+    r = strict()
+    r.seq_window = 10
+    skip = lambda n, src_tag=7: {"t": "p", "g": 0, "tag": src_tag, "n": n, "skip": 1}  # noqa: E731
+    assert "ahead of the next one expected" in feed(r, 1, skip(12)).violation
+    assert "number 'x'" in feed(r, 1, skip("x")).violation
+    assert feed(r, 1, skip(0), b"junk").violation is None  # (a payload on a skip: dropped with it)
+    assert feed(r, 1, skip(0)).drop  # stale: number 0 is behind us now, and that is no offence
+    held = feed(r, 1, skip(2), b"junk")
+    assert held.violation is None and r.buffered(1) == (1, 4)  # held ahead, charged like any early frame
+    assert feed(r, 1, skip(1)).violation is None  # 1 and the held 2 are passed over ...
+    assert r.buffered(1) == (0, 0)
+    assert feed(r, 1, {"t": "p", "g": 0, "tag": 7, "n": 3}, b"m").violation is None  # ... 3 is next: queued
+    assert r.buffered(1) == (1, 1)
+    assert feed(r, 2, {"t": "p", "g": 0, "tag": 7, "n": 0}, b"o").violation is None  # rank 2's stream untouched
+    assert feed(r, 1, skip(0, src_tag=8)).violation is None  # another tag's stream: its own numbers
+    assert feed(r, 1, {"t": "p", "g": 0, "tag": 8, "n": 1}).violation is None
+
+
 def test_conflicting_arrival_is_the_public_form_of_arrived_sigs() -> None:
     r = Router()
     feed(r, 1, m(4, sig="all_reduce"))
