@@ -78,7 +78,8 @@ class Deadline:
             self._handle = None
         task = self._task
         assert task is not None
-        if self._expired and exc_type is asyncio.CancelledError and task.uncancel() <= self._cancelling:
+        # (as asyncio.timeout: our cancellation is taken back whatever the block did with it)
+        if self._expired and task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
             raise TimeoutError from exc
 
     def _due(self) -> None:

@@ -116,3 +116,20 @@ def test_no_deadline_and_an_early_finish_leave_nothing_armed(loop_name: str) -> 
 
     none, early = run_on(loop_name, main)
     assert "idle" in none and "idle" in early
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_a_block_that_swallows_the_cancellation_leaves_the_task_uncancelled(loop_name: str) -> None:
+    """As with asyncio.timeout: the deadline's cancellation request is taken back when the block ends."""
+    async def main() -> tuple[bool, int]:
+        async with Deadline(0.01) as d:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                pass  # (the block carries on: no TimeoutError, and the task is not left cancelling)
+        task = asyncio.current_task()
+        assert task is not None
+        await asyncio.sleep(0)
+        return d.expired(), task.cancelling()
+
+    assert run_on(loop_name, main) == (True, 0)
