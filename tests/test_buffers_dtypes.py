@@ -9,6 +9,9 @@ without torch covers them, and with torch itself when it is installed.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -273,3 +276,13 @@ def test_no_staging_copy_outlives_its_operation() -> None:
         return len(buffers._STAGED), len(buffers.TASKS)
 
     assert _sim(main, n=2) == [(0, 0), (0, 0)]
+
+
+def test_importing_aiodist_and_the_simulator_leaves_ml_dtypes_for_later() -> None:
+    """ml_dtypes takes ~0.7 s to import: every rank, CLI call and sweep paid it at start-up. It is imported when a
+    tensor of a dtype only it has (bfloat16, float8) is first viewed."""
+    code = ("import sys, aiodist, aiodist.api, aiodist.collectives.buffers, sim, sim.runner\n"
+            "print('ml_dtypes' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.strip() == "False"

@@ -28,6 +28,7 @@ made inside a point-to-point operation's task belong to that task
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -43,19 +44,23 @@ __all__ = ["as_flat", "as_flat_list", "byte_view", "claim", "register_task", "re
 EMPTY_OUT = memoryview(bytearray())
 """A writable zero-byte buffer, for receiving empty (barrier) messages."""
 
-_ml: Any
-try:
-    import ml_dtypes as _ml
-except ImportError:  # pragma: no cover - a declared dependency; numpy's own dtypes work without it
-    _ml = None
-
-_EXTRA_DTYPES: dict[str, np.dtype[Any]] = {}
-"""torch dtype name -> numpy dtype from ml_dtypes, for the dtypes numpy has no type of its own for."""
-if _ml is not None:
-    for _name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"):
-        if hasattr(_ml, _name):
-            _EXTRA_DTYPES[_name] = np.dtype(getattr(_ml, _name))
+_EXTRA_NAMES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+"""torch's dtypes that numpy has no type of its own for (``ml_dtypes`` has them)."""
 _SAME_SIZE_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+@functools.lru_cache(maxsize=1)
+def _extra_dtypes() -> dict[str, np.dtype[Any]]:
+    """torch dtype name -> numpy dtype from ``ml_dtypes``, for :data:`_EXTRA_NAMES` (empty without the package).
+
+    Imported on first need, not with aiodist: importing ml_dtypes takes ~0.7 s,
+    which every process (each rank, each CLI call, each sweep) paid before.
+    """
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - a declared dependency; numpy's own dtypes work without it
+        return {}
+    return {name: np.dtype(getattr(ml_dtypes, name)) for name in _EXTRA_NAMES if hasattr(ml_dtypes, name)}
 
 
 def as_flat(arr: Any, argument: str, *, writable: bool) -> np.ndarray:
@@ -104,14 +109,14 @@ def _tensor_view(t: Any, argument: str) -> np.ndarray:
     if getattr(t, "requires_grad", False) and callable(getattr(t, "detach", None)):
         t = t.detach()  # same memory, out of autograd's sight (what torch.distributed does too)
     dtype_name = str(getattr(t, "dtype", "")).rpartition(".")[2]
-    extra = _EXTRA_DTYPES.get(dtype_name)
+    extra = _extra_dtypes().get(dtype_name) if dtype_name in _EXTRA_NAMES else None
     try:
         if extra is not None:  # numpy has no such dtype: view the memory as same-size ints, re-typed
             view = t.view(_torch_dtype(t, _SAME_SIZE_INT[extra.itemsize])).numpy().view(extra)
         else:
             view = t.numpy()
     except Exception as e:
-        if dtype_name == "bfloat16" and _ml is None:
+        if dtype_name == "bfloat16" and not _extra_dtypes():
             why = "numpy has no bfloat16 without the ml_dtypes package: pip install ml_dtypes"
         else:
             why = f"{type(t).__name__}.numpy() failed: {e}"
