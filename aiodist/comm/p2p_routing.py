@@ -131,8 +131,7 @@ class P2PTable:
         if n != expected:
             m.in_order = False  # (held; a skip held stands in for its number: see _release_held)
             return m
-        self._next_n[stream] = expected + 1
-        if header.get(SKIP):  # the message of this number will not come: the ones after it are next
+        if not self._turn(stream, expected, header):  # a skip: the message of this number will not come
             m.drop = True
             return m
         r = self._take(g, tag, src)
@@ -157,9 +156,8 @@ class P2PTable:
                 return
             # Its turn came while its payload arrived: a frame before it in the same read without a
             # payload (routed only when complete, as this one's header was routed at once) was next.
-            self._next_n[stream] = n + 1
             m.in_order = True
-            if m.header.get(SKIP):
+            if not self._turn(stream, n, m.header):
                 m.drop = True
         if not m.drop:
             self._complete(m, payload, out)
@@ -187,11 +185,16 @@ class P2PTable:
             if a is None:
                 break
             self.budgets.refund(a.src, a.nbytes)
-            self._next_n[stream] = nxt + 1
-            if not a.header.get(SKIP):
+            if self._turn(stream, nxt, a.header):
                 self._complete(Match(a.src, a.header, a.nbytes), a.payload, out)
         if held is not None and not held:
             del self._held[stream]
+
+    def _turn(self, stream: Stream, n: int, header: Any) -> bool:
+        """Number ``n`` of ``stream`` has its turn (the next one is expected now): False if it is a skip, which
+        delivers nothing."""
+        self._next_n[stream] = n + 1
+        return not header.get(SKIP)
 
     def take(self, m: Match) -> Receive | None:
         """The oldest receive posted for in-order frame ``m`` (routed without one), off its queue."""
