@@ -298,11 +298,32 @@ class OpRunner:
                 e = check.found
             else:
                 return self._group_ended(rec.op)
-        elif isinstance(e, CollectiveMismatchError):
+        elif isinstance(e, PeerFailureError):
+            e = self._voided(rec.op, rec.seq) or e
+        if isinstance(e, CollectiveMismatchError):
             self.checker.note(e, rec.seq, reported=getattr(e, "reported", False))
         if isinstance(e, (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError)):
             self._dump_first(e)
         return e
+
+    def _voided(self, op: str, seq: int) -> CollectiveMismatchError | None:
+        """The mismatch that voids operation ``seq``, if this rank found one before it or was told of one at it or before.
+
+        An operation that fails because a peer left or failed is reported as
+        that mismatch instead when there is one: the peer most likely left
+        because of it (e.g. a rank slow to start ``seq`` sends to a peer that
+        already left after reporting it).
+        """
+        if self.checker.first is not None and self.checker.first.seq is not None and self.checker.first.seq < seq:
+            return self.checker.unusable(op, seq)
+        e = self.transport.router.voided(self.comm.gid, seq)
+        if not isinstance(e, CollectiveMismatchError):
+            return None
+        comm = self.comm
+        calls = {comm.group_rank(k): v for k, v in e.calls.items() if isinstance(k, int)}
+        found = CollectiveMismatchError(f"{op} (seq {seq}) of {comm.name}: {e.args[0]}", calls=calls, seq=seq)
+        found.reported = True  # type: ignore[attr-defined]
+        return found
 
     def _group_ended(self, op: str) -> GroupError | None:
         """What an operation cancelled because its group ended fails with (None: another cancellation).

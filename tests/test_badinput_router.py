@@ -213,7 +213,7 @@ def test_a_mismatch_report_fails_the_later_operations_of_the_group_too() -> None
     after, sa = keyed(2, (8, 0))
     r.post_keyed(before)
     r.post_keyed(after)
-    r.fail_from(0, 7, lambda rc: CollectiveMismatchError("reported"))
+    r.fail_from(0, 7, lambda: CollectiveMismatchError("reported"))
     assert sb.results == [] and isinstance(sa.results[0], CollectiveMismatchError)
     later, sl = keyed(3, (9, 2))
     r.post_keyed(later)

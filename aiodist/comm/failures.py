@@ -8,19 +8,21 @@ at once, and so does every receive posted for it later. Each failure is an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .receives import ErrorFactory, Receive
 
 
 class FailedFrom:
-    """Every keyed receive of a group at ``seq`` or later fails with ``factory``."""
+    """Every keyed receive of a group at ``seq`` or later fails with ``error()`` (a fresh exception each call)."""
 
-    __slots__ = ("seq", "factory")
+    __slots__ = ("seq", "error", "factory")
 
-    def __init__(self, seq: int, factory: ErrorFactory) -> None:
+    def __init__(self, seq: int, error: Callable[[], BaseException]) -> None:
         self.seq = seq
-        self.factory = factory
+        self.error = error
+        self.factory: ErrorFactory = lambda r: error()
 
 
 class Failures:
@@ -53,14 +55,19 @@ class Failures:
         self.seq[(group, seq, src)] = factory
         self.active = True
 
-    def add_since(self, group: Any, seq: int, factory: ErrorFactory) -> bool:
-        """Fail ``group`` from ``seq`` on; False if it failed from an earlier one already."""
+    def add_since(self, group: Any, seq: int, error: Callable[[], BaseException]) -> FailedFrom | None:
+        """Fail ``group`` from ``seq`` on; None if it failed from an earlier one already."""
         cur = self.since.get(group)
         if cur is not None and cur.seq <= seq:
-            return False
-        self.since[group] = FailedFrom(seq, factory)
+            return None
+        ff = self.since[group] = FailedFrom(seq, error)
         self.active = True
-        return True
+        return ff
+
+    def void_since(self, group: Any, seq: int) -> FailedFrom | None:
+        """What voids operation ``seq`` of ``group`` (:meth:`add_since` at ``seq`` or before), or None."""
+        ff = self.since.get(group) if self.since else None
+        return ff if ff is not None and seq >= ff.seq else None
 
     def factory_for(self, r: Receive) -> ErrorFactory | None:
         """How ``r`` fails at once, or None if nothing failed that it depends on."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..errors import CollectiveMismatchError
 from . import frames as F
-from .router import Receive, Router
+from .router import Router
 
 
 def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
@@ -27,15 +27,15 @@ def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
         return f"a malformed mismatch report (calls {h.get(F.CALLS)!r})"
     message = str(h.get(F.TEXT, "collective mismatch"))
 
-    def factory(r: Receive) -> BaseException:
+    def error() -> BaseException:
         # Global ranks in ``calls``; the group layer restates them.
         e = CollectiveMismatchError(f"reported by rank {reporter}: {message}", calls=dict(calls), seq=None)
         e.reported = True  # type: ignore[attr-defined]
         return e
 
     # The operation is void on every rank: its receives from every source fail now.
-    router.fail_seq(gid, seq, None, factory)
+    router.fail_seq(gid, seq, None, lambda r: error())
     # ... and so are the group's later ones (the group is unusable after a mismatch): a rank
     # whose part of ``seq`` completed unawares (a broadcast root) stops waiting in the next one.
-    router.fail_from(gid, seq, factory)  # type: ignore[arg-type]  # (vet() checked it)
+    router.fail_from(gid, seq, error)  # type: ignore[arg-type]  # (vet() checked it)
     return None

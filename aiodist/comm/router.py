@@ -258,14 +258,24 @@ class Router:
         """
         resolve_all(self.table.fail_seq(group, seq, src, factory))
 
-    def fail_from(self, group: Any, seq: int, factory: ErrorFactory) -> None:
+    def fail_from(self, group: Any, seq: int, error: Callable[[], BaseException]) -> None:
         """Fail the keyed receives of every operation of ``group`` at ``seq`` or later, from every source, now and later.
 
         Used when a rank reported a mismatch at ``seq``: the group is unusable from there on, so an
         operation this rank started after ``seq`` (its own part of ``seq`` may have completed
         without noticing, e.g. a broadcast root) fails at once instead of waiting for ranks that gave up.
+        ``error`` makes a fresh exception for each receive.
         """
-        resolve_all(self.table.fail_from(group, seq, factory))
+        resolve_all(self.table.fail_from(group, seq, error))
+
+    def voided(self, group: Any, seq: int) -> BaseException | None:
+        """Why operation ``seq`` of ``group`` is void (a :meth:`fail_from` at ``seq`` or before), or None.
+
+        For an operation that failed otherwise first (a send to a peer that left
+        after the mismatch): the mismatch is the cause to report.
+        """
+        ff = self.table.failures.void_since(group, seq)
+        return None if ff is None else ff.error()
 
     def fail_group(self, group: Any, factory: ErrorFactory) -> None:
         """Fail every receive of ``group`` now and later (the group is broken)."""

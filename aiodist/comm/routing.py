@@ -315,12 +315,13 @@ class RouteTable:
             lambda r: r.group == group and (src is None or r.src == src) and bool(r.key) and r.key[0] == seq, factory
         )
 
-    def fail_from(self, group: Any, seq: int, factory: ErrorFactory) -> list[Completion]:
+    def fail_from(self, group: Any, seq: int, error: Callable[[], BaseException]) -> list[Completion]:
         """Fail the keyed receives of every operation of ``group`` at ``seq`` or later, from every source, now and later."""
-        if not self.failures.add_since(group, seq, factory):
+        ff = self.failures.add_since(group, seq, error)
+        if ff is None:
             return []
         return self._fail_posted(
-            lambda r: r.group == group and bool(r.key) and type(r.key[0]) is int and r.key[0] >= seq, factory
+            lambda r: r.group == group and bool(r.key) and type(r.key[0]) is int and r.key[0] >= seq, ff.factory
         )
 
     def fail_group(self, group: Any, factory: ErrorFactory) -> list[Completion]:
