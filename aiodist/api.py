@@ -196,7 +196,8 @@ async def init_process_group(
         if found is not None:  # (file://: the store this rank found or hosts, and the file)
             await found.close(rdzv.key_prefix, rdzv.world_size, wait=wait)
         if rdzv.server is not None:
-            await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=wait)
+            server = rdzv.server
+            await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=wait, alone=lambda: server.clients <= 1)
             if broken:  # the others' store calls fail now: say why, so that they name the cause
                 await rdzv.server.close(reason=_store_farewell(rdzv.rank, world_transport.links.first_failure))
         elif rdzv.owned:

@@ -39,7 +39,7 @@ from urllib.parse import urlparse
 
 from . import auth, tls
 from .context import getenv, token_bytes
-from .errors import RendezvousError, RendezvousTimeoutError, StoreError
+from .errors import RendezvousError, RendezvousTimeoutError, StoreError, StoreTimeoutError
 
 GENERATION_KEY = "aiodist/rdzv/generation"
 RECONNECT_PAUSE = 0.1
@@ -322,14 +322,19 @@ async def _missing(store: Any, prefix: str, world_size: int) -> list[int]:
     return [r for r, ok in enumerate(present) if not ok]
 
 
-async def leave(store: Any, prefix: str, world_size: int, *, wait: float) -> None:
+async def leave(
+    store: Any, prefix: str, world_size: int, *, wait: float, alone: Callable[[], bool] | None = None
+) -> None:
     """Record that this rank left the round; wait up to ``wait`` s for all to leave (store owner only).
 
     Used before rank 0 closes the store server it hosts, so that the others
-    can still use the store until they are done. Errors are swallowed, and
-    it takes at most ``wait`` + :data:`STORE_GOODBYE_GRACE` s in all: the store
-    may have gone with a failure (or be cut off), and leaving must not sit out
-    the store client's timeout on it.
+    can still use the store until they are done. ``alone`` (the host's
+    server: nobody else is connected to it) ends the wait early: the ranks
+    that did not leave are gone (they failed, or exited without leaving), and
+    nobody is left to use the store. Errors are swallowed, and it takes at
+    most ``wait`` + :data:`STORE_GOODBYE_GRACE` s in all: the store may have
+    gone with a failure (or be cut off), and leaving must not sit out the
+    store client's timeout on it.
     """
     try:
         async with asyncio.timeout(wait + STORE_GOODBYE_GRACE):
@@ -337,6 +342,30 @@ async def leave(store: Any, prefix: str, world_size: int, *, wait: float) -> Non
             if left >= world_size:
                 await store.set(f"{prefix}all_left", b"1")
             if wait > 0:
-                await store.wait([f"{prefix}all_left"], timeout=wait)
+                await _all_left(store, f"{prefix}all_left", wait, alone)
     except (TimeoutError, StoreError, ConnectionError):
         pass
+
+
+LEAVE_POLL = 0.2
+"""Seconds between two looks, while the store's host waits for the others to leave, at whether any is still connected."""
+
+
+async def _all_left(store: Any, key: str, wait: float, alone: Callable[[], bool] | None) -> None:
+    """Wait up to ``wait`` s for ``key`` (all ranks left), or until ``alone()`` says nobody else is connected."""
+    if alone is None:
+        await store.wait([key], timeout=wait)
+        return
+    loop = asyncio.get_running_loop()
+    end = loop.time() + wait
+    for _ in range(int(wait / LEAVE_POLL) + 2):  # (bounded: each round takes LEAVE_POLL s, or ends it)
+        if alone():
+            return
+        remaining = end - loop.time()
+        if remaining <= 0:
+            return
+        try:
+            await store.wait([key], timeout=min(LEAVE_POLL, remaining))
+            return
+        except StoreTimeoutError:
+            continue

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 
 import aiodist
@@ -52,6 +53,25 @@ def sleeping_worker() -> None:
     time.sleep(60)
 
 
+async def leaves_then_raises() -> None:
+    pg = await aiodist.init_process_group(timeout=30)
+    await aiodist.barrier()
+    if pg.rank == 2:
+        await aiodist.destroy_process_group()  # the others lose it now, and fail first
+        await asyncio.sleep(1.0)
+        raise RuntimeError("rank 2 gave up")
+    await aiodist.all_reduce(np.ones(4))
+
+
+async def host_returns_early() -> None:
+    pg = await aiodist.init_process_group(timeout=30)
+    await aiodist.barrier()
+    if pg.rank == 0:  # the store's host leaves while the others still need it
+        await aiodist.destroy_process_group()
+        return
+    await aiodist.all_reduce(np.ones(4))
+
+
 def env_at_import_worker() -> str:
     return os.environ.get("AIODIST_SPAWN_TEST", "") + "/" + os.environ["RANK"]
 
@@ -79,6 +99,27 @@ def test_spawn_failing_rank_raises_naming_it_and_stops_the_others() -> None:
     assert err.rank == 1 and err.exitcode == 1 and err.signal is None
     assert "rank 1 (pid" in str(err) and "ValueError: rank one is broken" in str(err)
     assert err.remote_traceback is not None and "failing_worker" in err.remote_traceback
+
+
+def test_spawn_names_the_root_cause_not_the_first_rank_that_lost_it() -> None:
+    # Before: spawn named whichever rank exited first: one of those that raised PeerFailureError
+    # because rank 2 left (every run). ``aiodist run`` named rank 2.
+    with pytest.raises(RankFailedError) as info:
+        spawn(leaves_then_raises, 3)
+    err = info.value
+    assert err.rank == 2 and "RuntimeError: rank 2 gave up" in str(err)
+    assert err.remote_traceback is not None and "leaves_then_raises" in err.remote_traceback
+
+
+def test_spawn_says_when_the_root_cause_is_a_rank_that_returned_early() -> None:
+    # Before: no root cause was given, and it could not have been: rank 0, the store's host, waited
+    # 10 s for the others to leave the store although they had failed (now: until nobody else is
+    # connected to it), so it was still running when spawn gave up waiting for the root cause.
+    with pytest.raises(RankFailedError) as info:
+        spawn(host_returns_early, 3)
+    err = info.value
+    assert err.rank in (1, 2) and "PeerFailureError" in str(err)
+    assert "root cause: rank 0 exited cleanly while ranks 1, 2 wait in all_reduce #1" in str(err)
 
 
 def test_spawn_rank_killed_by_signal_is_named() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -239,3 +241,45 @@ def test_a_store_connection_broken_mid_join_joins_the_same_round_again(n: int) -
     res = sim.run(_join_then_barrier, world_size=4, seed=1, explore=False,
                   faults=[sim.ResetConnection("rank3", "rank0", on=sim.MessageSent(3, n))])
     assert res.ok, res.summary()
+
+
+@contextlib.asynccontextmanager
+async def _host_leaving() -> AsyncIterator[tuple[asyncio.Future[None], TCPStore]]:
+    """A store server, its host's client leaving a 2-rank round (waiting up to 10 s), and the other rank's client."""
+    from aiodist.rendezvous import leave
+
+    async with await StoreServer.start(host="127.0.0.1", port=0) as server:
+        host = await TCPStore.connect("127.0.0.1", server.port, timeout=10)
+        other = await TCPStore.connect("127.0.0.1", server.port, timeout=10)
+        waiting = asyncio.ensure_future(leave(host, "job/", 2, wait=10.0, alone=lambda: server.clients <= 1))
+        try:
+            yield waiting, other
+        finally:
+            waiting.cancel()
+            await host.close()
+            await other.close()
+
+
+async def test_the_store_host_stops_waiting_for_the_others_to_leave_once_nobody_else_is_connected() -> None:
+    # Before: rank 0 (the store's host) that left first waited STORE_LEAVE_WAIT (10 s) for ranks that
+    # had failed, or exited without leaving, and so could never say they left.
+    from aiodist.rendezvous import LEAVE_POLL
+
+    async with _host_leaving() as (waiting, other):
+        await asyncio.sleep(3 * LEAVE_POLL)
+        assert not waiting.done()  # the other rank is still connected: the host waits
+        await other.close()  # it goes without leaving (it failed)
+        async with asyncio.timeout(5):
+            await waiting
+
+
+async def test_the_store_host_still_waits_for_a_rank_that_is_connected_and_leaves_late() -> None:
+    from aiodist.rendezvous import leave
+
+    async with _host_leaving() as (waiting, other):
+        await asyncio.sleep(0.5)
+        assert await other.get("job/left", timeout=1) == b"1"  # the store still serves it
+        assert not waiting.done()
+        await leave(other, "job/", 2, wait=0)
+        async with asyncio.timeout(5):
+            await waiting

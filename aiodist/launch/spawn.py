@@ -26,6 +26,7 @@ code and never runs inside the simulator, so its timeouts use the wall clock
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -36,10 +37,11 @@ from typing import Any
 
 from ..errors import LaunchTimeoutError, RankFailedError
 from .env import merged_env, rank_env
+from .outcome import describe_exception, root_cause
 from .runner import call_entry
 from .security import fresh_secret
 from .status import failure_message
-from .supervisor import free_port
+from .supervisor import BLAME_WAIT, free_port
 
 __all__ = ["spawn"]
 
@@ -55,8 +57,9 @@ def _rank_main(fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str
         conn.close()
         raise
     except BaseException as exc:
+        record = {**describe_exception(exc), "time": time.time()}  # (whose fault: its own, or a consequence)
         with contextlib.suppress(Exception):
-            conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), record))
         conn.close()
         raise
     try:
@@ -102,11 +105,16 @@ def _stop(procs: Sequence[Any], grace_period: float) -> None:
         p.join(max(0.0, deadline - time.monotonic()))
 
 
-def _failure(rank: int, proc: Any, remote: tuple[str, str] | None) -> RankFailedError:
+def _failure(rank: int, proc: Any, remote: tuple[str, str] | None, *, cause: str | None = None) -> RankFailedError:
+    """The error naming ``rank``; ``cause``: the root cause, when another rank (that did not fail) started it."""
     code = proc.exitcode
     message = failure_message(rank=rank, pid=proc.pid, returncode=code)
     if remote is not None:
-        message = f"{message}: {remote[0]}\n\n--- traceback of rank {rank} ---\n{remote[1]}"
+        message = f"{message}: {remote[0]}"
+    if cause is not None:
+        message = f"{message}\nroot cause: {cause}"
+    if remote is not None:
+        message = f"{message}\n\n--- traceback of rank {rank} ---\n{remote[1]}"
     return RankFailedError(
         message,
         rank=rank,
@@ -134,10 +142,14 @@ def spawn(
     Returns the ranks' return values, indexed by rank. ``master_port=None``
     picks a free port; ``env`` adds variables to every rank's environment.
 
-    The first rank to fail (an exception, a non-zero exit, a signal) makes
+    A rank that fails (an exception, a non-zero exit, a signal) makes
     ``spawn`` stop the others (SIGTERM, then SIGKILL after ``grace_period``)
-    and raise :class:`~aiodist.errors.RankFailedError` naming it, with its
-    traceback. ``timeout`` (seconds) bounds the whole run:
+    and raise :class:`~aiodist.errors.RankFailedError` naming the root cause,
+    with its traceback: as ``aiodist run`` does, when the first rank to fail
+    only lost another one (:class:`~aiodist.errors.PeerFailureError`, a lost
+    store), ``spawn`` waits up to :data:`~aiodist.launch.supervisor.BLAME_WAIT`
+    seconds for the rank that failed on its own (see
+    :func:`aiodist.launch.outcome.root_cause`). ``timeout`` (seconds) bounds the whole run:
     :class:`~aiodist.errors.LaunchTimeoutError`. If the caller is interrupted
     (KeyboardInterrupt), the ranks are stopped before it propagates; no rank
     outlives the call.
@@ -190,9 +202,12 @@ def _supervise(procs: list[Any], conns: list[Any], *, timeout: float | None, gra
     world_size = len(procs)
     results: list[Any] = [None] * world_size
     remote: list[tuple[str, str] | None] = [None] * world_size
+    records: dict[int, dict[str, Any]] = {}  # the end records of the ranks that raised (see outcome)
     reported = [False] * world_size  # the rank's pipe has given its message or EOF
-    exited = [False] * world_size
+    exits: list[tuple[int, int]] = []  # (rank, exit code), in the order seen
+    failed: list[int] = []  # the ranks that failed, in that order
     deadline = None if timeout is None else time.monotonic() + timeout
+    settle_by = math.inf  # after a failure: until when to wait for its root cause
 
     def read(rank: int) -> None:
         try:
@@ -204,30 +219,47 @@ def _supervise(procs: list[Any], conns: list[Any], *, timeout: float | None, gra
         reported[rank] = True
         if kind == "ok":
             results[rank] = payload[0]
+            records[rank] = {"kind": "returned", "rank": rank}
         elif kind == "error":
             remote[rank] = (payload[0], payload[1])
+            if len(payload) > 2 and isinstance(payload[2], dict):
+                records[rank] = {**payload[2], "rank": rank}
 
-    while not all(exited):
-        waiting = [conns[r] for r in range(world_size) if not reported[r]]
-        waiting += [procs[r].sentinel for r in range(world_size) if not exited[r]]
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
+    while len(exits) < world_size:
+        now = time.monotonic()
+        if failed and (_settled(exits, records) or now >= settle_by):
+            break
+        if deadline is not None and now >= deadline:
             _stop(procs, grace_period)
             raise LaunchTimeoutError(f"aiodist.spawn: the job exceeded its time limit of {timeout:g}s", timeout=timeout or 0.0)
-        multiprocessing.connection.wait(waiting, timeout=left)
+        seen = {r for r, _ in exits}
+        waiting = [conns[r] for r in range(world_size) if not reported[r]]
+        waiting += [procs[r].sentinel for r in range(world_size) if r not in seen]  # (ready at once if it exited)
+        left = min(settle_by, math.inf if deadline is None else deadline) - now
+        multiprocessing.connection.wait(waiting, timeout=None if left == math.inf else max(0.0, left))
         for rank in range(world_size):  # by rank: a fixed order
             if not reported[rank] and conns[rank].poll(0):
                 read(rank)
         for rank in range(world_size):
-            if exited[rank] or procs[rank].exitcode is None:
+            if rank in seen or procs[rank].exitcode is None:
                 continue
-            exited[rank] = True
-            if not reported[rank] and conns[rank].poll(0):
-                read(rank)
-            if procs[rank].exitcode != 0 or remote[rank] is not None:
-                error = _failure(rank, procs[rank], remote[rank])
-                _stop(procs, grace_period)
-                raise error
+            exits.append((rank, procs[rank].exitcode))
             if not reported[rank]:
-                read(rank)  # exited 0: the pipe is closed, this returns at once
-    return results
+                read(rank)  # exited: its message is in the pipe, or the pipe is closed (this returns at once)
+            if procs[rank].exitcode != 0 or remote[rank] is not None:
+                failed.append(rank)
+                settle_by = min(settle_by, time.monotonic() + BLAME_WAIT)
+    if not failed:
+        return results
+    blame = root_cause(exits, records)
+    culprit = blame.rank if blame is not None and blame.rank in failed else failed[0]
+    cause = blame.message if blame is not None and blame.rank != culprit else None  # (e.g. it returned early)
+    error = _failure(culprit, procs[culprit], remote[culprit], cause=cause)
+    _stop(procs, grace_period)
+    raise error
+
+
+def _settled(exits: list[tuple[int, int]], records: Mapping[int, Mapping[str, Any]]) -> bool:
+    """Whether the root cause of a failure is known: a rank that failed on its own has exited (see the launcher's)."""
+    blame = root_cause(exits, records)
+    return blame is not None and blame.kind in ("raised", "signal", "exit") and any(r == blame.rank for r, _ in exits)

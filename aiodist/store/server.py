@@ -108,6 +108,11 @@ class StoreServer(Requests):
         )
 
     @property
+    def clients(self) -> int:
+        """Client connections open now (authenticated sessions; the host's own client counts)."""
+        return len(self._sessions)
+
+    @property
     def address(self) -> tuple[str, int]:
         return (self.host, self.port)
 
