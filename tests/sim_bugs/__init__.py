@@ -21,6 +21,7 @@ from . import (
     blind_b,
     blind_c,
     blind_d,
+    blind_e,
     causal_order,
     check_then_act,
     lease,
@@ -83,7 +84,7 @@ VARIANTS = [
 
 
 def _blind() -> list[BugClass]:
-    """The programs of blind_a, blind_b, blind_c and blind_d (their own tables: world sizes, symptoms, swarm kinds)."""
+    """The programs of blind_a to blind_e (their own tables: world sizes, symptoms, swarm kinds)."""
     out = []
     for name, cls in blind_a.PROGRAMS.items():
         symptom = "StoreTimeoutError" if name == "job_board" else "AssertionError"
@@ -96,7 +97,8 @@ def _blind() -> list[BugClass]:
         symptom, marker = ("StoreTimeoutError", "ready/") if name == "barrier_flags_reused" else ("AssertionError", "")
         out.append(BugClass(f"blind_{name}", getattr(blind_b, name), getattr(blind_b, f"{name}_fixed"), world,
                             swarm, symptom=symptom, marker=marker))
-    for prefix, mod in (("blind_c", blind_c), ("blind_d", blind_d)):  # (the same tables, one module each)
+    # (blind_c, blind_d and blind_e: the same tables, one module each)
+    for prefix, mod in (("blind_c", blind_c), ("blind_d", blind_d), ("blind_e", blind_e)):
         for name in mod.PROGRAMS:
             symptom, marker = mod.SYMPTOM[name]
             out.append(BugClass(f"{prefix}_{name}", getattr(mod, name), getattr(mod, f"{name}_fixed"),
