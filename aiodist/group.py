@@ -350,6 +350,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         if self._comm.rank < 0:
             return self._runner.absent("all_to_all_single", out)
         # validated (splits too: one size per rank) and cut now (errors before a sequence number is taken); the task only exchanges
+        as_flat(out, "out", writable=True)  # a non-contiguous out is staged here, and copied back by the Work
         outs, ins = single_blocks(out, x, self.size, output_split_sizes, input_split_sizes, arg="x")
         sig = f"all_to_all_single {dtype_name(ins[0].dtype)}"
         return self._runner.collective("all_to_all_single", sig, exchange_blocks, (outs, ins), timeout, result=out)

@@ -106,16 +106,17 @@ class ObjectOperations(_GroupParts):
     ) -> Work[list[Any] | None]:
         """Every rank's ``obj`` as a list on rank ``dst`` (None elsewhere).
 
-        ``object_gather_list`` (torch's form; used on ``dst`` only): the objects are written into it too.
+        ``object_gather_list`` (torch's form; used on ``dst`` only): the objects are written into its
+        first ``size`` entries too (as torch does; later entries are left alone).
         """
         if self._comm.rank < 0:
             return self._runner.absent("gather_object")
         root = self._check_peer(dst, "dst")
         if self.rank == root and object_gather_list is not None:
-            if not isinstance(object_gather_list, list) or len(object_gather_list) != self.size:
+            if not isinstance(object_gather_list, list) or len(object_gather_list) < self.size:
                 raise ValueError(
-                    f"gather_object: object_gather_list must be a list of {self.size} entries on the destination "
-                    f"rank, got {_describe_list(object_gather_list)}"
+                    f"gather_object: object_gather_list must be a list of at least {self.size} entries on the "
+                    f"destination rank, got {_describe_list(object_gather_list)}"
                 )
         else:
             object_gather_list = None

@@ -25,8 +25,11 @@ some ranks and not others: destroy the world group then.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from .arguments import backend_name, optional_seconds
 from .comm.channel import rank_table
@@ -54,12 +57,16 @@ def _count(w: ProcessGroup, what: tuple[Any, ...]) -> int:
 
 def _check_ranks(ranks: Sequence[int], n: int, *, sort: bool) -> list[int]:
     members = []
-    for r in ranks:
-        if isinstance(r, bool) or not isinstance(r, int):
-            raise TypeError(f"ranks must be ints, got {r!r}")
+    for given in ranks:
+        try:
+            if isinstance(given, (bool, np.bool_)):
+                raise TypeError
+            r = operator.index(given)  # ints, numpy integers (np.arange(...)), as torch takes them
+        except TypeError:
+            raise TypeError(f"ranks must be ints, got {given!r}") from None
         if not 0 <= r < n:
             raise ValueError(f"rank {r} is out of range for a world of {n} ranks")
-        members.append(int(r))
+        members.append(r)
     if len(set(members)) != len(members):
         raise ValueError(f"ranks {list(ranks)} contain duplicates")
     if not members:

@@ -118,6 +118,9 @@ def test_non_contiguous_outputs_of_every_writing_collective_and_of_recv() -> Non
         ro = np.zeros(6)[::2]
         await dist.reduce_scatter_tensor(ro, np.arange(3.0 * p) + r)
         out["rs"] = ro.copy()
+        a2a = np.zeros(2 * p)[::2]  # (before: InvalidArrayError, "the group API copies it back")
+        await dist.all_to_all_single(a2a, np.arange(float(p)) + 10 * r)
+        out["a2a"] = a2a.copy()
         if r == 0:
             await dist.send(np.asfortranarray(np.arange(6).reshape(2, 3)), 1)
         elif r == 1:
@@ -134,6 +137,7 @@ def test_non_contiguous_outputs_of_every_writing_collective_and_of_recv() -> Non
             np.testing.assert_array_equal(g, np.arange(4.0) + 10 * i)
         np.testing.assert_array_equal(out["into"], np.repeat(np.arange(3.0), 4))
         np.testing.assert_array_equal(out["rs"], 3 * (np.arange(3.0) + 3 * r) + 3)
+        np.testing.assert_array_equal(out["a2a"], 10 * np.arange(3.0) + r)
     np.testing.assert_array_equal(results[1]["recv"], np.arange(6).reshape(2, 3))
 
 

@@ -9,6 +9,7 @@ calls are woken by another client.
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -236,6 +237,20 @@ async def test_wait_timeout_names_keys(handles: Factory) -> None:
         await s.wait(["have", "missing"], timeout=0.1)
     assert [k.rsplit("/", 1)[-1] for k in info.value.keys] == ["have", "missing"]
     assert info.value.op == "wait"
+
+
+async def test_timeouts_in_torchs_form_a_timedelta_and_a_positional_wait_timeout(handles: Factory) -> None:
+    # Before: TypeError for both (torch's ``store.wait(keys, timedelta(...))``).
+    s = await handles()
+    with pytest.raises(StoreTimeoutError) as info:
+        await s.wait(["missing"], datetime.timedelta(milliseconds=100))
+    assert info.value.op == "wait"
+    with pytest.raises(StoreTimeoutError):
+        await s.get("missing", timeout=datetime.timedelta(milliseconds=100))
+    with pytest.raises(ValueError):
+        await s.wait(["missing"], datetime.timedelta(seconds=-1))
+    await s.set("k", b"v")
+    assert await s.get("k", timeout=datetime.timedelta(seconds=5)) == b"v"
 
 
 async def test_wait_needs_keys_to_exist_together(handles: Factory) -> None:

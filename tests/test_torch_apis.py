@@ -314,3 +314,46 @@ def test_cancelling_the_awaiter_of_a_receive_withdraws_it_and_a_bounded_wait_doe
         return out
 
     assert run4(main)[1] == (0.0, 1.0, 2.0)
+
+
+# ------------------------------------------------------------------ what a port from torch passes as it is
+
+
+def test_new_group_takes_numpy_integer_ranks_as_torch_does() -> None:
+    # Before: TypeError "ranks must be ints" for list(np.arange(4)[::2]), which torch accepts.
+    async def main() -> Any:
+        await dist.init_process_group("gloo")
+        g = await dist.new_group(list(np.arange(4)[::2]))
+        ranks = dist.get_process_group_ranks(g)
+        x = np.ones(1)
+        if dist.get_rank() in (0, 2):
+            await dist.all_reduce(x, group=g)
+        with pytest.raises(TypeError, match="ranks must be ints"):
+            await dist.new_group([np.True_, 1])
+        await dist.destroy_process_group()
+        return ranks, x[0], [type(r) for r in ranks]
+
+    for r, (ranks, x, types) in enumerate(run4(main)):
+        assert ranks == [0, 2] and types == [int, int]
+        assert x == (2.0 if r in (0, 2) else 1.0)
+
+
+def test_gather_object_fills_the_first_entries_of_a_longer_list_on_the_destination() -> None:
+    # Before: ValueError on the destination only, so the other ranks went on and every rank then
+    # failed its next collective with CollectiveMismatchError. torch fills the first world_size entries.
+    async def main() -> Any:
+        await dist.init_process_group("gloo")
+        r, w = dist.get_rank(), dist.get_world_size()
+        gl = ["pre"] * (w + 1) if r == 1 else None
+        await dist.gather_object({"rank": r}, gl, dst=1)
+        await dist.barrier()
+        short = ["pre"] * (w - 1) if r == 1 else None
+        if r == 1:
+            with pytest.raises(ValueError, match="at least 4 entries"):
+                await dist.gather_object(r, short, dst=1)
+        await dist.destroy_process_group()
+        return gl
+
+    results = run4(main)
+    assert results[1] == [{"rank": 0}, {"rank": 1}, {"rank": 2}, {"rank": 3}, "pre"]
+    assert results[0] is None and results[2] is None

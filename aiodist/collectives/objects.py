@@ -88,9 +88,9 @@ async def gather_object(
     if rank != root:
         await ch.send(root, (seq, 0), _dumps(obj))
         return None
-    if object_gather_list is not None and len(object_gather_list) != p:
+    if object_gather_list is not None and len(object_gather_list) < p:
         raise InvalidArrayError(
-            f"object_gather_list has {len(object_gather_list)} entries, the group has {p} ranks",
+            f"object_gather_list has {len(object_gather_list)} entries, fewer than the group's {p} ranks",
             argument="object_gather_list",
             reason="length",
         )
@@ -100,7 +100,7 @@ async def gather_object(
         if i != root:
             got[i] = pickle.loads(await ch.recv_bytes(i, (seq, 0)))
     if object_gather_list is not None:
-        object_gather_list[:] = got
+        object_gather_list[:p] = got  # (torch's: the first p entries; the list keeps its length)
     return got
 
 

@@ -8,6 +8,7 @@ Keys are ``str``. Values are ``bytes`` or ``str`` (encoded as UTF-8);
 from __future__ import annotations
 
 import abc
+import datetime
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -59,10 +60,16 @@ def as_amount(amount: Any) -> int:
     raise TypeError(f"store add amounts must be int, not {type(amount).__name__}")
 
 
+Timeout = float | datetime.timedelta | None
+"""A blocking call's timeout: seconds, a timedelta (torch's form), or None (the store's default)."""
+
+
 def as_timeout(timeout: Any, default: float) -> float:
-    """The timeout to use: ``default`` for None, else a non-negative number."""
+    """The timeout to use: ``default`` for None, else a non-negative number of seconds (or a timedelta, torch's form)."""
     if timeout is None:
         return default
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__}")
     if not timeout >= 0:
@@ -90,7 +97,7 @@ class Store(abc.ABC):
         """Store ``value`` under ``key`` (overwriting)."""
 
     @abc.abstractmethod
-    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+    async def get(self, key: str, *, timeout: Timeout = None) -> bytes:
         """The value of ``key``, waiting until it is set."""
 
     @abc.abstractmethod
@@ -106,7 +113,7 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
+    async def wait(self, keys: Sequence[str], timeout: Timeout = None) -> None:
         """Wait until every key in ``keys`` exists."""
 
     @abc.abstractmethod

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import StoreRequestError, StoreTimeoutError
 from ..inflight import waiting_in
 from . import protocol as P
-from .base import Store, Value, as_amount, as_key, as_keys, as_timeout, as_value
+from .base import Store, Timeout, Value, as_amount, as_key, as_keys, as_timeout, as_value
 from .state import KEY_TOO_LARGE, VALUE_TOO_LARGE
 
 _MAX_KEYS_BYTES = 512 * 1024
@@ -100,7 +100,7 @@ class ClientOps(Store):
         if "err" in r:
             raise self._failed(r, "set", key, self.timeout)
 
-    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+    async def get(self, key: str, *, timeout: Timeout = None) -> bytes:
         if type(key) is not str or len(key) > self._short_key:
             key = self._check_key(key, "get")
         t = self.timeout if timeout is None else as_timeout(timeout, self.timeout)
@@ -137,7 +137,7 @@ class ClientOps(Store):
         v = r.get("v")
         return v[0] if v is not None else P.unpack_values(r, payload)[0]
 
-    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
+    async def wait(self, keys: Sequence[str], timeout: Timeout = None) -> None:
         ks = self._check_keys(keys, "wait")
         t = as_timeout(timeout, self.timeout)
         with waiting_in("store.wait", keys=ks):

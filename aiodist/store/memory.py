@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import ConnectionClosedLocally, StoreRequestError, StoreTimeoutError
 from ..inflight import waiting_in
-from .base import Store, Value, as_amount, as_key, as_keys, as_timeout, as_value
+from .base import Store, Timeout, Value, as_amount, as_key, as_keys, as_timeout, as_value
 from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Reply, StoreState
 
 _ME = 0  # the state machine's client id for this store's callers
@@ -75,7 +75,7 @@ class MemoryStore(Store):
         assert mine is not None
         return _unwrap(mine, op)
 
-    async def _blocking(self, op: str, keys: list[str], timeout: float | None, fn: Callable[..., list[Reply]], *args: Any) -> Any:
+    async def _blocking(self, op: str, keys: list[str], timeout: Timeout, fn: Callable[..., list[Reply]], *args: Any) -> Any:
         """Run a blocking operation; wait for it at most ``timeout`` seconds.
 
         Cancellation: the waiter is withdrawn; a value popped for a cancelled
@@ -128,7 +128,7 @@ class MemoryStore(Store):
     async def set(self, key: str, value: Value) -> None:
         self._now("set", self.state.set, as_key(key), as_value(value))
 
-    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+    async def get(self, key: str, *, timeout: Timeout = None) -> bytes:
         key = as_key(key)
         return await self._blocking("get", [key], timeout, self.state.get, key)  # type: ignore[no-any-return]
 
@@ -138,7 +138,7 @@ class MemoryStore(Store):
     async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
         return self._now("compare_set", self.state.compare_set, as_key(key), as_value(expected), as_value(desired))  # type: ignore[no-any-return]
 
-    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
+    async def wait(self, keys: Sequence[str], timeout: Timeout = None) -> None:
         ks = as_keys(keys)
         await self._blocking("wait", ks, timeout, self.state.wait, ks)
 

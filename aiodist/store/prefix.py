@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Store, Value, as_key, as_keys
+from .base import Store, Timeout, Value, as_key, as_keys
 
 
 class PrefixStore(Store):
@@ -54,7 +54,7 @@ class PrefixStore(Store):
     async def set(self, key: str, value: Value) -> None:
         await self.store.set(self._k(key), value)
 
-    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+    async def get(self, key: str, *, timeout: Timeout = None) -> bytes:
         return await self.store.get(self._k(key), timeout=timeout)
 
     async def add(self, key: str, amount: int) -> int:
@@ -63,7 +63,7 @@ class PrefixStore(Store):
     async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
         return await self.store.compare_set(self._k(key), expected, desired)
 
-    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
+    async def wait(self, keys: Sequence[str], timeout: Timeout = None) -> None:
         await self.store.wait(self._ks(keys), timeout=timeout)
 
     async def check(self, keys: Sequence[str]) -> bool:
