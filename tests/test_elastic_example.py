@@ -101,13 +101,20 @@ async def test_shrink_in_place_with_real_processes(tmp_path: Path) -> None:
         procs.append(await asyncio.create_subprocess_exec(
             sys.executable, str(EXAMPLE), "--ckpt-dir", str(tmp_path), "--shrink", env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT))
+    reads = [asyncio.ensure_future(p.communicate()) for p in procs]
     try:
-        async with asyncio.timeout(60):
-            outs = [(await p.communicate())[0].decode() for p in procs]
+        _, late = await asyncio.wait(reads, timeout=60)
     finally:
         for p in procs:
             if p.returncode is None:
                 p.kill()
+    if late:  # (seen once in CI: say which rank hung, and what every rank printed)
+        await asyncio.wait(reads, timeout=10)
+        said = [r.result()[0].decode()[-4000:] if r.done() and not r.cancelled() else "?" for r in reads]
+        hung = [i for i, r in enumerate(reads) if r in late]
+        pytest.fail(f"ranks {hung} still ran after 60 s\n" + "\n".join(f"--- rank {i}:\n{o}" for i, o in enumerate(said)),
+                    pytrace=False)
+    outs = [r.result()[0].decode() for r in reads]
     assert procs[2].returncode != 0
     for r in (0, 1, 3):
         assert procs[r].returncode == 0, outs[r]
