@@ -319,9 +319,7 @@ class OpRunner:
         e = self.transport.router.voided(self.comm.gid, seq)
         if not isinstance(e, CollectiveMismatchError):
             return None
-        comm = self.comm
-        calls = {comm.group_rank(k): v for k, v in e.calls.items() if isinstance(k, int)}
-        found = CollectiveMismatchError(f"{op} (seq {seq}) of {comm.name}: {e.args[0]}", calls=calls, seq=seq)
+        found = self.comm.restate_mismatch(e, op=op, seq=seq)
         found.reported = True  # type: ignore[attr-defined]
         return found
 

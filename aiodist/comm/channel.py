@@ -74,6 +74,16 @@ class GroupComm:
         """The group rank of a global rank (-1 if not a member)."""
         return self._index.get(global_rank, -1)
 
+    def restate_mismatch(
+        self, e: CollectiveMismatchError, *, op: str, seq: int, mine: str | None = None
+    ) -> CollectiveMismatchError:
+        """A mismatch whose calls are in global ranks (a peer's report, the router's size check), as
+        operation ``seq``'s error in this group's numbering; ``mine``: this rank's call, added to the calls."""
+        calls = {self.group_rank(k): v for k, v in e.calls.items()}
+        if mine is not None:
+            calls[self.rank] = mine
+        return CollectiveMismatchError(f"{op} (seq {seq}) of {self.name}: {e.args[0]}", calls=calls, seq=seq)
+
     def localize(self, e: PeerFailureError, *, op: str | None, seq: int | None) -> PeerFailureError:
         """Restate a transport's PeerFailureError (global ranks) in this group's numbering."""
         g = e.global_rank if e.global_rank is not None else e.rank
@@ -262,10 +272,8 @@ class OpChannel:
         """Restate a mismatch in group ranks and, if we found it, tell the peer (it may wait on us)."""
         reported = getattr(e, "reported", False)
         if e.seq is None:  # size mismatch (router) or a peer's report: calls are in global ranks
-            calls = {self.comm.group_rank(k): v for k, v in e.calls.items()}
-            if not reported:
-                calls[self.comm.rank] = f"{self.sig} with {out.nbytes if out is not None else '?'} bytes"
-            e = CollectiveMismatchError(f"{self.op} (seq {self.seq}) of {self.comm.name}: {e.args[0]}", calls=calls, seq=self.seq)
+            mine = None if reported else f"{self.sig} with {out.nbytes if out is not None else '?'} bytes"
+            e = self.comm.restate_mismatch(e, op=self.op, seq=self.seq, mine=mine)
         if not reported:
             glob = {self.comm.ranks[k]: v for k, v in e.calls.items() if 0 <= k < self.comm.size}
             self.comm.transport.report_mismatch(src, self.comm.gid, self.seq, str(e), glob)

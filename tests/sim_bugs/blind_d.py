@@ -71,7 +71,6 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -79,7 +78,8 @@ import numpy as np
 
 import aiodist as dist
 
-Program = Callable[[], Awaitable[Any]]
+from .twins import twins as _twins
+
 
 # ---------------------------------------------------------------- helpers
 
@@ -94,22 +94,6 @@ async def _init() -> tuple[int, int, dist.Store]:
 async def _finish() -> None:
     await dist.barrier()
     await dist.destroy_process_group()
-
-
-def _twins(name: str, body: Callable[[bool], Awaitable[Any]]) -> tuple[Program, Program]:
-    """The program ``name`` (the bug) and ``name_fixed``: one body, the fix is what runs under ``if fixed``.
-
-    Named as the module binds them, so they pickle (sweeps on worker processes)."""
-
-    async def buggy() -> Any:
-        return await body(False)
-
-    async def fixed() -> Any:
-        return await body(True)
-
-    for f, n in ((buggy, name), (fixed, f"{name}_fixed")):
-        f.__name__ = f.__qualname__ = n
-    return buggy, fixed
 
 
 def _i64(*values: int) -> np.ndarray:

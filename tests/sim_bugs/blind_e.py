@@ -71,13 +71,14 @@ import asyncio
 import os
 import time
 from datetime import timedelta
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import numpy as np
 
 import aiodist as dist
 
-Program = Callable[[], Awaitable[Any]]
+from .twins import twins as _twins
+
 
 # ---------------------------------------------------------------- helpers
 
@@ -91,22 +92,6 @@ async def _start() -> tuple[int, int, dist.Store]:
 async def _end() -> None:
     await dist.barrier()
     await dist.destroy_process_group()
-
-
-def _twins(name: str, body: Callable[[bool], Awaitable[Any]]) -> tuple[Program, Program]:
-    """``name`` (the bug) and ``name_fixed``: one body, the fix is what runs under ``if fixed``.
-
-    Named as the module binds them, so they pickle (sweeps on worker processes)."""
-
-    async def buggy() -> Any:
-        return await body(False)
-
-    async def fixed() -> Any:
-        return await body(True)
-
-    for f, n in ((buggy, name), (fixed, f"{name}_fixed")):
-        f.__name__ = f.__qualname__ = n
-    return buggy, fixed
 
 
 def _row(*fields: int) -> np.ndarray:
