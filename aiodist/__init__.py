@@ -14,6 +14,13 @@ if TYPE_CHECKING:
     from .api import (
         abort,
         all_gather,
+        all_gather_single,
+        default_pg_timeout,
+        get_pg_count,
+        is_backend_available,
+        is_ucc_available,
+        is_xccl_available,
+        reduce_scatter_single,
         all_gather_into_tensor,
         all_gather_object,
         all_reduce,
@@ -67,6 +74,10 @@ if TYPE_CHECKING:
         CollectiveMismatchError,
         CollectiveTimeoutError,
         ConnectionClosedError,
+        DistBackendError,
+        DistError,
+        DistNetworkError,
+        DistStoreError,
         ConnectionClosedLocally,
         ConnectionLost,
         EvictedError,
@@ -96,7 +107,7 @@ if TYPE_CHECKING:
     from .errors import UnawaitedOperationError
     from .unawaited import clear_unawaited, unawaited_operations
     from .mesh import DeviceMesh, init_device_mesh
-    from .store import MemoryStore, PrefixStore, Store, StoreLimits, StoreServer, TCPStore
+    from .store import HashStore, MemoryStore, PrefixStore, Store, StoreLimits, StoreServer, TCPStore
     from .net.shmseg import SharedMemoryError
     from .shared import empty, is_shared, shared_array, zeros
 
@@ -163,6 +174,18 @@ _LAZY: dict[str, str] = {
     "UnsupportedReduceOpError": "aiodist.errors",
     "Work": "aiodist.work",
     "abort": "aiodist.api",
+    "all_gather_single": "aiodist.api",
+    "default_pg_timeout": "aiodist.api",
+    "get_pg_count": "aiodist.api",
+    "is_backend_available": "aiodist.api",
+    "is_ucc_available": "aiodist.api",
+    "is_xccl_available": "aiodist.api",
+    "reduce_scatter_single": "aiodist.api",
+    "DistBackendError": "aiodist.errors",
+    "DistError": "aiodist.errors",
+    "DistNetworkError": "aiodist.errors",
+    "DistStoreError": "aiodist.errors",
+    "HashStore": "aiodist.store",
     "all_gather": "aiodist.api",
     "all_gather_into_tensor": "aiodist.api",
     "all_gather_object": "aiodist.api",
@@ -344,4 +367,16 @@ __all__ = [
     "is_shared",
     "shared_array",
     "zeros",
+    "all_gather_single",
+    "default_pg_timeout",
+    "get_pg_count",
+    "is_backend_available",
+    "is_ucc_available",
+    "is_xccl_available",
+    "reduce_scatter_single",
+    "DistBackendError",
+    "DistError",
+    "DistNetworkError",
+    "DistStoreError",
+    "HashStore",
 ]

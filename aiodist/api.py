@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from . import tls
@@ -45,6 +46,8 @@ MISMATCH_LEAVE_WAIT = 2.0
 """Seconds a rank whose main raised CollectiveMismatchError spends leaving in order (its reports to get out)."""
 DEFAULT_TIMEOUT = 300.0
 """Seconds: the default timeout of the rendezvous and of every operation."""
+default_pg_timeout = timedelta(seconds=DEFAULT_TIMEOUT)
+"""torch's name for the default timeout, as a ``timedelta`` (aiodist's is 5 minutes; torch's gloo one is 30)."""
 
 
 # ---------------------------------------------------------------------- lifecycle
@@ -393,6 +396,24 @@ def is_mpi_available() -> bool:
     return False
 
 
+def is_ucc_available() -> bool:
+    return False
+
+
+def is_xccl_available() -> bool:
+    return False
+
+
+def is_backend_available(backend: str) -> bool:
+    """Whether ``backend`` is available as its ``is_<name>_available()`` says: ``"gloo"`` (and ``"aiodist"``) only."""
+    return isinstance(backend, str) and backend.strip().lower() in ("gloo", "aiodist")
+
+
+def get_pg_count() -> int:
+    """How many process groups this rank has: the default group and the groups made since (0 before init)."""
+    return len(_registry())
+
+
 def is_torchelastic_launched() -> bool:
     """Whether this rank was started by a launcher that sets ``TORCHELASTIC_RUN_ID`` (``aiodist run``, the simulator, torchrun)."""
     return getenv("TORCHELASTIC_RUN_ID") is not None
@@ -445,8 +466,9 @@ __all__ = [
     "ProcessGroup", "ReduceOp", "Work",  # (re-exported: code written against aiodist.api uses them)
     "DEFAULT_TIMEOUT", "abort", "destroy_process_group", "finish_failed_rank", "finish_rank", "get_backend", "get_global_rank",
     "get_group_rank", "get_node_local_rank", "get_process_group_ranks", "get_rank", "get_world_size",
-    "init_process_group", "is_available", "is_gloo_available", "is_initialized", "is_mpi_available",
-    "is_nccl_available", "is_torchelastic_launched", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+    "init_process_group", "is_available", "is_backend_available", "is_gloo_available", "is_initialized",
+    "is_mpi_available", "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "is_xccl_available",
+    "default_pg_timeout", "get_pg_count", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
     "split_group", *_OPERATIONS,
 ]
 

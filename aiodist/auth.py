@@ -85,7 +85,7 @@ class AuthenticationError(AiodistError):
         self.peer = peer
 
 
-class SecretFileError(AiodistError, PermissionError):
+class SecretFileError(PermissionError, AiodistError):
     """A secret file cannot be used: missing, empty, or readable by other users.
 
     ``.path`` names the file.

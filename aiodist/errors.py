@@ -11,8 +11,23 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 
-class AiodistError(Exception):
-    """Base class of every error aiodist raises on purpose."""
+class AiodistError(RuntimeError):
+    """Base class of every error aiodist raises on purpose.
+
+    A ``RuntimeError``, as torch's ``DistError`` is: a torch program's ``except RuntimeError:`` around a
+    collective or a store call catches aiodist's errors too. (It is torch's ``DistError`` under that name.)
+
+    A class that is also an OSError (``TimeoutError``, ``ConnectionError``) names that base first, so
+    that OSError makes and prints its instances (``Class.__new__`` would otherwise be RuntimeError's).
+    """
+
+
+class DistBackendError(AiodistError):
+    """An operation failed in the communication itself: a peer failed, a timeout, a mismatch (torch's name)."""
+
+
+class DistNetworkError(AiodistError):
+    """A connection failed or could not be made (torch's name)."""
 
 
 # --------------------------------------------------------------------- wire / net
@@ -34,7 +49,7 @@ class FrameTooLargeError(ProtocolError):
         self.limit = limit
 
 
-class ConnectionClosedError(AiodistError, ConnectionError):
+class ConnectionClosedError(ConnectionError, DistNetworkError):
     """Base class: the connection can no longer carry frames."""
 
 
@@ -56,7 +71,12 @@ def anew(exc: _E) -> _E:
     itself would chain each raiser's traceback onto it, so the frames of every refused call (and the
     buffers they hold) would live as long as the connection, and the callers would share one object.
     """
-    new = type(exc).__new__(type(exc), *exc.args)
+    new = type(exc).__new__(type(exc))
+    if isinstance(exc, OSError):  # (its class's own __init__ would set these: give them as they are)
+        for field in ("errno", "strerror", "filename", "filename2"):
+            if getattr(exc, field) is not None:  # (setting None would change how it prints)
+                setattr(new, field, getattr(exc, field))
+    new.args = exc.args
     new.__dict__.update(exc.__dict__)
     new.__cause__ = exc.__cause__
     new.__suppress_context__ = exc.__suppress_context__
@@ -70,7 +90,7 @@ class StoreError(AiodistError):
     """The store refused a request (bad key, bad value, unknown operation...)."""
 
 
-class StoreTimeoutError(StoreError, TimeoutError):
+class StoreTimeoutError(TimeoutError, StoreError):
     """A blocking store call did not complete in time.
 
     ``.keys`` names the key(s) waited for, ``.timeout`` the seconds waited.
@@ -88,7 +108,7 @@ class StoreTimeoutError(StoreError, TimeoutError):
 # --------------------------------------------------------------------- groups
 
 
-class PeerFailureError(AiodistError):
+class PeerFailureError(DistBackendError):
     """A peer rank died or became unreachable.
 
     ``.rank`` is the culprit in the group's numbering (``None`` if unknown),
@@ -114,7 +134,7 @@ class PeerFailureError(AiodistError):
         self.how = how
 
 
-class CollectiveTimeoutError(AiodistError, TimeoutError):
+class CollectiveTimeoutError(TimeoutError, DistBackendError):
     """A collective or point-to-point operation did not complete in time.
 
     ``.op``, ``.seq`` and ``.waiting_for`` (the peer ranks it still waited on).
@@ -128,7 +148,7 @@ class CollectiveTimeoutError(AiodistError, TimeoutError):
         self.timeout = timeout
 
 
-class CollectiveMismatchError(AiodistError):
+class CollectiveMismatchError(DistBackendError):
     """Ranks called different collectives at the same sequence number.
 
     ``.calls`` maps rank -> description of what that rank called.
@@ -181,7 +201,7 @@ class RankFailedError(LaunchError):
         self.remote_traceback = remote_traceback
 
 
-class LaunchTimeoutError(LaunchError, TimeoutError):
+class LaunchTimeoutError(TimeoutError, LaunchError):
     """The whole job did not finish within its time limit; its ranks were stopped.
 
     ``.timeout`` is the limit in seconds.
@@ -279,7 +299,7 @@ class EvictedError(PeerFailureError):
     """
 
 
-class RendezvousTimeoutError(RendezvousError, TimeoutError):
+class RendezvousTimeoutError(TimeoutError, RendezvousError):
     """Rendezvous did not complete in time.
 
     ``.missing`` lists the ranks that had not joined, ``.timeout`` the seconds waited.
@@ -291,7 +311,7 @@ class RendezvousTimeoutError(RendezvousError, TimeoutError):
         self.timeout = timeout
 
 
-class StoreConnectTimeoutError(StoreError, TimeoutError):
+class StoreConnectTimeoutError(TimeoutError, StoreError, DistNetworkError):
     """The store server at ``.host``:``.port`` could not be reached within ``.timeout`` seconds."""
 
     def __init__(self, message: str, *, host: str, port: int, timeout: float) -> None:
@@ -328,3 +348,10 @@ class UnawaitedOperationError(AiodistError):
     def __init__(self, message: str, *, operations: Sequence[str]) -> None:
         super().__init__(message)
         self.operations = list(operations)
+
+
+DistError = AiodistError
+"""torch's ``torch.distributed.DistError``: aiodist's base error (a ``RuntimeError``)."""
+
+DistStoreError = StoreError
+"""torch's ``torch.distributed.DistStoreError``: a store call failed (timeouts included)."""

@@ -30,10 +30,10 @@ from .group import ProcessGroup
 from .work import Work
 
 __all__ = [
-    "all_gather", "all_gather_coalesced", "all_gather_into_tensor", "all_gather_object", "all_reduce",
+    "all_gather", "all_gather_coalesced", "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce",
     "all_reduce_coalesced", "all_to_all", "all_to_all_single", "barrier", "broadcast", "broadcast_object_list",
     "gather", "gather_object", "irecv", "isend", "monitored_barrier", "recv", "recv_object_list", "reduce",
-    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "send_object_list",
+    "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "send_object_list",
 ]
 
 _SUM = ReduceOp.SUM
@@ -140,6 +140,13 @@ def reduce_scatter_tensor(
     output = either("reduce_scatter_tensor", output, "output", out, "out")
     input = either("reduce_scatter_tensor", input, "input", x, "x")
     return group_of(group).reduce_scatter_tensor(output, input, op, timeout=timeout)
+
+
+all_gather_single = all_gather_into_tensor
+"""torch's newer name for :func:`all_gather_into_tensor`."""
+
+reduce_scatter_single = reduce_scatter_tensor
+"""torch's newer name for :func:`reduce_scatter_tensor`."""
 
 
 def all_to_all(

@@ -48,6 +48,7 @@ from typing import Any, Generic, TypeVar
 from .arguments import optional_seconds
 from .collectives.buffers import TASKS as STAGING, UNCLAIMED, claim, register_task, release
 from .errors import GroupError
+from .future import Future
 from .unawaited import MAX_ENTRIES, UnawaitedOperationError, call_site, clear_unawaited, ledger, unawaited_operations
 
 __all__ = ["OpRecord", "UnawaitedOperationError", "Work", "clear_unawaited", "unawaited_operations"]
@@ -278,14 +279,15 @@ class Work(Generic[T]):
 
     is_completed = done  # (torch's name)
 
-    def get_future(self) -> asyncio.Future[T]:
-        """An asyncio future of the operation's result (or error), resolved when it ends (torch's ``get_future``).
+    def get_future(self) -> Future[T]:
+        """A future of the operation's result (or error), resolved when it ends (torch's ``get_future``).
 
-        Counts as awaiting the Work. Cancelling the future does not cancel the operation.
+        An asyncio future (``await fut`` gives what awaiting the Work gives) with torch's ``value()``,
+        ``wait()`` and ``then()`` in torch's shapes: see :mod:`aiodist.future`. Counts as awaiting the
+        Work. Cancelling the future does not cancel the operation.
         """
         self._settle()
-        loop = self._task.get_loop()
-        fut: asyncio.Future[T] = loop.create_future()
+        fut: Future[T] = Future(loop=self._task.get_loop(), torch_shape=True)
         if self.done():
             self._resolve(fut)
         else:

@@ -31,7 +31,7 @@ class SimDeadlockError(SimulationError):
     """Nothing is ready and no timer is pending, yet the awaited work is not done."""
 
 
-class SimTimeLimitError(SimulationError, TimeoutError):
+class SimTimeLimitError(TimeoutError, SimulationError):
     """Virtual time reached the run's time limit. ``.time_limit`` holds it."""
 
     def __init__(self, time_limit: float) -> None:

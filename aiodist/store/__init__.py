@@ -7,4 +7,7 @@ from .memory import MemoryStore
 from .prefix import PrefixStore
 from .server import StoreServer
 
-__all__ = ["MemoryStore", "PrefixStore", "Store", "StoreLimits", "StoreServer", "TCPStore"]
+HashStore = MemoryStore
+"""torch's name for a store living in one process."""
+
+__all__ = ["HashStore", "MemoryStore", "PrefixStore", "Store", "StoreLimits", "StoreServer", "TCPStore"]

@@ -1,0 +1,78 @@
+"""The future of an operation (``work.get_future()``): an asyncio future that also speaks torch's ``Future``.
+
+Its asyncio side (``await fut``, ``fut.result()``, ``add_done_callback``) gives the operation's result as
+:class:`~aiodist.work.Work` does: the array, the output list, the object list. Its torch side keeps
+torch's shapes, so that a torch program's future code runs as written:
+
+- ``fut.value()`` -- the value of a finished future, as a list of the outputs as torch gives it:
+  ``[array]`` for all_reduce, broadcast, reduce (and every operation whose result is one array), the
+  output list for all_gather and the other list results, ``[]`` for barrier. It raises the operation's
+  error, and ``InvalidStateError`` while the operation runs (call it after ``wait()`` or in ``then``).
+- ``await fut.wait()`` -- waits, then returns ``value()`` (torch's ``wait()`` blocks; here you await it).
+- ``fut.then(callback)`` -- a new :class:`Future` resolved with ``callback(fut)``'s return value once
+  ``fut`` is done (or failed with what ``callback`` raised); its ``value()`` is that return value as is.
+  ``callback`` is a plain function called from the event loop, as torch's is called from its thread.
+
+Cancelling a future (or a task awaiting it) does not cancel the operation; a ``then`` future of a
+cancelled future is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+__all__ = ["Future", "torch_value"]
+
+
+def torch_value(result: Any) -> list[Any]:
+    """An operation's result in torch's future shape: a list of outputs (``None`` -> ``[]``, one array -> ``[array]``)."""
+    if result is None:
+        return []
+    if isinstance(result, list):
+        return result
+    if isinstance(result, tuple):
+        return list(result)
+    return [result]
+
+
+class Future(asyncio.Future[T]):
+    """An asyncio future with torch's ``value()``, ``wait()`` and ``then()`` (see the module's docstring)."""
+
+    def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None, torch_shape: bool = False) -> None:
+        super().__init__(loop=loop)
+        self._torch_shape = torch_shape
+
+    def value(self) -> Any:
+        """The finished future's value, in torch's shape for an operation's own future (its error is raised)."""
+        result = self.result()
+        return torch_value(result) if self._torch_shape else result
+
+    async def wait(self) -> Any:
+        """Wait until the future is done, then return :meth:`value` (cancelling the waiter cancels the future)."""
+        await self
+        return self.value()
+
+    def then(self, callback: Callable[[Future[T]], S]) -> Future[S]:
+        """A new future, resolved with ``callback(self)`` once this one is done (or failed with its error)."""
+        chained: Future[S] = Future(loop=self.get_loop())
+
+        def run(_: asyncio.Future[T]) -> None:
+            if chained.done():
+                return
+            if self.cancelled():
+                chained.cancel()
+                return
+            try:
+                value = callback(self)
+            except Exception as e:  # (the callback's own error: the chained future carries it)
+                chained.set_exception(e)
+            else:
+                chained.set_result(value)
+
+        self.add_done_callback(run)
+        return chained
