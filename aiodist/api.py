@@ -27,7 +27,7 @@ from .comm import Transport
 from .comm.channel import rank_table
 from .context import get_default_group, getenv, set_default_group
 from .current import group_of as _group, registry as _registry, world as _world
-from .errors import CollectiveMismatchError, GroupError, RendezvousError
+from .errors import CollectiveMismatchError, GroupError, InvalidRankError, RendezvousError
 from .file_init import FileStore, open_file_store
 from .group import WORLD_GROUP_ID, ProcessGroup
 from .net.shmhost import transport_mode
@@ -365,8 +365,18 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
 
 
 def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
-    """The rank in ``group`` of ``global_rank`` (-1 if it is not a member)."""
-    return _group(group).group_rank(global_rank)
+    """The rank in ``group`` of ``global_rank``; InvalidRankError (a ValueError, as torch's) if it is not a member.
+
+    (``group.group_rank(global_rank)`` answers -1 instead.)
+    """
+    pg = _group(group)
+    rank = pg.group_rank(global_rank)
+    if rank < 0:
+        raise InvalidRankError(
+            f"get_group_rank: global rank {global_rank} is not a member of {pg.name} "
+            f"(ranks {list(pg.ranks)})", rank=global_rank, size=pg.size, argument="global_rank",
+        )
+    return rank
 
 
 def get_backend(group: ProcessGroup | None = None) -> Backend:

@@ -206,3 +206,17 @@ def test_every_error_class_can_be_raised_anew_keeping_its_message() -> None:
     assert str(errors.anew(timeout)) == "store gone" and errors.anew(timeout).host == "h"
     lost = errors.ConnectionLost("peer closed")
     assert pickle.loads(pickle.dumps(lost)).args == ("peer closed",)
+
+
+def test_get_group_rank_of_a_non_member_raises_a_value_error_as_in_torch() -> None:
+    async def main() -> Any:
+        await dist.init_process_group("gloo")
+        sub = await dist.new_group([2, 0])
+        ranks = [dist.get_group_rank(sub, 0), dist.get_group_rank(sub, 2)]
+        with pytest.raises(ValueError, match="global rank 1 is not a member") as info:
+            dist.get_group_rank(sub, 1)
+        assert isinstance(info.value, dist.InvalidRankError) and info.value.rank == 1
+        await dist.destroy_process_group()
+        return ranks
+
+    assert run4(main) == [[0, 1]] * 4
