@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 from typing import Any
 
 import numpy as np
@@ -421,3 +423,146 @@ def test_without_a_ring_of_its_own_a_side_sends_inline_and_still_receives_throug
         await listener.wait_closed()
 
     run_on(loop, main, timeout=60)
+
+
+# ------------------------------------------------------------------ a name squatted by another user
+
+SQUATTER = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1].encode().replace(b"@", b"\0", 1))
+s.listen(8)
+print("bound", flush=True)
+s.settimeout(float(sys.argv[2]))
+got = 0
+try:
+    c, _ = s.accept()
+    c.settimeout(1.0)
+    try:
+        while True:
+            data = c.recv(65536)
+            if not data:
+                break
+            got += len(data)
+    except OSError:
+        pass
+except OSError:
+    pass
+print("received", got, flush=True)
+"""
+"""A process that binds a rank's Unix socket name first (argv[1], '@' for the leading NUL) and counts what it is sent."""
+
+
+async def _dial_past_a_squatter(host: str, squat: Any) -> tuple[Connection, Any]:
+    """A TCP listener whose Unix name ``squat(name)`` took first, and a HostNetwork's connection to it."""
+    accepted: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+
+    async def handler(conn: Connection) -> None:
+        accepted.set_result(conn)
+        await asyncio.Event().wait()
+
+    tcp = await TCPNetwork().listen(("127.0.0.1", 0), handler)
+    await squat(endpoint_name(host, tcp.address))
+    conn = await HostNetwork(TCPNetwork(), host_id=host).connect(tcp.address, timeout=5)
+    await conn.send({"secret": "data"})
+    frame = await (await asyncio.wait_for(accepted, 5)).recv()
+    assert frame.header == {"secret": "data"}
+    return conn, tcp
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_unix_name_held_by_another_user_is_not_used_and_is_sent_nothing(loop: str, monkeypatch: Any, caplog: Any) -> None:
+    """The listening end's user is checked (SO_PEERCRED): here this process's own socket poses as another user's."""
+    import aiodist.net.shmnet as shmnet
+
+    monkeypatch.setattr(shmnet.os, "geteuid", lambda: 4242)  # (so our own squatter is "another user")
+
+    async def main() -> None:
+        import socket
+
+        holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        got: list[bytes] = []
+
+        async def squat(name: str) -> None:
+            holder.bind(name)
+            holder.listen(8)
+            holder.setblocking(False)
+
+            async def serve() -> None:
+                c, _ = await asyncio.get_running_loop().sock_accept(holder)
+                c.setblocking(False)
+                got.append(await asyncio.get_running_loop().sock_recv(c, 65536))
+                c.close()
+
+            tasks.append(asyncio.ensure_future(serve()))
+
+        tasks: list[asyncio.Future[Any]] = []
+        conn, tcp = await _dial_past_a_squatter("squat", squat)
+        assert isinstance(conn, TCPConnection) and not isinstance(conn, ShmConnection)
+        await asyncio.wait(tasks, timeout=2)
+        assert got in ([], [b""])  # (it saw the connection, and nothing on it)
+        conn.close()
+        holder.close()
+        tcp.close()
+        await tcp.wait_closed()
+        for t in tasks:
+            t.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="aiodist.net"):
+        run_on(loop, main, timeout=60)
+    assert "held by a process of another user (uid 0" in caplog.text or "another user" in caplog.text
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_listener_closes_a_unix_connection_of_another_user(loop: str, monkeypatch: Any) -> None:
+    import socket
+
+    import aiodist.net.shmnet as shmnet
+
+    async def main() -> None:
+        handled: list[Connection] = []
+
+        async def handler(conn: Connection) -> None:
+            handled.append(conn)
+
+        listener = await HostNetwork(TCPNetwork(), host_id="them").listen(("127.0.0.1", 0), handler)
+        monkeypatch.setattr(shmnet.os, "geteuid", lambda: 4242)  # (from now on, every peer is "another user")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        loop_ = asyncio.get_running_loop()
+        await loop_.sock_connect(s, endpoint_name("them", listener.address))
+        assert await asyncio.wait_for(loop_.sock_recv(s, 10), 5) == b""  # (closed at once, nothing said)
+        s.close()
+        assert handled == []
+        listener.close()
+        await listener.wait_closed()
+
+    run_on(loop, main, timeout=60)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv to run a process as another user")
+def test_a_squatter_running_as_another_user_gets_nothing_and_the_link_goes_over_tcp() -> None:
+    """The attack itself: user ``nobody`` binds the rank's Unix name before the rank does."""
+    import subprocess
+    import sys
+
+    async def main() -> None:
+        proc: list[Any] = []
+
+        async def squat(name: str) -> None:
+            p = await asyncio.create_subprocess_exec(
+                "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable, "-c", SQUATTER,
+                "@" + name[1:], "3", stdout=subprocess.PIPE)
+            proc.append(p)
+            assert await asyncio.wait_for(p.stdout.readline(), 10) == b"bound\n"  # type: ignore[union-attr]
+
+        conn, tcp = await _dial_past_a_squatter("nobody-squats", squat)
+        assert isinstance(conn, TCPConnection) and not isinstance(conn, ShmConnection)
+        out, _ = await asyncio.wait_for(proc[0].communicate(), 10)
+        assert out.decode().split() == ["received", "0"]
+        conn.close()
+        tcp.close()
+        await tcp.wait_closed()
+
+    run_on("asyncio", main, timeout=60)

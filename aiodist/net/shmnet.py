@@ -6,7 +6,15 @@ abstract Unix socket named after this host's identity and the TCP address
 with the socket), and a connection to an address first tries that name: it
 exists only if the peer runs on this host (same host id) and in the same
 network namespace; then the connection is a
-:class:`~aiodist.net.shm.ShmConnection`, else it is made over TCP. The
+:class:`~aiodist.net.shm.ShmConnection`, else it is made over TCP.
+
+Abstract names have no permissions: any process of the host can bind one
+first. So both ends check who is at the other end (``SO_PEERCRED``): a
+dialer uses the name only if the process listening there runs as the same
+user, else it dials TCP (whose handshake proves the job's secret and binds
+the address dialed), and a listener closes connections of other users. A
+process of another user squatting the names can then neither sit between
+two ranks nor see what they send. The
 published address stays the TCP one, so ranks of other hosts, and tools,
 see nothing new. :func:`aiodist.net.shmhost.choose_network` decides whether a
 rank uses it.
@@ -16,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import ssl as _ssl
 
 from ..wire import DEFAULT_MAX_FRAME_SIZE
 from .base import Address, Connection, ConnectionHandler, Listener, Network
 from .shm import ShmConnection, FrameStream
+from .shmstream import peer_credentials
 from .tcp import DEFAULT_HANDSHAKE_TIMEOUT, TCPListener
 
 log = logging.getLogger("aiodist.net")
@@ -69,16 +79,18 @@ class ShmListener(TCPListener):
             raise
 
         def made(stream: FrameStream) -> None:
-            if listener._closing or stream.peer_pid is None:
+            pid = stream.peer_pid
+            if listener._closing or pid is None:
                 stream.close()
                 return
-            conn = ShmConnection(stream, peer_pid=stream.peer_pid, max_frame_size=max_frame_size)
+            conn = ShmConnection(stream, peer_pid=pid, max_frame_size=max_frame_size)
             stream.start_handshake_timer(handshake_timeout)
             listener._accepted(conn)  # type: ignore[arg-type]
 
         def factory() -> FrameStream:
             stream = FrameStream(max_frame_size=max_frame_size, peer="unix socket")
             stream.on_made = made
+            stream.only_uid = os.geteuid()  # (a process of another user is closed, told nothing: the name is no secret)
             return stream
 
         listener._server = await asyncio.get_running_loop().create_unix_server(factory, sock=sock)
@@ -88,7 +100,8 @@ class ShmListener(TCPListener):
 async def connect_local(
     name: str, *, timeout: float | None = None, max_frame_size: int | None = None
 ) -> ShmConnection | None:
-    """Connect to the abstract Unix socket ``name``; None when nobody listens there (the peer is elsewhere).
+    """Connect to the abstract Unix socket ``name``; None when nobody listens there (the peer is elsewhere),
+    or when the process listening there is not of this user (nothing was sent to it; a warning says who).
 
     Cancellation (or the timeout) leaves nothing behind.
     """
@@ -99,6 +112,15 @@ async def connect_local(
     try:
         async with asyncio.timeout(timeout):
             await loop.sock_connect(sock, name)
+            pid, uid = peer_credentials(sock)
+            if pid is None or uid != os.geteuid():  # (checked before anything is written to it)
+                if uid is not None:
+                    log.warning(
+                        "the Unix socket %s is held by a process of another user (uid %d, pid %s), not by the "
+                        "rank published there: not using it (the connection goes over TCP)", name.lstrip("\0"), uid, pid,
+                    )
+                sock.close()
+                return None
             _, stream = await loop.create_unix_connection(
                 lambda: FrameStream(max_frame_size=max_frame_size, peer="unix socket"), sock=sock
             )
@@ -111,8 +133,7 @@ async def connect_local(
     except BaseException:
         sock.close()
         raise
-    pid = stream.peer_pid
-    if pid is None:
+    if stream.peer_pid != pid:  # (the same socket: the same answer, unless the system would not say)
         stream.abort()
         return None
     return ShmConnection(stream, peer_pid=pid, max_frame_size=max_frame_size)
@@ -181,7 +202,10 @@ class HostNetwork(Network):
                 handshake_timeout=handshake_timeout,
             )
         except OSError as e:
-            log.warning("not listening for processes of this host on a Unix socket (%s): TCP only", e)
+            log.warning(
+                "not listening for processes of this host on a Unix socket (%s): TCP only (dialers use a "
+                "Unix socket only when its owner runs as their user)", e,
+            )
             return tcp
         except BaseException:
             await tcp.aclose()

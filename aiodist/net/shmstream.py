@@ -1,7 +1,7 @@
 """The framed Unix socket under a shared-memory connection (:class:`~aiodist.net.shm.ShmConnection`).
 
 :class:`FrameStream` is the TCP connection's protocol, reused on a Unix
-domain socket: it learns the peer's pid (``SO_PEERCRED``) and, when a write
+domain socket: it learns the peer's pid and user (``SO_PEERCRED``) and, when a write
 fails because the peer left, still reads what the peer sent before it went.
 """
 
@@ -19,12 +19,21 @@ from .tcp_connection import TCPConnection
 if TYPE_CHECKING:
     from .shm import ShmConnection
 
-__all__ = ["FrameStream", "MAX_SALVAGE"]
+__all__ = ["FrameStream", "MAX_SALVAGE", "peer_credentials"]
 
 MAX_SALVAGE = 16 << 20
 """Bytes read at most from a socket whose write failed because the peer left (what it sent last)."""
 
 _PEERCRED = struct.Struct("3i")
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None]:
+    """The pid and user of the process at the other end of a Unix socket (``SO_PEERCRED``; None if not said)."""
+    try:
+        pid, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    except OSError:
+        return None, None
+    return pid, uid
 
 
 class FrameStream(TCPConnection):
@@ -33,19 +42,22 @@ class FrameStream(TCPConnection):
     owner: ShmConnection | None = None
     on_made: Callable[[FrameStream], None] | None = None
     peer_pid: int | None = None  # the process at the other end (None if the system will not say)
+    peer_uid: int | None = None  # its user (None if the system will not say)
+    only_uid: int | None = None  # if set, a peer of another user is closed before anything is written to it
     _unread: socket.socket | None = None  # a second descriptor of the socket, to read what a failed write left
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = self.peer
-        super().connection_made(transport)
-        self._peer = peer  # (a Unix socket's peername is no host:port)
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            try:
-                raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-                self.peer_pid = _PEERCRED.unpack(raw)[0]
-            except OSError:
-                pass
+            self.peer_pid, self.peer_uid = peer_credentials(sock)
+        if self.only_uid is not None and self.peer_uid != self.only_uid:
+            self.close()  # (before anything is written: the base then aborts the transport)
+        super().connection_made(transport)
+        self._peer = peer  # (a Unix socket's peername is no host:port)
+        if self._transport is None:
+            return
+        if sock is not None:
             try:
                 self._unread = sock.dup()
                 self._unread.setblocking(False)
