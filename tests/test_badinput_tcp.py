@@ -27,7 +27,7 @@ from transports import start_transports
 from aiodist.comm import GroupComm, OpChannel, Transport
 from aiodist.comm.connect import format_address
 from aiodist.comm.handshake import DialHandshake, Verdict
-from aiodist.errors import PeerFailureError
+from aiodist.errors import CollectiveMismatchError, PeerFailureError
 from aiodist.net.base import Connection
 from aiodist.net.tcp import TCPNetwork
 from aiodist.store import MemoryStore
@@ -151,9 +151,17 @@ async def test_a_byte_flood_is_bounded_too(job: Any) -> None:
         ({"t": "m", "g": 0, "k": ("x", 0)}, "without a sequence number"),
         ({"t": "p", "g": 0, "tag": 0, "n": 10**9}, "ahead of the next one expected"),
         ({"t": "x", "g": 77777, "s": 0, "m": "?", "c": []}, "a mismatch report"),
+        # fields of types no frame has (they once hit this rank's "local bug" path: a traceback, no reason)
+        ({"t": "m", "g": [0], "k": (0, 0)}, "a group id of type list"),
+        ({"t": "p", "g": {"a": 1}, "tag": 0, "n": 0}, "a group id of type dict"),
+        ({"t": "m", "g": 0, "k": (0, {"a": [1]})}, "a message key no message has"),
+        ({"t": "x", "g": [1, 2], "s": 0, "m": "?", "c": []}, "a group id of type list"),
+        ({"t": "x", "g": 0, "s": [0], "m": "?", "c": []}, "without a sequence number"),
+        ({"t": "m", "g": 0, "k": [[[[[[[[0]]]]]]]] * 2}, "without a sequence number (key [[[[...]]]"),
     ],
     ids=["group-far-ahead", "group-not-an-id", "group-without-it", "seq-far-ahead", "seq-not-a-number",
-         "p2p-far-ahead", "report-for-no-group"],
+         "p2p-far-ahead", "report-for-no-group", "group-a-list", "p2p-group-a-dict", "key-with-a-dict",
+         "report-group-a-list", "report-seq-a-list", "key-deep"],
 )
 async def test_an_impossible_frame_closes_the_peer_with_the_reason(job: Any, header: dict[str, Any], words: str) -> None:
     ts, _ = job
@@ -258,3 +266,21 @@ async def test_a_rejected_peer_cannot_accuse_others_afterwards(job: Any) -> None
     assert "which no group has" in notice["how"]
     assert ts[0].failed_peers() == [2]
     assert await sub_exchange(ts, 1) == [11, 10]
+
+
+async def test_a_peers_text_is_cut_short_in_errors_and_notices(job: Any) -> None:
+    """A ``fail`` notice or a mismatch report carries the sender's text: it is bounded wherever it goes."""
+    ts, _ = job
+    conn = await raw_peer(ts[0])
+    pending = world_wait(ts[0], 0)
+    await conn.send({"t": "x", "g": 0, "s": 0, "m": "y" * 500_000, "c": [[0, "z" * 100_000], [1, "all_reduce"]]})
+    with pytest.raises(CollectiveMismatchError) as ei:
+        await asyncio.wait_for(pending, 5.0)
+    assert len(str(ei.value)) < 6000 and all(len(v) < 400 for v in ei.value.calls.values())
+    await conn.send({"t": "fail", "rank": 1, "how": "x" * 100_000})
+    for _ in range(100):
+        if ts[0].peer_error(1) is not None:
+            break
+        await asyncio.sleep(0.02)
+    assert ts[0].peer_error(1) is not None and len(str(ts[0].peer_error(1))) < 1000
+    conn.close()

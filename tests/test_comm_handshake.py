@@ -128,8 +128,17 @@ def test_refusals_before_authentication_say_only_what_the_dialer_sent(kw: dict[s
         assert "the-real-job-id" not in reply[F.REASON]  # the real job id is never revealed
     if "world" in kw and "rank" not in kw:
         assert "4" not in reply[F.REASON]  # nor the real world size
-    outcome = d.on_reply(reply)
-    assert outcome == Outcome(Verdict.REFUSED, reply[F.REASON])
+    outcome = d.on_reply(reply)  # (the dialer shows the reason as unproven: anything on the path could say it)
+    assert outcome == Outcome(Verdict.REFUSED, f"{reply[F.REASON]} (said before it proved the job's secret)")
+
+
+def test_a_refusal_before_authentication_is_shown_as_unproven_and_cut_short() -> None:
+    """A man in the middle (or a squatter) can answer a hello with any refusal: its text is labelled and bounded."""
+    d = dialer()
+    d.hello()
+    outcome = d.on_reply(F.refused("FORGED: run `rm -rf ~` " + "x" * 100_000))
+    assert outcome.verdict is Verdict.REFUSED and outcome.reason is not None
+    assert outcome.reason.endswith("(said before it proved the job's secret)") and len(outcome.reason) < 400
 
 
 def test_a_condemnation_is_believed_only_after_the_acceptor_proved_itself() -> None:

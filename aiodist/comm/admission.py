@@ -18,6 +18,8 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
+from .frames import brief
+
 MAX_EARLY_FRAMES = 65536
 """Default per-peer bound on frames buffered before their receive is posted."""
 MAX_EARLY_BYTES = 1 << 30
@@ -84,14 +86,14 @@ class GroupBook:
         if g in self.known:
             members = self.known[g]
             if members is not None and not _is_member(members, src):
-                return f"a message for group {g!r}, of which rank {src} is not a member (members {list(members)})"
+                return f"a message for group {brief(g)}, of which rank {src} is not a member (members {list(members)})"
             return None
         if g in self.destroyed:
             return None
         if g in self.foreign:
-            return f"a message for group {g!r}, of which this rank is not a member"
+            return f"a message for group {brief(g)}, of which this rank is not a member"
         if type(g) is not int or g < 0:
-            return f"a message for group id {g!r}, which no group has"
+            return f"a message for group id {brief(g)}, which no group has"
         if g > self.newest + self.group_window:
             return (f"a message for group {g}, more than {self.group_window} group ids beyond the newest "
                     f"one created here ({self.newest})")
@@ -100,11 +102,11 @@ class GroupBook:
     def vet_seq(self, g: Any, k: Any) -> str | None:
         """Why a keyed frame of group ``g`` with key ``k`` is impossible (None: it is possible)."""
         if not isinstance(k, (list, tuple)) or not k or type(k[0]) is not int or k[0] < 0:
-            return f"a collective message of group {g!r} without a sequence number (key {k!r})"
+            return f"a collective message of group {brief(g)} without a sequence number (key {brief(k)})"
         seq = k[0]
         top = self.top_seq.get(g, max(self.floor.get(g, 0), 0))
         if seq > top + self.seq_window:
-            return (f"a message for seq {seq} of group {g!r}, more than {self.seq_window} beyond the newest "
+            return (f"a message for seq {seq} of group {brief(g)}, more than {self.seq_window} beyond the newest "
                     f"this rank has reached ({top})")
         return None
 

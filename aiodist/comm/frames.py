@@ -30,6 +30,7 @@ rank's; ``condemned`` (the receiver was declared failed) comes only after.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any, Final
 
 from ..auth import NONCE, PROOF
@@ -150,3 +151,54 @@ def bye(after: tuple[int | None, str] | None = None) -> Header:
 
 def heartbeat() -> Header:
     return {KIND: HEARTBEAT}
+
+
+# ---------------------------------------------------------------------- a peer's fields, looked at safely
+
+MAX_TEXT: Final = 300
+"""Characters kept of a peer's text (a failure's cause, a refusal's reason, a mismatch report) in errors and logs."""
+
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother = 3, 120, 120
+
+
+def shown(value: Any, limit: int = MAX_TEXT) -> str:
+    """A peer's value as text for an error or a log line: at most ``limit`` characters, whatever its nesting."""
+    text = value if type(value) is str else _SHOW.repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def brief(value: Any) -> str:
+    """A peer's value's repr, cut short (strings to 120 characters, 3 levels of nesting): for ids and keys."""
+    return _SHOW.repr(value)
+
+
+def malformed(h: Header) -> str | None:
+    """What makes a peer's frame unusable before anything looks it up: a group id, key or seq of a type
+    no frame has (the frames of this module hold ints and strings there), or None."""
+    g = h.get(GROUP)
+    if g is not None and type(g) is not int and type(g) is not str:
+        return f"a group id of type {type(g).__name__} ({brief(g)})"
+    k = h.get(KEY)
+    if k is not None and not _keyable(k, 0):
+        return f"a message key no message has ({brief(k)})"
+    s = h.get(SEQ)
+    if s is not None and type(s) is not int:
+        return f"a sequence number of type {type(s).__name__} ({brief(s)})"
+    return None
+
+
+def _keyable(k: Any, depth: int) -> bool:
+    """Whether a key (lists and tuples of ints and strings, nested a little) can be looked up."""
+    t = type(k)
+    if t is list or t is tuple:
+        try:
+            hash(tuple(k))  # the common case: flat
+            return True
+        except TypeError:
+            return depth < 4 and all(_keyable(x, depth + 1) for x in k)
+    try:
+        hash(k)
+    except TypeError:
+        return False
+    return True

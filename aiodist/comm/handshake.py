@@ -117,7 +117,8 @@ class DialHandshake:
             if reason is None:  # it did not like our hello's authentication, and says no more
                 self.phase = Phase.FAILED
                 raise self._auth.refused()
-            return Outcome(Verdict.REFUSED, str(reason))  # (any ``condemned`` is not believed yet)
+            # (any ``condemned`` is not believed yet; the reason is shown as what it is, unproven)
+            return Outcome(Verdict.REFUSED, f"{F.shown(reason)} (said before it proved the job's secret)")
         if kind != F.CHALLENGE:
             return self._broken(f"expected a challenge, got {kind!r}")
         try:
@@ -145,7 +146,7 @@ class DialHandshake:
                 raise self._auth.refused()
             self.phase = Phase.DONE
             condemned = h.get(F.CONDEMNED)
-            return Outcome(Verdict.REFUSED, str(reason), None if condemned is None else str(condemned))
+            return Outcome(Verdict.REFUSED, F.shown(reason), None if condemned is None else F.shown(condemned))
         return self._broken(f"expected welcome, dup or refused, got {kind!r}")
 
     def _expect(self, phase: Phase, what: str) -> None:

@@ -421,10 +421,12 @@ class Links:
             return []
         return self._fail(link, how, tell_it=True)
 
-    def reported(self, reporter: int, rank: Any, cause: str) -> Actions:
-        """``reporter`` says ``rank`` failed (``cause``); about this rank: it was declared failed."""
+    def reported(self, reporter: int, rank: Any, cause: Any) -> Actions:
+        """``reporter`` says ``rank`` failed (``cause``, cut to :data:`MAX_HOW` characters); about this rank:
+        it was declared failed."""
         if type(rank) is not int or not 0 <= rank < self.world_size:
             return []
+        cause = F.shown(cause, MAX_HOW)  # (unchecked input: it goes into errors, logs and on to every peer)
         if rank == self.rank:
             return self._condemn(f"rank {reporter} reports: {cause}")
         link = self.link(rank)

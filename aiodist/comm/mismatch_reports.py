@@ -13,6 +13,10 @@ from . import frames as F
 from .router import Router
 
 
+MAX_REPORT_TEXT = 4000
+"""Characters kept of a report's text (each call it names: :data:`~.frames.MAX_TEXT`)."""
+
+
 def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
     """Void what rank ``reporter``'s mismatch report ``h`` names; the report's fault if it is bad input."""
     gid, seq = h.get(F.GROUP), h.get(F.SEQ)
@@ -22,10 +26,10 @@ def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
     if router.destroyed(gid):
         return None  # late news of a group destroyed here
     try:
-        calls = {int(k): v for k, v in h.get(F.CALLS, [])}
+        calls = {int(k): F.shown(v) for k, v in h.get(F.CALLS, [])}
     except (TypeError, ValueError):
-        return f"a malformed mismatch report (calls {h.get(F.CALLS)!r})"
-    message = str(h.get(F.TEXT, "collective mismatch"))
+        return f"a malformed mismatch report (calls {F.shown(h.get(F.CALLS))})"
+    message = F.shown(h.get(F.TEXT, "collective mismatch"), MAX_REPORT_TEXT)
 
     def error() -> BaseException:
         # Global ranks in ``calls``; the group layer restates them.

@@ -428,7 +428,12 @@ class Transport:
         if p.link.rejected is not None:
             p.matches.append(Match(p.rank, header, nbytes, drop=True))
             return None
-        m = self.router.route(p.rank, header, nbytes)
+        try:
+            m = self.router.route(p.rank, header, nbytes)
+        except (TypeError, RecursionError):
+            self._malformed(p, header)
+            p.matches.append(Match(p.rank, header, nbytes, drop=True))
+            return None
         p.matches.append(m)
         if m.violation is not None:
             self._reject(p, m.violation)
@@ -449,12 +454,19 @@ class Transport:
         kind = h.get(_KIND)
         if kind != _MESSAGE and kind != _P2P:  # control frames (one with a payload too: it was routed, dropped)
             if p.link.rejected is None:  # (nothing a peer that sent bad input says counts any more)
-                self._on_control(p, kind, h)
+                try:
+                    self._on_control(p, kind, h)
+                except (TypeError, RecursionError):
+                    self._malformed(p, h)
             return
         if p.link.rejected is not None:  # nothing of a peer that sent bad input is kept
             return
         if m is None:
-            m = self.router.route(p.rank, h, 0 if frame.payload is None else frame.payload.nbytes)
+            try:
+                m = self.router.route(p.rank, h, 0 if frame.payload is None else frame.payload.nbytes)
+            except (TypeError, RecursionError):
+                self._malformed(p, h)
+                return
             if m.violation is not None:
                 self._reject(p, m.violation)
                 return
@@ -468,11 +480,19 @@ class Transport:
         if kind == F.BYE:
             self._links.do(self.links.bye(p.rank, h.get(F.RANK), h.get(F.HOW)))
         elif kind == F.FAIL:
-            self._links.do(self.links.reported(p.rank, h.get(F.RANK), str(h.get(F.HOW, "?"))))
+            self._links.do(self.links.reported(p.rank, h.get(F.RANK), h.get(F.HOW, "?")))
         elif kind == F.MISMATCH:
             bad = apply_report(self.router, p.rank, h)
             if bad is not None:
                 self._reject(p, bad)
+
+    def _malformed(self, p: Peer, h: Header) -> None:
+        """Looking ``p``'s frame ``h`` up raised TypeError or RecursionError: its fields are of types no frame
+        has (bad input: rejected), or the error is this rank's own bug (raised again, from the except clause)."""
+        bad = F.malformed(h)
+        if bad is None:
+            raise
+        self._reject(p, bad)
 
     def _reject(self, p: Peer, why: str) -> None:
         """``p`` sent bad input (``why``): drop what it sent, tell it, close its connection, fail it (once)."""
