@@ -27,7 +27,7 @@ from aiodist.comm.actions import (
     Watch,
 )
 from aiodist.comm.handshake import Outcome, Verdict
-from aiodist.comm.links import TERMINAL, Links, LinkState
+from aiodist.comm.links import DUP_WAIT, TERMINAL, Links, LinkState
 from aiodist.errors import EvictedError, GroupError, PeerFailureError, PeerRefusedError
 
 S = LinkState
@@ -154,10 +154,41 @@ def test_a_dup_leaves_the_sends_waiting_for_the_peers_own_connection() -> None:
     m = Links(1, 2, dial_defer=0)
     m.need(0)
     c = Conn()
-    assert m.dialed(0, c, DUP) == [Close(c)]
-    assert m.get(0).state is S.IDLE and m.get(0).wanted  # type: ignore[union-attr]
+    assert m.dialed(0, c, DUP) == [Close(c), StartTimer(0, DUP_WAIT)]
+    assert m.get(0).state is S.DEFERRED and m.get(0).wanted  # type: ignore[union-attr]
     c2 = Conn()
-    assert Wake(0) in m.accepted(0, c2)
+    acts = m.accepted(0, c2)
+    assert CancelTimer(0) in acts and Wake(0) in acts
+
+
+def test_after_a_dup_whose_connection_never_comes_the_higher_rank_dials_again_and_hears_why() -> None:
+    """The lower rank's own dial broke in its handshake (a man in the middle dropped its hello): it declared
+    the higher rank failed. The higher rank, answered dup, used to wait for that connection until its
+    operation timed out; it dials again and is told that it was declared failed."""
+    low, high = Links(0, 2, dial_defer=0), Links(1, 2, dial_defer=0)
+    low.need(1)
+    high.need(0)
+    c_high = Conn()
+    assert low.accepted(1, c_high) == [Send(c_high, F.dup()), Close(c_high)]
+    assert high.dialed(0, c_high, DUP) == [Close(c_high), StartTimer(0, DUP_WAIT)]
+    low.dial_failed(1, "no handshake within 30s")  # (its hello was dropped on the way)
+    assert high.deferral_expired(0) == [Dial(0)]
+    again = Conn()
+    refusal = [a for a in low.accepted(1, again) if isinstance(a, Send)]
+    frame = refusal[0].header
+    assert frame[F.KIND] == F.REFUSED and refusal[0].conn is again
+    outcome = Outcome(Verdict.REFUSED, frame[F.REASON], frame.get(F.CONDEMNED))
+    acts = high.dialed(0, again, outcome)
+    assert high.condemned is not None and "unreachable" in high.condemned
+    assert any(isinstance(a, Wake) and a.rank == 0 for a in acts)
+
+
+def test_a_dup_nobody_waits_for_leaves_the_link_idle() -> None:
+    m = Links(1, 2, dial_defer=0)
+    m.expect(0)  # (a speculative dial)
+    c = Conn()
+    assert m.dialed(0, c, DUP) == [Close(c)]
+    assert m.get(0).state is S.IDLE  # type: ignore[union-attr]
 
 
 def test_a_refusal_fails_the_peer_with_its_reason_without_telling_the_others() -> None:
@@ -481,7 +512,7 @@ ALLOWED: dict[tuple[LinkState, str], set[LinkState]] = {
     (S.DIALING, "dial_failed"): {F_},
     (S.DIALING, "dial_unauthentic"): {F_},
     (S.DIALING, "welcome"): {S.READY},
-    (S.DIALING, "dup"): {S.IDLE},
+    (S.DIALING, "dup"): {S.IDLE, S.DEFERRED},  # (DEFERRED when wanted: it dials again if nothing comes)
     (S.DIALING, "refused"): {S.REFUSED},
     (S.DIALING, "refused_condemned"): {S.IDLE},
     (S.DIALING, "accepted"): {S.DIALING},  # (ME < HIGH: our dial is the one kept, the peer's is answered dup)
@@ -518,7 +549,8 @@ def test_every_input_in_every_state_goes_where_the_diagram_says(state: LinkState
     assert link is not None
     mine = [a for a in acts if getattr(a, "rank", rank) == rank]
     # the timer runs exactly while DEFERRED; a dial starts exactly when DIALING starts; watching while READY
-    assert (StartTimer(rank, m.dial_defer) in mine) == (after is S.DEFERRED and state is not S.DEFERRED)
+    timer = StartTimer(rank, DUP_WAIT if name == "dup" else m.dial_defer)
+    assert (timer in mine) == (after is S.DEFERRED and state is not S.DEFERRED)
     assert (CancelTimer(rank) in mine) == (state is S.DEFERRED and after is not S.DEFERRED and name != "deferral_expired")
     assert (Dial(rank) in mine) == (after is S.DIALING and state is not S.DIALING)
     assert (Watch(rank) in mine) == (after is S.READY and state is not S.READY)

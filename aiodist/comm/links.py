@@ -15,7 +15,7 @@ One link per peer rank (:class:`Link`, state :class:`LinkState`)::
                need (we are the higher rank)
         IDLE ---------------------------------> DEFERRED
         |  ^                                       |  deferral expired
-        |  | dup / lookup failed                   v
+        |  | dup / lookup failed                   v        (dup, when wanted: DEFERRED again)
         |  +-------------------------------------- DIALING ---refused------------> REFUSED
         |   need (we are the lower rank),          |   |
         +-- expect (a receive from a higher rank) -+   +--unreachable, not authentic--+
@@ -90,6 +90,10 @@ class LinkState(enum.Enum):
 _IDLE, _DEFERRED, _DIALING, _READY = LinkState.IDLE, LinkState.DEFERRED, LinkState.DIALING, LinkState.READY
 _LEFT, _FAILED, _REFUSED, _CLOSED = LinkState.LEFT, LinkState.FAILED, LinkState.REFUSED, LinkState.CLOSED
 TERMINAL = frozenset({_LEFT, _FAILED, _REFUSED, _CLOSED})
+
+DUP_WAIT = 1.0
+"""Seconds a rank answered ``dup`` (the lower rank's own connection is on its way) waits for that connection
+before it dials again, when a send or receive needs the link."""
 
 MAX_HOW = 300
 """Characters of a failure's description kept from a peer's ``bye`` (what it left after)."""
@@ -295,9 +299,15 @@ class Links:
                 return [Send(conn, F.fail(rank, f"rank {self.rank} considers it failed ({link.how})")), Close(conn)]
             return [Close(conn)]
         if verdict is Verdict.DUP:  # the peer's own connection to us is the one kept (it is on its way)
-            if link.state is _DIALING:
+            if link.state is not _DIALING:
+                return [Close(conn)]
+            if not link.wanted:
                 link.state = _IDLE
-            return [Close(conn)]
+                return [Close(conn)]
+            # Wanted: if its connection does not come (its dial failed, and it may have declared us
+            # failed), dial again: then it welcomes us, answers dup again, or refuses saying why.
+            link.state = _DEFERRED
+            return [Close(conn), StartTimer(rank, DUP_WAIT)]
         acts: Actions = [Close(conn)]
         if outcome.condemned is not None:  # the peer is fine; it considers *us* failed
             acts += self._condemn(f"rank {rank} refused our connection: {outcome.condemned}")
