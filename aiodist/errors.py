@@ -219,15 +219,30 @@ class StoreRequestError(StoreError):
     """The store refused one request; the connection stays usable.
 
     ``.code`` is a stable reason (``"not_integer"``, ``"overflow"``,
-    ``"key_too_large"``, ``"value_too_large"``, ``"bad_request"``...),
-    ``.op`` the operation and ``.key`` the key concerned (``None`` if none).
+    ``"key_too_large"``, ``"value_too_large"``, ``"bad_request"``,
+    ``"waiter_quota_exceeded"``...), ``.op`` the operation and ``.key`` the
+    key concerned (``None`` if none). When a server limit refused it,
+    ``.limit`` names that limit (a field of
+    :class:`~aiodist.store.limits.StoreLimits`, e.g. ``"max_waiter_bytes"``)
+    and ``.limit_value`` is its value; both are ``None`` otherwise.
     """
 
-    def __init__(self, message: str, *, code: str, op: str | None = None, key: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        op: str | None = None,
+        key: str | None = None,
+        limit: str | None = None,
+        limit_value: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.op = op
         self.key = key
+        self.limit = limit
+        self.limit_value = limit_value
 
 
 class StoreConnectionLost(ConnectionLost):

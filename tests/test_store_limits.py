@@ -7,10 +7,11 @@ import logging
 
 import pytest
 
-from aiodist.errors import StoreConnectTimeoutError, StoreRequestError
+from aiodist.errors import StoreConnectTimeoutError, StoreRequestError, StoreTimeoutError
 from aiodist.store import StoreServer, TCPStore
 from aiodist.store.limits import StoreLimits
-from store_wire import frame, handshake
+from aiodist.store.waiters import waiter_cost
+from store_wire import frame, handshake, read_frame
 
 HOST = "127.0.0.1"
 
@@ -88,6 +89,58 @@ async def test_quotas_refuse_the_writer_with_a_clear_error() -> None:
         assert await b.get("a1") == b"x" * 5_000
         await b.close()
         await c.close()
+
+
+async def test_a_client_parking_past_max_waiter_bytes_is_refused_while_others_keep_working() -> None:
+    one = waiter_cost(("k0",))
+    async with await StoreServer.start(HOST, 0, max_waiter_bytes=4 * one) as srv:
+        a = await TCPStore.connect(HOST, srv.port, timeout=5)
+        b = await TCPStore.connect(HOST, srv.port, timeout=5)
+        parked = [asyncio.create_task(a.get(f"k{i}", timeout=30)) for i in range(3)]
+        short = asyncio.create_task(a.get("k3", timeout=0.3))
+        await until(lambda: srv.state.waiter_count() == 4)
+        with pytest.raises(StoreRequestError) as info:
+            await a.get("k4", timeout=30)
+        e = info.value
+        assert e.code == "waiter_quota_exceeded" and e.op == "get" and e.key == "k4"
+        assert e.limit == "max_waiter_bytes" and e.limit_value == 4 * one
+        assert "max_waiter_bytes" in str(e) and str(4 * one) in str(e)
+        with pytest.raises(StoreRequestError) as info:
+            await a.wait([f"w{i}" for i in range(100)], timeout=30)  # more than the whole limit in one request
+        assert info.value.code == "waiter_quota_exceeded"
+        assert await a.add("n", 1) == 1  # its connection stays usable
+        # another client is served, parks and is woken as usual
+        woken = asyncio.create_task(b.get("later", timeout=30))
+        await until(lambda: srv.state.waiter_count() == 5)
+        await b.set("later", b"v")
+        assert await woken == b"v" and await b.add("n", 1) == 2
+        # a timeout gives back what the request was charged
+        with pytest.raises(StoreTimeoutError):
+            await short
+        await until(lambda: srv.state.waiter_bytes() == 3 * one)
+        parked.append(asyncio.create_task(a.get("k3", timeout=30)))
+        await until(lambda: srv.state.waiter_count() == 4)
+        # a completion too
+        await b.set("k0", b"v0")
+        assert await parked[0] == b"v0"
+        parked.append(asyncio.create_task(a.get("k4", timeout=30)))
+        await until(lambda: srv.state.waiter_count() == 4 and srv.state.waiter_bytes() == 4 * one)
+        # frames sent by hand (what a MITM could inject): the refusals come back, memory stays bounded
+        r, w = await asyncio.open_connection(HOST, srv.port)
+        await handshake(r, w)
+        w.write(b"".join(frame({"op": "wait", "ks": [f"{i}.{j}" for j in range(3)], "t": None, "id": i}) for i in range(50)))
+        replies = [(await read_frame(r))[0] for _ in range(50 - 4 * one // waiter_cost(["0.0", "0.1", "0.2"]))]
+        assert all(h["err"] == "waiter_quota_exceeded" and h["limit"] == "max_waiter_bytes" for h in replies)
+        assert srv.state.waiter_bytes() <= 2 * 4 * one
+        w.close()
+        await until(lambda: srv.state.waiter_bytes() == 4 * one)  # the hand-made client left: its waiters went
+        await a.close()  # so do a's
+        for t in parked[1:]:
+            with pytest.raises(ConnectionError):
+                await t
+        await until(lambda: srv.state.waiter_bytes() == 0 and srv.state.waiter_count() == 0)
+        assert await b.add("n", 1) == 3
+        await b.close()
 
 
 async def test_a_client_that_stops_reading_is_cut_off_after_the_send_timeout(caplog: pytest.LogCaptureFixture) -> None:

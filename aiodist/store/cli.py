@@ -57,6 +57,9 @@ def add_cli(subparsers: Any) -> None:
                        help="keys and values one connection may keep stored (default: 1G; 'none': no quota)")
     serve.add_argument("--max-total-bytes", type=size, default=d.max_total_bytes, metavar="SIZE",
                        help="keys and values stored in total (default: 4G; 'none': no quota)")
+    serve.add_argument("--max-waiter-bytes", type=size, default=d.max_waiter_bytes, metavar="SIZE",
+                       help="keys of the blocked requests (get, wait, multi_get, queue_pop) one connection may keep "
+                            "waiting, plus 64 bytes a key and 512 a request (default: 64M; 'none': no limit)")
     serve.add_argument("--max-outbox-bytes", type=size, default=d.max_outbox_bytes, metavar="SIZE",
                        help="replies waiting for one client before it is cut off (default: twice the frame limit)")
     serve.add_argument("--send-timeout", type=float, default=d.send_timeout, metavar="SECONDS",
@@ -105,6 +108,7 @@ async def _serve(args: argparse.Namespace) -> int:
             max_value_bytes=args.max_value_bytes,
             max_client_bytes=args.max_client_bytes,
             max_total_bytes=args.max_total_bytes,
+            max_waiter_bytes=args.max_waiter_bytes,
             max_outbox_bytes=args.max_outbox_bytes,
             send_timeout=args.send_timeout or None,
             idle_timeout=args.idle_timeout or None,

@@ -51,6 +51,18 @@ class StoreLimits:
     * ``max_client_bytes``: keys and values stored by one connection (what it
       wrote and nobody overwrote or deleted since); ``max_total_bytes``: by
       everyone. A write over a quota is refused with ``code="quota_exceeded"``.
+    * ``max_waiter_bytes``: what one connection keeps blocked on the server,
+      i.e. its waiting ``get``/``wait``/``multi_get``/``queue_pop`` requests,
+      each counted as its keys' characters plus 64 bytes per key plus 512
+      bytes per request (about the memory the server holds for it; see
+      :func:`~aiodist.store.waiters.waiter_cost`), from when it starts waiting
+      until it completes, times out, is cancelled or the connection goes. A
+      blocking request over it is refused at once with
+      ``code="waiter_quota_exceeded"`` (``.limit`` and ``.limit_value`` of the
+      :class:`~aiodist.errors.StoreRequestError` name the limit and its
+      value); the connection stays usable. The default, 64 MiB, holds about
+      100,000 blocked single-key requests, or a dozen of the largest a client
+      sends (512 KiB of keys each).
     * ``max_outbox_bytes``: replies waiting to be written to one client
       (``None``: twice the frame limit); ``send_timeout``: how long a client
       may leave its replies unread while the socket is full. Over either, the
@@ -68,6 +80,7 @@ class StoreLimits:
     max_frame_bytes: int | None = None
     max_client_bytes: int | None = 1 * GiB
     max_total_bytes: int | None = 4 * GiB
+    max_waiter_bytes: int | None = 64 * MiB
     max_outbox_bytes: int | None = None
     send_timeout: float | None = 60.0
     idle_timeout: float | None = 120.0
@@ -188,7 +201,8 @@ _REQUIRED: Final = frozenset(
 )
 _COUNTS: Final = frozenset({"max_connections", "max_handshakes"})
 _INTEGERS: Final = _COUNTS | {
-    "max_key_bytes", "max_value_bytes", "max_frame_bytes", "max_client_bytes", "max_total_bytes", "max_outbox_bytes"
+    "max_key_bytes", "max_value_bytes", "max_frame_bytes", "max_client_bytes", "max_total_bytes", "max_outbox_bytes",
+    "max_waiter_bytes",
 }
 _PARSERS: Final[dict[str, Callable[[str, str], Any]]] = {
     name: (_parse_count if name in _COUNTS else parse_size if name in _INTEGERS else _parse_seconds)

@@ -181,5 +181,7 @@ class MemoryStore(Store):
 def _unwrap(r: Reply, op: str) -> Any:
     if r.failure is not None:
         f = r.failure
-        raise StoreRequestError(f"store refused {op}: {f.message}", code=f.code, op=op, key=f.key)
+        raise StoreRequestError(
+            f"store refused {op}: {f.message}", code=f.code, op=op, key=f.key, limit=f.limit, limit_value=f.maximum
+        )
     return r.value

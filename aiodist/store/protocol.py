@@ -129,8 +129,19 @@ def check_hello(header: dict[str, Any]) -> None:
         raise BadMessage(f"store protocol version {header.get('v')!r} is not supported (this side speaks {VERSION})", code=BAD_HANDSHAKE)
 
 
-def error_frame(code: str, message: str, *, request: int | None = None, key: str | None = None) -> dict[str, Any]:
-    """A refusal: answering request ``request`` or, without one, the connection as a whole."""
+def error_frame(
+    code: str,
+    message: str,
+    *,
+    request: int | None = None,
+    key: str | None = None,
+    limit: str | None = None,
+    maximum: int | None = None,
+) -> dict[str, Any]:
+    """A refusal: answering request ``request`` or, without one, the connection as a whole.
+
+    ``limit``/``maximum``: the server limit that refused it and its value (fields ``limit``, ``max``).
+    """
     h: dict[str, Any] = {"err": code, "msg": message}
     if request is not None:
         h["id"] = request
@@ -138,6 +149,9 @@ def error_frame(code: str, message: str, *, request: int | None = None, key: str
         h["op"] = "error"
     if key is not None:
         h["key"] = key
+    if limit is not None:
+        h["limit"] = limit
+        h["max"] = maximum
     return h
 
 
@@ -242,6 +256,13 @@ def reply_error(header: dict[str, Any], op: str) -> StoreRequestError:
     """The exception a refusal reply stands for."""
     code = str(header.get("err"))
     key = header.get("key")
+    limit = header.get("limit")
+    maximum = header.get("max")
     return StoreRequestError(
-        f"store refused {op}: {header.get('msg', code)}", code=code, op=op, key=key if isinstance(key, str) else None
+        f"store refused {op}: {header.get('msg', code)}",
+        code=code,
+        op=op,
+        key=key if isinstance(key, str) else None,
+        limit=limit if isinstance(limit, str) else None,
+        limit_value=maximum if type(maximum) is int else None,
     )

@@ -15,14 +15,22 @@ KEY_TOO_LARGE: Final = "key_too_large"
 VALUE_TOO_LARGE: Final = "value_too_large"
 DUPLICATE_REQUEST: Final = "duplicate_request"
 BAD_REQUEST: Final = "bad_request"
+WAITER_QUOTA_EXCEEDED: Final = "waiter_quota_exceeded"  # a blocking request over max_waiter_bytes (see :mod:`.waiters`)
 
 
 class Failure(NamedTuple):
-    """Why a request was refused: a stable ``code`` and a human ``message``."""
+    """Why a request was refused: a stable ``code`` and a human ``message``.
+
+    ``limit`` and ``maximum``: the server limit that refused it (its
+    :class:`~aiodist.store.limits.StoreLimits` name) and that limit's value,
+    when a limit did.
+    """
 
     code: str
     message: str
     key: str | None = None
+    limit: str | None = None
+    maximum: int | None = None
 
 
 class Reply(NamedTuple):

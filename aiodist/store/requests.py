@@ -136,7 +136,9 @@ class Requests:
     def _expire(self, session: Session, rid: int, keys: list[str], timeout: float, op: str) -> None:
         session.timers.pop(rid, None)
         if self.state.cancel(session.cid, rid):
-            msg = f"{op} timed out after {timeout:g}s waiting for key(s) {keys!r}"
+            # (at most 8 keys: a reply the size of the request would not count against max_outbox_bytes)
+            shown = repr(keys) if len(keys) <= 8 else f"{keys[:8]!r} and {len(keys) - 8} more"
+            msg = f"{op} timed out after {timeout:g}s waiting for key(s) {shown}"
             session_reply = Reply(session.cid, rid, None, _timeout_failure(msg, keys))
             self._post(session_reply)
 

@@ -50,6 +50,7 @@ class StoreServer(Requests):
                 max_value_bytes=limits.max_value_bytes,
                 max_client_bytes=limits.max_client_bytes,
                 max_total_bytes=limits.max_total_bytes,
+                max_waiter_bytes=limits.max_waiter_bytes,
             )
         )
         self.limits = limits
@@ -330,7 +331,7 @@ class StoreServer(Requests):
                 timer.cancel()
         if r.failure is not None:
             f = r.failure
-            return P.error_frame(f.code, f.message, request=r.request, key=f.key), None
+            return P.error_frame(f.code, f.message, request=r.request, key=f.key, limit=f.limit, maximum=f.maximum), None
         value = r.value
         kind = type(value)
         if kind is bytes:

@@ -48,6 +48,7 @@ from .replies import KEY_TOO_LARGE as KEY_TOO_LARGE
 from .replies import NOT_INTEGER as NOT_INTEGER
 from .replies import OVERFLOW as OVERFLOW
 from .replies import VALUE_TOO_LARGE as VALUE_TOO_LARGE
+from .replies import WAITER_QUOTA_EXCEEDED as WAITER_QUOTA_EXCEEDED
 from .replies import Failure as Failure
 from .replies import Reply as Reply
 from .waiters import _GET, _MULTI_GET, _POP, _WAIT, Waiters, _Waiter
@@ -72,8 +73,12 @@ class StoreState(Waiters):
     ``max_key_bytes`` bounds a key's UTF-8 size, ``max_value_bytes`` a value's
     size (including the result of ``append``). ``max_client_bytes`` and
     ``max_total_bytes`` (``None``: no quota, the default) bound what one
-    client and everyone keep stored (see :mod:`.quota`). Violations are
-    refused with a :class:`Failure` reply; the state is left unchanged.
+    client and everyone keep stored (see :mod:`.quota`).
+    ``max_waiter_bytes`` (``None``: no bound, the default) bounds what one
+    client keeps blocked: the keys of its waiting ``get``/``wait``/
+    ``multi_get``/``queue_pop`` requests, as :func:`~.waiters.waiter_cost`
+    counts them (see :mod:`.waiters`). Violations are refused with a
+    :class:`Failure` reply; the state is left unchanged.
     """
 
     __slots__ = (
@@ -85,6 +90,8 @@ class StoreState(Waiters):
         "_queue_waiters",
         "_by_client",
         "_ledger",
+        "max_waiter_bytes",
+        "_waiter_bytes",
     )
 
     def __init__(
@@ -94,10 +101,11 @@ class StoreState(Waiters):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         max_client_bytes: int | None = None,
         max_total_bytes: int | None = None,
+        max_waiter_bytes: int | None = None,
     ) -> None:
         if max_key_bytes < 1 or max_value_bytes < 1:
             raise ValueError("store limits must be positive")
-        if (max_client_bytes is not None and max_client_bytes < 1) or (max_total_bytes is not None and max_total_bytes < 1):
+        if any(q is not None and q < 1 for q in (max_client_bytes, max_total_bytes, max_waiter_bytes)):
             raise ValueError("store quotas must be positive (or None)")
         self.max_key_bytes = max_key_bytes
         self.max_value_bytes = max_value_bytes
@@ -112,6 +120,9 @@ class StoreState(Waiters):
         self._ledger: Ledger | None = None
         if max_client_bytes is not None or max_total_bytes is not None:
             self._ledger = Ledger(max_client=max_client_bytes, max_total=max_total_bytes)
+        # client -> bytes its waiters are charged (only with a max_waiter_bytes)
+        self.max_waiter_bytes = max_waiter_bytes
+        self._waiter_bytes: dict[Hashable, int] = {}
 
     # ------------------------------------------------------------ inspection
 
@@ -128,6 +139,12 @@ class StoreState(Waiters):
         if ledger is None:
             return 0
         return ledger.total if client is None else ledger.used_by(client)
+
+    def waiter_bytes(self, client: Hashable | None = None) -> int:
+        """Bytes charged for blocked requests (of ``client``, or of everybody); 0 without ``max_waiter_bytes``."""
+        if client is not None:
+            return self._waiter_bytes.get(client, 0)
+        return sum(self._waiter_bytes.values())
 
     def waiter_count(self, client: Hashable | None = None) -> int:
         """Number of blocked requests (of ``client``, or of everybody)."""

@@ -7,6 +7,13 @@ exactly one wait list, that of the first key it still misses (or of its
 queue), and is re-examined when that key is written; ``cancel`` (timeout,
 cancellation) and ``drop_client`` (disconnect) remove waiters without a
 reply. Wait lists are insertion-ordered dicts, woken oldest first.
+
+What one client keeps parked is bounded by ``max_waiter_bytes`` (``None``:
+no bound): each waiter is charged :func:`waiter_cost` bytes (its keys plus a
+per-key and a per-request overhead, about the memory it holds) from the
+moment it parks until it completes, is cancelled or times out, or its client
+goes. A blocking request that would take its client over the bound is
+refused at once (``code="waiter_quota_exceeded"``); nothing is parked.
 """
 
 from __future__ import annotations
@@ -16,25 +23,41 @@ from collections.abc import Hashable, Sequence
 from typing import Any, Final
 
 from .quota import Ledger
-from .replies import DUPLICATE_REQUEST, Failure, Reply
+from .replies import DUPLICATE_REQUEST, WAITER_QUOTA_EXCEEDED, Failure, Reply
 
 _GET: Final = 0
 _WAIT: Final = 1
 _MULTI_GET: Final = 2
 _POP: Final = 3
 
+_OPS: Final = ("get", "wait", "multi_get", "queue_pop")  # by kind
+
+WAITER_OVERHEAD: Final = 512
+"""Bytes charged per blocked request beside its keys (the waiter, its entries in the wait lists, its timer)."""
+KEY_OVERHEAD: Final = 64
+"""Bytes charged per key of a blocked request beside the key's characters (the string object, its slots)."""
+
+
+def waiter_cost(keys: Sequence[str]) -> int:
+    """What a blocked request on ``keys`` is charged against ``max_waiter_bytes``."""
+    return WAITER_OVERHEAD + KEY_OVERHEAD * len(keys) + sum(map(len, keys))
+
 
 class _Waiter:
-    """One blocked request. It sits in exactly one wait list: ``self.on``."""
+    """One blocked request. It sits in exactly one wait list: ``self.on``.
 
-    __slots__ = ("client", "request", "kind", "keys", "on")
+    ``cost``: what it is charged against its client's ``max_waiter_bytes`` (0 without that bound).
+    """
 
-    def __init__(self, client: Hashable, request: int, kind: int, keys: Sequence[str]) -> None:
+    __slots__ = ("client", "request", "kind", "keys", "on", "cost")
+
+    def __init__(self, client: Hashable, request: int, kind: int, keys: Sequence[str], cost: int = 0) -> None:
         self.client = client
         self.request = request
         self.kind = kind
         self.keys = keys
         self.on = keys[0] if keys else ""
+        self.cost = cost
 
 
 class Waiters:
@@ -48,6 +71,8 @@ class Waiters:
     _queue_waiters: dict[str, dict[tuple[Hashable, int], _Waiter]]
     _by_client: dict[Hashable, dict[int, _Waiter]]
     _ledger: Ledger | None
+    max_waiter_bytes: int | None
+    _waiter_bytes: dict[Hashable, int]
 
     # ------------------------------------------------------------ waking
 
@@ -106,16 +131,52 @@ class Waiters:
             mine.pop(w.request, None)
             if not mine:
                 del self._by_client[w.client]
+        if w.cost:
+            self._release(w)
+
+    def _release(self, w: _Waiter) -> None:
+        """Give back what ``w`` was charged against its client's ``max_waiter_bytes``."""
+        held = self._waiter_bytes.get(w.client)
+        if held is not None:
+            held -= w.cost
+            if held > 0:
+                self._waiter_bytes[w.client] = held
+            else:
+                del self._waiter_bytes[w.client]
+        w.cost = 0
 
     def _register(self, client: Hashable, request: int, kind: int, keys: Sequence[str]) -> _Waiter | Failure:
         mine = self._by_client.get(client)
+        if mine is not None and request in mine:
+            return Failure(DUPLICATE_REQUEST, f"request id {request} is already waiting")
+        limit = self.max_waiter_bytes
+        cost = 0
+        if limit is not None:
+            cost = waiter_cost(keys)
+            held = self._waiter_bytes.get(client, 0)
+            if held + cost > limit:
+                return self._over_budget(client, kind, keys, cost, held, limit)
+            self._waiter_bytes[client] = held + cost
         if mine is None:
             mine = self._by_client[client] = {}
-        elif request in mine:
-            return Failure(DUPLICATE_REQUEST, f"request id {request} is already waiting")
-        w = _Waiter(client, request, kind, keys)
+        w = _Waiter(client, request, kind, keys, cost)
         mine[request] = w
         return w
+
+    def _over_budget(self, client: Hashable, kind: int, keys: Sequence[str], cost: int, held: int, limit: int) -> Failure:
+        waiting = len(self._by_client.get(client, ()))
+        what = f"key {keys[0][:64]!r}" if len(keys) == 1 else f"{len(keys)} keys"
+        return Failure(
+            WAITER_QUOTA_EXCEEDED,
+            f"{_OPS[kind]} on {what} would block, and this connection's blocked requests would then hold "
+            f"{held + cost} bytes ({waiting} already waiting hold {held}, this one needs {cost}), over its limit of "
+            f"{limit} bytes (max_waiter_bytes); wait for fewer keys or requests at once, or raise the store "
+            f"server's max_waiter_bytes (StoreServer.start(max_waiter_bytes=...), aiodist store serve "
+            f"--max-waiter-bytes SIZE, aiodist run --store-limits max_waiter_bytes=SIZE)",
+            keys[0][:64] if len(keys) == 1 else None,
+            "max_waiter_bytes",
+            limit,
+        )
 
     def _block(self, client: Hashable, request: int, kind: int, keys: Sequence[str], missing: str) -> list[Reply]:
         w = self._register(client, request, kind, keys)
@@ -136,6 +197,8 @@ class Waiters:
             return False
         if not mine:
             del self._by_client[client]
+        if w.cost:
+            self._release(w)
         self._unpark(w)
         return True
 
@@ -146,6 +209,7 @@ class Waiters:
         """
         if self._ledger is not None:
             self._ledger.forget_client(client)
+        self._waiter_bytes.pop(client, None)
         mine = self._by_client.pop(client, None)
         if not mine:
             return 0
