@@ -68,6 +68,13 @@ _STAGING_MAX = (1 << 17) + (1 << 12)
 payload then arrives in one read and is decoded in one pass (two reads and two decoder passes
 cost more than copying it out of the staging area). Connections of small frames never grow."""
 
+
+def _staging_size(max_frame_size: int) -> int:
+    """The staging area for frames of at most ``max_frame_size`` bytes: small while frames are limited
+    (a connection that has not authenticated costs a few KiB, not 64), else :data:`_STAGING_SIZE`."""
+    return min(_STAGING_SIZE, max_frame_size + PREFIX_SIZE + PREAMBLE_SIZE)
+
+
 def payload_buffer(nbytes: int) -> memoryview:
     """A writable buffer of ``nbytes`` for a payload with no destination of its own.
 
@@ -171,7 +178,7 @@ class FrameDecoder:
         self.max_header_size = min(max_header_size, max_frame_size)
         self.sink = sink
         self._state = _ST_PREAMBLE if expect_preamble else _ST_PREFIX
-        self._buf = bytearray(_STAGING_SIZE)
+        self._buf = bytearray(_staging_size(max_frame_size))
         self._view = memoryview(self._buf)
         self._start = 0  # first unconsumed staged byte
         self._end = 0  # end of staged bytes
@@ -196,6 +203,8 @@ class FrameDecoder:
             raise ValueError(f"max_frame_size must be positive, got {n}")
         self.max_frame_size = n
         self.max_header_size = min(self._max_header, n)
+        if _staging_size(n) > len(self._buf) and self._state <= _ST_PAYLOAD:  # (raised: once authenticated)
+            self._grow(_staging_size(n))
 
     @property
     def handshake_done(self) -> bool:

@@ -7,12 +7,16 @@
   loudly instead of computing through the relay);
 * a refusal reveals nothing (no job id, no key);
 * 8 connections each sending ~40 bytes (a frame header that announces a
-  huge payload) cost the store server and a rank's listener at most 16 MB.
+  huge payload) cost the store server and a rank's listener at most 16 MB;
+* 1000 connections that send the preamble and nothing more cost a rank's
+  listener little (at most ``AIODIST_MAX_HANDSHAKES`` are kept), and the job
+  still makes its links.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 import subprocess
 import sys
@@ -20,7 +24,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from attacker import HOST, Job, Relay, child_env, rss_growth
+from attacker import HOST, Job, Relay, child_env, rss, rss_growth
 from rank_procs import free_port
 
 from aiodist.auth import AuthenticationError
@@ -124,3 +128,53 @@ async def test_eight_connections_announcing_huge_frames_cost_a_rank_listener_lit
         code, out, err = job.finish()
     assert code == 0, err
 
+
+
+async def test_a_flood_of_preamble_only_connections_costs_a_rank_listener_little_and_the_job_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Passes once a rank's listener bounds the connections in their handshake (``AIODIST_MAX_HANDSHAKES``: a
+    new one resets the oldest) and allocates no 64 KiB staging area before the peer authenticated: before,
+    each of these cost ~72 KiB and was held 30 s, however many."""
+    monkeypatch.setenv("AIODIST_MAX_HANDSHAKES", "64")
+    job = Job(tmp_path, 2, iterations=5)
+    socks: list[socket.socket] = []
+    try:
+        pid, addr, _ = job.ready[0]
+        port = int(addr.rpartition("|")[2])
+        before = rss(pid)
+        for _ in range(1000):
+            s = socket.create_connection((HOST, port))
+            socks.append(s)
+            try:
+                s.sendall(PREAMBLE)
+            except OSError:  # (reset already: it made room for a newer one)
+                pass
+        await asyncio.sleep(1.0)
+        growth = rss(pid) - before
+        reset = sum(_closed(s) for s in socks)
+        # The job's own links are made now, during the flood (its ranks dial each other for the all_reduces).
+        code, out, err = await asyncio.to_thread(job.finish, 60)
+    finally:
+        for s in socks:
+            s.close()
+        if job.proc.poll() is None:
+            job.proc.kill()
+    assert code == 0, err
+    assert out.count("wrong 0") == 2, out
+    assert reset >= 1000 - 64 - 16, reset  # all but the newest 64 (and a few not yet seen by the rank)
+    assert growth <= 12 << 20, f"rank listener RSS grew by {growth / 2**20:.1f} MB"  # (before: ~70 MB)
+    assert "max_handshakes" in err, err  # logged (once per interval, with a count)
+
+
+def _closed(s: socket.socket) -> bool:
+    """True if the other end closed or reset ``s`` (what it sent before, its preamble, is read past)."""
+    s.setblocking(False)
+    try:
+        while s.recv(4096):
+            pass
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True

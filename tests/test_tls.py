@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +19,11 @@ from conftest import run_ranks
 
 import aiodist.api as dist
 from aiodist.errors import StoreConnectTimeoutError
+from aiodist.net.gate import DEFAULT_MAX_HANDSHAKES
+from aiodist.net.tcp import TCPNetwork
 from aiodist.store import StoreServer, TCPStore
-from aiodist.tls import TLS
+from aiodist.tls import TLS, server_side
+from aiodist.wire import PREAMBLE
 from tls_certs import CA
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +72,111 @@ async def test_a_tls_client_gets_nowhere_with_a_plain_server(pki: dict[str, Any]
     async with await StoreServer.start(HOST, 0) as srv:
         with pytest.raises((StoreConnectTimeoutError, ConnectionError)):
             await TCPStore.connect(HOST, srv.port, ssl=pki["b"], timeout=1.0)
+
+
+# ------------------------------------------------------------------ connections that never finish the TLS handshake
+
+
+async def _silent(port: int, n: int) -> list[socket.socket]:
+    """``n`` plain TCP connections to ``port`` that send nothing (no TLS hello)."""
+    loop = asyncio.get_running_loop()
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        socks.append(s)
+        await loop.sock_connect(s, (HOST, port))
+    return socks
+
+
+async def _closed_after(socks: list[socket.socket], start: float, limit: float) -> list[float]:
+    """Seconds from ``start`` at which the other end closed each socket (inf: still open after ``limit`` s)."""
+    loop = asyncio.get_running_loop()
+
+    async def one(s: socket.socket) -> float:
+        try:
+            async with asyncio.timeout(max(0.0, start + limit - time.monotonic())):
+                while await loop.sock_recv(s, 4096):
+                    pass
+        except TimeoutError:
+            return float("inf")
+        except OSError:  # reset
+            pass
+        return time.monotonic() - start
+
+    try:
+        return list(await asyncio.gather(*(one(s) for s in socks)))
+    finally:
+        for s in socks:
+            s.close()
+
+
+async def test_a_tls_listener_bounds_connections_in_their_tls_handshake(pki: dict[str, Any]) -> None:
+    """A new connection over ``max_handshakes`` closes the oldest one still in its TLS handshake, and the TLS
+    handshake is bounded by the listener's handshake timeout (not asyncio's 60 s)."""
+    served: list[bytes] = []
+
+    async def handler(conn: Any) -> None:
+        served.append(b"x")
+        await conn.recv()
+
+    listener = await TCPNetwork().listen((HOST, 0), handler, handshake_timeout=1.0, ssl=server_side(pki["a"]),
+                                         max_handshakes=4)
+    try:
+        start = time.monotonic()
+        socks = await _silent(listener.address[1], 10)
+        closed = await _closed_after(socks, start, 5.0)
+    finally:
+        await listener.aclose()
+    early = [t for t in closed if t < 0.7]
+    assert len(early) == 6, closed  # the 6 oldest made room (at once)
+    assert all(0.7 <= t < 3.0 for t in closed if t not in early), closed  # the 4 newest: the handshake timeout
+    assert not served
+
+
+async def test_a_tls_store_flooded_with_silent_connections_drops_them_and_still_serves(
+    pki: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Passes once connections stuck before their TLS handshake are counted (1024 at once) and dropped after the
+    store's handshake timeout: before, each was held 60 s (asyncio's default) and cost ~117 KiB, however many."""
+    n = DEFAULT_MAX_HANDSHAKES + 100
+    caplog.set_level(logging.WARNING, logger="aiodist.net")
+    async with await StoreServer.start(HOST, 0, ssl=pki["a"], handshake_timeout=1.5) as srv:
+        start = time.monotonic()
+        socks = await _silent(srv.port, n)
+        watch = asyncio.ensure_future(_closed_after(socks, start, 8.0))
+        await asyncio.sleep(0.2)
+        async with await TCPStore.connect(HOST, srv.port, ssl=pki["b"], timeout=5) as c:  # a genuine client
+            assert await c.add("n", 1) == 1
+        connected = time.monotonic() - start
+        closed = await watch
+    assert sum(t < 1.2 for t in closed) >= 100, sorted(closed)[:200:20]  # over the limit: closed at once
+    assert max(closed) < 6.0, sorted(closed)[-5:]  # the others: after the 1.5 s handshake timeout
+    assert connected < 5.0
+    assert any("closed the oldest" in r.getMessage() and "max_handshakes" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_tls_connection_that_spends_the_handshake_timeout_on_tls_gets_no_more_for_its_preamble(
+    pki: dict[str, Any]
+) -> None:
+    """The handshake timeout runs from the accept: the TLS handshake's time is taken from it."""
+    async def handler(conn: Any) -> None:
+        await conn.recv()
+
+    listener = await TCPNetwork().listen((HOST, 0), handler, handshake_timeout=1.5, ssl=server_side(pki["a"]))
+    try:
+        start = time.monotonic()
+        raw = socket.create_connection(listener.address)
+        await asyncio.sleep(1.0)  # a slow TLS handshake: two thirds of the handshake timeout
+        r, w = await asyncio.open_connection(sock=raw, ssl=pki["b"].client, server_hostname=HOST)
+        assert await r.readexactly(len(PREAMBLE)) == PREAMBLE
+        # (and sends no preamble of its own)
+        assert await asyncio.wait_for(r.read(), 5) == b""
+        held = time.monotonic() - start
+        w.close()
+    finally:
+        await listener.aclose()
+    assert 1.3 <= held < 2.2, held  # not 1.0 + 1.5 s
 
 
 async def test_rank_links_over_mutual_tls(pki: dict[str, Any]) -> None:

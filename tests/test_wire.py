@@ -111,3 +111,21 @@ def test_header_larger_than_staging_area():
     big = {"k": "v" * 200_000}
     got = FrameDecoder().feed(_stream([(big, b"p"), ({"n": 2}, None)]))
     assert got[0][0] == big and got[1][0] == {"n": 2}
+
+
+def test_a_decoder_limited_to_small_frames_stages_in_a_few_kib_and_grows_when_the_limit_is_raised() -> None:
+    """A connection that has not authenticated (frames limited to a few KiB) costs no 64 KiB staging area."""
+    dec = FrameDecoder(max_frame_size=8192)
+    assert len(dec.get_buffer()) <= 8192 + 64
+    big = {"k": "x" * 8000}  # the largest header the limit allows still fits, whatever the chunking
+    data = _stream([(big, None), ({"n": 1}, b"abc")])
+    got = []
+    for i in range(0, len(data), 999):
+        got += dec.feed(data[i : i + 999])
+    assert [h for h, _ in got] == [big, {"n": 1}] and bytes(got[1][1]) == b"abc"
+    assert len(dec.get_buffer()) <= 8192 + 64
+    dec.set_max_frame_size(1 << 30)  # authenticated: the full staging area
+    assert len(dec.get_buffer()) >= 1 << 16
+    head, body = encode_frame({"n": 2}, b"p" * 100_000)
+    got = dec.feed(head + bytes(body))
+    assert got[0][0] == {"n": 2} and bytes(got[0][1]) == b"p" * 100_000

@@ -24,6 +24,7 @@ from ..context import token_bytes
 from ..eager import start_eager
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, EvictedError, GroupError, PeerFailureError, anew
 from ..net.base import Address, Connection, Frame, Header, Listener, Network
+from ..net.gate import DEFAULT_MAX_HANDSHAKES, HandshakeGate, Ticket
 from . import actions as A
 from . import connect
 from . import frames as F
@@ -33,8 +34,8 @@ from .handshake import AcceptHandshake, DialHandshake, Outcome
 from .heartbeats import Heartbeats
 from .registry import GroupRegistry
 from .router import Match, Router
-from .settings import (BYE_TIMEOUT, DEPARTURE_LOOKUP, DIAL_DEFER, DIAL_DEFER_ENV, HELLO_TIMEOUT, REPORT_GRACE,
-                       env_number)
+from .settings import (BYE_TIMEOUT, DEPARTURE_LOOKUP, DIAL_DEFER, DIAL_DEFER_ENV, HELLO_TIMEOUT, MAX_HANDSHAKES_ENV,
+                       REPORT_GRACE, env_number)
 
 log = logging.getLogger("aiodist.comm")
 
@@ -73,7 +74,7 @@ class PeerLinks:
 
     __slots__ = ("rank", "world_size", "job_id", "store", "key_prefix", "timeout", "links", "peers", "_net", "_secret",
                  "_ssl", "_router", "_groups", "_on_frame", "_on_payload", "_loop", "heartbeats", "_listener",
-                 "_published", "_tasks", "_reports", "_unauthentic")
+                 "_published", "_tasks", "_reports", "_unauthentic", "_gate")
 
     def __init__(
         self,
@@ -91,7 +92,10 @@ class PeerLinks:
         on_frame: Callable[[Peer, Frame], None],
         on_payload: Callable[[Peer, Header, int, int], memoryview | None],
         ssl: Any = None,
+        max_handshakes: int | None = None,
     ) -> None:
+        """``max_handshakes``: connections to this rank's listener in their handshake at once (not yet
+        authenticated; None: ``AIODIST_MAX_HANDSHAKES``, else 1024); a new one over it resets the oldest."""
         self.rank, self.world_size, self.job_id = rank, world_size, job_id
         self.store, self.key_prefix, self.timeout = store, key_prefix, timeout
         self.links = L.Links(rank, world_size, dial_defer=env_number(DIAL_DEFER_ENV, DIAL_DEFER, float, zero_ok=True))
@@ -110,6 +114,11 @@ class PeerLinks:
         self._tasks: dict[asyncio.Task[Any], None] = {}
         self._reports: dict[asyncio.Task[Any], None] = {}  # (spawned with now=True: close() lets them finish first)
         self._unauthentic = 0  # connections refused for not proving the secret (the first one is logged)
+        if max_handshakes is None:
+            max_handshakes = env_number(MAX_HANDSHAKES_ENV, DEFAULT_MAX_HANDSHAKES, int, zero_ok=False)
+        self._gate = HandshakeGate(max_handshakes, f"rank {rank}'s listener", log,  # (see _accept)
+                                   what="in their handshake (not yet authenticated)",
+                                   option=f"max_handshakes, {MAX_HANDSHAKES_ENV}")
 
     def __repr__(self) -> str:
         return f"<PeerLinks {self.links!r}>"
@@ -147,6 +156,7 @@ class PeerLinks:
         self.heartbeats.stop()
         if self._listener is not None:
             self._listener.close()
+        self._gate.close()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -167,6 +177,7 @@ class PeerLinks:
         self.heartbeats.stop()
         if self._listener is not None:
             self._listener.close()
+        self._gate.close()
 
     def peer(self, rank: int) -> Peer:
         p = self.peers.get(rank)
@@ -392,12 +403,22 @@ class PeerLinks:
         return self._linked(rank, conn)
 
     async def _accept(self, conn: Connection) -> None:
-        """Listener handler: the handshake, then serve the connection until it ends (if it became the link)."""
+        """Listener handler: the handshake, then serve the connection until it ends (if it became the link).
+
+        Connections in their handshake are counted against ``max_handshakes`` (a new one over it resets the
+        oldest one still in its handshake: see :mod:`aiodist.net.gate`); a connection leaves the count when its
+        dialer proved itself, or when it ends.
+        """
+        ticket = self._gate.admit(conn.peer, conn.abort)
         hs = AcceptHandshake(self._secret, job=self.job_id, rank=self.rank, world=self.world_size,
                              address=self._published, nonce=self._nonce())
-        shake = connect.Accepting(conn, hs, min(self.timeout, HELLO_TIMEOUT), self._loop, self._accepted)
+        shake = connect.Accepting(conn, hs, min(self.timeout, HELLO_TIMEOUT), self._loop,
+                                  functools.partial(self._accepted, ticket))
         del hs  # (the shake keeps it until the dialer proved itself only)
-        await self._serve(conn, shake)
+        try:
+            await self._serve(conn, shake)
+        finally:
+            ticket.leave()
         error = shake.error
         if isinstance(error, AuthenticationError):
             self._unauthentic += 1
@@ -409,8 +430,9 @@ class PeerLinks:
         elif shake.hs is not None and shake.hs.problem is not None:
             log.info("rank %d: refusing connection from %s: %s", self.rank, conn.peer, shake.hs.problem)
 
-    def _accepted(self, rank: int, conn: Connection) -> bool:
+    def _accepted(self, ticket: Ticket, rank: int, conn: Connection) -> bool:
         """``rank`` proved itself on ``conn`` (in the frame's delivery): answer it; True if ``conn`` became the link."""
+        ticket.leave()  # (authenticated: no longer counted against max_handshakes)
         self.peer(rank)
         self.do(self.links.accepted(rank, conn))
         return self._linked(rank, conn)

@@ -18,6 +18,13 @@ log = logging.getLogger("aiodist.comm")
 HELLO_TIMEOUT = 30.0
 """Seconds a new connection may take for its whole handshake (then it is closed)."""
 
+MAX_HANDSHAKES_ENV = "AIODIST_MAX_HANDSHAKES"
+"""Connections a rank's listener lets be in their handshake (not yet authenticated) at once (default
+:data:`aiodist.net.gate.DEFAULT_MAX_HANDSHAKES`, 1024, as the store's ``max_handshakes``). A new connection
+over it resets the oldest one still in its handshake (logged once per 10 s with a count): a genuine peer's
+takes a few round trips, so a flood of silent sockets cannot shut it out. Each is held at most
+:data:`HELLO_TIMEOUT`."""
+
 BYE_TIMEOUT = 2.0
 """Seconds :meth:`Transport.close` waits for its connections to finish closing."""
 

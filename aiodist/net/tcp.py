@@ -18,6 +18,7 @@ from ..rankenv import getenv
 from ..wire import DEFAULT_MAX_FRAME_SIZE
 from .accept import listen_socket
 from .base import Address, Connection, ConnectionHandler, Listener, Network, wait_ended
+from .gate import DEFAULT_MAX_HANDSHAKES
 from .tcp_connection import TCPConnection
 
 __all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "TCPConnection", "TCPListener", "TCPNetwork", "local_address_toward"]
@@ -164,7 +165,11 @@ class TCPNetwork(Network):
         max_frame_size: int | None = None,
         handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT,
         ssl: _ssl.SSLContext | None = None,
+        max_handshakes: int = DEFAULT_MAX_HANDSHAKES,
     ) -> Listener:
+        """See :meth:`Network.listen`. With ``ssl`` the TLS handshake is part of the handshake: the
+        ``handshake_timeout`` runs from the accept, and at most ``max_handshakes`` connections may be in
+        their TLS handshake at once (more are reset at once, logged once per interval with a count)."""
         host, port = address
         listener = TCPListener(handler)
         mfs = max_frame_size or DEFAULT_MAX_FRAME_SIZE
@@ -173,7 +178,8 @@ class TCPNetwork(Network):
             return _ServerConnection(listener, handshake_timeout, max_frame_size=mfs)
 
         try:  # our own accept loop: running out of file descriptors is logged (see .accept)
-            server = await listen_socket(host, port, factory, ssl=ssl)
+            server = await listen_socket(host, port, factory, ssl=ssl, ssl_handshake_timeout=handshake_timeout,
+                                         max_handshakes=max_handshakes)
         except OSError as e:
             raise ConnectionLost(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         listener._server = server  # type: ignore[assignment]  # an AcceptLoop: close, wait_closed, sockets
@@ -183,14 +189,20 @@ class TCPNetwork(Network):
 
 
 class _ServerConnection(TCPConnection):
+    """An accepted connection. Made at the accept (before a TLS handshake): its handshake timeout runs from there."""
+
     def __init__(self, listener: TCPListener, handshake_timeout: float | None, **kw: Any) -> None:
         super().__init__(**kw)
         self._listener: TCPListener | None = listener
         self._handshake_timeout = handshake_timeout
+        self._accepted_at = asyncio.get_running_loop().time()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.start_handshake_timer(self._handshake_timeout)
+        whole = timeout = self._handshake_timeout
+        if timeout is not None and self._loop is not None:  # (what a TLS handshake left of it)
+            timeout = max(0.0, self._accepted_at + timeout - self._loop.time())
+        self.start_handshake_timer(timeout, whole=whole)
         listener, self._listener = self._listener, None
         assert listener is not None
         listener._accepted(self)

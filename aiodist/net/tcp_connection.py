@@ -104,10 +104,14 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         transport.set_write_buffer_limits(high=1 if tls else 0, low=0)
         transport.write(PREAMBLE)
 
-    def start_handshake_timer(self, timeout: float | None) -> None:
+    def start_handshake_timer(self, timeout: float | None, *, whole: float | None = None) -> None:
+        """Close the connection if the peer's preamble has not come within ``timeout`` seconds from now
+        (``whole``: the whole handshake timeout, for the log, when part of it was spent already)."""
         if timeout is None or self._loop is None or self._decoder.handshake_done:
             return
-        self._handshake_timer = self._loop.call_later(timeout, self._handshake_expired, timeout)
+        self._handshake_timer = self._loop.call_later(
+            timeout, self._handshake_expired, timeout if whole is None else whole
+        )
 
     def _handshake_expired(self, timeout: float) -> None:
         self._handshake_timer = None
