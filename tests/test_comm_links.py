@@ -27,7 +27,7 @@ from aiodist.comm.actions import (
     Watch,
 )
 from aiodist.comm.handshake import Outcome, Verdict
-from aiodist.comm.links import DUP_WAIT, TERMINAL, Links, LinkState
+from aiodist.comm.links import DUP_WAIT, LEFT_CLEANLY, TERMINAL, Links, LinkState
 from aiodist.errors import EvictedError, GroupError, PeerFailureError, PeerRefusedError
 
 S = LinkState
@@ -730,3 +730,26 @@ class LinksMachine(RuleBasedStateMachine):
 
 LinksMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)
 test_random_event_sequences_keep_the_invariants = LinksMachine.TestCase
+
+
+def test_a_speculative_dial_that_finds_the_peer_left_cleanly_fails_the_receives_from_it() -> None:
+    """A receive from a higher rank dials it speculatively; the rank left (its note in the store says so):
+    its receives can never complete, as if its bye had come."""
+    m = Links(0, 4, dial_defer=0)
+    assert m.expect(3) == [Dial(3)]
+    acts = m.dial_failed(3, "ConnectionRefusedError", (LEFT_CLEANLY, ""))
+    assert m.get(3).state is S.LEFT and FailReceives(3) in acts  # type: ignore[union-attr]
+    assert "left the job" in str(m.peer_error(3))
+
+
+def test_a_refusal_from_a_rank_that_left_is_its_bye_and_wakes_the_sends_with_it() -> None:
+    leaver, m = Links(3, 4, dial_defer=0), Links(0, 4, dial_defer=0)
+    leaver.close()
+    c = Conn()
+    refusal = [a for a in leaver.accepted(0, c) if isinstance(a, Send)][0].header
+    assert refusal[F.KIND] == F.REFUSED and refusal[F.GONE] == 1
+    m.need(3)
+    acts = m.dialed(3, c, Outcome(Verdict.REFUSED, refusal[F.REASON], gone=True))
+    assert m.get(3).state is S.LEFT and FailReceives(3) in acts  # type: ignore[union-attr]
+    woken = [a for a in acts if isinstance(a, Wake)]
+    assert len(woken) == 1 and "left the job" in str(woken[0].error)

@@ -10,7 +10,7 @@ the simulator have their own protocols). A frame is a msgpack map (see
       answer     dialer -> acceptor  {t, proof?}
       welcome    acceptor -> dialer  {t}                      the link is up
       dup        acceptor -> dialer  {t}                      the other connection of the pair is kept
-      refused    acceptor -> dialer  {t, reason?, condemned?} then closed
+      refused    acceptor -> dialer  {t, reason?, condemned?, gone?} then closed (gone: it left the job)
 
     on a link that is up
       m     {t, g: group id, k: key (seq first), o: the call's signature}  + payload  (collectives)
@@ -60,6 +60,7 @@ TO: Final = "to"
 WORLD: Final = "world"
 REASON: Final = "reason"
 CONDEMNED: Final = "condemned"
+GONE: Final = "gone"
 AUTH_NONCE: Final = NONCE
 AUTH_PROOF: Final = PROOF
 
@@ -113,12 +114,14 @@ def answer(auth: Header) -> Header:
     return {KIND: ANSWER, **auth}
 
 
-def refused(reason: str | None = None, condemned: str | None = None) -> Header:
+def refused(reason: str | None = None, condemned: str | None = None, *, gone: bool = False) -> Header:
     h: Header = {KIND: REFUSED}
     if reason is not None:
         h[REASON] = reason
     if condemned is not None:
         h[CONDEMNED] = condemned
+    if gone:
+        h[GONE] = 1
     return h
 
 

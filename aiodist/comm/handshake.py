@@ -61,11 +61,13 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How a dial ended, as the acceptor said it: welcome, dup, or refused (``reason``, ``condemned``)."""
+    """How a dial ended, as the acceptor said it: welcome, dup, or refused (``reason``, ``condemned``; ``gone``:
+    it left the job)."""
 
     verdict: Verdict
     reason: str | None = None
     condemned: str | None = None
+    gone: bool = False
 
 
 def link_binding(address: bytes, job: str, dialer: int, acceptor: int) -> bytes:
@@ -146,7 +148,8 @@ class DialHandshake:
                 raise self._auth.refused()
             self.phase = Phase.DONE
             condemned = h.get(F.CONDEMNED)
-            return Outcome(Verdict.REFUSED, F.shown(reason), None if condemned is None else F.shown(condemned))
+            return Outcome(Verdict.REFUSED, F.shown(reason), None if condemned is None else F.shown(condemned),
+                           gone=bool(h.get(F.GONE)))
         return self._broken(f"expected welcome, dup or refused, got {kind!r}")
 
     def _expect(self, phase: Phase, what: str) -> None:

@@ -91,6 +91,10 @@ _IDLE, _DEFERRED, _DIALING, _READY = LinkState.IDLE, LinkState.DEFERRED, LinkSta
 _LEFT, _FAILED, _REFUSED, _CLOSED = LinkState.LEFT, LinkState.FAILED, LinkState.REFUSED, LinkState.CLOSED
 TERMINAL = frozenset({_LEFT, _FAILED, _REFUSED, _CLOSED})
 
+LEFT_CLEANLY = "bye"
+"""What a rank that left without a failure notes in the store as its culprit (see ``dial_failed``)."""
+LEFT_HOW = "left the job (its process group was destroyed)"
+
 DUP_WAIT = 1.0
 """Seconds a rank answered ``dup`` (the lower rank's own connection is on its way) waits for that connection
 before it dials again, when a send or receive needs the link."""
@@ -263,12 +267,16 @@ class Links:
     def dial_failed(self, rank: int, detail: str, departed: tuple[Any, Any] | None = None) -> Actions:
         """Connecting to ``rank``, or its handshake, failed (refused, timed out, broke): it is unreachable.
 
-        ``departed``: what ``rank`` left in the store when it left the job after a failure
-        (the rank and how, unchecked): then that is how it failed.
+        ``departed``: what ``rank`` left in the store when it left the job: after a failure
+        (the rank and how, unchecked), that is how it failed; ``(LEFT_CLEANLY, "")``: it left
+        cleanly (as a ``bye`` says), also when the dial was only speculative: a receive from it
+        can then never complete.
         """
         link = self._links[rank]
         if link.state is not _DIALING:
             return []
+        if departed is not None and departed[0] == LEFT_CLEANLY:  # as its bye would have said
+            return self._gone(link)
         if link.speculative and not link.wanted:  # nobody needed it: no verdict on the peer
             link.state = _IDLE
             return []
@@ -319,6 +327,8 @@ class Links:
             return acts
         if link.state is not _DIALING:
             return acts
+        if outcome.gone:  # it left the job (after it proved itself): as its bye would have said
+            return acts + self._gone(link)
         if link.speculative and not link.wanted:  # our sends, if any, will hear the refusal
             link.state = _IDLE
             return acts
@@ -335,7 +345,7 @@ class Links:
         """
         link = self.link(rank)
         if self.closing or link.state is _CLOSED:
-            return self._refuse(conn, rank, "this rank has left the job")
+            return self._refuse(conn, rank, "this rank has left the job", gone=True)
         if link.state in TERMINAL:
             reason = f"rank {rank} is already marked as failed here ({link.how})"
             condemned = None if link.state is _LEFT else f"rank {self.rank} considers it failed ({link.how})"
@@ -344,10 +354,10 @@ class Links:
             return [Send(conn, F.dup()), Close(conn)]
         return [Send(conn, F.welcome()), *self._install(link, conn)]
 
-    def _refuse(self, conn: Any, rank: int, reason: str, condemned: str | None = None) -> Actions:
+    def _refuse(self, conn: Any, rank: int, reason: str, condemned: str | None = None, *, gone: bool = False) -> Actions:
         return [
             Log(logging.INFO, f"rank {self.rank}: refusing the connection of rank {rank}: {reason}"),
-            Send(conn, F.refused(reason, condemned)),
+            Send(conn, F.refused(reason, condemned, gone=gone)),
             Close(conn),
         ]
 
@@ -404,10 +414,20 @@ class Links:
             return []
         link.state = _LEFT
         if after is None and how is None:
-            link.how = "left the job (its process group was destroyed)"
+            link.how = LEFT_HOW
         else:
             link.how = self._left_after(rank, after, how)
         return [Log(logging.DEBUG, f"rank {self.rank}: peer rank {rank} {link.how}"), Unwatch(rank), FailReceives(rank)]
+
+    def _gone(self, link: Link) -> Actions:
+        """``link``'s rank left the job cleanly before we had a link (we learned it dialing it): as its ``bye``."""
+        link.state = _LEFT
+        link.how = LEFT_HOW
+        acts: Actions = [Log(logging.DEBUG, f"rank {self.rank}: peer rank {link.rank} {link.how}"), FailReceives(link.rank)]
+        if link.wanted:
+            link.wanted = False
+            acts.append(Wake(link.rank, self.peer_error(link.rank)))
+        return acts
 
     def _left_after(self, rank: int, after: Any, how: Any) -> str:
         """How ``rank`` left, as it said: after the failure of rank ``after`` (``how``); notes the root cause.

@@ -333,23 +333,23 @@ class PeerLinks:
         return f"{self.key_prefix}gone/{rank}"
 
     async def note_departure(self, *, grace: float) -> None:
-        """This rank leaves after a failure: say which (the first it learned of) in the store, within ``grace`` s.
+        """This rank leaves: say so in the store (after a failure: which, the first it learned of), within ``grace`` s.
 
         For the peers that dial it once it is gone (they can no longer hear its ``bye``):
-        their errors then name the root cause. Errors are swallowed (the store may be gone).
+        their receives from it fail at once, and after a failure their errors name the root
+        cause. Errors are swallowed (the store may be gone).
         """
         first = self.links.first_failure
-        if first is None:
-            return
-        culprit, how = first
+        note = f"{L.LEFT_CLEANLY}|" if first is None else f"{'' if first[0] is None else first[0]}|{first[1]}"
         try:
             async with asyncio.timeout(grace):
-                await self.store.set(self._departure_key(self.rank), f"{'' if culprit is None else culprit}|{how}")
+                await self.store.set(self._departure_key(self.rank), note)
         except Exception as e:  # noqa: BLE001 - a courtesy: leaving goes on without it
             log.debug("rank %d: could not note its departure in the store: %r", self.rank, e)
 
-    async def _departure_of(self, rank: int) -> tuple[int | None, str] | None:
-        """What ``rank`` noted in the store when it left after a failure (None: nothing, or no store to ask)."""
+    async def _departure_of(self, rank: int) -> tuple[int | str | None, str] | None:
+        """What ``rank`` noted in the store when it left (None: nothing, or no store to ask): the rank it
+        blamed and how, or ``(LEFT_CLEANLY, "")``."""
         key = self._departure_key(rank)
         try:
             async with asyncio.timeout(min(self.timeout, DEPARTURE_LOOKUP)):
@@ -359,6 +359,8 @@ class PeerLinks:
         except Exception:  # noqa: BLE001 - the store failed us too: no more to say than the dial's error
             return None
         culprit, _, how = raw.partition("|")
+        if culprit == L.LEFT_CLEANLY:
+            return L.LEFT_CLEANLY, ""
         return (int(culprit) if culprit.isdigit() else None), how
 
     def _nonce(self) -> bytes:
