@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from aiodist.cli import build_parser
-from aiodist.launch.cli import configure_parser, resolve_options
+from aiodist.launch.cli import configure_parser, ignored_options, resolve_options
 from aiodist.launch.conventions import DEFAULT_NPROC, rank_tag
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,6 +76,34 @@ def test_torchruns_flags_are_accepted_and_mean_the_same() -> None:
         _run_args("--rdzv-endpoint", "h0:1", "--master-port", "2")
     with pytest.raises(ValueError, match="contradicts"):
         _run_args("--on-failure", "continue", "--max-restarts", "2")
+
+
+def test_port_0_means_any_free_port_on_one_node_as_in_torchrun() -> None:
+    # Before: the ranks were given MASTER_PORT=0 and tried to reach a store at port 0 until their timeout.
+    assert _run_args("--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0").master_port is None
+    assert _run_args("--master-port", "0").master_port is None
+    with pytest.raises(ValueError, match="one node only"):
+        _run_args("--nnodes", "2", "--master-port", "0")
+
+
+def test_torchrun_options_that_change_nothing_here_are_accepted_and_named_in_a_warning() -> None:
+    a = _run_args("--tee", "3", "--redirects", "3", "--log-dir", "/tmp/x", "--role", "trainer", "--monitor_interval", "5",
+                  "--start-method", "spawn", "--local-ranks-filter", "0", "--local-addr", "h", "--run-path")
+    assert ignored_options(a) == ["--tee 3", "--redirects 3", "--log-dir /tmp/x", "--local-ranks-filter 0",
+                                  "--role trainer", "--monitor-interval 5", "--start-method spawn", "--local-addr h",
+                                  "--run-path"]
+    assert ignored_options(_run_args()) == []
+    with pytest.raises(ValueError, match="Python programs only"):
+        _run_args("--no-python")
+
+
+def test_a_torchrun_command_line_with_ignored_options_runs(tmp_path: Path) -> None:
+    prog = tmp_path / "p.py"
+    prog.write_text("import os\nprint('rank', os.environ['RANK'], 'port', os.environ['MASTER_PORT'] != '0')\n")
+    out = _aiodist("run", "--nproc-per-node", "2", "--tee", "3", "--rdzv-endpoint", "localhost:0", str(prog))
+    assert out.returncode == 0, out.stderr
+    assert "ignoring torchrun's --tee 3" in out.stderr
+    assert sorted(line.split(": ", 1)[1] for line in out.stdout.splitlines()) == ["rank 0 port True", "rank 1 port True"]
 
 
 def test_one_rank_prefix_and_one_default_world_size() -> None:

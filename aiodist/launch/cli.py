@@ -81,6 +81,31 @@ def _flags(name: str) -> list[str]:
     return [name, underscored] if underscored != name else [name]
 
 
+_IGNORED_TORCHRUN = {
+    "--tee": "every rank's output reaches the launcher's stdout/stderr, each line prefixed with its rank",
+    "--redirects": "every rank's output reaches the launcher's stdout/stderr, each line prefixed with its rank",
+    "--log-dir": "no per-rank log files; the launcher's output has every rank's lines, prefixed",
+    "--local-ranks-filter": "every rank's output is shown",
+    "--role": "ROLE_NAME is 'default'",
+    "--monitor-interval": "the launcher sees a rank's end at once",
+    "--start-method": "ranks are always new processes (spawn)",
+    "--local-addr": "the ranks reach each other at the addresses they publish",
+}
+"""torchrun's options that change nothing aiodist run needs (accepted so that torchrun command lines work)."""
+
+
+def _ignored_dest(name: str) -> str:
+    return "ignored_" + name[2:].replace("-", "_")
+
+
+def ignored_options(args: argparse.Namespace) -> list[str]:
+    """The torchrun options of ``args`` that aiodist ignores, as given (for a warning)."""
+    given = [f"{n} {getattr(args, _ignored_dest(n))}" for n in _IGNORED_TORCHRUN if getattr(args, _ignored_dest(n), None)]
+    if getattr(args, "ignored_run_path", False):
+        given.append("--run-path")
+    return given
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``run`` to ``parser``."""
     parser.add_argument("-n", *_flags("--nproc-per-node"), dest="nproc_per_node", type=_nproc_arg,
@@ -131,6 +156,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="stop the job and exit 124 if it runs longer than this (default: no limit)")
     parser.add_argument("--no-prefix", dest="prefix", action="store_false",
                         help="do not prefix output lines with the rank (ranks share the launcher's stdout/stderr)")
+    ignored = parser.add_argument_group("torchrun options that aiodist accepts and ignores (a warning names them)")
+    for name, why in _IGNORED_TORCHRUN.items():
+        ignored.add_argument(*_flags(name), dest=_ignored_dest(name), default=None, metavar="V",
+                             help=f"torchrun's; ignored: {why}")
+    ignored.add_argument("--run-path", dest="ignored_run_path", action="store_true",
+                         help="torchrun's; ignored: a script is run as python would run it anyway")
+    ignored.add_argument(*_flags("--no-python"), dest="no_python", action="store_true",
+                         help="torchrun's; refused: aiodist run starts Python programs only")
     add_security_options(parser)
     parser.add_argument("-m", "--module", action="store_true",
                         help="treat the program as a module name, as with `python -m`")
@@ -160,8 +193,14 @@ def resolve_options(args: argparse.Namespace) -> argparse.Namespace:
             if args.master_port is not None and args.master_port != p:
                 raise ValueError(f"--rdzv-endpoint {args.rdzv_endpoint} and --master-port {args.master_port} disagree")
             args.master_port = p
+    if getattr(args, "no_python", False):
+        raise ValueError("--no-python: aiodist run starts Python programs only (give it the .py file or -m module)")
     if args.master_addr is None:
         args.master_addr = "127.0.0.1"
+    if args.master_port == 0:  # (torchrun's "any free port", as in its docs' --rdzv-endpoint localhost:0)
+        if args.nnodes not in (1, (1, 1)):
+            raise ValueError("port 0 (any free port) works for one node only: give every node the same real port")
+        args.master_port = None  # the launcher picks a free port, as without --master-port
     if args.rdzv_id is not None:
         if args.run_id is not None and args.run_id != args.rdzv_id:
             raise ValueError(f"--rdzv-id {args.rdzv_id} and --run-id {args.run_id} disagree")
@@ -226,6 +265,9 @@ def run_command(args: argparse.Namespace) -> int:
 
     try:
         resolve_options(args)
+        skipped = ignored_options(args)
+        if skipped:
+            print(f"aiodist run: ignoring torchrun's {', '.join(skipped)} (see `aiodist run --help`)", file=sys.stderr)
         min_nodes, max_nodes = parse_nnodes(args.nnodes) if isinstance(args.nnodes, str) else (
             args.nnodes if isinstance(args.nnodes, tuple) else (args.nnodes, args.nnodes))
         elastic = min_nodes != max_nodes
