@@ -253,6 +253,21 @@ async def test_timeouts_in_torchs_form_a_timedelta_and_a_positional_wait_timeout
     assert await s.get("k", timeout=datetime.timedelta(seconds=5)) == b"v"
 
 
+async def test_set_timeout_sets_the_default_of_blocking_calls_as_in_torch(handles: Factory) -> None:
+    # Before: AttributeError (torch's ``store.set_timeout(timedelta(...))``).
+    s = await handles()
+    s.set_timeout(datetime.timedelta(milliseconds=100))
+    assert s.timeout == pytest.approx(0.1)
+    with pytest.raises(StoreTimeoutError) as info:
+        await s.get("missing")
+    assert info.value.timeout == pytest.approx(0.1)
+    s.set_timeout(5)
+    await s.set("k", b"v")
+    assert await s.get("k") == b"v" and s.timeout == 5.0
+    with pytest.raises(ValueError):
+        s.set_timeout(-1)
+
+
 async def test_wait_needs_keys_to_exist_together(handles: Factory) -> None:
     a, b = await handles(), await handles()
     task = await soon(a.wait(["x", "y"], timeout=5), a)

@@ -568,3 +568,11 @@ async def test_idle_client_notices_a_dead_server_on_its_next_call() -> None:
     with pytest.raises(StoreConnectionLost):
         await asyncio.wait_for(c.add("b", 1), 5)
     await c.close()
+
+
+def test_torchs_tcpstore_constructor_says_what_to_use_instead() -> None:
+    # Before: Python's "takes 2 positional arguments but 5 were given".
+    with pytest.raises(TypeError, match=r"StoreServer.start\(host, port\).*TCPStore.connect"):
+        TCPStore("127.0.0.1", 29500, 4, True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="torch's blocking constructor"):
+        TCPStore(host_name="127.0.0.1", port=29500, world_size=4, is_master=True)  # type: ignore[call-arg]

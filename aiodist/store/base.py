@@ -92,6 +92,10 @@ class Store(abc.ABC):
 
     timeout: float
 
+    def set_timeout(self, timeout: Timeout) -> None:
+        """Set the default timeout of blocking calls: seconds or a timedelta (torch's ``set_timeout``)."""
+        self.timeout = as_timeout(timeout, self.timeout)  # type: ignore[misc]  # (a slot or attribute of each store)
+
     @abc.abstractmethod
     async def set(self, key: str, value: Value) -> None:
         """Store ``value`` under ``key`` (overwriting)."""

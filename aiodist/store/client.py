@@ -73,7 +73,17 @@ class TCPStore(ClientOps):
                  "_short_key", "_pending", "_next_id", "_sent", "_control", "_abandoned", "_wake", "_wake_at",
                  "_error", "_closed_locally", "_server_said", "_housekeeper", "_watcher")
 
-    def __init__(self, conn: Connection, *, host: str, port: int, timeout: float, hello: dict[str, Any]) -> None:
+    def __init__(
+        self, conn: Connection | None = None, *torch_form: Any, host: str = "", port: int = 0, timeout: float = 300.0,
+        hello: dict[str, Any] | None = None, **torch_options: Any,
+    ) -> None:
+        if torch_form or torch_options or conn is None or isinstance(conn, str) or hello is None:
+            raise TypeError(
+                "TCPStore(host, port, world_size, is_master) is torch's blocking constructor. In aiodist one "
+                "process serves the store, `server = await aiodist.StoreServer.start(host, port)`, and every "
+                "process connects, `store = await aiodist.TCPStore.connect(host, port, timeout=...)`; or let "
+                "init_process_group make the job's store"
+            )
         self.host = host
         self.port = port
         self.timeout = timeout

@@ -33,6 +33,10 @@ class PrefixStore(Store):
     def timeout(self) -> float:  # type: ignore[override]
         return self.store.timeout
 
+    def set_timeout(self, timeout: Timeout) -> None:
+        """Set the wrapped store's default timeout (the one this view uses)."""
+        self.store.set_timeout(timeout)
+
     @property
     def underlying_store(self) -> Store:
         """The wrapped store (torch's name)."""
