@@ -169,8 +169,10 @@ class Simulation(FaultActions):
             "MASTER_ADDR": STORE_HOST if self.store_separate else "rank0", "MASTER_PORT": str(self.master_port),
             "TORCHELASTIC_RESTART_COUNT": str(restart_count), "AIODIST_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts), "AIODIST_MAX_RESTARTS": str(self.max_restarts),
-            "TORCHELASTIC_RUN_ID": run_id, "AIODIST_RUN_ID": run_id,
+            "TORCHELASTIC_RUN_ID": run_id, "AIODIST_RUN_ID": run_id, "ROLE_NAME": "default",
         }
+        if self.world_size > 1 and "OMP_NUM_THREADS" not in os.environ:  # (as `aiodist run` and torchrun set it)
+            env["OMP_NUM_THREADS"] = "1"
         if self.store_separate:  # (the store runs on its own host: rank 0 does not start one)
             env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
         env.update(self.extra_env)

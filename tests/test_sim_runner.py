@@ -63,6 +63,19 @@ def test_seed_sweep_finds_the_any_source_receive_race_in_real_group_code() -> No
     assert all(results[s].rank_results[0] == [1, 2] for s in results if s not in failing)
 
 
+def test_a_rank_sees_the_launchers_variables_torchrun_programs_read(monkeypatch: Any) -> None:
+    """The variables ``aiodist run`` (and torchrun) set that a program may read: the same in the simulator."""
+    import os
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+    async def main() -> Any:
+        return os.environ.get("ROLE_NAME"), os.environ.get("OMP_NUM_THREADS"), os.environ.get("ROLE_RANK")
+
+    res = sim.run(main, world_size=2, seed=0, trace=False)
+    assert res.ok and res.rank_results == [("default", "1", "0"), ("default", "1", "1")], res.summary()
+
+
 def test_each_rank_has_its_own_environment_scope_and_network() -> None:
     async def main() -> Any:
         scope = rank_scope()
