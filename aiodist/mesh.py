@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .context import get_default_group
 from .current import world
 from .group import ProcessGroup
 
@@ -133,8 +134,10 @@ async def init_device_mesh(
     The product of the shape must equal the world size. Every rank must call
     it (it creates groups collectively). torch's form
     ``init_device_mesh("cpu", (2, 4), mesh_dim_names=...)`` works too (the
-    device type is ignored). Cancellation may leave some groups created on
-    this rank and not on others: destroy the world group then.
+    device type is ignored). Without a default group it first initializes one,
+    ``init_process_group()`` from the environment, as torch does. Cancellation
+    may leave some groups created on this rank and not on others: destroy the
+    world group then.
     """
     device_type = "cpu"
     if isinstance(mesh_shape, str):
@@ -148,6 +151,10 @@ async def init_device_mesh(
         raise ValueError(f"mesh shape {shape} must have positive dimensions")
     from .subgroups import new_group
 
+    if get_default_group() is None:  # (as torch does: the TP/FSDP tutorials call it first)
+        from .api import init_process_group
+
+        await init_process_group()
     w = world()
     if math.prod(shape) != w.size:
         raise ValueError(f"mesh shape {shape} holds {math.prod(shape)} ranks but the world has {w.size}")

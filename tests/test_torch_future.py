@@ -220,3 +220,18 @@ def test_get_group_rank_of_a_non_member_raises_a_value_error_as_in_torch() -> No
         return ranks
 
     assert run4(main) == [[0, 1]] * 4
+
+
+def test_init_device_mesh_initializes_the_default_group_when_there_is_none_as_torch_does() -> None:
+    # Before: GroupError "the default process group is not initialized" (the TP/FSDP tutorials call it first).
+    async def main() -> Any:
+        from aiodist.device_mesh import init_device_mesh
+
+        mesh = await init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        x = np.ones(1)
+        await dist.all_reduce(x, group=mesh["tp"].get_group())
+        initialized = dist.is_initialized()
+        await dist.destroy_process_group()
+        return initialized, x.tolist()
+
+    assert run4(main) == [(True, [2.0])] * 4
