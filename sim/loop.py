@@ -99,7 +99,8 @@ class SimLoop(LaneControl, LoopInterface):
         """The virtual clock (read-only): what :meth:`time` returns, without a call."""
         # time() and create_future() run several times per simulated message: as C callables
         # (no Python frame) they shadow the methods below, which say what they do.
-        self.time = functools.partial(_read_now, self)  # type: ignore[method-assign]
+        self._now_reader = functools.partial(_read_now, self)
+        self.time = self._now_reader  # type: ignore[method-assign]  # (the method while a lane blocks: see _clocks)
         self.create_future = functools.partial(asyncio.Future, loop=self)  # type: ignore[method-assign]
         self.get_debug = functools.partial(_read_debug, self)  # type: ignore[method-assign]  # (every Future asks)
         self.strategy = schedule
@@ -155,7 +156,14 @@ class SimLoop(LaneControl, LoopInterface):
     # ------------------------------------------------------------------ clock
 
     def time(self) -> float:
-        """Virtual seconds since the loop was created."""
+        """Virtual seconds since the loop was created, as the running lane sees them: later than the loop's
+        while a blocking call of its step lasts (``time.sleep``; see :meth:`lane_clock`), so that a deadline
+        set after the call counts from its end, as in a real process."""
+        blocked = self._blocked
+        if blocked:
+            until = blocked.get(self.lane)
+            if until is not None and until > self.now:
+                return until
         return self.now
 
     # ------------------------------------------------------------------ the way in

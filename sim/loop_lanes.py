@@ -39,6 +39,7 @@ class LaneControl:
     _paused: dict[int, list[Any]]
     _resume_at: dict[int, float]
     _blocked: dict[int, float]
+    _now_reader: Callable[[], float]
     _firsts: dict[int, int]
     _stretch: dict[int, float]
     _lane_tasks: dict[int, list[asyncio.Task[Any]]]
@@ -69,7 +70,8 @@ class LaneControl:
         if held:
             self._graveyard.extend(held)
         self._resume_at.pop(lane, None)
-        self._blocked.pop(lane, None)
+        if self._blocked.pop(lane, None) is not None:
+            self._clocks()
         for task in self._lane_tasks.get(lane, ()):
             if not task.done():
                 self._zombies.append(task)
@@ -118,8 +120,14 @@ class LaneControl:
         until = (start if start > self.now else self.now) + seconds
         if until > self.now:
             self._blocked[lane] = until
+            self._clocks()
             self.pause_lane(lane, until)
         return until
+
+    def _clocks(self) -> None:
+        """``time()`` reads ``now`` directly while no lane blocks, else per lane (:meth:`lane_clock`)."""
+        per_lane: Callable[[], float] = getattr(type(self), "time").__get__(self)  # (SimLoop.time, the method)
+        setattr(self, "time", per_lane if self._blocked else self._now_reader)
 
     def lane_clock(self, lane: int) -> float:
         """The virtual time as ``lane`` sees it: later than the loop's while a blocking call of its step lasts."""
@@ -147,7 +155,8 @@ class LaneControl:
             return  # killed meanwhile, or the pause was extended
         held = self._paused.pop(lane)
         del self._resume_at[lane]
-        self._blocked.pop(lane, None)
+        if self._blocked.pop(lane, None) is not None:
+            self._clocks()
         self._firsts.pop(lane, None)
         self._stopped.discard(lane)
         if held:

@@ -380,6 +380,36 @@ def test_a_blocking_sleep_stops_the_rank_in_virtual_time() -> None:
     assert time.sleep.__module__ == "time" and not hasattr(time.sleep, "__wrapped__")  # (restored: the builtin)
 
 
+async def _sleeps_then_times_out() -> Any:
+    await aiodist.init_process_group()
+    loop = asyncio.get_running_loop()
+    try:
+        if aiodist.get_rank() == 1:
+            time.sleep(5)
+            after_sleep = loop.time()
+            try:
+                await aiodist.barrier(timeout=2)  # (rank 0 is away for 10 s: it cannot complete)
+            except aiodist.CollectiveTimeoutError:
+                return after_sleep, loop.time()
+            return after_sleep, None
+        await asyncio.sleep(10)
+        return None
+    finally:
+        await aiodist.destroy_process_group()
+
+
+def test_the_event_loop_clock_counts_a_blocking_sleep_so_a_deadline_set_after_it_is_not_short() -> None:
+    """As in a real process, loop.time() after time.sleep(5) reads 5 s later, so a 2 s timeout set then ends at 7 s.
+
+    (Before: loop.time() still read 0 in the rest of the step, so the timeout fired at 2 s,
+    the moment the sleep ended; the real run times out at 7 s.)
+    """
+    res = sim.run(_sleeps_then_times_out, world_size=2, seed=0, explore=False)
+    assert res.ok, res.summary()
+    after_sleep, raised = res.rank_results[1]
+    assert after_sleep == pytest.approx(5.0, abs=0.01) and raised == pytest.approx(7.0, abs=0.05)
+
+
 async def _ids() -> Any:
     return os.getpid(), uuid.uuid4().hex, secrets.token_hex(8), random.SystemRandom().random(), os.urandom(4)
 
