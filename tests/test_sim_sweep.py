@@ -163,6 +163,8 @@ async def _stuck() -> Any:
     await aiodist.init_process_group()
     if aiodist.get_rank() == 0:
         await aiodist.recv(np.empty(1), src=1)  # nobody sends: the line a deadlock report must name
+    else:
+        await asyncio.sleep(1000)  # (rank 1 stays: a rank that left would fail the receive, "left the job")
     await aiodist.destroy_process_group()
 
 
