@@ -95,6 +95,7 @@ async def test_destroy_fails_operations_still_running_with_a_group_error() -> No
             with pytest.raises(GroupError, match="destroyed"):
                 await h2.wait()
         else:
+            await asyncio.sleep(0.5)  # (stays while rank 0 destroys: its leaving would fail the receive first)
             await dist.destroy_process_group()
 
     await run_ranks(2, rank)
