@@ -540,20 +540,43 @@ def test_a_listener_closes_a_unix_connection_of_another_user(loop: str, monkeypa
     run_on(loop, main, timeout=60)
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("setpriv") is None,
-                    reason="needs root and setpriv to run a process as another user")
+def _as_nobody() -> list[str] | None:
+    """The command prefix that runs a stdlib Python as user ``nobody`` (None: root and setpriv are needed, and a
+    Python that user may run: a pyenv one under /root loads its libpython from where ``nobody`` cannot read)."""
+    import subprocess
+    import sys
+
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return None
+    for python in dict.fromkeys([sys.executable, "/usr/bin/python3", shutil.which("python3") or ""]):
+        if not python:
+            continue
+        cmd = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", python]
+        try:
+            ok = subprocess.run([*cmd, "-c", "print('ok')"], capture_output=True, timeout=20).stdout == b"ok\n"
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        if ok:
+            return cmd
+    return None
+
+
+AS_NOBODY = _as_nobody()
+
+
+@pytest.mark.skipif(AS_NOBODY is None, reason="needs root, setpriv and a Python that user nobody may run")
 def test_a_squatter_running_as_another_user_gets_nothing_and_the_link_goes_over_tcp() -> None:
     """The attack itself: user ``nobody`` binds the rank's Unix name before the rank does."""
     import subprocess
-    import sys
+
+    assert AS_NOBODY is not None
 
     async def main() -> None:
         proc: list[Any] = []
 
         async def squat(name: str) -> None:
-            p = await asyncio.create_subprocess_exec(
-                "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable, "-c", SQUATTER,
-                "@" + name[1:], "3", stdout=subprocess.PIPE)
+            p = await asyncio.create_subprocess_exec(*AS_NOBODY, "-c", SQUATTER, "@" + name[1:], "3",
+                                                     stdout=subprocess.PIPE)
             proc.append(p)
             assert await asyncio.wait_for(p.stdout.readline(), 10) == b"bound\n"  # type: ignore[union-attr]
 
