@@ -58,7 +58,12 @@ class ConnectionClosedLocally(ConnectionClosedError):
 
 
 class ConnectionLost(ConnectionClosedError):
-    """The peer closed the connection or the network broke it (not your doing)."""
+    """The peer closed the connection or the network broke it (not your doing).
+
+    ``.detail``: what broke it (the OS's or TLS's error), None for an orderly close by the peer.
+    """
+
+    detail: str | None = None
 
 
 _E = TypeVar("_E", bound=BaseException)

@@ -753,3 +753,13 @@ def test_a_refusal_from_a_rank_that_left_is_its_bye_and_wakes_the_sends_with_it(
     assert m.get(3).state is S.LEFT and FailReceives(3) in acts  # type: ignore[union-attr]
     woken = [a for a in acts if isinstance(a, Wake)]
     assert len(woken) == 1 and "left the job" in str(woken[0].error)
+
+
+def test_a_connection_that_broke_says_what_broke_it() -> None:
+    """An OS or TLS error (a reset; under TLS, a record altered on the path) is in the failure, cut short."""
+    m = Links(0, 2, dial_defer=0)
+    c = ready(m, 1)
+    m.lost(1, c, detail="[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC] decryption failed or bad record mac")
+    assert str(m.peer_error(1)) == (
+        "rank 1 failed: connection lost ([SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC] decryption failed or bad record mac)"
+    )

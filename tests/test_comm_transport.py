@@ -130,7 +130,7 @@ async def test_a_broken_connection_fails_pending_and_later_operations(closing: l
             await pending_0
         with pytest.raises(PeerFailureError) as e1:
             await pending_1  # waits on rank 0, but the group contains the dead rank 2: told by rank 0
-    assert e0.value.rank == 2 and e0.value.how == "connection lost"
+    assert e0.value.rank == 2 and (e0.value.how or "").startswith("connection lost")  # (and what broke it, if said)
     assert e1.value.rank == 2 and "reported by rank 0" in (e1.value.how or "")
     with pytest.raises(PeerFailureError):
         await chans[0].send(2, ("later",), b"x")

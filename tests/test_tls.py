@@ -255,3 +255,60 @@ async def test_store_serve_over_tls(pki: dict[str, Any]) -> None:
     finally:
         proc.terminate()
         await proc.wait()
+
+
+class _Flipper(Relay):
+    """A man in the middle that flips one bit of the TLS stream after ``after`` bytes (one way)."""
+
+    def __init__(self, target: tuple[str, int], after: int) -> None:
+        super().__init__(target)
+        self.after = after
+        self.flipped = False
+
+    async def pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                if not self.flipped and len(self.seen) + len(data) > self.after:
+                    i = max(0, self.after - len(self.seen))
+                    data = data[:i] + bytes([data[i] ^ 0x10]) + data[i + 1:]
+                    self.flipped = True
+                self.seen += data
+                w.write(data)
+                await w.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            w.close()
+
+
+async def test_a_tls_record_altered_on_the_path_is_named_in_the_error_not_just_connection_lost(pki: dict[str, Any]) -> None:
+    """Under TLS, data altered on the path is found out (never delivered): the connection's error says what
+    TLS found (its ``.detail``), which a rank's failure then names ("connection lost (...)")."""
+    from aiodist import tls
+    from aiodist.errors import ConnectionLost
+    from aiodist.net.tcp import TCPNetwork
+
+    got: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    async def handler(conn: Any) -> None:
+        try:
+            while True:
+                await conn.recv()
+        except ConnectionLost as e:
+            got.set_result(e)
+
+    listener = await TCPNetwork().listen(("127.0.0.1", 0), handler, ssl=tls.server_side(pki["a"]))
+    try:
+        async with _Flipper(listener.address, after=20_000) as port:
+            conn = await TCPNetwork().connect(("127.0.0.1", port), timeout=5, ssl=tls.client_side(pki["b"]))
+            try:
+                for _ in range(8):
+                    await conn.send({"t": "m"}, np.ones(4096))
+            except ConnectionLost:
+                pass
+            err = await asyncio.wait_for(got, 10)
+            conn.close()
+    finally:
+        listener.close()
+        await listener.wait_closed()
+    assert err.detail is not None and ("SSL" in err.detail or "record" in err.detail.lower()), err.detail

@@ -381,19 +381,21 @@ class Links:
 
     # ------------------------------------------------------------------ a link ends
 
-    def lost(self, rank: int, conn: Any, *, locally: bool = False) -> Actions:
-        """The connection ``conn`` of ``rank`` ended (``locally``: closed by this side)."""
+    def lost(self, rank: int, conn: Any, *, locally: bool = False, detail: str | None = None) -> Actions:
+        """The connection ``conn`` of ``rank`` ended (``locally``: closed by this side; ``detail``: what broke
+        it, an OS or TLS error, said in the failure: a reset, or data altered on the path under TLS)."""
         link = self._links.get(rank)
         if link is None or link.conn is not conn:
             return []
         if link.state is not _READY:
             link.conn = None
             return []
+        lost = "connection lost" if detail is None else f"connection lost ({F.shown(detail, 200)})"
         if self.closing:
             if locally:
                 return []
-            return self._fail(link, "connection lost")
-        return self._fail(link, "connection closed" if locally else "connection lost")
+            return self._fail(link, lost)
+        return self._fail(link, "connection closed" if locally else lost)
 
     def send_failed(self, rank: int) -> Actions:
         """A send to ``rank`` found its connection broken."""

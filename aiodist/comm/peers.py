@@ -22,7 +22,7 @@ from .. import tls
 from ..auth import NONCE_BYTES, AuthenticationError
 from ..context import token_bytes
 from ..eager import start_eager
-from ..errors import ConnectionClosedError, ConnectionClosedLocally, EvictedError, GroupError, PeerFailureError, anew
+from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, EvictedError, GroupError, PeerFailureError, anew
 from ..net.base import Address, Connection, Frame, Header, Listener, Network
 from ..net.gate import DEFAULT_MAX_HANDSHAKES, HandshakeGate, Ticket
 from . import actions as A
@@ -468,7 +468,8 @@ class PeerLinks:
             r = shake.rank
             if shake.linked and r is not None:
                 if end is not None:
-                    self.do(self.links.lost(r, conn, locally=isinstance(end, ConnectionClosedLocally)))
+                    detail = end.detail if isinstance(end, ConnectionLost) else None
+                    self.do(self.links.lost(r, conn, locally=isinstance(end, ConnectionClosedLocally), detail=detail))
                 p = self.peers[r]
                 if p.matches:
                     err = self.links.peer_error(r) if p.link.how is not None else GroupError(DESTROYED)

@@ -245,7 +245,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         if exc is None:
             self._set_exc(ConnectionLost(f"{self._peer} closed the connection"))
         else:
-            self._set_exc(ConnectionLost(f"connection to {self._peer} broke: {exc}"))
+            lost = ConnectionLost(f"connection to {self._peer} broke: {exc}")
+            lost.detail = str(exc) or type(exc).__name__
+            self._set_exc(lost)
         self._state = _State.CLOSED
         if self._outbox is not None:
             self._outbox.stop(self._exc)  # type: ignore[arg-type]
