@@ -111,7 +111,7 @@ class Relay:
     """A man in the middle on 127.0.0.1: forwards every byte both ways between whoever connects and ``target``.
 
     ``seen`` holds what it forwarded (both ways, in order of arrival); a
-    subclass changes what goes through by overriding :meth:`pipe`.
+    subclass changes what goes through by overriding :meth:`alter`.
     ``async with Relay(target) as port:`` listens while inside (else
     :meth:`start` and :meth:`close`).
     """
@@ -149,6 +149,7 @@ class Relay:
         """Forward what ``r`` reads to ``w`` until either end closes; then close ``w``."""
         try:
             while data := await r.read(65536):
+                data = self.alter(data)
                 self.seen += data
                 w.write(data)
                 await w.drain()
@@ -156,6 +157,10 @@ class Relay:
             pass
         finally:
             w.close()
+
+    def alter(self, data: bytes) -> bytes:
+        """What goes on of ``data`` just read (``seen`` holds what went through before it): all of it, unchanged."""
+        return data
 
 
 def rss(pid: int) -> int:

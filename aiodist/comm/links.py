@@ -99,8 +99,8 @@ DUP_WAIT = 1.0
 """Seconds a rank answered ``dup`` (the lower rank's own connection is on its way) waits for that connection
 before it dials again, when a send or receive needs the link."""
 
-MAX_HOW = 300
-"""Characters of a failure's description kept from a peer's ``bye`` (what it left after)."""
+MAX_HOW = F.MAX_TEXT
+"""Characters of a failure's description kept from a peer's ``bye`` (what it left after) or ``fail`` notice."""
 
 
 class Link:
