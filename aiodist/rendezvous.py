@@ -238,7 +238,9 @@ async def rendezvous(
                             f"{type(e).__name__}: {e}"
                         ) from e
                     continue
-                raise RendezvousError(f"rank {r} lost the store during rendezvous: {type(e).__name__}: {e}") from e
+                what = ("the store did not answer in time during rendezvous (stopped, hung or overloaded?)"
+                        if isinstance(e, TimeoutError) else "lost the store during rendezvous")
+                raise RendezvousError(f"rank {r}: {what}: {type(e).__name__}: {e}") from e
     except BaseException:
         for close in reversed(owned):
             try:

@@ -83,3 +83,48 @@ async def test_a_blocked_cancellation_does_not_stop_the_expiry_of_other_calls(mo
         for t in fillers:
             with pytest.raises(ConnectionClosedError):
                 await t
+
+
+async def test_a_stopped_server_fails_a_call_by_its_timeout_not_seconds_later() -> None:
+    """The server says nothing (stopped, hung): the call ends by ``timeout`` + a twentieth of it (at most 1 s).
+
+    Before, it ended 5 s after its timeout (``init_process_group(timeout=20)`` failed at 25 s).
+    """
+    async with deaf_server() as port:
+        c = await TCPStore.connect(HOST, port, timeout=30)
+        loop = asyncio.get_running_loop()
+        for call in (lambda: c.get("a", timeout=1.0), lambda: c.wait(["a"], timeout=1.0)):
+            t0 = loop.time()
+            with pytest.raises(StoreTimeoutError) as info:
+                await call()
+            assert 1.0 <= loop.time() - t0 < 1.5
+            assert info.value.keys == ["a"]
+        await c.close()
+
+
+async def test_init_process_group_with_a_stopped_store_fails_by_its_timeout() -> None:
+    import aiodist
+    from aiodist.errors import RendezvousError
+
+    async with deaf_server() as port:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(RendezvousError, match="did not answer in time") as info:
+            await aiodist.init_process_group(init_method=f"tcp://{HOST}:{port}", rank=1, world_size=2, timeout=2.0)
+        assert loop.time() - t0 < 2.5  # before: 3.3 s (the client's 5 s grace, then a 1 s lingering close)
+        assert isinstance(info.value.__cause__, StoreTimeoutError)
+
+
+async def test_a_server_silent_from_the_start_is_named_in_the_connect_timeout() -> None:
+    """Before: '... within 0.5s (1 attempts; last error: )' (an empty TimeoutError)."""
+    from aiodist.errors import StoreConnectTimeoutError
+
+    async def silent(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(3600)
+
+    server = await asyncio.start_server(silent, HOST, 0)
+    try:
+        with pytest.raises(StoreConnectTimeoutError, match="accepted the connection but did not answer the handshake"):
+            await TCPStore.connect(HOST, server.sockets[0].getsockname()[1], timeout=0.5)
+    finally:
+        server.close()

@@ -52,8 +52,14 @@ from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
 
 log = logging.getLogger("aiodist.store")
 
-_GRACE = 5.0
-"""Extra seconds a call waits for the server's own timeout reply before giving up locally."""
+_GRACE = 1.0
+"""At most this many extra seconds a call waits for the server's own timeout reply before giving up locally
+(a twentieth of the call's timeout when that is less): both say the same, so the grace covers the reply's
+way back only; a stopped or hung server fails a call of timeout ``t`` by ``t + min(1, t/20)`` s."""
+
+
+def _grace(timeout: float) -> float:
+    return min(_GRACE, timeout / 20)
 
 _BACKOFF_FIRST = 0.05
 _BACKOFF_MAX = 1.0
@@ -71,7 +77,7 @@ class TCPStore(ClientOps):
 
     __slots__ = ("host", "port", "timeout", "_conn", "_loop", "_ping_interval", "max_key_bytes", "max_value_bytes",
                  "_short_key", "_pending", "_next_id", "_sent", "_control", "_abandoned", "_wake", "_wake_at",
-                 "_error", "_closed_locally", "_server_said", "_housekeeper", "_watcher")
+                 "_error", "_silent", "_closed_locally", "_server_said", "_housekeeper", "_watcher")
 
     def __init__(
         self, conn: Connection | None = None, *torch_form: Any, host: str = "", port: int = 0, timeout: float = 300.0,
@@ -104,6 +110,7 @@ class TCPStore(ClientOps):
         self._wake = asyncio.Event()
         self._wake_at = math.inf
         self._error: str | None = None  # why the connection is unusable
+        self._silent = False  # a call expired unanswered and nothing came since (the server stopped or hung)
         self._closed_locally = False
         self._server_said: str | None = None
         self._housekeeper = self._loop.create_task(self._housekeeping(), name=f"aiodist.store.housekeeping[{host}:{port}]")
@@ -147,7 +154,7 @@ class TCPStore(ClientOps):
             if remaining <= 0:
                 raise StoreConnectTimeoutError(
                     f"could not connect to the store server at {host}:{port} within {timeout:g}s "
-                    f"({attempts} attempts; last error: {last})",
+                    f"({attempts} attempts; last error: {str(last) or type(last).__name__})",
                     host=host,
                     port=port,
                     timeout=timeout,
@@ -164,7 +171,11 @@ class TCPStore(ClientOps):
             except (ConnectionLost, TimeoutError, BusyError) as e:
                 if conn is not None:
                     conn.abort()
-                last = e
+                if isinstance(e, TimeoutError) and conn is not None:
+                    last = TimeoutError("it accepted the connection but did not answer the handshake "
+                                        "(stopped, hung, overloaded or not a store server?)")
+                else:
+                    last = e
             except BaseException:
                 if conn is not None:
                     conn.abort()
@@ -204,7 +215,7 @@ class TCPStore(ClientOps):
         header["id"] = rid
         loop = self._loop
         fut: asyncio.Future[tuple[dict[str, Any], memoryview | None]] = loop.create_future()
-        deadline = loop.time() + timeout + _GRACE
+        deadline = loop.time() + timeout + _grace(timeout)
         self._pending[rid] = (fut, deadline, op, keys, timeout)
         if deadline < self._wake_at:
             self._wake.set()
@@ -256,6 +267,7 @@ class TCPStore(ClientOps):
     def _dispatch(self, frame: Frame) -> None:
         """Hand a reply to the call waiting for it (also the connection's frame handler)."""
         h = frame.header
+        self._silent = False
         rid = h.get("id")
         call = self._pending.pop(rid, None) if type(rid) is int else None
         if call is not None and not call[0].done():
@@ -376,6 +388,7 @@ class TCPStore(ClientOps):
         if call is None:
             return
         fut, _, op, keys, timeout = call
+        self._silent = True
         if not fut.done():
             fut.set_exception(StoreTimeoutError(_keylist(keys), timeout, op))
         if op in P.BLOCKING_OPS and self._error is None:
@@ -386,11 +399,19 @@ class TCPStore(ClientOps):
     # ------------------------------------------------------------ closing
 
     async def close(self) -> None:
-        """Close the connection; pending calls raise ConnectionClosedLocally. Idempotent."""
+        """Close the connection; pending calls raise ConnectionClosedLocally. Idempotent.
+
+        An orderly close lingers up to 1 s for the server's end of stream; a server
+        that has not answered since a call expired (stopped, hung) is not waited
+        for: the connection is reset.
+        """
         if self._error is None:
             self._closed_locally = True
             self._fail(f"the store client for {self.host}:{self.port} was closed")
-        self._conn.close()
+        if self._silent:
+            self._conn.abort()
+        else:
+            self._conn.close()
         tasks = [self._watcher, self._housekeeper]
         for task in tasks:
             task.cancel()
