@@ -90,11 +90,23 @@ def test_torchrun_options_that_change_nothing_here_are_accepted_and_named_in_a_w
     a = _run_args("--tee", "3", "--redirects", "3", "--log-dir", "/tmp/x", "--role", "trainer", "--monitor_interval", "5",
                   "--start-method", "spawn", "--local-ranks-filter", "0", "--local-addr", "h", "--run-path")
     assert ignored_options(a) == ["--tee 3", "--redirects 3", "--log-dir /tmp/x", "--local-ranks-filter 0",
-                                  "--role trainer", "--monitor-interval 5", "--start-method spawn", "--local-addr h",
+                                  "--monitor-interval 5", "--start-method spawn", "--local-addr h",
                                   "--run-path"]
     assert ignored_options(_run_args()) == []
     with pytest.raises(ValueError, match="Python programs only"):
         _run_args("--no-python")
+
+
+def test_role_sets_role_name_as_in_torchrun(tmp_path: Path) -> None:
+    # Before: --role was accepted and ignored (ROLE_NAME was always 'default').
+    prog = tmp_path / "p.py"
+    prog.write_text("import os\nprint(os.environ['ROLE_NAME'], os.environ['ROLE_RANK'], os.environ['ROLE_WORLD_SIZE'])\n")
+    out = _aiodist("run", "--nproc-per-node", "2", "--role", "trainer", str(prog))
+    assert out.returncode == 0, out.stderr
+    assert "ignoring" not in out.stderr
+    assert sorted(line.split(": ", 1)[1] for line in out.stdout.splitlines()) == ["trainer 0 2", "trainer 1 2"]
+    out = _aiodist("run", "--nproc-per-node", "1", str(prog))
+    assert out.stdout.split(": ", 1)[1].split() == ["default", "0", "1"]
 
 
 def test_a_torchrun_command_line_with_ignored_options_runs(tmp_path: Path) -> None:

@@ -206,6 +206,7 @@ class Attempt:
                     restart_count=self.index + cfg.restart_base,
                     max_restarts=cfg.max_restarts + cfg.restart_base,
                     run_id=cfg.run_id,
+                    role=cfg.role,
                 ),
                 nproc_per_node=cfg.nproc_per_node,
             )

@@ -86,7 +86,6 @@ _IGNORED_TORCHRUN = {
     "--redirects": "every rank's output reaches the launcher's stdout/stderr, each line prefixed with its rank",
     "--log-dir": "no per-rank log files; the launcher's output has every rank's lines, prefixed",
     "--local-ranks-filter": "every rank's output is shown",
-    "--role": "ROLE_NAME is 'default'",
     "--monitor-interval": "the launcher sees a rank's end at once",
     "--start-method": "ranks are always new processes (spawn)",
     "--local-addr": "the ranks reach each other at the addresses they publish",
@@ -150,6 +149,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                              "to their end, then report every failure and exit non-zero)")
     parser.add_argument(*_flags("--run-id"), dest="run_id", default=None,
                         help="job id given to the ranks as TORCHELASTIC_RUN_ID / AIODIST_RUN_ID (default: none)")
+    parser.add_argument("--role", dest="role", default="default", metavar="NAME",
+                        help="the ranks' ROLE_NAME, as torchrun's --role (default: default)")
     parser.add_argument("--grace-period", dest="grace_period", type=float, default=5.0, metavar="SECONDS",
                         help="seconds between SIGTERM and SIGKILL when stopping ranks (default: 5)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
@@ -284,6 +285,7 @@ def run_command(args: argparse.Namespace) -> int:
             max_restarts=args.max_restarts,
             on_failure=args.on_failure,
             run_id=args.run_id,
+            role=args.role,
             grace_period=args.grace_period,
             timeout=args.timeout,
             prefix_output=args.prefix,

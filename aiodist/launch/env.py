@@ -44,12 +44,14 @@ def rank_env(
     restart_count: int = 0,
     max_restarts: int = 0,
     run_id: str = "none",
+    role: str = "default",
 ) -> dict[str, str]:
     """The variables for local rank ``local_rank`` of node ``node_rank``.
 
     Global rank is ``node_rank * nproc_per_node + local_rank`` and the world
     size ``nnodes * nproc_per_node`` (every node runs the same number of ranks,
-    as with torchrun's static rendezvous).
+    as with torchrun's static rendezvous). ``role`` is torchrun's ``--role``
+    (``ROLE_NAME``); with one role per job, the role's ranks are the job's.
     """
     if nproc_per_node < 1:
         raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
@@ -63,6 +65,8 @@ def rank_env(
         raise ValueError(f"master_port must be in [0, 65535], got {master_port}")
     if restart_count < 0 or max_restarts < 0:
         raise ValueError("restart_count and max_restarts must be >= 0")
+    if not role:
+        raise ValueError("role must not be empty")
     world_size = nnodes * nproc_per_node
     rank = node_rank * nproc_per_node + local_rank
     return {
@@ -74,7 +78,7 @@ def rank_env(
         "LOCAL_WORLD_SIZE": str(nproc_per_node),
         "GROUP_WORLD_SIZE": str(nnodes),
         "ROLE_WORLD_SIZE": str(world_size),
-        "ROLE_NAME": "default",
+        "ROLE_NAME": role,
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),

@@ -29,6 +29,8 @@ class LaunchConfig:
     """What a rank's failure does: ``"stop"`` the others (with ``max_restarts`` > 0: restart), ``"restart"`` the
     whole job (up to ``max_restarts`` times), or ``"continue"``: the survivors run to their end."""
     run_id: str = "none"
+    role: str = "default"
+    """The ranks' ``ROLE_NAME`` (torchrun's ``--role``)."""
     grace_period: float = 5.0
     """Seconds between SIGTERM and SIGKILL when stopping ranks."""
     timeout: float | None = None
