@@ -78,3 +78,30 @@ def test_unwatch_and_bad_settings() -> None:
         FailureDetector(0, 3)
     with pytest.raises(ValueError):
         FailureDetector(1.0, 0)
+
+
+def test_where_the_connection_counts_bytes_a_large_frame_buys_time_only_while_they_come() -> None:
+    """Before, the header's length alone bought its sender the frame's time at the minimum bandwidth, even
+    once its bytes had stopped (a peer stopped mid-frame, or one announcing more than it sends)."""
+    det = FailureDetector(0.5, 2)
+    w = Watch(1)
+    det.watch(w)
+    w.slow_frame(0.1, 1000.0)  # a header announcing a frame of 1000 s at the minimum bandwidth
+    counts = {1: 10}
+    for t in (0.5, 1.0, 1.5, 2.0):  # bytes keep coming
+        counts[1] += 65536
+        assert det.check(t, t, counts.get)[1] == [], t
+    assert det.check(2.5, 2.5, counts.get)[1] == []  # they stopped: one interval missed
+    [(rank, how)] = det.check(3.0, 3.0, counts.get)[1]
+    assert rank == 1 and "heard nothing for 1.0s" in how
+
+
+def test_where_nothing_is_counted_the_large_frame_rule_holds() -> None:
+    det = FailureDetector(0.5, 2)
+    w = Watch(1)
+    det.watch(w)
+    w.slow_frame(0.1, 5.0)
+    nothing: dict[int, int | None] = {1: None}
+    for t in (0.5, 1.0, 3.0, 5.0, 5.5):
+        assert det.check(t, t, nothing.get)[1] == [], t
+    assert det.check(6.0, 6.0, nothing.get)[1]

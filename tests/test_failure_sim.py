@@ -127,7 +127,8 @@ def test_a_slow_link_is_not_a_hung_peer() -> None:
     """A 16 MiB all_reduce over 5 MB/s links takes ~5 s, longer than the 3 s heartbeat timeout: frames keep
     arriving (and heartbeats between them), so nobody is declared failed. (The simulator delivers a frame
     whole when its last byte arrives: a single frame that takes longer than the timeout would look like
-    silence there; over TCP its header arrives first and buys it time, see HEARTBEAT_MIN_BANDWIDTH.)"""
+    silence there, so its header buys it time, see HEARTBEAT_MIN_BANDWIDTH; over TCP its bytes, as they come, are
+the signs of life.)"""
     res = sim.run(big_allreduce_main, world_size=4, seed=0, network=sim.Network.ideal(alpha=1e-4, bandwidth=5e6),
                   trace=False)
     assert res.ok, res.summary()

@@ -76,13 +76,17 @@ class Heartbeats:
             self._timer.cancel()
             self._timer = None
 
+    def _progress(self, rank: int) -> int | None:
+        conn = self._conn_of(rank)
+        return None if conn is None else conn.progress
+
     def _check(self, due: float) -> None:
         self._timer = None
         det = self._detector
         if det is None:
             return
         now = self._loop.time()
-        beats, silent = det.check(now, due)
+        beats, silent = det.check(now, due, self._progress)
         for rank in beats:
             try:
                 self._conn_of(rank).try_send(_HEARTBEAT)

@@ -61,8 +61,10 @@ HEARTBEAT_INTERVAL_ENV = "AIODIST_HEARTBEAT_INTERVAL"
 HEARTBEAT_MISSES_ENV = "AIODIST_HEARTBEAT_MISSES"
 """Heartbeat intervals of silence after which a peer is declared failed (default :data:`HEARTBEAT_MISSES`)."""
 HEARTBEAT_MIN_BANDWIDTH = 1e6
-"""Bytes/s: while a frame of n bytes arrives from a peer, its heartbeats wait behind it, so the
-peer is allowed n / HEARTBEAT_MIN_BANDWIDTH more seconds of silence (a slow link is not a hung peer)."""
+"""Bytes/s: while a frame of n bytes arrives from a peer, its heartbeats wait behind it, so on a
+connection that does not count what arrives (the simulator's: frames arrive whole) the peer is allowed
+n / HEARTBEAT_MIN_BANDWIDTH more seconds of silence (a slow link is not a hung peer). Over TCP and shared
+memory the frame's own bytes, as they come, are the signs of life instead (``Connection.progress``)."""
 HEARTBEAT_GRACE_MIN_BYTES = 256 * 1024
 HEARTBEAT_INTERVAL = 0.5
 HEARTBEAT_MISSES = 6

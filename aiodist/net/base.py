@@ -126,6 +126,16 @@ class Connection(abc.ABC):
     def closed(self) -> bool:
         """True once closed or aborted by either side, or broken."""
 
+    @property
+    def progress(self) -> int | None:
+        """A count that grows whenever anything arrives from the peer, part of a frame included.
+
+        ``None``: not counted (frames arrive whole). The failure detector reads
+        it: a large frame whose bytes keep coming is a sign of life; one whose
+        bytes stopped coming is not, whatever length its header announced.
+        """
+        return None
+
     # -- sending -----------------------------------------------------------
 
     @abc.abstractmethod

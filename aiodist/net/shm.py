@@ -93,6 +93,7 @@ class ShmConnection(RingTransfer, Connection):
         self._in: Segment | None = None  # the ring the peer sends into
         self._incoming: _Incoming | None = None
         self._spares = Spares(SPARE_BYTES)
+        self._progress = 0  # frames received on the stream (see Connection.progress)
         stream.owner = self
         PEERS.opened(peer_pid)
         stream.set_frame_handler(self._on_stream_frame)
@@ -263,7 +264,12 @@ class ShmConnection(RingTransfer, Connection):
 
     # ------------------------------------------------------------------ receiving
 
+    @property
+    def progress(self) -> int:
+        return self._progress
+
     def _on_stream_frame(self, frame: Frame) -> None:
+        self._progress += 1  # (a large payload's pieces are announced by frames too)
         header = frame.header
         if _K not in header:
             if self._incoming is not None:

@@ -68,6 +68,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._linger: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_frame: FrameHandler | None = None
+        self._progress = 0  # bytes received (see Connection.progress)
 
     def __repr__(self) -> str:
         return f"<TCPConnection {self._peer} {self._state.value} unread={len(self._frames)} {self._outbox!r}>"
@@ -125,6 +126,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         # Something arrived: a new burst of sends may go out at once (see outbox).
         self._outbox.wrote = False  # type: ignore[union-attr]
+        self._progress += nbytes
         decoder = self._decoder
         try:
             frames = decoder.buffer_updated(nbytes)
@@ -447,6 +449,10 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 except (OSError, ValueError):
                     pass
             t.abort()
+
+    @property
+    def progress(self) -> int:
+        return self._progress
 
     async def wait_closed(self) -> None:
         if self._closed_fut is not None:
