@@ -16,7 +16,11 @@ the same here:
 from __future__ import annotations
 
 import datetime
+import numbers
 from typing import Any
+
+import numpy as np
+from .errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = ["MISSING", "BACKENDS", "Backend", "backend_name", "either", "is_backend", "seconds"]
 
@@ -40,14 +44,11 @@ def seconds(timeout: Any, what: str = "timeout") -> float:
     """``timeout`` in seconds: a number, or a :class:`datetime.timedelta` (torch's form)."""
     if isinstance(timeout, datetime.timedelta):
         return timeout.total_seconds()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        try:
-            return float(timeout)  # numpy numbers
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"{what} must be a number of seconds or a datetime.timedelta, not {type(timeout).__name__}"
-            ) from None
-    return float(timeout)
+    if isinstance(timeout, (int, float, numbers.Real)) and not isinstance(timeout, (bool, np.bool_)):
+        return float(timeout)  # (numpy numbers too; not a bool, not a str: "5" was taken as 5 s)
+    raise InvalidArgumentTypeError(
+        f"{what} must be a number of seconds or a datetime.timedelta, not {type(timeout).__name__}"
+    )
 
 
 def optional_seconds(timeout: Any, what: str = "timeout") -> float | None:
@@ -59,11 +60,11 @@ def either(fn: str, value: Any, name: str, alias_value: Any, alias: str, *, requ
     if value is MISSING:
         if alias_value is MISSING:
             if required:
-                raise TypeError(f"{fn}() missing required argument: {name!r}")
+                raise InvalidArgumentTypeError(f"{fn}() missing required argument: {name!r}")
             return None
         return alias_value
     if alias_value is not MISSING:
-        raise TypeError(f"{fn}() got {name!r} and {alias!r}: they are the same argument, pass one")
+        raise InvalidArgumentTypeError(f"{fn}() got {name!r} and {alias!r}: they are the same argument, pass one")
     return value
 
 
@@ -74,11 +75,11 @@ def root(fn: str, pg: Any, global_rank: Any, group_rank: Any, what: str, default
     """
     if group_rank is not None:
         if global_rank is not None:
-            raise ValueError(f"{fn}(): pass {what}= (a global rank) or group_{what}= (a rank of the group), not both")
+            raise InvalidArgumentError(f"{fn}(): pass {what}= (a global rank) or group_{what}= (a rank of the group), not both")
         return group_rank  # type: ignore[no-any-return]  # (checked by the group)
     if global_rank is None:
         if default is None:
-            raise ValueError(f"{fn}(): pass {what}= (a global rank) or group_{what}= (a rank of the group)")
+            raise InvalidArgumentError(f"{fn}(): pass {what}= (a global rank) or group_{what}= (a rank of the group)")
         global_rank = default
     return _local(pg, global_rank, what)
 
@@ -92,7 +93,7 @@ def _local(pg: Any, global_rank: Any, what: str) -> int:
 
             global_rank = operator.index(global_rank)  # numpy integers
         except TypeError:
-            raise TypeError(f"{what} must be an int rank, not {type(global_rank).__name__}") from None
+            raise InvalidArgumentTypeError(f"{what} must be an int rank, not {type(global_rank).__name__}") from None
     r: int = pg.group_rank(global_rank)
     if r < 0:
         raise InvalidRankError(
@@ -123,7 +124,7 @@ class Backend(str):
 
     def __new__(cls, name: str) -> Backend:
         if not isinstance(name, str):
-            raise ValueError(f"Backend name must be a string, not {type(name).__name__}")
+            raise InvalidArgumentError(f"Backend name must be a string, not {type(name).__name__}")
         return super().__new__(cls, backend_name(name))
 
 
@@ -147,13 +148,13 @@ def backend_name(name: str) -> str:
     text = name.strip().lower()
     parts = [p.strip() for p in text.split(",")] if text else []
     if not parts:
-        raise ValueError(f"backend {name!r} is empty")
+        raise InvalidArgumentError(f"backend {name!r} is empty")
     for part in parts:
         device, sep, backend = part.rpartition(":")
         if sep and not device:
-            raise ValueError(f"backend {name!r}: {part!r} names no device")
+            raise InvalidArgumentError(f"backend {name!r}: {part!r} names no device")
         if backend not in BACKENDS:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"unknown backend {name!r}: use one torch knows ({', '.join(BACKENDS[:5])}, or per device as "
                 "'cpu:gloo,cuda:nccl'); every backend runs over aiodist's own transport"
             )

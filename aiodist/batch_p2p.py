@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import operations
+from .errors import InvalidArgumentError
 from .work import Work
 
 __all__ = ["P2POp", "batch_isend_irecv"]
@@ -38,11 +39,11 @@ class P2POp:
         group_peer: int | None = None,
     ) -> None:
         if op is not operations.isend and op is not operations.irecv:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"P2POp: op must be aiodist.isend or aiodist.irecv, not {getattr(op, '__qualname__', op)!r}"
             )
         if peer is None and group_peer is None:
-            raise ValueError("P2POp: pass peer= (a global rank) or group_peer= (a rank of the group)")
+            raise InvalidArgumentError("P2POp: pass peer= (a global rank) or group_peer= (a rank of the group)")
         self.op = op
         self.tensor = tensor
         self.peer = peer
@@ -59,10 +60,10 @@ class P2POp:
 def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work[Any]]:
     """Start every operation of ``p2p_op_list`` in order; their Works (await them)."""
     if isinstance(p2p_op_list, P2POp) or not isinstance(p2p_op_list, Sequence) or not p2p_op_list:
-        raise ValueError("batch_isend_irecv: p2p_op_list must be a non-empty list of P2POp")
+        raise InvalidArgumentError("batch_isend_irecv: p2p_op_list must be a non-empty list of P2POp")
     for i, p in enumerate(p2p_op_list):
         if not isinstance(p, P2POp):
-            raise ValueError(f"batch_isend_irecv: p2p_op_list[{i}] is a {type(p).__name__}, not a P2POp")
+            raise InvalidArgumentError(f"batch_isend_irecv: p2p_op_list[{i}] is a {type(p).__name__}, not a P2POp")
     works: list[Work[Any]] = []
     for p in p2p_op_list:
         if p.op is operations.isend:

@@ -139,6 +139,25 @@ class PeerFailureError(DistBackendError):
         self.how = how
 
 
+class PeerCallFailedError(DistBackendError):
+    """A collective failed here because another member's call of it failed there.
+
+    That rank's call raised (an argument only it got wrong, an object it
+    could not pickle...): it tells the other members, whose part of the
+    operation fails at once instead of waiting for data that will never
+    come. ``.global_rank``: that rank (the world's numbering); ``.seq``: the
+    operation's sequence number in the group; the message says what it
+    raised. The group stays usable: every member's call at that sequence
+    number has ended (some may have completed: a broadcast root does not
+    wait for anyone).
+    """
+
+    def __init__(self, message: str, *, global_rank: int, seq: int | None) -> None:
+        super().__init__(message)
+        self.global_rank = global_rank
+        self.seq = seq
+
+
 class CollectiveTimeoutError(TimeoutError, DistBackendError):
     """A collective or point-to-point operation did not complete in time.
 
@@ -263,10 +282,21 @@ class StoreConnectionLost(ConnectionLost):
         self.port = port
 
 
+# --------------------------------------------------------------------- arguments
+
+
+class InvalidArgumentError(AiodistError, ValueError):
+    """An argument has a value the call cannot take (raised before anything is sent); also a ValueError."""
+
+
+class InvalidArgumentTypeError(AiodistError, TypeError):
+    """An argument is of a type the call cannot take (raised before anything is sent); also a TypeError."""
+
+
 # --------------------------------------------------------------------- collectives (appended)
 
 
-class UnsupportedReduceOpError(AiodistError, TypeError):
+class UnsupportedReduceOpError(InvalidArgumentTypeError):
     """A reduction operator does not apply to an array's dtype (e.g. BXOR on floats).
 
     Raised before any communication. ``.op`` is the operator's name
@@ -279,7 +309,7 @@ class UnsupportedReduceOpError(AiodistError, TypeError):
         self.dtype = dtype
 
 
-class InvalidArrayError(AiodistError, ValueError):
+class InvalidArrayError(InvalidArgumentError):
     """An array argument of a collective cannot be used as given.
 
     Non-contiguous, read-only where the result is written, wrong size or
@@ -341,7 +371,7 @@ class StoreConnectTimeoutError(TimeoutError, StoreError, DistNetworkError):
         self.timeout = timeout
 
 
-class InvalidRankError(GroupError, ValueError):
+class InvalidRankError(GroupError, InvalidArgumentError):
     """A root/source/destination rank is outside the group (``0 <= rank < size`` fails).
 
     ``.rank`` is the rank given, ``.size`` the group's size, ``.argument`` the parameter.

@@ -37,10 +37,10 @@ from .collectives.alltoall import exchange_blocks, single_blocks
 from .collectives.buffers import as_flat
 from .collectives.ops import PremulSum, ReduceOp, premultiply
 from .comm import GroupComm, OpChannel, Transport
-from .errors import GroupError, InvalidArrayError, InvalidRankError
+from .errors import GroupError, InvalidArgumentError, InvalidArgumentTypeError, InvalidArrayError, InvalidRankError
 from .group_extras import CoalescedOperations, ObjectOperations
 from .mismatch import MISMATCH_CHECK_AFTER, MismatchChecker
-from .op_runner import OpRunner
+from .op_runner import OpRunner, in_step
 from .signatures import dtype_name, reduction
 from .work import Work
 
@@ -179,7 +179,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
 
     def _check_peer(self, peer: Any, what: str) -> int:
         if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
-            raise TypeError(f"{what} must be an int rank, not {type(peer).__name__}")
+            raise InvalidArgumentTypeError(f"{what} must be an int rank, not {type(peer).__name__}")
         if not 0 <= int(peer) < self.size:
             raise InvalidRankError(
                 f"{what}={peer} is out of range for {self.name} of {self.size} ranks",
@@ -191,6 +191,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
 
     # ------------------------------------------------------------------ collectives
 
+    @in_step('all_reduce')
     def all_reduce(self, x: Any, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """Reduce ``x`` over the group in place; the Work returns ``x``."""
         if self._comm.rank < 0:
@@ -202,6 +203,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         sig = f"all_reduce {what} n={flat.size}"
         return self._runner.collective("all_reduce", sig, all_reduce_flat, (flat, rop), timeout, result=x)
 
+    @in_step('broadcast')
     def broadcast(self, x: Any, src: int = 0, *, timeout: float | None = None) -> Work[Any]:
         """Copy ``x`` of rank ``src`` into ``x`` of every rank; the Work returns ``x``."""
         if self._comm.rank < 0:
@@ -211,6 +213,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         sig = f"broadcast src={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective("broadcast", sig, _driver("broadcast"), (x, root), timeout, result=x)
 
+    @in_step('reduce')
     def reduce(self, x: Any, dst: int = 0, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """Reduce ``x`` into rank ``dst``'s ``x`` (others' ``x`` may be used as scratch); returns ``x``."""
         if self._comm.rank < 0:
@@ -225,6 +228,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         sig = f"reduce dst={root} {what} n={flat.size}"
         return self._runner.collective("reduce", sig, _driver("reduce"), (arg, root, rop), timeout, result=x)
 
+    @in_step('all_gather')
     def all_gather(self, out_list: Sequence[Any], x: Any, *, timeout: float | None = None) -> Work[Any]:
         """Fill ``out_list[i]`` with rank i's ``x``; returns ``out_list``."""
         if self._comm.rank < 0:
@@ -236,6 +240,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             "all_gather", sig, _driver("all_gather"), (out_list, x), timeout, result=out_list
         )
 
+    @in_step('all_gather_into_tensor')
     def all_gather_into_tensor(self, out: Any, x: Any, *, timeout: float | None = None) -> Work[Any]:
         """Concatenate every rank's ``x`` into ``out`` (``size`` times larger); returns ``out``."""
         if self._comm.rank < 0:
@@ -252,6 +257,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             "all_gather_into_tensor", sig, _driver("all_gather_into_tensor"), (out, x), timeout, result=out
         )
 
+    @in_step('gather')
     def gather(
         self, x: Any, gather_list: Sequence[Any] | None = None, dst: int = 0, *, timeout: float | None = None
     ) -> Work[Any]:
@@ -262,7 +268,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         root = self._check_peer(dst, "dst")
         if self.rank == root:
             if gather_list is None:
-                raise ValueError(f"gather: rank {root} is dst and must pass gather_list")
+                raise InvalidArgumentError(f"gather: rank {root} is dst and must pass gather_list")
             self._check_list(gather_list, "gather_list", flat, size=flat.size, writable=True)
         else:
             gather_list = None
@@ -271,6 +277,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             "gather", sig, _driver("gather"), (x, gather_list, root), timeout, result=gather_list
         )
 
+    @in_step('scatter')
     def scatter(
         self, x: Any, scatter_list: Sequence[Any] | None = None, src: int = 0, *, timeout: float | None = None
     ) -> Work[Any]:
@@ -281,13 +288,14 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         root = self._check_peer(src, "src")
         if self.rank == root:
             if scatter_list is None:
-                raise ValueError(f"scatter: rank {root} is src and must pass scatter_list")
+                raise InvalidArgumentError(f"scatter: rank {root} is src and must pass scatter_list")
             self._check_list(scatter_list, "scatter_list", flat, size=flat.size, writable=False)
         else:
             scatter_list = None
         sig = f"scatter src={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective("scatter", sig, _driver("scatter"), (x, scatter_list, root), timeout, result=x)
 
+    @in_step('reduce_scatter')
     def reduce_scatter(
         self, out: Any, in_list: Sequence[Any], op: Any = ReduceOp.SUM, *, timeout: float | None = None
     ) -> Work[Any]:
@@ -304,6 +312,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             "reduce_scatter", sig, _driver("reduce_scatter"), (out, in_list, rop), timeout, result=out
         )
 
+    @in_step('reduce_scatter_tensor')
     def reduce_scatter_tensor(self, out: Any, x: Any, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """``out`` = the reduction over ranks of their chunk ``rank`` of ``x``; returns ``out``."""
         if self._comm.rank < 0:
@@ -323,6 +332,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             "reduce_scatter_tensor", sig, _driver("reduce_scatter_tensor"), (out, x, rop), timeout, result=out
         )
 
+    @in_step('all_to_all')
     def all_to_all(self, out_list: Sequence[Any], in_list: Sequence[Any], *, timeout: float | None = None) -> Work[Any]:
         """Rank i's ``in_list[j]`` lands in rank j's ``out_list[i]``; returns ``out_list``."""
         if self._comm.rank < 0:
@@ -337,6 +347,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             "all_to_all", sig, _driver("all_to_all"), (out_list, in_list), timeout, result=out_list
         )
 
+    @in_step('all_to_all_single')
     def all_to_all_single(
         self,
         out: Any,
@@ -355,25 +366,33 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         sig = f"all_to_all_single {dtype_name(ins[0].dtype)}"
         return self._runner.collective("all_to_all_single", sig, exchange_blocks, (outs, ins), timeout, result=out)
 
+    @in_step('barrier')
     def barrier(self, *, timeout: float | None = None) -> Work[None]:
         """Wait until every rank of the group reached its barrier."""
         if self._comm.rank < 0:
             return self._runner.absent("barrier")
         return self._runner.collective("barrier", "barrier", _driver("barrier"), (), timeout, result=None)
 
+    @in_step('monitored_barrier')
     def monitored_barrier(self, timeout: float | None = None, wait_all_ranks: bool = False) -> Work[None]:
         """A barrier through rank 0 that names the ranks that did not arrive in time.
 
         Rank 0 waits for every other rank, then releases them. On timeout rank
         0 raises CollectiveTimeoutError whose ``waiting_for`` lists the missing
-        ranks (all of them; ``wait_all_ranks`` is accepted for torch compatibility).
+        ranks (all of them; ``wait_all_ranks`` is accepted for torch compatibility),
+        and tells the others: they raise PeerCallFailedError naming them. The
+        others wait :data:`MONITORED_GRACE` seconds longer than ``timeout`` for
+        that verdict (before, each blamed rank 0, which it was waiting for).
         """
         if self._comm.rank < 0:
             return self._runner.absent("monitored_barrier")
+        t = self._runner.timeout_of(timeout)
+        if self.rank != 0:
+            t += MONITORED_GRACE
 
         def body(ch: OpChannel, seq: int) -> Awaitable[None]:
             return _monitored_barrier(ch, wait_all_ranks=wait_all_ranks)
-        return self._runner.collective("monitored_barrier", "monitored_barrier", body, (), timeout, result=None)
+        return self._runner.collective("monitored_barrier", "monitored_barrier", body, (), t, result=None)
 
     # ------------------------------------------------------------------ point to point
 
@@ -465,6 +484,10 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         for fn in reversed(self._on_destroy):
             await fn()
         self._on_destroy.clear()
+
+
+MONITORED_GRACE = 1.0
+"""Seconds more than its timeout a rank other than 0 waits in monitored_barrier, for rank 0's verdict."""
 
 
 async def _monitored_barrier(ch: OpChannel, *, wait_all_ranks: bool) -> None:

@@ -34,8 +34,14 @@ from .collectives.allgather import all_gather_into_tensor
 from .collectives.ops import PremulSum, ReduceOp, premultiply
 from .channel import Channel
 from .comm import GroupComm
-from .errors import CollectiveMismatchError, InvalidArrayError, InvalidRankError
-from .op_runner import OpRunner
+from .errors import (
+    CollectiveMismatchError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    InvalidArrayError,
+    InvalidRankError,
+)
+from .op_runner import OpRunner, in_step
 from .signatures import reduction
 from .work import Work
 
@@ -70,6 +76,7 @@ def _dumps(obj: Any) -> bytes:
 class ObjectOperations(_GroupParts):
     """The object collectives and object point-to-point of a group."""
 
+    @in_step('all_gather_object')
     def all_gather_object(
         self, obj: Any, *, timeout: Any = None, object_list: list[Any] | None = None
     ) -> Work[list[Any]]:
@@ -82,25 +89,27 @@ class ObjectOperations(_GroupParts):
         body: Callable[..., Awaitable[Any]] = all_gather_object
         if object_list is not None:
             if not isinstance(object_list, list) or len(object_list) < self.size:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"all_gather_object: object_list must be a list of at least {self.size} entries (one per rank "
                     f"of {self.name}), got {_describe_list(object_list)}"
                 )
             body = _filling(object_list)
         return self._runner.collective("all_gather_object", "all_gather_object", body, (obj,), timeout)
 
+    @in_step('broadcast_object_list')
     def broadcast_object_list(self, object_list: list[Any], src: int = 0, *, timeout: Any = None) -> Work[list[Any]]:
         """Replace the entries of ``object_list`` with rank ``src``'s; returns ``object_list``."""
         if self._comm.rank < 0:
             return self._runner.absent("broadcast_object_list", object_list)
         root = self._check_peer(src, "src")
         if not isinstance(object_list, list):
-            raise TypeError(f"object_list must be a list, not {type(object_list).__name__}")
+            raise InvalidArgumentTypeError(f"object_list must be a list, not {type(object_list).__name__}")
         return self._runner.collective(
             "broadcast_object_list", f"broadcast_object_list src={root}", broadcast_object_list,
             (object_list, root), timeout, result=object_list,
         )
 
+    @in_step('gather_object')
     def gather_object(
         self, obj: Any, dst: int = 0, *, timeout: Any = None, object_gather_list: list[Any] | None = None
     ) -> Work[list[Any] | None]:
@@ -114,7 +123,7 @@ class ObjectOperations(_GroupParts):
         root = self._check_peer(dst, "dst")
         if self.rank == root and object_gather_list is not None:
             if not isinstance(object_gather_list, list) or len(object_gather_list) < self.size:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"gather_object: object_gather_list must be a list of at least {self.size} entries on the "
                     f"destination rank, got {_describe_list(object_gather_list)}"
                 )
@@ -124,6 +133,7 @@ class ObjectOperations(_GroupParts):
             "gather_object", f"gather_object dst={root}", gather_object, (obj, root, object_gather_list), timeout
         )
 
+    @in_step('scatter_object_list')
     def scatter_object_list(
         self, out: list[Any], in_list: Sequence[Any] | None = None, src: int = 0, *, timeout: Any = None
     ) -> Work[list[Any]]:
@@ -132,10 +142,10 @@ class ObjectOperations(_GroupParts):
             return self._runner.absent("scatter_object_list", out)
         root = self._check_peer(src, "src")
         if not isinstance(out, list) or not out:
-            raise ValueError("out must be a list with at least one entry (the received object goes in out[0])")
+            raise InvalidArgumentError("out must be a list with at least one entry (the received object goes in out[0])")
         if self.rank == root:
             if in_list is None or len(in_list) != self.size:
-                raise ValueError(f"scatter_object_list: rank {root} must pass in_list of {self.size} objects")
+                raise InvalidArgumentError(f"scatter_object_list: rank {root} must pass in_list of {self.size} objects")
         return self._runner.collective(
             "scatter_object_list", f"scatter_object_list src={root}", scatter_object_list,
             (out, in_list if self.rank == root else None, root), timeout, result=out,
@@ -149,7 +159,7 @@ class ObjectOperations(_GroupParts):
         peer = self._p2p_peer(dst, "dst", "send_object_list")
         assert peer is not None
         if not isinstance(object_list, list):
-            raise TypeError(f"object_list must be a list, not {type(object_list).__name__}")
+            raise InvalidArgumentTypeError(f"object_list must be a list, not {type(object_list).__name__}")
         data = np.frombuffer(_dumps(list(object_list)), np.uint8)
         coro = p2p.send(self._comm, data, peer, tag, timeout=self._runner.timeout_of(timeout), label=PICKLE)
         return self._runner.spawn(coro, op="send_object_list")
@@ -163,7 +173,7 @@ class ObjectOperations(_GroupParts):
         self._runner.check_usable("recv_object_list")
         peer = self._p2p_peer(src, "src", "recv_object_list")
         if not isinstance(object_list, list):
-            raise TypeError(f"object_list must be a list, not {type(object_list).__name__}")
+            raise InvalidArgumentTypeError(f"object_list must be a list, not {type(object_list).__name__}")
         coro, posted = p2p.recv_message(self._comm, peer, tag, PICKLE, timeout=self._runner.timeout_of(timeout))
 
         async def unpack() -> int:
@@ -208,6 +218,7 @@ def _describe_list(x: Any) -> str:
 class CoalescedOperations(_GroupParts):
     """torch's coalesced collectives: several arrays of one dtype as one operation."""
 
+    @in_step('all_reduce_coalesced')
     def all_reduce_coalesced(self, tensors: Sequence[Any], op: Any = None, *, timeout: Any = None) -> Work[Any]:
         """Reduce every array of ``tensors`` over the group in place, as one collective; returns ``tensors``."""
         if self._comm.rank < 0:
@@ -222,6 +233,7 @@ class CoalescedOperations(_GroupParts):
             "all_reduce_coalesced", sig, _reduce_packed, (flats, rop, factor), timeout, result=tensors
         )
 
+    @in_step('all_gather_coalesced')
     def all_gather_coalesced(
         self, output_lists: Sequence[Sequence[Any]], input_list: Sequence[Any], *, timeout: Any = None
     ) -> Work[Any]:

@@ -22,6 +22,7 @@ import numpy as np
 
 from .context import get_default_group
 from .current import world
+from .errors import InvalidArgumentError, InvalidArgumentTypeError
 from .group import ProcessGroup
 
 
@@ -53,7 +54,7 @@ class DeviceMesh:
         if len(set(dims)) != len(dims):
             raise KeyError(f"mesh dimensions {wanted} repeat one")
         if self._coordinate is None:
-            raise ValueError(f"rank {self._rank} is not in this mesh")
+            raise InvalidArgumentError(f"rank {self._rank} is not in this mesh")
         index = tuple(slice(None) if d in dims else self._coordinate[d] for d in range(self.mesh.ndim))
         kept = [d for d in range(self.mesh.ndim) if d in dims]  # (their order in the mesh)
         sub = self.mesh[index].transpose([kept.index(d) for d in dims])
@@ -88,7 +89,7 @@ class DeviceMesh:
     def _dim(self, mesh_dim: int | str | None) -> int:
         if mesh_dim is None:
             if self.mesh.ndim != 1:
-                raise ValueError(f"this mesh has {self.mesh.ndim} dimensions: name the one you want")
+                raise InvalidArgumentError(f"this mesh has {self.mesh.ndim} dimensions: name the one you want")
             return 0
         if isinstance(mesh_dim, str):
             if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
@@ -108,7 +109,7 @@ class DeviceMesh:
     def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
         """This rank's coordinate along ``mesh_dim`` (= its rank in that dimension's group)."""
         if self._coordinate is None:
-            raise ValueError(f"rank {self._rank} is not in this mesh")
+            raise InvalidArgumentError(f"rank {self._rank} is not in this mesh")
         return self._coordinate[self._dim(mesh_dim)]
 
     def get_coordinate(self) -> tuple[int, ...] | None:
@@ -142,13 +143,13 @@ async def init_device_mesh(
     device_type = "cpu"
     if isinstance(mesh_shape, str):
         if torch_shape is None:
-            raise TypeError("init_device_mesh(device_type, mesh_shape): the mesh shape is missing")
+            raise InvalidArgumentTypeError("init_device_mesh(device_type, mesh_shape): the mesh shape is missing")
         device_type, mesh_shape = mesh_shape, torch_shape
     elif torch_shape is not None:
-        raise TypeError("init_device_mesh takes one mesh shape")
+        raise InvalidArgumentTypeError("init_device_mesh takes one mesh shape")
     shape = (mesh_shape,) if isinstance(mesh_shape, int) else tuple(int(s) for s in mesh_shape)
     if not shape or any(s < 1 for s in shape):
-        raise ValueError(f"mesh shape {shape} must have positive dimensions")
+        raise InvalidArgumentError(f"mesh shape {shape} must have positive dimensions")
     from .subgroups import new_group
 
     if get_default_group() is None:  # (as torch does: the TP/FSDP tutorials call it first)
@@ -157,14 +158,14 @@ async def init_device_mesh(
         await init_process_group()
     w = world()
     if math.prod(shape) != w.size:
-        raise ValueError(f"mesh shape {shape} holds {math.prod(shape)} ranks but the world has {w.size}")
+        raise InvalidArgumentError(f"mesh shape {shape} holds {math.prod(shape)} ranks but the world has {w.size}")
     names: tuple[str, ...] | None = None
     if mesh_dim_names is not None:
         names = tuple(mesh_dim_names)
         if len(names) != len(shape):
-            raise ValueError(f"mesh_dim_names {names} must name each of the {len(shape)} dimensions")
+            raise InvalidArgumentError(f"mesh_dim_names {names} must name each of the {len(shape)} dimensions")
         if len(set(names)) != len(names):
-            raise ValueError(f"mesh_dim_names {names} must be unique")
+            raise InvalidArgumentError(f"mesh_dim_names {names} must be unique")
     me = w.rank
     mine: list[ProcessGroup] = []
     for dim in range(len(shape)):

@@ -199,12 +199,22 @@ class FingerprintCheck:
             await store.append(key, f"{comm.rank}={self.sig}\n".encode())
             bad = bad_key(comm)
             while True:
+                # A frame of this seq that came from a member that called something else (and that no receive
+                # of ours takes: we wait for another rank, e.g. ranks that disagree on a broadcast's src).
+                # The members whose part completed write no fingerprint: this is how we learn of them.
+                hit = comm.transport.router.conflicting_arrival(comm.gid, self.seq, self.sig, comm.members)
+                if hit is not None:
+                    self.found = checker.leftover(self.seq, self.sig, hit)
+                    break
                 calls, marked = parse_fingerprints(bytes(await store.get(key, timeout=checker.timeout)))
                 calls[comm.rank] = self.sig
                 if marked or len(set(calls.values())) > 1:
                     break
                 if await store.check([bad]):
                     head, _, rest = bytes(await store.get(bad, timeout=checker.timeout)).partition(b"\n")
+                    if head == b"new_group":  # a member disagreed on the ranks: the group is not there
+                        self.found = self._never_created(parse_fingerprints(rest)[0])
+                        break
                     earlier = int(head)
                     if earlier < self.seq:  # we got through a call the others found mismatched
                         calls = parse_fingerprints(rest)[0]
@@ -215,6 +225,10 @@ class FingerprintCheck:
         except Exception as e:  # the store is gone: no verdict (a failure of the store host is reported elsewhere)
             log.debug("rank %d: the fingerprint check of %s (seq %d) of %s gave up: %r",
                       comm.transport.rank, self.op, self.seq, comm.name, e)
+            return
+        if self.found is not None:
+            if not self.task.done():
+                self.task.cancel()
             return
         listing = "; ".join(f"rank {r} called {c!r}" for r, c in sorted(calls.items()))
         why = "another member found a mismatch; " if marked and len(set(calls.values())) <= 1 else ""
@@ -230,6 +244,19 @@ class FingerprintCheck:
         )
         if not self.task.done():
             self.task.cancel()
+
+
+    def _never_created(self, calls: dict[int, str]) -> CollectiveMismatchError:
+        """The note of a new_group whose members disagreed (``calls``: global rank -> the ranks it passed)."""
+        comm = self.checker.comm
+        listing = "; ".join(f"global rank {r} passed {c.removeprefix('new_group ranks ')}" for r, c in sorted(calls.items()))
+        return CollectiveMismatchError(
+            f"{self.op} (seq {self.seq}) of {comm.name}: the group does not exist on every member: new_group was "
+            f"called with other ranks there ({listing}; this rank passed {list(comm.ranks)}); every rank must call "
+            "new_group with the same ranks in the same order",
+            calls={comm.rank: self.sig},
+            seq=self.seq,
+        )
 
 
 def _report(task: asyncio.Task[Any]) -> None:

@@ -21,6 +21,13 @@ When an operation ends, the router is told (``settle``): what arrived for it
 that no receive took is dropped, and a message among those from a rank that
 called something else is a mismatch.
 
+A call that fails on this rank alone -- its body raised an error of its own
+(an object that cannot be pickled), or the call was refused for its
+arguments before it started (:meth:`OpRunner.refused`: it takes its sequence
+number all the same) -- is reported to the other members: their part of the
+operation fails at once with :class:`~aiodist.errors.PeerCallFailedError`,
+and the members stay in step (the group remains usable).
+
 An operation on a group this rank is not a member of does nothing: its
 Work is finished at once (:meth:`OpRunner.absent`, torch's semantics), and
 the first one warns.
@@ -32,11 +39,12 @@ and awaits them; their output buffers are left partly written.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import warnings
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from . import flight
 from .arguments import seconds
@@ -46,9 +54,12 @@ from .deadline import about_to_resume
 from .eager import running_task, start_eager
 from .errors import (
     AbortedError,
+    AiodistError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
     GroupError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     PeerFailureError,
 )
 from .inflight import begin_entry, end_entry
@@ -57,6 +68,7 @@ from .unawaited import call_site
 from .work import OpRecord, Work
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 BODY_RESULT: Any = object()
 """(:meth:`OpRunner.collective`: the operation's result is what its body returns.)"""
@@ -110,7 +122,7 @@ class OpRunner:
         """An operation's timeout: ``timeout`` (seconds or a timedelta, > 0), or the group's default if None."""
         t = self.timeout if timeout is None else seconds(timeout, "timeout")
         if not t > 0:
-            raise ValueError(f"timeout must be > 0, got {timeout!r}")
+            raise InvalidArgumentError(f"timeout must be > 0, got {timeout!r}")
         return t
 
     def absent(self, op: str, result: Any = None) -> Work[Any]:
@@ -167,6 +179,28 @@ class OpRunner:
         if not rec.finished:
             self.tasks[task] = None  # (_run forgets it as it ends)
         return Work(task, op=op, seq=seq, record=rec, group=self.name)
+
+    def refused(self, op: str, e: BaseException) -> None:
+        """A call of ``op`` raised ``e`` here before it started (its arguments): it takes its sequence number
+        all the same, and the other members are told (their part fails at once; everyone stays in step).
+
+        Nothing on a group that cannot run operations (destroyed, aborted, not a member).
+        """
+        if self.aborted or self.destroyed or self.comm.rank < 0:
+            return
+        seq = self.seq
+        self.seq += 1
+        self._tell_failed(op, seq, e)
+        comm = self.comm
+        self.transport.router.settle(comm.gid, seq, "", comm.members, next(iter(self.running), self.seq))
+
+    def _tell_failed(self, op: str, seq: int, e: BaseException) -> None:
+        comm = self.comm
+        me = self.transport.rank
+        text = f"{op} (seq {seq}) of {self.name} raised there: {type(e).__name__}: {e}"
+        for r in comm.ranks:
+            if r != me:
+                self.transport.report_call_failed(r, comm.gid, seq, text)  # connects if needed
 
     def spawn(self, coro: Awaitable[T], *, op: str, withdraw: Receive | None = None) -> Work[T]:
         """Run a point-to-point operation (no sequence number) as a task owned here.
@@ -265,6 +299,9 @@ class OpRunner:
             if error is None:  # a plain cancellation: the task ends cancelled
                 rec.finish(error=e)
                 raise
+            if comm.size > 1 and (_own(error) or (op == "monitored_barrier" and comm.rank == 0
+                                                   and isinstance(error, CollectiveTimeoutError))):
+                self._tell_failed(op, seq, error)  # (monitored_barrier: rank 0's verdict names the missing ranks)
             rec.finish(error=error)
             return
         if rec.check is not None:
@@ -415,3 +452,40 @@ class OpRunner:
             await asyncio.gather(*tasks, return_exceptions=True)
         await self.checker.close()
 
+
+
+def _own(e: BaseException) -> bool:
+    """Is ``e`` an error of this rank's own call (its arguments, its objects), not of the group's?"""
+    if not isinstance(e, Exception):  # (GeneratorExit as a dropped world closes the task, KeyboardInterrupt...)
+        return False
+    return not isinstance(e, AiodistError) or isinstance(e, (InvalidArgumentError, InvalidArgumentTypeError))
+
+
+class _RunsOperations(Protocol):
+    _runner: OpRunner
+
+
+G = TypeVar("G", bound=_RunsOperations)
+
+
+def in_step(op: str) -> Callable[[Callable[Concatenate[G, P], T]], Callable[Concatenate[G, P], T]]:
+    """Decorate a group's collective ``op``: a call refused for its arguments (ValueError, TypeError) still takes
+    its sequence number and tells the other members (:meth:`OpRunner.refused`), then raises as it did.
+
+    Without it, a rank that alone got an argument wrong (a read-only buffer, a bad ``scatter_list`` on the
+    source) left the others waiting for the operation's whole timeout, and its next call was matched with
+    the one it failed (a mismatch that made the group unusable).
+    """
+
+    def wrap(method: Callable[Concatenate[G, P], T]) -> Callable[Concatenate[G, P], T]:
+        @functools.wraps(method)
+        def call(self: G, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                return method(self, *args, **kwargs)
+            except (ValueError, TypeError) as e:
+                self._runner.refused(op, e)
+                raise
+
+        return call
+
+    return wrap

@@ -26,6 +26,7 @@ from typing import Any
 from .arguments import MISSING, either, root
 from .collectives.ops import ReduceOp
 from .current import group_of
+from .errors import InvalidArgumentTypeError
 from .group import ProcessGroup
 from .work import Work
 
@@ -247,10 +248,10 @@ def all_gather_object(
     """
     if obj is MISSING or isinstance(obj, ProcessGroup):  # aiodist's form: (obj) or (obj, group)
         if object_list is MISSING:
-            raise TypeError("all_gather_object() missing required argument: 'obj'")
+            raise InvalidArgumentTypeError("all_gather_object() missing required argument: 'obj'")
         if isinstance(obj, ProcessGroup):
             if group is not None:
-                raise TypeError("all_gather_object(obj, group): group given twice")
+                raise InvalidArgumentTypeError("all_gather_object(obj, group): group given twice")
             group = obj
         return group_of(group).all_gather_object(object_list, timeout=timeout)
     if object_list is MISSING:  # all_gather_object(obj=...)
@@ -270,10 +271,10 @@ def gather_object(
     if isinstance(object_gather_list, int) and not isinstance(object_gather_list, bool):  # aiodist's (obj, dst, group)
         if isinstance(dst, ProcessGroup):
             if group is not None:
-                raise TypeError("gather_object(obj, dst, group): group given twice")
+                raise InvalidArgumentTypeError("gather_object(obj, dst, group): group given twice")
             group, dst = dst, None
         elif dst is not None:
-            raise TypeError(f"gather_object(obj, {object_gather_list}, {dst!r}): dst given twice")
+            raise InvalidArgumentTypeError(f"gather_object(obj, {object_gather_list}, {dst!r}): dst given twice")
         object_gather_list, dst = None, object_gather_list
     pg = group_of(group)
     if pg.rank < 0:

@@ -31,7 +31,13 @@ from .comm.channel import new_receive
 from .comm.router import Delivery, Receive
 from .comm.settings import HELLO_TIMEOUT
 from .deadline import Deadline
-from .errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailureError
+from .errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    PeerFailureError,
+)
 from .inflight import waiting_in
 from .signatures import dtype_name
 
@@ -183,10 +189,17 @@ def _checker(comm: GroupComm, mine: tuple[str, int, list[int]], tag: int) -> Any
     return check
 
 
+TAG_MIN, TAG_MAX = -(2**63), 2**63 - 1
+"""The tags a frame can carry (a signed 64-bit integer, as torch's)."""
+
+
 def _check_tag(tag: Any) -> int:
-    if isinstance(tag, bool) or not isinstance(tag, int):
-        raise TypeError(f"tag must be an int, not {type(tag).__name__}")
-    return tag
+    if isinstance(tag, (bool, np.bool_)) or not isinstance(tag, (int, np.integer)):
+        raise InvalidArgumentTypeError(f"tag must be an int, not {type(tag).__name__}")
+    value = int(tag)
+    if not TAG_MIN <= value <= TAG_MAX:
+        raise InvalidArgumentError(f"tag must be a 64-bit signed integer, got {value}")
+    return value
 
 
 def _timeout(op: str, comm: GroupComm, waiting: list[int], tag: int, timeout: float) -> CollectiveTimeoutError:

@@ -278,6 +278,14 @@ async def _join(
             # Round ``gen`` finished long ago: this is a new initialization.
             await store.compare_set(GENERATION_KEY, str(gen), str(gen + 1))
             continue
+        restarts = getenv("AIODIST_RESTART_COUNT") or getenv("TORCHELASTIC_RESTART_COUNT") or "0"
+        if restarts not in ("", "0"):
+            raise RendezvousError(
+                f"rank {rank} joined rendezvous round {gen} twice: this process is a restart "
+                f"(AIODIST_RESTART_COUNT={restarts}) of a rank that was in the round, and the others still are: "
+                "they must leave it and rebuild the group with the restarted rank (an elastic program: see "
+                "examples/elastic_train.py), or the whole job must restart"
+            )
         raise RendezvousError(
             f"rank {rank} joined rendezvous round {gen} twice: two processes were given RANK={rank} "
             "(or a process of an earlier run is still alive)"

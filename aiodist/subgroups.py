@@ -35,7 +35,8 @@ from .arguments import backend_name, optional_seconds
 from .comm.channel import rank_table
 from .context import rank_scope
 from .current import group_of, registry, world
-from .errors import GroupError
+from .errors import InvalidArgumentError, InvalidArgumentTypeError
+from .errors import GroupError, InvalidArgumentError, InvalidArgumentTypeError
 from .group import ProcessGroup
 
 __all__ = ["new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group"]
@@ -63,15 +64,19 @@ def _check_ranks(ranks: Sequence[int], n: int, *, sort: bool) -> list[int]:
                 raise TypeError
             r = operator.index(given)  # ints, numpy integers (np.arange(...)), as torch takes them
         except TypeError:
-            raise TypeError(f"ranks must be ints, got {given!r}") from None
+            raise InvalidArgumentTypeError(f"ranks must be ints, got {given!r}") from None
         if not 0 <= r < n:
-            raise ValueError(f"rank {r} is out of range for a world of {n} ranks")
+            raise InvalidArgumentError(f"rank {r} is out of range for a world of {n} ranks")
         members.append(r)
     if len(set(members)) != len(members):
-        raise ValueError(f"ranks {list(ranks)} contain duplicates")
+        raise InvalidArgumentError(f"ranks {list(ranks)} contain duplicates")
     if not members:
-        raise ValueError("a group needs at least one rank")
+        raise InvalidArgumentError("a group needs at least one rank")
     return sorted(members) if sort else members
+
+
+NEW_GROUP_NOTE = "new_group"
+"""Head of the note a member that disagreed leaves as the group's mismatch mark (see :mod:`aiodist.mismatch`)."""
 
 
 async def new_group(
@@ -115,6 +120,10 @@ async def new_group(
         mine = ",".join(map(str, members)).encode()
         agreed = bytes(await w.store.compare_set(key, b"", mine))
         if agreed != mine:
+            # The members that passed the agreed ranks have the group: their first collective on it would
+            # wait for this rank until its timeout. Their fingerprint check reads this note and fails it.
+            note = f"{NEW_GROUP_NOTE}\n{transport.rank}=new_group ranks [{mine.decode()}]\n".encode()
+            await w.store.compare_set(f"{transport.key_prefix}fp/{gid}/bad", b"", note)
             raise GroupError(
                 f"new_group #{gid}: rank {transport.rank} passed ranks {members} but another member passed "
                 f"[{agreed.decode()}]; every rank must call new_group with the same ranks in the same order"
@@ -173,14 +182,14 @@ async def new_subgroups(
     if group_size is None:
         group_size = pg.local_world_size or world().local_world_size
         if group_size is None:
-            raise ValueError("new_subgroups: pass group_size (LOCAL_WORLD_SIZE is not set, so there is no default)")
+            raise InvalidArgumentError("new_subgroups: pass group_size (LOCAL_WORLD_SIZE is not set, so there is no default)")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
-        raise ValueError(f"new_subgroups: group_size must be a positive int, got {group_size!r}")
+        raise InvalidArgumentError(f"new_subgroups: group_size must be a positive int, got {group_size!r}")
     ranks = pg.ranks
     if group_size > len(ranks):
-        raise ValueError(f"new_subgroups: group_size {group_size} exceeds the group's {len(ranks)} ranks")
+        raise InvalidArgumentError(f"new_subgroups: group_size {group_size} exceeds the group's {len(ranks)} ranks")
     if len(ranks) % group_size:
-        raise ValueError(f"new_subgroups: the group's {len(ranks)} ranks cannot be split into groups of {group_size}")
+        raise InvalidArgumentError(f"new_subgroups: the group's {len(ranks)} ranks cannot be split into groups of {group_size}")
     return await new_subgroups_by_enumeration(
         [ranks[i : i + group_size] for i in range(0, len(ranks), group_size)], timeout=timeout, backend=backend
     )
@@ -198,12 +207,12 @@ async def new_subgroups_by_enumeration(
     Returns (this rank's subgroup or None, all the subgroups), as torch does.
     """
     if not ranks_per_subgroup_list:
-        raise ValueError("new_subgroups_by_enumeration: ranks_per_subgroup_list is empty")
+        raise InvalidArgumentError("new_subgroups_by_enumeration: ranks_per_subgroup_list is empty")
     seen: dict[int, list[int]] = {}
     for ranks in ranks_per_subgroup_list:
         for r in ranks:
             if r in seen:
-                raise ValueError(f"rank {r} appears in both subgroup {seen[r]} and {list(ranks)}")
+                raise InvalidArgumentError(f"rank {r} appears in both subgroup {seen[r]} and {list(ranks)}")
             seen[r] = list(ranks)
     me = world().transport.rank
     mine: ProcessGroup | None = None
@@ -231,17 +240,17 @@ async def split_group(
     """
     parent = group_of(parent_pg)
     if not split_ranks:
-        raise ValueError("split_group: split_ranks cannot be None or empty")
+        raise InvalidArgumentError("split_group: split_ranks cannot be None or empty")
     if parent.rank < 0:
-        raise ValueError(f"split_group: global rank {world().transport.rank} is not part of the parent group {parent.name}")
+        raise InvalidArgumentError(f"split_group: global rank {world().transport.rank} is not part of the parent group {parent.name}")
     seen: set[int] = set()
     mine: list[int] | None = None
     for split in split_ranks:
         for r in split:
             if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < parent.size:
-                raise ValueError(f"split_group: {r!r} is not a rank of {parent.name} (0..{parent.size - 1})")
+                raise InvalidArgumentError(f"split_group: {r!r} is not a rank of {parent.name} (0..{parent.size - 1})")
             if r in seen:
-                raise ValueError(f"split_group: rank {r} is in more than one split of {list(map(list, split_ranks))}")
+                raise InvalidArgumentError(f"split_group: rank {r} is in more than one split of {list(map(list, split_ranks))}")
             seen.add(r)
         if parent.rank in split:
             mine = list(split)

@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-going", action="store_true",
                    help="do not stop a run at the first rank exception (default: stop, like the launcher)")
     p.add_argument("-q", "--quiet", action="store_true",
-                   help="drop what the program prints; print only the verdict (and a sweep's failure groups)")
+                   help="drop what the program prints; print only the verdict (a failing seed's tracebacks, a sweep's "
+                        "failure groups)")
     for flag, parse, help_text in _FAULT_FLAGS:  # (one list, in the command line's order: see _faults)
         p.add_argument(flag, type=parse, action="append", default=[], help=help_text, dest="faults",
                        metavar=flag[2:].replace("-", "_").upper())
@@ -288,9 +289,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
                 json.dump({"digest": result.digest, "events": events_to_json(result.trace)}, f)
         if ns.trace:
             write_chrome(result.trace, ns.trace, ops=result.ops)
-        if not ns.quiet:
-            print(result.summary())
-            print_tracebacks(result)
+        print(result.summary())  # (-q drops the program's own output, not the verdict)
+        print_tracebacks(result)
         ok = result.ok
         if ns.check_determinism and not _check_determinism(ns, result, ns.seed):
             ok = False
@@ -415,6 +415,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv, prog_args = argv[:i], argv[i + 1:]
     ns = build_parser().parse_args(argv)
     ns.args = prog_args
+    if ns.command == "run" and ns.seeds is not None:
+        single = [flag for flag, on in (("--check-determinism", ns.check_determinism), ("--shrink", ns.shrink)) if on]
+        if single:
+            print(f"sim: {' and '.join(single)} work on one seed (--seed N): run the replay command a sweep "
+                  f"prints for a failing seed with {' '.join(single)}", file=sys.stderr)
+            return 2
     if ns.command == "run":
         try:
             return cmd_run(ns)

@@ -200,7 +200,7 @@ async def test_frames_for_a_retired_seq_are_dropped_logged_once_and_not_buffered
         await asyncio.sleep(0.01)
     assert ts[0].router.late_from.get(2) == 100
     assert ts[0].router.buffered(2) == (0, 0) and ts[0].failed_peers() == []
-    assert sum("operations that completed here" in r.getMessage() for r in caplog.records) == 1
+    assert sum("operations that ended here" in r.getMessage() for r in caplog.records) == 1
     conn.close()
 
 

@@ -160,3 +160,51 @@ def test_a_mismatch_report_reaches_members_this_rank_never_talked_to(kind: str) 
         res = sim.run(lambda: cold_mismatch_main(kind), world_size=4, seed=seed)
         assert res.ok, res.summary()
         assert all(isinstance(t, float) and t < 0.1 for t in res.rank_results), (seed, res.rank_results)
+
+
+async def _odd_root_main(op: str) -> Any:
+    """Ranks 0-2 call ``op`` with root 0, rank 3 with root 1: returns (what the call did, its time, then the next)."""
+    pg = await dist.init_process_group(timeout=10)
+    loop = asyncio.get_running_loop()
+    r = pg.rank
+    root = 1 if r == 3 else 0
+    x = np.full(2, float(r))
+    t0 = loop.time()
+    try:
+        if op == "broadcast":
+            await dist.broadcast(x, src=root)
+        else:
+            await dist.scatter(x, [np.full(2, 10.0 + i) for i in range(4)] if r == root else None, src=root)
+        first: Any = x.tolist()
+    except CollectiveMismatchError as e:
+        first = str(e)
+    took = loop.time() - t0
+    try:
+        await dist.all_reduce(np.ones(2))
+        then = "ok"
+    except CollectiveMismatchError:
+        then = "mismatch"
+    await asyncio.sleep(0.5)
+    await dist.destroy_process_group()
+    return first, took, then
+
+
+def _check_odd_root(op: str, results: list[Any]) -> None:
+    first, took, then = results[3]
+    assert isinstance(first, str) and "src=1" in first and "src=0" in first, first
+    assert took < 3.0, took  # before: its 10 s timeout (the members whose part completed wrote no fingerprint)
+    for r in range(3):  # their part completed with the root's data; the group is unusable after
+        expect = [0.0, 0.0] if op == "broadcast" else [10.0 + r] * 2
+        assert results[r][0] == expect and results[r][2] == "mismatch", results[r]
+
+
+@pytest.mark.parametrize("op", ["broadcast", "scatter"])
+async def test_a_rank_alone_on_another_root_is_told_of_the_mismatch_at_once_tcp(op: str) -> None:
+    _check_odd_root(op, await run_ranks(4, lambda r: _odd_root_main(op), timeout=30))
+
+
+@pytest.mark.parametrize("op", ["broadcast", "scatter"])
+def test_a_rank_alone_on_another_root_is_told_of_the_mismatch_at_once_sim(op: str) -> None:
+    res = sim.run(_odd_root_main, world_size=4, seed=2, args=(op,), trace=False)
+    assert res.ok, res.summary()
+    _check_odd_root(op, res.rank_results)

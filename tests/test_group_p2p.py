@@ -108,3 +108,41 @@ async def test_send_to_self_and_bad_ranks_are_refused() -> None:
             pg.recv(np.ones(1), src=1 - pg.rank, tag="x")
 
     await run_world(2, body)
+
+
+def test_a_tag_beyond_64_bits_is_refused_at_the_call_in_the_simulator_and_over_tcp() -> None:
+    """Before: over TCP, 'TypeError: frame header is not serializable' (and the receiver timed out); the
+    simulator delivered it (a program that passes there failed for real)."""
+    import asyncio
+
+    import sim
+
+    async def body(pg: Any) -> Any:
+        peer = 1 - pg.rank
+        for tag in (2**63, -(2**63) - 1, 2**70):
+            with pytest.raises(ValueError, match="64-bit"):
+                pg.send(np.ones(1), dst=peer, tag=tag)
+            with pytest.raises(ValueError, match="64-bit"):
+                pg.recv(np.ones(1), src=peer, tag=tag)
+        x = np.full(1, float(pg.rank))
+        big = 2**63 - 1
+        if pg.rank == 0:
+            await pg.send(x, dst=1, tag=big)
+            await pg.send(x, dst=1, tag=np.int64(-(2**63)))
+        else:
+            await pg.recv(x, src=0, tag=big)
+            await pg.recv(x, src=0, tag=-(2**63))
+        return float(x[0])
+
+    assert asyncio.run(run_world(2, body)) == [0.0, 0.0]
+
+    async def main() -> Any:
+        pg = await dist.init_process_group()
+        try:
+            return await body(pg)
+        finally:
+            await dist.destroy_process_group()
+
+    res = sim.run(main, world_size=2, seed=0, trace=False)
+    assert res.ok, res.summary()
+    assert res.rank_results == [0.0, 0.0]

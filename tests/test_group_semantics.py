@@ -13,7 +13,13 @@ from conftest import run_ranks, run_world
 
 import aiodist.api as dist
 from aiodist.collectives.ops import ReduceOp
-from aiodist.errors import CollectiveMismatchError, CollectiveTimeoutError, GroupError, PeerFailureError
+from aiodist.errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    GroupError,
+    PeerCallFailedError,
+    PeerFailureError,
+)
 from aiodist.group import Work
 
 
@@ -89,13 +95,18 @@ async def test_monitored_barrier_names_every_missing_rank() -> None:
                 with pytest.raises(CollectiveTimeoutError) as ei:
                     await dist.monitored_barrier(timeout=0.3)
                 return ei.value.waiting_for
-            with pytest.raises((CollectiveTimeoutError, PeerFailureError)):  # rank 0 gives up and leaves
-                await dist.monitored_barrier(timeout=0.6)
-            return None
+            # Rank 0's verdict reaches it: the missing ranks are named. (Before: a CollectiveTimeoutError
+            # or a PeerFailureError blaming rank 0, which was waiting for ranks 2 and 3 like everyone.)
+            with pytest.raises(PeerCallFailedError) as pe:
+                await dist.monitored_barrier(timeout=0.3)
+            return pe.value.global_rank, str(pe.value)
         finally:
             await dist.destroy_process_group()
 
-    assert (await run_ranks(4, rank))[0] == [2, 3]
+    results = await run_ranks(4, rank)
+    assert results[0] == [2, 3]
+    culprit, text = results[1]
+    assert culprit == 0 and "still waiting for rank 2 (global 2), rank 3 (global 3)" in text, text
 
 
 async def test_different_collectives_at_one_seq_are_a_mismatch() -> None:

@@ -70,6 +70,35 @@ async def test_members_passing_different_ranks_is_an_error() -> None:
     assert any(r is not None and "same ranks" in r for r in res)
 
 
+async def test_the_members_that_got_the_group_fail_soon_when_another_disagreed_on_its_ranks() -> None:
+    """Ranks 1 and 2 create [0, 1, 2] first; rank 0 passes [0, 1] and gets GroupError. Before, ranks 1 and 2
+    had a group whose first collective waited for rank 0 until its timeout (10 s here)."""
+    import asyncio
+
+    from aiodist.errors import CollectiveMismatchError
+
+    async def body(pg: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        if pg.rank == 0:
+            await asyncio.sleep(0.3)
+        try:
+            g = await dist.new_group([0, 1] if pg.rank == 0 else [0, 1, 2])
+        except GroupError as e:
+            return "GroupError", str(e)
+        if pg.rank == 3:
+            return None
+        t0 = loop.time()
+        with pytest.raises(CollectiveMismatchError) as info:
+            await dist.all_reduce(np.ones(2), group=g)
+        return loop.time() - t0, str(info.value)
+
+    res = await run_world(4, body)
+    assert res[0][0] == "GroupError"
+    for took, text in res[1:3]:
+        assert took < 3.0, took
+        assert "the group does not exist on every member" in text and "global rank 0 passed [0,1]" in text, text
+
+
 async def test_destroying_a_subgroup_keeps_the_world() -> None:
     async def body(pg: Any) -> Any:
         sub = await dist.new_group([0, 1])

@@ -82,3 +82,34 @@ def test_ranks_text() -> None:
     assert _ranks_text([5]) == "5"
     assert _ranks_text([7, 0, 2, 3, 4, 4]) == "0, 2-4, 7"
     assert _ranks_text([1, 2, 9, 10, 11]) == "1, 2, 9-11"
+
+
+def test_quiet_on_one_seed_keeps_the_verdict_and_the_exception(program: str, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: -q printed nothing on a pass and only 'FAILED seed N. Replay with: ...' on a failure."""
+    assert main(["run", "-n", "4", program, "--seed", "1", "-q"]) == 1
+    out = capsys.readouterr().out
+    assert "ValueError: rank 0 saw rank 3 fail" in out and "Traceback" in out and "FAILED seed 1" in out
+    ok = tmp_path / "ok.py"
+    ok.write_text("async def main():\n    print('from the program')\n")
+    assert main(["run", "-n", "2", str(ok), "--seed", "0", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 0: ok" in out and "from the program" not in out
+
+
+@pytest.mark.parametrize("flag", ["--check-determinism", "--shrink"])
+def test_one_seed_options_are_refused_with_a_sweep(program: str, flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: silently ignored with --seeds (no check, no shrinking, no word)."""
+    assert main(["run", "-n", "4", program, "--seeds", "0:2", flag]) == 2
+    assert f"{flag} work on one seed (--seed N)" in capsys.readouterr().err
+
+
+def test_a_restarted_rank_of_a_program_that_cannot_rejoin_is_told_it_is_a_restart(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: 'two processes were given RANK=1 (or a process of an earlier run is still alive)'."""
+    prog = tmp_path / "plain.py"
+    prog.write_text("import aiodist\nasync def main():\n    await aiodist.init_process_group(timeout=20)\n"
+                    "    await aiodist.barrier()\n    await aiodist.destroy_process_group()\n")
+    assert main(["run", "-n", "2", str(prog), "--seed", "0", "--restart", "1@sent:4", "--no-explore"]) == 1
+    out = capsys.readouterr().out
+    assert "this process is a restart (AIODIST_RESTART_COUNT=1)" in out and "two processes" not in out

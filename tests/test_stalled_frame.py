@@ -1,7 +1,8 @@
 """A peer stopped in the middle of a large frame is declared failed after the heartbeat timeout.
 
-Rank 1 sends rank 0 a 64 MiB array and SIGSTOPs itself once the first
-bytes are out (at most a few MiB: what the sockets hold). Rank 0, receiving, must raise PeerFailureError naming rank 1
+Rank 1 sends rank 0 a 64 MiB array and SIGSTOPs itself 0.3 s later, while
+rank 0's loop is blocked (1 s): only what the sockets (or the ring) hold got
+out, a few MiB. Rank 0, receiving, must raise PeerFailureError naming rank 1
 within a few seconds (heartbeat timeout 3 s). Before, the frame's header
 bought its sender the time 64 MiB need at the detector's minimum bandwidth
 (1 MB/s: 67 s), whether or not its bytes kept coming, so rank 0 waited for
@@ -39,15 +40,16 @@ def worker() -> None:
         await dist.all_reduce(np.ones(4))  # (the link is up: heartbeats watch it)
         emit("ready")
         if pg.rank == 1:
-            work = dist.isend(x, dst=0)  # (what the socket takes at once leaves now, the rest later)
+            work = dist.isend(x, dst=0)  # (what the sockets take leaves now: rank 0 reads nothing yet)
 
             def stop() -> None:
                 emit("stopped")
                 os.kill(os.getpid(), signal.SIGSTOP)
 
-            asyncio.get_running_loop().call_soon(stop)
+            asyncio.get_running_loop().call_later(0.3, stop)
             await work
             return
+        time.sleep(1.0)  # rank 0's loop blocked: the sockets fill, most of the frame waits in rank 1
         try:
             await dist.recv(x, src=1)
             emit("error", type="none", rank=None, raised=time.time())
@@ -63,7 +65,9 @@ def worker() -> None:
 async def test_a_peer_stopped_in_the_middle_of_a_large_frame_is_declared_failed_in_time(transport: str) -> None:
     async with await RankProcs.start([__file__, "--worker"], 2, env={"AIODIST_TRANSPORT": transport}) as ranks:
         await ranks.all_ready(60)
-        await ranks.until(lambda: ranks.reported("error", [0]), OP_TIMEOUT + 10)
+        done = await ranks.until(lambda: ranks.reported("error", [0]) and ranks.reported("stopped", [1]),
+                                 OP_TIMEOUT + 10)
+        assert done, ranks.events
         stopped = ranks.of("stopped")[1]["t"]
         ev = ranks.of("error")[0]
     assert ev["type"] == "PeerFailureError" and ev["rank"] == 1, ev

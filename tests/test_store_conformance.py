@@ -411,6 +411,20 @@ async def test_queue_pop_timeout(handles: Factory) -> None:
 # ------------------------------------------------------------ bad arguments and limits
 
 
+async def test_a_key_utf8_cannot_encode_is_refused_before_sending_and_the_store_stays_usable(handles: Factory) -> None:
+    """Before, over TCP: 'TypeError: frame header is not serializable', the connection lost, and a 'Future
+    exception was never retrieved' at exit; MemoryStore and the simulator took the key."""
+    s = await handles()
+    bad = "key\udc80"
+    calls = [s.set(bad, b"x"), s.get(bad, timeout=0.1), s.add(bad, 1), s.compare_set(bad, b"", b"x"),
+             s.check([bad]), s.wait(["ok", bad], timeout=0.1), s.multi_get([bad]), s.delete_key(bad)]
+    for call in calls:
+        with pytest.raises(ValueError, match="lone surrogate"):
+            await call
+    await s.set("ключ", b"v")  # (other text is fine)
+    assert await s.get("ключ") == b"v"
+
+
 async def test_wrong_types_raise_type_error_before_sending(handles: Factory) -> None:
     s = await handles()
     with pytest.raises(TypeError):

@@ -21,6 +21,7 @@ the simulator have their own protocols). A frame is a msgpack map (see
                                                  failure: the first one it learned of (``how``; whose: ``rank``)
       fail  {t, rank, how}                       rank ``rank`` failed (``how``); may name the receiver
       x     {t, g, s: seq, m: message, c: [[global rank, call], ...]}   collective mismatch report
+      xf    {t, g, s: seq, m: message}          the sender's call at ``seq`` failed there (it raised: ``m``)
 
 ``nonce``/``proof`` are :mod:`aiodist.auth`'s fields (absent when
 authentication is off). A refusal before the dialer has authenticated says
@@ -52,6 +53,7 @@ HEARTBEAT: Final = "hb"
 BYE: Final = "bye"
 FAIL: Final = "fail"
 MISMATCH: Final = "x"
+CALL_FAILED: Final = "xf"
 
 # handshake keys
 JOB: Final = "job"
@@ -132,6 +134,10 @@ def fail(rank: int, how: str) -> Header:
 
 def mismatch(group: Any, seq: int, text: str, calls: dict[int, Any]) -> Header:
     return {KIND: MISMATCH, GROUP: group, SEQ: seq, TEXT: text, CALLS: [[int(k), str(v)] for k, v in calls.items()]}
+
+
+def call_failed(group: Any, seq: int, text: str) -> Header:
+    return {KIND: CALL_FAILED, GROUP: group, SEQ: seq, TEXT: text}
 
 
 def welcome() -> Header:

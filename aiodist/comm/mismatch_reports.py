@@ -1,30 +1,40 @@
-"""A collective mismatch reported by another rank: what it voids here (pure, on the router).
+"""A collective mismatch, or a failed call, reported by another rank: what it voids here (pure, on the router).
 
 A rank that finds its call at sequence number ``seq`` of a group does not
 match a peer's tells every member (a ``x`` frame, see :mod:`.frames`); each
 member then fails its receives of that operation and of every later one of
 the group, so nobody waits for a message that will never come.
+
+A rank whose call at ``seq`` raised there (bad arguments, an object it could
+not pickle) tells every member too (a ``xf`` frame): each fails its receives
+of that operation only; the group stays usable.
 """
 
 from __future__ import annotations
 
-from ..errors import CollectiveMismatchError
+from ..errors import CollectiveMismatchError, PeerCallFailedError
 from . import frames as F
-from .router import Router
+from .router import Receive, Router
 
 
 MAX_REPORT_TEXT = 4000
 """Characters kept of a report's text (each call it names: :data:`~.frames.MAX_TEXT`)."""
 
 
+def _unusable(router: Router, reporter: int, gid: object, seq: object, what: str) -> str | None:
+    """None: the report applies here; "": it comes too late (its group was destroyed here); else its fault."""
+    bad = router.vet(reporter, gid, seq)
+    if bad is not None:
+        return f"{what} with {bad}"
+    return "" if router.destroyed(gid) else None
+
+
 def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
     """Void what rank ``reporter``'s mismatch report ``h`` names; the report's fault if it is bad input."""
     gid, seq = h.get(F.GROUP), h.get(F.SEQ)
-    bad = router.vet(reporter, gid, seq)
-    if bad is not None:
-        return f"a mismatch report with {bad}"
-    if router.destroyed(gid):
-        return None  # late news of a group destroyed here
+    refusal = _unusable(router, reporter, gid, seq, "a mismatch report")
+    if refusal is not None:
+        return refusal or None
     try:
         calls = {int(k): F.shown(v) for k, v in h.get(F.CALLS, [])}
     except (TypeError, ValueError):
@@ -42,4 +52,20 @@ def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
     # ... and so are the group's later ones (the group is unusable after a mismatch): a rank
     # whose part of ``seq`` completed unawares (a broadcast root) stops waiting in the next one.
     router.fail_from(gid, seq, error)  # type: ignore[arg-type]  # (vet() checked it)
+    return None
+
+
+def apply_call_failed(router: Router, reporter: int, h: F.Header) -> str | None:
+    """Void the operation that rank ``reporter``'s call-failed report ``h`` names; the report's fault if it is bad input."""
+    gid, seq = h.get(F.GROUP), h.get(F.SEQ)
+    refusal = _unusable(router, reporter, gid, seq, "a call-failed report")
+    if refusal is not None:
+        return refusal or None
+    message = F.shown(h.get(F.TEXT, "its call failed"), MAX_REPORT_TEXT)
+
+    def error(_: Receive) -> BaseException:
+        return PeerCallFailedError(f"the call failed on global rank {reporter}: {message}", global_rank=reporter,
+                                   seq=seq)
+
+    router.fail_seq(gid, seq, None, error)
     return None

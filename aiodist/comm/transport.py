@@ -53,7 +53,7 @@ from ..net.shmhost import choose_network
 from ..wire import as_byte_view
 from . import frames as F
 from .links import LinkState
-from .mismatch_reports import apply_report
+from .mismatch_reports import apply_call_failed, apply_report
 from .peers import DESTROYED, Peer, PeerLinks
 from .registry import GroupRegistry
 from .router import Match, Receive, Router, resolve
@@ -348,6 +348,15 @@ class Transport:
             return
         _ = self._links.spawn(self._report(dst, F.mismatch(gid, seq, message, calls)), now=True)  # owned by the links
 
+    def report_call_failed(self, dst: int, gid: Any, seq: int, message: str) -> None:
+        """Tell rank ``dst`` that our call at ``seq`` of group ``gid`` failed here (``message``: what it raised).
+
+        Fire and forget, as :meth:`report_mismatch`.
+        """
+        if self._closed or dst == self.rank or not 0 <= dst < self.world_size:
+            return
+        _ = self._links.spawn(self._report(dst, F.call_failed(gid, seq, message)), now=True)  # owned by the links
+
     def give_up_p2p(self, dst: int, gid: Any, tag: int, number: int, *, grace: float) -> None:
         """A point-to-point send to rank ``dst`` gave up (timed out, cancelled), perhaps before its frame was queued.
 
@@ -390,7 +399,7 @@ class Transport:
             async with asyncio.timeout(REPORT_GRACE):
                 await self.send(dst, header)
         except (AiodistError, TimeoutError) as e:  # it failed, or cannot be reached: it learns otherwise
-            log.debug("rank %d: could not report the mismatch at seq %s of group %r to rank %d: %r",
+            log.debug("rank %d: could not report the mismatch or failure at seq %s of group %r to rank %d: %r",
                       self.rank, header.get(F.SEQ), header.get(F.GROUP), dst, e)
 
     # ------------------------------------------------------------------ receiving (hot path)
@@ -481,8 +490,8 @@ class Transport:
             self._links.do(self.links.bye(p.rank, h.get(F.RANK), h.get(F.HOW)))
         elif kind == F.FAIL:
             self._links.do(self.links.reported(p.rank, h.get(F.RANK), h.get(F.HOW, "?")))
-        elif kind == F.MISMATCH:
-            bad = apply_report(self.router, p.rank, h)
+        elif kind == F.MISMATCH or kind == F.CALL_FAILED:
+            bad = (apply_report if kind == F.MISMATCH else apply_call_failed)(self.router, p.rank, h)
             if bad is not None:
                 self._reject(p, bad)
 
@@ -504,7 +513,7 @@ class Transport:
     def _note_late(self, p: Peer, h: Header) -> None:
         if self.router.late_count(p.rank) == 1:  # logged once per peer
             log.warning(
-                "rank %d: dropping frames of rank %d for operations that completed here (first: group %r key %r): "
-                "duplicates, or the leftovers of a mismatched collective",
+                "rank %d: dropping frames of rank %d for operations that ended here (first: group %r key %r): "
+                "duplicates, or the leftovers of a mismatched collective or of a call that failed here",
                 self.rank, p.rank, h.get(F.GROUP), h.get(F.KEY),
             )

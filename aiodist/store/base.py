@@ -13,6 +13,9 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+from ..arguments import seconds
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+
 Value = bytes | str | bytearray | memoryview
 
 
@@ -24,27 +27,35 @@ def as_value(value: Any) -> bytes:
         return value.encode("utf-8")
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
-    raise TypeError(f"store values must be bytes or str, not {type(value).__name__}")
+    raise InvalidArgumentTypeError(f"store values must be bytes or str, not {type(value).__name__}")
 
 
 def as_key(key: Any) -> str:
-    """``key`` if it is a str, else TypeError."""
+    """``key`` if it is a str that UTF-8 can encode; else TypeError (not a str) or ValueError (a lone surrogate)."""
     if isinstance(key, str):
-        return key
-    raise TypeError(f"store keys must be str, not {type(key).__name__}")
+        return key if key.isascii() else _encodable(key)
+    raise InvalidArgumentTypeError(f"store keys must be str, not {type(key).__name__}")
+
+
+def _encodable(key: str) -> str:
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(f"store keys must be valid Unicode text: {key[:64]!r} has a lone surrogate at index "
+                         f"{e.start} (UTF-8 cannot encode it)") from None
+    return key
 
 
 def as_keys(keys: Any) -> list[str]:
     """A list of keys (one str is NOT taken as a sequence of characters)."""
     if isinstance(keys, (str, bytes)):
-        raise TypeError("expected a sequence of keys; wrap a single key in a list")
+        raise InvalidArgumentTypeError("expected a sequence of keys; wrap a single key in a list")
     try:
         items = list(keys)
     except TypeError:
-        raise TypeError(f"expected a sequence of str keys, not {type(keys).__name__}") from None
+        raise InvalidArgumentTypeError(f"expected a sequence of str keys, not {type(keys).__name__}") from None
     for key in items:
-        if not isinstance(key, str):
-            raise TypeError(f"store keys must be str, not {type(key).__name__}")
+        as_key(key)
     return items
 
 
@@ -57,7 +68,7 @@ def as_amount(amount: Any) -> int:
             return operator.index(amount)  # numpy integers too
         except TypeError:
             pass
-    raise TypeError(f"store add amounts must be int, not {type(amount).__name__}")
+    raise InvalidArgumentTypeError(f"store add amounts must be int, not {type(amount).__name__}")
 
 
 Timeout = float | datetime.timedelta | None
@@ -68,12 +79,9 @@ def as_timeout(timeout: Any, default: float) -> float:
     """The timeout to use: ``default`` for None, else a non-negative number of seconds (or a timedelta, torch's form)."""
     if timeout is None:
         return default
-    if isinstance(timeout, datetime.timedelta):
-        timeout = timeout.total_seconds()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__}")
+    timeout = seconds(timeout)
     if not timeout >= 0:
-        raise ValueError(f"timeout must be >= 0, got {timeout!r}")
+        raise InvalidArgumentError(f"timeout must be >= 0, got {timeout!r}")
     return float(timeout)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import StoreRequestError, StoreTimeoutError
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError, StoreRequestError, StoreTimeoutError
 from ..inflight import waiting_in
 from . import protocol as P
 from .base import Store, Timeout, Value, as_amount, as_key, as_keys, as_timeout, as_value
@@ -86,7 +86,7 @@ class ClientOps(Store):
             )
 
     async def set(self, key: str, value: Value) -> None:
-        if type(key) is not str or len(key) > self._short_key:
+        if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "set")
         if type(value) is not bytes:
             value = as_value(value)
@@ -101,7 +101,7 @@ class ClientOps(Store):
             raise self._failed(r, "set", key, self.timeout)
 
     async def get(self, key: str, *, timeout: Timeout = None) -> bytes:
-        if type(key) is not str or len(key) > self._short_key:
+        if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "get")
         t = self.timeout if timeout is None else as_timeout(timeout, self.timeout)
         with waiting_in("store.get", key=key):
@@ -112,7 +112,7 @@ class ClientOps(Store):
         return v[0] if v is not None else P.unpack_values(r, payload)[0]
 
     async def add(self, key: str, amount: int) -> int:
-        if type(key) is not str or len(key) > self._short_key:
+        if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "add")
         if type(amount) is not int:
             amount = as_amount(amount)
@@ -122,7 +122,7 @@ class ClientOps(Store):
         return r["r"]  # type: ignore[no-any-return]
 
     async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
-        if type(key) is not str or len(key) > self._short_key:
+        if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "compare_set")
         exp = expected if type(expected) is bytes else as_value(expected)
         des = desired if type(desired) is bytes else as_value(desired)
@@ -153,7 +153,7 @@ class ClientOps(Store):
         return bool(r["r"])
 
     async def delete_key(self, key: str) -> bool:
-        if type(key) is not str or len(key) > self._short_key:
+        if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "delete_key")
         r, _ = await self._call({"op": "delete_key", "k": key}, None, "delete_key", key, self.timeout)
         if "err" in r:
@@ -167,7 +167,7 @@ class ClientOps(Store):
         return r["r"]  # type: ignore[no-any-return]
 
     async def append(self, key: str, value: Value) -> None:
-        if type(key) is not str or len(key) > self._short_key:
+        if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "append")
         value = as_value(value)
         self._check_value(key, value, "append")
@@ -189,10 +189,10 @@ class ClientOps(Store):
     async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
         ks = self._check_keys(keys, "multi_set")
         if isinstance(values, (str, bytes, bytearray, memoryview)):
-            raise TypeError("multi_set expects a sequence of values")
+            raise InvalidArgumentTypeError("multi_set expects a sequence of values")
         vs = [as_value(v) for v in values]
         if len(vs) != len(ks):
-            raise ValueError(f"multi_set got {len(ks)} keys but {len(vs)} values")
+            raise InvalidArgumentError(f"multi_set got {len(ks)} keys but {len(vs)} values")
         total = 0
         for k, v in zip(ks, vs):
             self._check_value(k, v, "multi_set")
@@ -211,7 +211,7 @@ class ClientOps(Store):
             raise self._failed(r, "multi_set", ks, self.timeout)
 
     async def queue_push(self, key: str, value: Value) -> None:
-        if type(key) is not str or len(key) > self._short_key:
+        if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "queue_push")
         value = as_value(value)
         self._check_value(key, value, "queue_push")
@@ -222,7 +222,7 @@ class ClientOps(Store):
             raise self._failed(r, "queue_push", key, self.timeout)
 
     async def queue_pop(self, key: str, *, timeout: float | None = None) -> bytes:
-        if type(key) is not str or len(key) > self._short_key:
+        if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "queue_pop")
         t = as_timeout(timeout, self.timeout)
         with waiting_in("store.queue_pop", key=key):
@@ -233,7 +233,7 @@ class ClientOps(Store):
         return v[0] if v is not None else P.unpack_values(r, payload)[0]
 
     async def queue_len(self, key: str) -> int:
-        if type(key) is not str or len(key) > self._short_key:
+        if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "queue_len")
         r, _ = await self._call({"op": "queue_len", "k": key}, None, "queue_len", key, self.timeout)
         if "err" in r:

@@ -10,7 +10,13 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ConnectionClosedLocally, StoreRequestError, StoreTimeoutError
+from ..errors import (
+    ConnectionClosedLocally,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    StoreRequestError,
+    StoreTimeoutError,
+)
 from ..inflight import waiting_in
 from .base import Store, Timeout, Value, as_amount, as_key, as_keys, as_timeout, as_value
 from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Reply, StoreState
@@ -161,10 +167,10 @@ class MemoryStore(Store):
     async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
         ks = as_keys(keys)
         if isinstance(values, (str, bytes, bytearray, memoryview)):
-            raise TypeError("multi_set expects a sequence of values")
+            raise InvalidArgumentTypeError("multi_set expects a sequence of values")
         vs = [as_value(v) for v in values]
         if len(vs) != len(ks):
-            raise ValueError(f"multi_set got {len(ks)} keys but {len(vs)} values")
+            raise InvalidArgumentError(f"multi_set got {len(ks)} keys but {len(vs)} values")
         self._now("multi_set", self.state.multi_set, ks, vs)
 
     async def queue_push(self, key: str, value: Value) -> None:

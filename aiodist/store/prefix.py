@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..errors import InvalidArgumentTypeError
 from .base import Store, Timeout, Value, as_key, as_keys
 
 
@@ -22,9 +23,9 @@ class PrefixStore(Store):
 
     def __init__(self, prefix: str, store: Store) -> None:
         if not isinstance(prefix, str):
-            raise TypeError(f"prefix must be str, not {type(prefix).__name__}")
+            raise InvalidArgumentTypeError(f"prefix must be str, not {type(prefix).__name__}")
         if not isinstance(store, Store) and not all(hasattr(store, m) for m in ("set", "get", "add", "wait")):
-            raise TypeError(f"PrefixStore wraps a store, not {type(store).__name__}")
+            raise InvalidArgumentTypeError(f"PrefixStore wraps a store, not {type(store).__name__}")
         self.prefix = prefix
         self.store = store
         self._p = prefix + "/"

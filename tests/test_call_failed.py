@@ -1,0 +1,119 @@
+"""A collective call that fails on one rank alone fails at once on the others, and the group stays in step.
+
+Before, the others waited for the operation's whole timeout (300 s by
+default), each blaming some innocent peer; when the call was refused for its
+arguments before it started, the failing rank's *next* call was matched with
+the one it failed: a mismatch that made the group unusable for good.
+Now the failing rank tells every member (a ``xf`` frame): their part fails
+with PeerCallFailedError naming it and what it raised, and the next
+collective works on every rank. Real TCP (one process) and the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import run_ranks
+
+import aiodist.api as dist
+import sim
+from aiodist.comm import frames as F
+from aiodist.comm.mismatch_reports import apply_call_failed
+from aiodist.comm.router import Router
+from aiodist.errors import InvalidArrayError, PeerCallFailedError
+
+BAD = 2  # the rank whose call fails
+SLOW_FAILURE = 5.0  # (each op's timeout is 30 s: a failure after this many seconds is the timeout's)
+
+
+async def _unpicklable(pg: Any, r: int) -> Any:
+    return await dist.all_gather_object(threading.Lock() if r == BAD else {"rank": r})
+
+
+async def _short_scatter_list(pg: Any, r: int) -> Any:
+    y = np.zeros(2)
+    return await dist.scatter(y, [np.ones(2)] * (pg.size - 1) if r == BAD else None, src=BAD)
+
+
+async def _read_only_buffer(pg: Any, r: int) -> Any:
+    x = np.ones(1024)
+    if r == BAD:
+        x.flags.writeable = False
+    return await dist.all_reduce(x)
+
+
+async def _bad_timeout(pg: Any, r: int) -> Any:
+    return await dist.barrier(timeout=-1 if r == BAD else None)
+
+
+CASES = {"unpicklable object": (_unpicklable, TypeError), "short scatter_list": (_short_scatter_list, InvalidArrayError),
+         "read-only buffer": (_read_only_buffer, InvalidArrayError), "bad timeout": (_bad_timeout, ValueError)}
+
+
+def _program(case: str) -> Any:
+    call, _ = CASES[case]
+
+    async def rank(r: int | None = None) -> Any:
+        pg = await dist.init_process_group(timeout=30)
+        r = pg.rank
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            await call(pg, r)
+            first: Any = "ok"
+        except Exception as e:  # noqa: BLE001 - what each rank got is the result
+            first = (type(e).__name__, getattr(e, "global_rank", None), getattr(e, "seq", None), str(e), type(e))
+        took = loop.time() - t0
+        x = np.ones(4)
+        await dist.all_reduce(x)  # the group is in step and usable
+        await dist.destroy_process_group()
+        return first, took, float(x[0])
+
+    return rank
+
+
+def _check(results: list[Any], case: str, world: int) -> None:
+    _, raised = CASES[case]
+    for r, (first, took, total) in enumerate(results):
+        assert total == world, (r, total)
+        assert took < SLOW_FAILURE, (r, took, first)
+        if r == BAD:
+            assert issubclass(first[4], raised), first
+        else:
+            name, global_rank, seq, text, _ = first
+            assert (name, global_rank, seq) == ("PeerCallFailedError", BAD, 0), first
+            assert raised.__name__ in text or (raised is ValueError and "InvalidArgumentError" in text), text
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_a_call_failing_on_one_rank_fails_at_once_on_the_others_over_tcp(case: str) -> None:
+    _check(await run_ranks(4, _program(case), timeout=60), case, 4)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_call_failing_on_one_rank_fails_at_once_on_the_others_in_the_simulator(case: str) -> None:
+    res = sim.run(_program(case), world_size=4, seed=3, trace=False)
+    assert res.ok, res.summary()
+    _check(res.rank_results, case, 4)
+
+
+def test_a_call_failed_report_voids_that_operation_only_and_bad_ones_are_refused() -> None:
+    from test_badinput_router import keyed
+
+    router = Router()
+    now, s_now = keyed(1, (4, 0))
+    after, s_after = keyed(1, (5, 0))
+    router.post_keyed(now)
+    router.post_keyed(after)
+    assert apply_call_failed(router, 2, F.call_failed(0, 4, "all_reduce (seq 4) raised there: ValueError: x")) is None
+    [e] = s_now.results
+    assert isinstance(e, PeerCallFailedError) and e.global_rank == 2 and e.seq == 4 and "ValueError: x" in str(e)
+    assert s_after.results == []  # (the group stays usable: the next operation is not void)
+    later, s_later = keyed(3, (4, 1))  # posted after the report: fails too
+    router.post_keyed(later)
+    assert isinstance(s_later.results[0], PeerCallFailedError)
+    assert apply_call_failed(router, 1, F.call_failed(0, [4], "?")) is not None  # bad input: the peer is rejected
