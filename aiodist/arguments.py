@@ -19,7 +19,6 @@ import datetime
 import numbers
 from typing import Any
 
-import numpy as np
 from .errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = ["MISSING", "BACKENDS", "Backend", "backend_name", "either", "is_backend", "seconds"]
@@ -44,7 +43,7 @@ def seconds(timeout: Any, what: str = "timeout") -> float:
     """``timeout`` in seconds: a number, or a :class:`datetime.timedelta` (torch's form)."""
     if isinstance(timeout, datetime.timedelta):
         return timeout.total_seconds()
-    if isinstance(timeout, (int, float, numbers.Real)) and not isinstance(timeout, (bool, np.bool_)):
+    if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool):
         return float(timeout)  # (numpy numbers too; not a bool, not a str: "5" was taken as 5 s)
     raise InvalidArgumentTypeError(
         f"{what} must be a number of seconds or a datetime.timedelta, not {type(timeout).__name__}"

@@ -191,7 +191,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
 
     # ------------------------------------------------------------------ collectives
 
-    @in_step('all_reduce')
+    @in_step
     def all_reduce(self, x: Any, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """Reduce ``x`` over the group in place; the Work returns ``x``."""
         if self._comm.rank < 0:
@@ -203,7 +203,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         sig = f"all_reduce {what} n={flat.size}"
         return self._runner.collective("all_reduce", sig, all_reduce_flat, (flat, rop), timeout, result=x)
 
-    @in_step('broadcast')
+    @in_step
     def broadcast(self, x: Any, src: int = 0, *, timeout: float | None = None) -> Work[Any]:
         """Copy ``x`` of rank ``src`` into ``x`` of every rank; the Work returns ``x``."""
         if self._comm.rank < 0:
@@ -213,7 +213,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         sig = f"broadcast src={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective("broadcast", sig, _driver("broadcast"), (x, root), timeout, result=x)
 
-    @in_step('reduce')
+    @in_step
     def reduce(self, x: Any, dst: int = 0, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """Reduce ``x`` into rank ``dst``'s ``x`` (others' ``x`` may be used as scratch); returns ``x``."""
         if self._comm.rank < 0:
@@ -228,7 +228,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         sig = f"reduce dst={root} {what} n={flat.size}"
         return self._runner.collective("reduce", sig, _driver("reduce"), (arg, root, rop), timeout, result=x)
 
-    @in_step('all_gather')
+    @in_step
     def all_gather(self, out_list: Sequence[Any], x: Any, *, timeout: float | None = None) -> Work[Any]:
         """Fill ``out_list[i]`` with rank i's ``x``; returns ``out_list``."""
         if self._comm.rank < 0:
@@ -240,7 +240,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             "all_gather", sig, _driver("all_gather"), (out_list, x), timeout, result=out_list
         )
 
-    @in_step('all_gather_into_tensor')
+    @in_step
     def all_gather_into_tensor(self, out: Any, x: Any, *, timeout: float | None = None) -> Work[Any]:
         """Concatenate every rank's ``x`` into ``out`` (``size`` times larger); returns ``out``."""
         if self._comm.rank < 0:
@@ -257,7 +257,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             "all_gather_into_tensor", sig, _driver("all_gather_into_tensor"), (out, x), timeout, result=out
         )
 
-    @in_step('gather')
+    @in_step
     def gather(
         self, x: Any, gather_list: Sequence[Any] | None = None, dst: int = 0, *, timeout: float | None = None
     ) -> Work[Any]:
@@ -277,7 +277,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             "gather", sig, _driver("gather"), (x, gather_list, root), timeout, result=gather_list
         )
 
-    @in_step('scatter')
+    @in_step
     def scatter(
         self, x: Any, scatter_list: Sequence[Any] | None = None, src: int = 0, *, timeout: float | None = None
     ) -> Work[Any]:
@@ -295,7 +295,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         sig = f"scatter src={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective("scatter", sig, _driver("scatter"), (x, scatter_list, root), timeout, result=x)
 
-    @in_step('reduce_scatter')
+    @in_step
     def reduce_scatter(
         self, out: Any, in_list: Sequence[Any], op: Any = ReduceOp.SUM, *, timeout: float | None = None
     ) -> Work[Any]:
@@ -312,7 +312,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             "reduce_scatter", sig, _driver("reduce_scatter"), (out, in_list, rop), timeout, result=out
         )
 
-    @in_step('reduce_scatter_tensor')
+    @in_step
     def reduce_scatter_tensor(self, out: Any, x: Any, op: Any = ReduceOp.SUM, *, timeout: float | None = None) -> Work[Any]:
         """``out`` = the reduction over ranks of their chunk ``rank`` of ``x``; returns ``out``."""
         if self._comm.rank < 0:
@@ -332,7 +332,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             "reduce_scatter_tensor", sig, _driver("reduce_scatter_tensor"), (out, x, rop), timeout, result=out
         )
 
-    @in_step('all_to_all')
+    @in_step
     def all_to_all(self, out_list: Sequence[Any], in_list: Sequence[Any], *, timeout: float | None = None) -> Work[Any]:
         """Rank i's ``in_list[j]`` lands in rank j's ``out_list[i]``; returns ``out_list``."""
         if self._comm.rank < 0:
@@ -347,7 +347,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             "all_to_all", sig, _driver("all_to_all"), (out_list, in_list), timeout, result=out_list
         )
 
-    @in_step('all_to_all_single')
+    @in_step
     def all_to_all_single(
         self,
         out: Any,
@@ -366,14 +366,14 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         sig = f"all_to_all_single {dtype_name(ins[0].dtype)}"
         return self._runner.collective("all_to_all_single", sig, exchange_blocks, (outs, ins), timeout, result=out)
 
-    @in_step('barrier')
+    @in_step
     def barrier(self, *, timeout: float | None = None) -> Work[None]:
         """Wait until every rank of the group reached its barrier."""
         if self._comm.rank < 0:
             return self._runner.absent("barrier")
         return self._runner.collective("barrier", "barrier", _driver("barrier"), (), timeout, result=None)
 
-    @in_step('monitored_barrier')
+    @in_step
     def monitored_barrier(self, timeout: float | None = None, wait_all_ranks: bool = False) -> Work[None]:
         """A barrier through rank 0 that names the ranks that did not arrive in time.
 
@@ -392,7 +392,8 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
 
         def body(ch: OpChannel, seq: int) -> Awaitable[None]:
             return _monitored_barrier(ch, wait_all_ranks=wait_all_ranks)
-        return self._runner.collective("monitored_barrier", "monitored_barrier", body, (), t, result=None)
+        return self._runner.collective("monitored_barrier", "monitored_barrier", body, (), t, result=None,
+                                       tell_timeout=self.rank == 0)
 
     # ------------------------------------------------------------------ point to point
 

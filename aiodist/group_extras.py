@@ -76,7 +76,7 @@ def _dumps(obj: Any) -> bytes:
 class ObjectOperations(_GroupParts):
     """The object collectives and object point-to-point of a group."""
 
-    @in_step('all_gather_object')
+    @in_step
     def all_gather_object(
         self, obj: Any, *, timeout: Any = None, object_list: list[Any] | None = None
     ) -> Work[list[Any]]:
@@ -96,7 +96,7 @@ class ObjectOperations(_GroupParts):
             body = _filling(object_list)
         return self._runner.collective("all_gather_object", "all_gather_object", body, (obj,), timeout)
 
-    @in_step('broadcast_object_list')
+    @in_step
     def broadcast_object_list(self, object_list: list[Any], src: int = 0, *, timeout: Any = None) -> Work[list[Any]]:
         """Replace the entries of ``object_list`` with rank ``src``'s; returns ``object_list``."""
         if self._comm.rank < 0:
@@ -109,7 +109,7 @@ class ObjectOperations(_GroupParts):
             (object_list, root), timeout, result=object_list,
         )
 
-    @in_step('gather_object')
+    @in_step
     def gather_object(
         self, obj: Any, dst: int = 0, *, timeout: Any = None, object_gather_list: list[Any] | None = None
     ) -> Work[list[Any] | None]:
@@ -133,7 +133,7 @@ class ObjectOperations(_GroupParts):
             "gather_object", f"gather_object dst={root}", gather_object, (obj, root, object_gather_list), timeout
         )
 
-    @in_step('scatter_object_list')
+    @in_step
     def scatter_object_list(
         self, out: list[Any], in_list: Sequence[Any] | None = None, src: int = 0, *, timeout: Any = None
     ) -> Work[list[Any]]:
@@ -218,7 +218,7 @@ def _describe_list(x: Any) -> str:
 class CoalescedOperations(_GroupParts):
     """torch's coalesced collectives: several arrays of one dtype as one operation."""
 
-    @in_step('all_reduce_coalesced')
+    @in_step
     def all_reduce_coalesced(self, tensors: Sequence[Any], op: Any = None, *, timeout: Any = None) -> Work[Any]:
         """Reduce every array of ``tensors`` over the group in place, as one collective; returns ``tensors``."""
         if self._comm.rank < 0:
@@ -233,7 +233,7 @@ class CoalescedOperations(_GroupParts):
             "all_reduce_coalesced", sig, _reduce_packed, (flats, rop, factor), timeout, result=tensors
         )
 
-    @in_step('all_gather_coalesced')
+    @in_step
     def all_gather_coalesced(
         self, output_lists: Sequence[Sequence[Any]], input_list: Sequence[Any], *, timeout: Any = None
     ) -> Work[Any]:

@@ -194,7 +194,6 @@ class FingerprintCheck:
         checker = self.checker
         comm, store = checker.comm, checker.store
         key = fingerprint_key(comm, self.seq)
-        earlier = None
         try:
             await store.append(key, f"{comm.rank}={self.sig}\n".encode())
             bad = bad_key(comm)
@@ -209,15 +208,16 @@ class FingerprintCheck:
                 calls, marked = parse_fingerprints(bytes(await store.get(key, timeout=checker.timeout)))
                 calls[comm.rank] = self.sig
                 if marked or len(set(calls.values())) > 1:
+                    self.found = self._listed(calls, marked, None)
                     break
                 if await store.check([bad]):
                     head, _, rest = bytes(await store.get(bad, timeout=checker.timeout)).partition(b"\n")
-                    if head == b"new_group":  # a member disagreed on the ranks: the group is not there
+                    if head == NEW_GROUP_NOTE.encode():  # a member disagreed on the ranks: the group is not there
                         self.found = self._never_created(parse_fingerprints(rest)[0])
                         break
                     earlier = int(head)
                     if earlier < self.seq:  # we got through a call the others found mismatched
-                        calls = parse_fingerprints(rest)[0]
+                        self.found = self._listed(parse_fingerprints(rest)[0], marked, earlier)
                         break
                 await asyncio.sleep(MISMATCH_RECHECK)
         except asyncio.CancelledError:
@@ -226,30 +226,30 @@ class FingerprintCheck:
             log.debug("rank %d: the fingerprint check of %s (seq %d) of %s gave up: %r",
                       comm.transport.rank, self.op, self.seq, comm.name, e)
             return
-        if self.found is not None:
-            if not self.task.done():
-                self.task.cancel()
-            return
+        if not self.task.done():
+            self.task.cancel()
+
+    def _listed(self, calls: dict[int, str], marked: bool, earlier: int | None) -> CollectiveMismatchError:
+        """The mismatch the store shows: ``calls`` (group rank -> call), ``marked`` by another member, or found
+        ``earlier`` (a seq before this one, whose part this rank completed without noticing)."""
         listing = "; ".join(f"rank {r} called {c!r}" for r, c in sorted(calls.items()))
         why = "another member found a mismatch; " if marked and len(set(calls.values())) <= 1 else ""
-        if earlier is not None and earlier < self.seq:
+        if earlier is not None:
             why = (
                 f"the group is unusable: its members found a mismatch at seq {earlier} "
                 f"(this rank's part of that call completed without noticing) where "
             )
-        self.found = CollectiveMismatchError(
-            f"collective mismatch in {comm.name} at seq {self.seq}: {why}{listing}",
+        return CollectiveMismatchError(
+            f"collective mismatch in {self.checker.comm.name} at seq {self.seq}: {why}{listing}",
             calls=calls,
             seq=self.seq,
         )
-        if not self.task.done():
-            self.task.cancel()
-
 
     def _never_created(self, calls: dict[int, str]) -> CollectiveMismatchError:
         """The note of a new_group whose members disagreed (``calls``: global rank -> the ranks it passed)."""
         comm = self.checker.comm
-        listing = "; ".join(f"global rank {r} passed {c.removeprefix('new_group ranks ')}" for r, c in sorted(calls.items()))
+        listing = "; ".join(f"global rank {r} passed {c.removeprefix('new_group ranks ')}"
+                            for r, c in sorted(calls.items()))
         return CollectiveMismatchError(
             f"{self.op} (seq {self.seq}) of {comm.name}: the group does not exist on every member: new_group was "
             f"called with other ranks there ({listing}; this rank passed {list(comm.ranks)}); every rank must call "
@@ -283,4 +283,19 @@ def fingerprint_key(comm: GroupComm, seq: int) -> str:
 
 
 def bad_key(comm: GroupComm) -> str:
-    return f"{comm.transport.key_prefix}fp/{comm.gid}/bad"
+    return _bad_key(comm.transport, comm.gid)
+
+
+def _bad_key(transport: Transport, gid: Any) -> str:
+    return f"{transport.key_prefix}fp/{gid}/bad"
+
+
+NEW_GROUP_NOTE = "new_group"
+"""Head of the note a member that disagreed on new_group's ranks leaves as the group's mismatch mark."""
+
+
+async def note_disagreement(store: Any, transport: Transport, gid: Any, ranks: str) -> None:
+    """This rank passed ``ranks`` to new_group #``gid`` where the others agreed on other ranks: mark the group,
+    so that the fingerprint check of a member that has it fails its first collective (see :class:`FingerprintCheck`)."""
+    note = f"{NEW_GROUP_NOTE}\n{transport.rank}=new_group ranks [{ranks}]\n".encode()
+    await store.compare_set(_bad_key(transport, gid), b"", note)

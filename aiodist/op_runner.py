@@ -161,10 +161,14 @@ class OpRunner:
         args: tuple[Any, ...],
         timeout: float | None,
         result: Any = BODY_RESULT,
+        *,
+        tell_timeout: bool = False,
     ) -> Work[Any]:
         """Take the next sequence number now and start ``body(channel, seq, *args)`` as a task.
 
         The operation's result is ``result``, or what ``body`` returns if none is given.
+        ``tell_timeout``: its timeout here is a verdict the other members are told of, as a
+        failure of this rank's own is (monitored_barrier's rank 0: the missing ranks).
         Started eagerly: an operation that never waits (a broadcast root) is finished
         when this returns.
         """
@@ -175,7 +179,7 @@ class OpRunner:
         self.seq += 1
         rec = OpRecord(op, seq, sig)
         loop = asyncio.get_running_loop()
-        task, _ = start_eager(self._run(rec, body, args, result, t, loop), loop)
+        task, _ = start_eager(self._run(rec, body, args, result, t, loop, tell_timeout), loop)
         if not rec.finished:
             self.tasks[task] = None  # (_run forgets it as it ends)
         return Work(task, op=op, seq=seq, record=rec, group=self.name)
@@ -191,8 +195,7 @@ class OpRunner:
         seq = self.seq
         self.seq += 1
         self._tell_failed(op, seq, e)
-        comm = self.comm
-        self.transport.router.settle(comm.gid, seq, "", comm.members, next(iter(self.running), self.seq))
+        self.transport.router.settle(self.comm.gid, seq, "", self.comm.members, next(iter(self.running), self.seq))
 
     def _tell_failed(self, op: str, seq: int, e: BaseException) -> None:
         comm = self.comm
@@ -247,6 +250,7 @@ class OpRunner:
         result: Any,
         timeout: float,
         loop: asyncio.AbstractEventLoop,
+        tell_timeout: bool,
     ) -> None:
         """Run one collective; its outcome goes to ``rec`` (see :mod:`aiodist.work`), not to the task.
 
@@ -299,9 +303,8 @@ class OpRunner:
             if error is None:  # a plain cancellation: the task ends cancelled
                 rec.finish(error=e)
                 raise
-            if comm.size > 1 and (_own(error) or (op == "monitored_barrier" and comm.rank == 0
-                                                   and isinstance(error, CollectiveTimeoutError))):
-                self._tell_failed(op, seq, error)  # (monitored_barrier: rank 0's verdict names the missing ranks)
+            if _own(error) or (tell_timeout and isinstance(error, CollectiveTimeoutError)):
+                self._tell_failed(op, seq, error)
             rec.finish(error=error)
             return
         if rec.check is not None:
@@ -468,24 +471,24 @@ class _RunsOperations(Protocol):
 G = TypeVar("G", bound=_RunsOperations)
 
 
-def in_step(op: str) -> Callable[[Callable[Concatenate[G, P], T]], Callable[Concatenate[G, P], T]]:
-    """Decorate a group's collective ``op``: a call refused for its arguments (ValueError, TypeError) still takes
-    its sequence number and tells the other members (:meth:`OpRunner.refused`), then raises as it did.
+def in_step(method: Callable[Concatenate[G, P], T]) -> Callable[Concatenate[G, P], T]:
+    """Decorate a group's collective (the method's name is the operation's): a call refused for its arguments
+    (ValueError, TypeError) still takes its sequence number and tells the other members
+    (:meth:`OpRunner.refused`), then raises as it did.
 
     Without it, a rank that alone got an argument wrong (a read-only buffer, a bad ``scatter_list`` on the
     source) left the others waiting for the operation's whole timeout, and its next call was matched with
     the one it failed (a mismatch that made the group unusable).
     """
 
-    def wrap(method: Callable[Concatenate[G, P], T]) -> Callable[Concatenate[G, P], T]:
-        @functools.wraps(method)
-        def call(self: G, /, *args: P.args, **kwargs: P.kwargs) -> T:
-            try:
-                return method(self, *args, **kwargs)
-            except (ValueError, TypeError) as e:
-                self._runner.refused(op, e)
-                raise
+    op = method.__name__
 
-        return call
+    @functools.wraps(method)
+    def call(self: G, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except (ValueError, TypeError) as e:
+            self._runner.refused(op, e)
+            raise
 
-    return wrap
+    return call

@@ -35,9 +35,9 @@ from .arguments import backend_name, optional_seconds
 from .comm.channel import rank_table
 from .context import rank_scope
 from .current import group_of, registry, world
-from .errors import InvalidArgumentError, InvalidArgumentTypeError
 from .errors import GroupError, InvalidArgumentError, InvalidArgumentTypeError
 from .group import ProcessGroup
+from .mismatch import note_disagreement
 
 __all__ = ["new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group"]
 
@@ -73,10 +73,6 @@ def _check_ranks(ranks: Sequence[int], n: int, *, sort: bool) -> list[int]:
     if not members:
         raise InvalidArgumentError("a group needs at least one rank")
     return sorted(members) if sort else members
-
-
-NEW_GROUP_NOTE = "new_group"
-"""Head of the note a member that disagreed leaves as the group's mismatch mark (see :mod:`aiodist.mismatch`)."""
 
 
 async def new_group(
@@ -122,8 +118,7 @@ async def new_group(
         if agreed != mine:
             # The members that passed the agreed ranks have the group: their first collective on it would
             # wait for this rank until its timeout. Their fingerprint check reads this note and fails it.
-            note = f"{NEW_GROUP_NOTE}\n{transport.rank}=new_group ranks [{mine.decode()}]\n".encode()
-            await w.store.compare_set(f"{transport.key_prefix}fp/{gid}/bad", b"", note)
+            await note_disagreement(w.store, transport, gid, mine.decode())
             raise GroupError(
                 f"new_group #{gid}: rank {transport.rank} passed ranks {members} but another member passed "
                 f"[{agreed.decode()}]; every rank must call new_group with the same ranks in the same order"

@@ -21,20 +21,18 @@ MAX_REPORT_TEXT = 4000
 """Characters kept of a report's text (each call it names: :data:`~.frames.MAX_TEXT`)."""
 
 
-def _unusable(router: Router, reporter: int, gid: object, seq: object, what: str) -> str | None:
-    """None: the report applies here; "": it comes too late (its group was destroyed here); else its fault."""
+def _fault(router: Router, reporter: int, gid: object, seq: object, what: str) -> str | None:
+    """Why a report (``what``) naming ``seq`` of group ``gid`` is impossible from ``reporter`` (None: it is possible)."""
     bad = router.vet(reporter, gid, seq)
-    if bad is not None:
-        return f"{what} with {bad}"
-    return "" if router.destroyed(gid) else None
+    return None if bad is None else f"{what} with {bad}"
 
 
 def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
     """Void what rank ``reporter``'s mismatch report ``h`` names; the report's fault if it is bad input."""
     gid, seq = h.get(F.GROUP), h.get(F.SEQ)
-    refusal = _unusable(router, reporter, gid, seq, "a mismatch report")
-    if refusal is not None:
-        return refusal or None
+    fault = _fault(router, reporter, gid, seq, "a mismatch report")
+    if fault is not None or router.destroyed(gid):
+        return fault  # (None for late news of a group destroyed here)
     try:
         calls = {int(k): F.shown(v) for k, v in h.get(F.CALLS, [])}
     except (TypeError, ValueError):
@@ -58,9 +56,9 @@ def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
 def apply_call_failed(router: Router, reporter: int, h: F.Header) -> str | None:
     """Void the operation that rank ``reporter``'s call-failed report ``h`` names; the report's fault if it is bad input."""
     gid, seq = h.get(F.GROUP), h.get(F.SEQ)
-    refusal = _unusable(router, reporter, gid, seq, "a call-failed report")
-    if refusal is not None:
-        return refusal or None
+    fault = _fault(router, reporter, gid, seq, "a call-failed report")
+    if fault is not None or router.destroyed(gid):
+        return fault  # (None for late news of a group destroyed here)
     message = F.shown(h.get(F.TEXT, "its call failed"), MAX_REPORT_TEXT)
 
     def error(_: Receive) -> BaseException:

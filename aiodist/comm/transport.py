@@ -344,18 +344,19 @@ class Transport:
 
         Fire and forget: it connects if needed, within :data:`.settings.REPORT_GRACE`.
         """
-        if self._closed or dst == self.rank or not 0 <= dst < self.world_size:
-            return
-        _ = self._links.spawn(self._report(dst, F.mismatch(gid, seq, message, calls)), now=True)  # owned by the links
+        self._report_to(dst, F.mismatch(gid, seq, message, calls))
 
     def report_call_failed(self, dst: int, gid: Any, seq: int, message: str) -> None:
         """Tell rank ``dst`` that our call at ``seq`` of group ``gid`` failed here (``message``: what it raised).
 
         Fire and forget, as :meth:`report_mismatch`.
         """
+        self._report_to(dst, F.call_failed(gid, seq, message))
+
+    def _report_to(self, dst: int, header: Header) -> None:
         if self._closed or dst == self.rank or not 0 <= dst < self.world_size:
             return
-        _ = self._links.spawn(self._report(dst, F.call_failed(gid, seq, message)), now=True)  # owned by the links
+        _ = self._links.spawn(self._report(dst, header), now=True)  # owned by the links
 
     def give_up_p2p(self, dst: int, gid: Any, tag: int, number: int, *, grace: float) -> None:
         """A point-to-point send to rank ``dst`` gave up (timed out, cancelled), perhaps before its frame was queued.

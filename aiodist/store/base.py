@@ -41,8 +41,8 @@ def _encodable(key: str) -> str:
     try:
         key.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise InvalidArgumentError(f"store keys must be valid Unicode text: {key[:64]!r} has a lone surrogate at index "
-                         f"{e.start} (UTF-8 cannot encode it)") from None
+        raise InvalidArgumentError(f"store keys must be valid Unicode text: {key[:64]!r} has a lone surrogate at "
+                                   f"index {e.start} (UTF-8 cannot encode it)") from None
     return key
 
 
