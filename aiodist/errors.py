@@ -98,16 +98,22 @@ class StoreError(AiodistError):
 class StoreTimeoutError(TimeoutError, StoreError):
     """A blocking store call did not complete in time.
 
-    ``.keys`` names the key(s) waited for, ``.timeout`` the seconds waited.
+    ``.keys`` names the key(s) of the call, ``.timeout`` the seconds waited;
+    ``.waiting``: the call waited for its key(s) to be set (``get``, ``wait``...);
+    otherwise the store did not answer in time (a stopped or overloaded server).
     The connection stays usable afterwards.
     """
 
-    def __init__(self, keys: Sequence[str], timeout: float, op: str = "wait") -> None:
+    def __init__(self, keys: Sequence[str], timeout: float, op: str = "wait", *, waiting: bool = True) -> None:
         self.keys = list(keys)
         self.key = self.keys[0] if len(self.keys) == 1 else None
         self.timeout = timeout
         self.op = op
-        super().__init__(f"store {op} timed out after {timeout:g}s waiting for key(s) {self.keys!r}")
+        self.waiting = waiting
+        if waiting:
+            super().__init__(f"store {op} timed out after {timeout:g}s waiting for key(s) {self.keys!r}")
+        else:
+            super().__init__(f"store {op} of key(s) {self.keys!r} timed out after {timeout:g}s: the store did not answer")
 
 
 # --------------------------------------------------------------------- groups

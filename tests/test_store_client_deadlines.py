@@ -128,3 +128,18 @@ async def test_a_server_silent_from_the_start_is_named_in_the_connect_timeout() 
             await TCPStore.connect(HOST, server.sockets[0].getsockname()[1], timeout=0.5)
     finally:
         server.close()
+
+
+async def test_a_call_the_store_never_answers_says_so_not_that_it_waited_for_its_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_mod, "_GRACE", 0.1)
+    async with deaf_server() as port:
+        c = await TCPStore.connect(HOST, port, timeout=0.3)
+        with pytest.raises(StoreTimeoutError) as info:
+            await c.append("log", b"x")
+        assert not info.value.waiting and info.value.keys == ["log"] and info.value.op == "append"
+        assert "did not answer" in str(info.value) and "waiting for" not in str(info.value)  # before: "waiting for key(s)"
+        with pytest.raises(StoreTimeoutError) as info:
+            await c.get("k", timeout=0.3)  # a get does wait for its key (here the store is silent too)
+        assert info.value.waiting and "waiting for key(s) ['k']" in str(info.value)
+        await c.close()

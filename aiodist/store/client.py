@@ -390,7 +390,7 @@ class TCPStore(ClientOps):
         fut, _, op, keys, timeout = call
         self._silent = True
         if not fut.done():
-            fut.set_exception(StoreTimeoutError(_keylist(keys), timeout, op))
+            fut.set_exception(StoreTimeoutError(_keylist(keys), timeout, op, waiting=op in P.BLOCKING_OPS))
         if op in P.BLOCKING_OPS and self._error is None:
             self._abandoned[rid] = _keylist(keys)[0] if op == "queue_pop" else None
             self._control.append(({"op": "cancel", "c": rid}, None))
