@@ -107,7 +107,7 @@ if TYPE_CHECKING:
     from .eventloop import run
     from .group import ProcessGroup
     from .work import Work
-    from .errors import UnawaitedOperationError
+    from .errors import OutsideLoopError, UnawaitedOperationError
     from .unawaited import clear_unawaited, unawaited_operations
     from .mesh import DeviceMesh, init_device_mesh
     from .store import HashStore, MemoryStore, PrefixStore, Store, StoreLimits, StoreServer, TCPStore
@@ -176,6 +176,7 @@ _LAZY: dict[str, str] = {
     "StoreServer": "aiodist.store",
     "StoreTimeoutError": "aiodist.errors",
     "TCPStore": "aiodist.store",
+    "OutsideLoopError": "aiodist.errors",
     "UnawaitedOperationError": "aiodist.errors",
     "UnsupportedReduceOpError": "aiodist.errors",
     "Work": "aiodist.work",
@@ -331,6 +332,7 @@ __all__ = [
     "StoreServer",
     "StoreTimeoutError",
     "TCPStore",
+    "OutsideLoopError",
     "UnawaitedOperationError",
     "UnsupportedReduceOpError",
     "Work",

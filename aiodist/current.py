@@ -6,10 +6,11 @@ the simulator's virtual ranks each have their own).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from .context import get_default_group, rank_scope
-from .errors import GroupError
+from .errors import GroupError, OutsideLoopError
 from .group import ProcessGroup
 
 _GROUPS = "aiodist_groups"
@@ -35,3 +36,15 @@ def group_of(group: Any) -> ProcessGroup:
     if not isinstance(group, ProcessGroup):
         raise TypeError(f"group must be a ProcessGroup, not {type(group).__name__}")
     return group
+
+
+def operating(group: Any, op: str) -> ProcessGroup:
+    """:func:`group_of` for the operation ``op`` about to start: it starts on the running event loop.
+
+    Called in a thread where no loop runs (a worker thread), it raises
+    :class:`~aiodist.errors.OutsideLoopError` naming ``op`` (asyncio's own
+    error would be a bare "no running event loop" from deep inside).
+    """
+    if asyncio._get_running_loop() is None:
+        raise OutsideLoopError(op)
+    return group_of(group)

@@ -406,6 +406,23 @@ class UnawaitedOperationError(AiodistError):
         self.operations = list(operations)
 
 
+class OutsideLoopError(AiodistError):
+    """An operation (``.op``) was called where no event loop runs: a worker thread, or synchronous code.
+
+    Operations start on the rank's event loop; from a worker thread, hand the
+    call to the loop (``asyncio.run_coroutine_threadsafe(coro, loop)``, where
+    ``coro`` awaits the operation). Nothing was started.
+    """
+
+    def __init__(self, op: str) -> None:
+        super().__init__(
+            f"aiodist.{op}() was called outside the event loop (no event loop runs in this thread: a worker "
+            "thread, e.g. asyncio.to_thread or run_in_executor, or synchronous code); operations start on the "
+            "rank's event loop: from a thread, use asyncio.run_coroutine_threadsafe(coro, loop) with a coroutine "
+            f"that awaits aiodist.{op}(...)")
+        self.op = op
+
+
 DistError = AiodistError
 """torch's ``torch.distributed.DistError``: aiodist's base error (a ``RuntimeError``)."""
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from .arguments import MISSING, either, root
 from .collectives.ops import ReduceOp
-from .current import group_of
+from .current import operating
 from .errors import InvalidArgumentTypeError
 from .group import ProcessGroup
 from .work import Work
@@ -50,7 +50,7 @@ def all_reduce(
     """Reduce ``tensor`` over the group in place (``op``: a ReduceOp); the Work returns ``tensor``."""
     if tensor is MISSING or x is not MISSING:
         tensor = either("all_reduce", tensor, "tensor", x, "x")
-    return group_of(group).all_reduce(tensor, op, timeout=timeout)
+    return operating(group, "all_reduce").all_reduce(tensor, op, timeout=timeout)
 
 
 def broadcast(
@@ -59,7 +59,7 @@ def broadcast(
 ) -> Work[Any]:
     """Copy the ``tensor`` of global rank ``src`` (default 0; or ``group_src``) into every rank's ``tensor``."""
     tensor = either("broadcast", tensor, "tensor", x, "x")
-    pg = group_of(group)
+    pg = operating(group, "broadcast")
     if pg.rank < 0:
         return pg.broadcast(tensor)
     return pg.broadcast(tensor, root("broadcast", pg, src, group_src, "src"), timeout=timeout)
@@ -71,7 +71,7 @@ def reduce(
 ) -> Work[Any]:
     """Reduce every rank's ``tensor`` into that of global rank ``dst`` (default 0; or ``group_dst``)."""
     tensor = either("reduce", tensor, "tensor", x, "x")
-    pg = group_of(group)
+    pg = operating(group, "reduce")
     if pg.rank < 0:
         return pg.reduce(tensor)
     return pg.reduce(tensor, root("reduce", pg, dst, group_dst, "dst"), op, timeout=timeout)
@@ -84,7 +84,7 @@ def all_gather(
     """Fill ``tensor_list[i]`` with rank i's ``tensor``; returns ``tensor_list``."""
     tensor_list = either("all_gather", tensor_list, "tensor_list", out_list, "out_list")
     tensor = either("all_gather", tensor, "tensor", x, "x")
-    return group_of(group).all_gather(tensor_list, tensor, timeout=timeout)
+    return operating(group, "all_gather").all_gather(tensor_list, tensor, timeout=timeout)
 
 
 def all_gather_into_tensor(
@@ -94,7 +94,7 @@ def all_gather_into_tensor(
     """Concatenate every rank's ``input_tensor`` into ``output_tensor``; returns ``output_tensor``."""
     output_tensor = either("all_gather_into_tensor", output_tensor, "output_tensor", out, "out")
     input_tensor = either("all_gather_into_tensor", input_tensor, "input_tensor", x, "x")
-    return group_of(group).all_gather_into_tensor(output_tensor, input_tensor, timeout=timeout)
+    return operating(group, "all_gather_into_tensor").all_gather_into_tensor(output_tensor, input_tensor, timeout=timeout)
 
 
 def gather(
@@ -104,7 +104,7 @@ def gather(
 ) -> Work[Any]:
     """Collect every rank's ``tensor`` into ``gather_list`` on global rank ``dst`` (default 0; or ``group_dst``)."""
     tensor = either("gather", tensor, "tensor", x, "x")
-    pg = group_of(group)
+    pg = operating(group, "gather")
     if pg.rank < 0:
         return pg.gather(tensor)
     return pg.gather(tensor, gather_list, root("gather", pg, dst, group_dst, "dst"), timeout=timeout)
@@ -117,7 +117,7 @@ def scatter(
 ) -> Work[Any]:
     """Global rank ``src`` (default 0; or ``group_src``) sends ``scatter_list[i]`` to rank i's ``tensor``."""
     tensor = either("scatter", tensor, "tensor", x, "x")
-    pg = group_of(group)
+    pg = operating(group, "scatter")
     if pg.rank < 0:
         return pg.scatter(tensor)
     return pg.scatter(tensor, scatter_list, root("scatter", pg, src, group_src, "src"), timeout=timeout)
@@ -130,7 +130,7 @@ def reduce_scatter(
     """``output`` = the reduction over ranks of their ``input_list[rank]``; returns ``output``."""
     output = either("reduce_scatter", output, "output", out, "out")
     input_list = either("reduce_scatter", input_list, "input_list", in_list, "in_list")
-    return group_of(group).reduce_scatter(output, input_list, op, timeout=timeout)
+    return operating(group, "reduce_scatter").reduce_scatter(output, input_list, op, timeout=timeout)
 
 
 def reduce_scatter_tensor(
@@ -140,7 +140,7 @@ def reduce_scatter_tensor(
     """``output`` = the reduction over ranks of their chunk ``rank`` of ``input``; returns ``output``."""
     output = either("reduce_scatter_tensor", output, "output", out, "out")
     input = either("reduce_scatter_tensor", input, "input", x, "x")
-    return group_of(group).reduce_scatter_tensor(output, input, op, timeout=timeout)
+    return operating(group, "reduce_scatter_tensor").reduce_scatter_tensor(output, input, op, timeout=timeout)
 
 
 all_gather_single = all_gather_into_tensor
@@ -157,7 +157,7 @@ def all_to_all(
     """Rank i's ``input_tensor_list[j]`` lands in rank j's ``output_tensor_list[i]``."""
     output_tensor_list = either("all_to_all", output_tensor_list, "output_tensor_list", out_list, "out_list")
     input_tensor_list = either("all_to_all", input_tensor_list, "input_tensor_list", in_list, "in_list")
-    return group_of(group).all_to_all(output_tensor_list, input_tensor_list, timeout=timeout)
+    return operating(group, "all_to_all").all_to_all(output_tensor_list, input_tensor_list, timeout=timeout)
 
 
 def all_to_all_single(
@@ -168,19 +168,19 @@ def all_to_all_single(
     """all_to_all on single arrays split along their first dimension; returns ``output``."""
     output = either("all_to_all_single", output, "output", out, "out")
     input = either("all_to_all_single", input, "input", x, "x")
-    return group_of(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, timeout=timeout)
+    return operating(group, "all_to_all_single").all_to_all_single(output, input, output_split_sizes, input_split_sizes, timeout=timeout)
 
 
 def barrier(
     group: ProcessGroup | None = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None
 ) -> Work[None]:
     """Wait until every rank of the group reached its barrier (``device_ids`` is accepted and ignored)."""
-    return group_of(group).barrier(timeout=timeout)
+    return operating(group, "barrier").barrier(timeout=timeout)
 
 
 def monitored_barrier(group: ProcessGroup | None = None, timeout: Any = None, wait_all_ranks: bool = False) -> Work[None]:
     """A barrier through rank 0 whose timeout names the ranks that did not arrive (see ProcessGroup.monitored_barrier)."""
-    return group_of(group).monitored_barrier(timeout, wait_all_ranks)
+    return operating(group, "monitored_barrier").monitored_barrier(timeout, wait_all_ranks)
 
 
 def all_reduce_coalesced(
@@ -188,7 +188,7 @@ def all_reduce_coalesced(
     *, timeout: Any = None,
 ) -> Work[Any]:
     """all_reduce of every array of ``tensors`` (one dtype) as one collective; returns ``tensors``."""
-    return group_of(group).all_reduce_coalesced(tensors, op, timeout=timeout)
+    return operating(group, "all_reduce_coalesced").all_reduce_coalesced(tensors, op, timeout=timeout)
 
 
 def all_gather_coalesced(
@@ -196,7 +196,7 @@ def all_gather_coalesced(
     group: ProcessGroup | None = None, async_op: bool = False, *, timeout: Any = None,
 ) -> Work[Any]:
     """``output_tensor_lists[r][i]`` = rank r's ``input_tensor_list[i]``, as one collective."""
-    return group_of(group).all_gather_coalesced(output_tensor_lists, input_tensor_list, timeout=timeout)
+    return operating(group, "all_gather_coalesced").all_gather_coalesced(output_tensor_lists, input_tensor_list, timeout=timeout)
 
 
 # ---------------------------------------------------------------------- point to point
@@ -208,7 +208,7 @@ def send(
 ) -> Work[None]:
     """Send ``tensor`` to global rank ``dst`` (or ``group_dst``) with ``tag``."""
     tensor = either("send", tensor, "tensor", x, "x")
-    pg = group_of(group)
+    pg = operating(group, "send")
     if pg.rank < 0:
         return pg.send(tensor, 0)
     return pg.send(tensor, root("send", pg, dst, group_dst, "dst", default=None), tag, timeout=timeout)
@@ -223,7 +223,7 @@ def recv(
     Cancelling a task that awaits it withdraws the receive (see :mod:`aiodist.work`).
     """
     tensor = either("recv", tensor, "tensor", x, "x")
-    pg = group_of(group)
+    pg = operating(group, "recv")
     if pg.rank < 0:
         return pg.recv(tensor)
     local = None if src is None and group_src is None else root("recv", pg, src, group_src, "src")
@@ -253,10 +253,10 @@ def all_gather_object(
             if group is not None:
                 raise InvalidArgumentTypeError("all_gather_object(obj, group): group given twice")
             group = obj
-        return group_of(group).all_gather_object(object_list, timeout=timeout)
+        return operating(group, "all_gather_object").all_gather_object(object_list, timeout=timeout)
     if object_list is MISSING:  # all_gather_object(obj=...)
-        return group_of(group).all_gather_object(obj, timeout=timeout)
-    return group_of(group).all_gather_object(obj, timeout=timeout, object_list=object_list)
+        return operating(group, "all_gather_object").all_gather_object(obj, timeout=timeout)
+    return operating(group, "all_gather_object").all_gather_object(obj, timeout=timeout, object_list=object_list)
 
 
 def gather_object(
@@ -276,7 +276,7 @@ def gather_object(
         elif dst is not None:
             raise InvalidArgumentTypeError(f"gather_object(obj, {object_gather_list}, {dst!r}): dst given twice")
         object_gather_list, dst = None, object_gather_list
-    pg = group_of(group)
+    pg = operating(group, "gather_object")
     if pg.rank < 0:
         return pg.gather_object(obj)
     r = root("gather_object", pg, dst, group_dst, "dst")
@@ -288,7 +288,7 @@ def broadcast_object_list(
     group_src: int | None = None, *, timeout: Any = None,
 ) -> Work[list[Any]]:
     """Replace the entries of every rank's ``object_list`` with those of global rank ``src`` (default 0)."""
-    pg = group_of(group)
+    pg = operating(group, "broadcast_object_list")
     if pg.rank < 0:
         return pg.broadcast_object_list(object_list)
     r = root("broadcast_object_list", pg, src, group_src, "src")
@@ -304,7 +304,7 @@ def scatter_object_list(
     output = either("scatter_object_list", scatter_object_output_list, "scatter_object_output_list", out, "out")
     inputs = either("scatter_object_list", scatter_object_input_list if scatter_object_input_list is not None
                     else MISSING, "scatter_object_input_list", in_list, "in_list", required=False)
-    pg = group_of(group)
+    pg = operating(group, "scatter_object_list")
     if pg.rank < 0:
         return pg.scatter_object_list(output)
     r = root("scatter_object_list", pg, src, group_src, "src")
@@ -316,7 +316,7 @@ def send_object_list(
     group_dst: int | None = None, use_batch: bool = False, *, tag: int = 0, timeout: Any = None,
 ) -> Work[None]:
     """Send the picklable objects of ``object_list`` to global rank ``dst`` (or ``group_dst``)."""
-    pg = group_of(group)
+    pg = operating(group, "send_object_list")
     if pg.rank < 0:
         return pg.send_object_list(object_list, 0)
     r = root("send_object_list", pg, dst, group_dst, "dst", default=None)
@@ -328,7 +328,7 @@ def recv_object_list(
     group_src: int | None = None, use_batch: bool = False, *, tag: int = 0, timeout: Any = None,
 ) -> Work[int]:
     """Receive what ``send_object_list`` sent into ``object_list`` (same length); the Work returns the sender's global rank."""
-    pg = group_of(group)
+    pg = operating(group, "recv_object_list")
     if pg.rank < 0:
         return pg.recv_object_list(object_list)
     local = None if src is None and group_src is None else root("recv_object_list", pg, src, group_src, "src")

@@ -136,16 +136,22 @@ class LoopInterface(asyncio.AbstractEventLoop):
         without a thread: the call runs to its end before anything else, in
         the caller's context; meanwhile the loop goes on, as it would beside a
         thread. Its result or exception is delivered when the charged time
-        has passed. A function that blocks waiting for the loop (e.g.
+        has passed. As in a thread, no event loop runs during the call
+        (``asyncio.get_running_loop()`` raises there, and aiodist's operations
+        refuse to start). A function that blocks waiting for the loop (e.g.
         ``run_coroutine_threadsafe(...).result()``) cannot work this way.
         """
         fut = self.create_future()
+        running = asyncio._get_running_loop()
+        asyncio._set_running_loop(None)  # (a thread has none)
         try:
             outcome, failed = func(*args), False
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:  # noqa: BLE001 - the thread's error goes to whoever awaits
             outcome, failed = exc, True
+        finally:
+            asyncio._set_running_loop(running)
         cost = self.executor_cost
         delay = float(cost(func, args) if callable(cost) else cost)
         self.call_at(self.now + delay, _settle, fut, outcome, failed)
