@@ -46,6 +46,8 @@ RECONNECT_PAUSE = 0.1
 """Seconds a rank waits before reconnecting to a store server that went away during its rendezvous."""
 STORE_GOODBYE_GRACE = 1.0
 """Seconds a leaving rank gives the store to take its goodbye, beyond the wait for the others."""
+_FAILED = "failed: "
+"""How a round's ``done`` key starts when the round failed (the rest says why); a completed round's is ``1``."""
 BACKENDS = ("gloo", "nccl", "mpi", "cpu", "aiodist", "cpu:gloo")
 """Names torch programs pass as ``backend``: taken to mean ``env://``."""
 
@@ -286,10 +288,12 @@ async def _join(
                 "they must leave it and rebuild the group with the restarted rank (an elastic program: see "
                 "examples/elastic_train.py), or the whole job must restart"
             )
-        raise RendezvousError(
-            f"rank {rank} joined rendezvous round {gen} twice: two processes were given RANK={rank} "
-            "(or a process of an earlier run is still alive)"
-        )
+        problem = (f"rank {rank} joined rendezvous round {gen} twice: two processes were given RANK={rank} "
+                   "(or a process of an earlier run is still alive)")
+        # The round cannot complete (a rank is missing, if the world is full): end it for the others now,
+        # saying why, instead of letting them wait for their timeout and blame the missing rank.
+        await store.compare_set(f"{prefix}done", b"", (_FAILED + problem).encode())
+        raise RendezvousError(problem)
     else:
         raise RendezvousError(f"rank {rank} could not join a rendezvous round (the store's generation keeps moving)")
 
@@ -314,7 +318,7 @@ async def _join(
     try:
         if remaining <= 0:
             raise TimeoutError
-        await store.wait([f"{prefix}done"], timeout=remaining)
+        done = bytes(await store.get(f"{prefix}done", timeout=remaining))
     except TimeoutError:
         missing = await _missing(store, prefix, world_size)
         raise RendezvousTimeoutError(
@@ -323,6 +327,9 @@ async def _join(
             missing=missing,
             timeout=remaining,
         ) from None
+    if done.startswith(_FAILED.encode()):
+        raise RendezvousError(f"rendezvous round {gen} failed (rank {rank} learned it from the store): "
+                              f"{done[len(_FAILED):].decode(errors='replace')}")
     return result
 
 

@@ -142,6 +142,23 @@ async def test_duplicate_rank_is_refused() -> None:
     assert isinstance(res[1], RendezvousError) and "twice" in str(res[1]), res
 
 
+async def test_a_duplicate_rank_fails_the_round_for_everyone_at_once() -> None:
+    # World of 3 given ranks 0, 1, 1: before, ranks 0 and 1 waited their whole timeout (20 s) and then
+    # blamed rank 2 ("ranks [2] did not join"), which no process had been given.
+    async def fn(r: int, store: Any) -> Any:
+        if r == 2:
+            await asyncio.sleep(0.2)  # the second process with RANK=1
+        t0 = asyncio.get_running_loop().time()
+        e = await _init_or_error(store, min(r, 1), 3, timeout=20.0)
+        return e, asyncio.get_running_loop().time() - t0
+
+    res = await _with_store(3, fn)
+    for e, took in res:
+        assert isinstance(e, RendezvousError) and not isinstance(e, RendezvousTimeoutError), res
+        assert "two processes were given RANK=1" in str(e) and took < 5.0, res
+    assert "learned it from the store" in str(res[0][0]) and "learned" not in str(res[2][0])
+
+
 async def test_rendezvous_timeout_names_the_missing_ranks() -> None:
     async def fn(r: int, store: Any) -> Any:
         return await _init_or_error(store, r, 3, timeout=0.5)  # rank 2 never comes
