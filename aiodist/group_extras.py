@@ -161,8 +161,8 @@ class ObjectOperations(_GroupParts):
         if not isinstance(object_list, list):
             raise InvalidArgumentTypeError(f"object_list must be a list, not {type(object_list).__name__}")
         data = np.frombuffer(_dumps(list(object_list)), np.uint8)
-        coro = p2p.send(self._comm, data, peer, tag, timeout=self._runner.timeout_of(timeout), label=PICKLE)
-        return self._runner.spawn(coro, op="send_object_list")
+        start = p2p.send(self._comm, data, peer, tag, timeout=self._runner.timeout_of(timeout), label=PICKLE)
+        return self._runner.spawn(start, op="send_object_list")
 
     def recv_object_list(
         self, object_list: list[Any], src: int | None = None, tag: int = 0, *, timeout: Any = None
@@ -174,11 +174,11 @@ class ObjectOperations(_GroupParts):
         peer = self._p2p_peer(src, "src", "recv_object_list")
         if not isinstance(object_list, list):
             raise InvalidArgumentTypeError(f"object_list must be a list, not {type(object_list).__name__}")
-        coro, posted = p2p.recv_message(self._comm, peer, tag, PICKLE, timeout=self._runner.timeout_of(timeout))
+        receive, posted = p2p.recv_message(self._comm, peer, tag, PICKLE, timeout=self._runner.timeout_of(timeout))
 
         async def unpack() -> int:
             sender: int
-            sender, payload = await coro
+            sender, payload = await receive()
             objs = pickle.loads(payload)
             if len(objs) != len(object_list):
                 raise CollectiveMismatchError(
@@ -189,7 +189,7 @@ class ObjectOperations(_GroupParts):
             object_list[:] = objs
             return sender
 
-        return self._runner.spawn(unpack(), op="recv_object_list", withdraw=posted)
+        return self._runner.spawn(unpack, op="recv_object_list", withdraw=posted)
 
     def _p2p_peer(self, peer: Any, what: str, op: str) -> int | None:
         if peer is None and what == "src":

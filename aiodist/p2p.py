@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import numpy as np
@@ -57,8 +58,14 @@ def _describe(dtype: Any, shape: Any) -> str:
     return f"{dtype}{list(shape) if isinstance(shape, (list, tuple)) else '[?]'}"
 
 
-def send(comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float, label: str | None = None) -> Any:
-    """Validate and number a send to group rank ``dst`` now; return the coroutine that sends it.
+def send(
+    comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float, label: str | None = None
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """Validate and number a send to group rank ``dst`` now; return the coroutine function that sends it.
+
+    (A function, not a coroutine: the coroutine is made only by whatever runs it, so an operation that
+    never starts -- its task cancelled or dropped before its first step -- leaves no coroutine behind
+    that was "never awaited".)
 
     ``x`` must not be modified until the send completes. ``label``: what the
     header says in place of the dtype (a message that is no array, e.g. pickled
@@ -92,12 +99,14 @@ def send(comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float, label: 
                     raise _timeout("send", comm, [dst], tag, timeout) from None
                 raise
 
-    return run()
+    return run
 
 
-def recv(comm: GroupComm, x: Any, src: int | None, tag: int, *, timeout: float) -> tuple[Any, Receive]:
-    """Validate and post a receive into ``x`` now; return the coroutine that awaits it (-> group rank of the
-    sender) and the posted receive.
+def recv(
+    comm: GroupComm, x: Any, src: int | None, tag: int, *, timeout: float
+) -> tuple[Callable[[], Coroutine[Any, Any, int]], Receive]:
+    """Validate and post a receive into ``x`` now; return the coroutine function that awaits it (-> group rank
+    of the sender; see :func:`send`) and the posted receive.
 
     Cancellation withdraws the receive if no message was matched to it yet;
     a message already being written into ``x`` is lost with it. A timeout is
@@ -118,12 +127,15 @@ def recv(comm: GroupComm, x: Any, src: int | None, tag: int, *, timeout: float) 
         result = await _received(comm, r, fut, src, tag, timeout)
         return comm.group_rank(result.src)
 
-    return run(), r
+    return run, r
 
 
-def recv_message(comm: GroupComm, src: int | None, tag: int, label: str, *, timeout: float) -> tuple[Any, Receive]:
+def recv_message(
+    comm: GroupComm, src: int | None, tag: int, label: str, *, timeout: float
+) -> tuple[Callable[[], Coroutine[Any, Any, tuple[int, memoryview]]], Receive]:
     """Post a receive of a message of any size labelled ``label`` (see :func:`send`) now; return the coroutine
-    that awaits it (-> (group rank of the sender, its payload)) and the posted receive. Cancellation: as :func:`recv`.
+    function that awaits it (-> (group rank of the sender, its payload)) and the posted receive. Cancellation:
+    as :func:`recv`.
     """
     tag = _check_tag(tag)
     gsrc = None if src is None else comm.ranks[src]
@@ -134,7 +146,7 @@ def recv_message(comm: GroupComm, src: int | None, tag: int, label: str, *, time
         result = await _received(comm, r, fut, src, tag, timeout)
         return comm.group_rank(result.src), result.payload if result.payload is not None else memoryview(b"")
 
-    return run(), r
+    return run, r
 
 
 async def _received(comm: GroupComm, r: Receive, fut: Any, src: int | None, tag: int, timeout: float) -> Delivery:
