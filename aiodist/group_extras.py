@@ -29,11 +29,14 @@ import numpy as np
 from . import p2p
 from .collectives.allreduce import all_reduce_flat
 from .collectives.buffers import as_flat
-from .collectives.objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
+from .collectives.objects import (
+    all_gather_object, broadcast_object_list, gather_object, scatter_object_list, unpickling_note,
+)
 from .collectives.allgather import all_gather_into_tensor
 from .collectives.ops import PremulSum, ReduceOp, premultiply
 from .channel import Channel
 from .comm import GroupComm
+from .comm.channel import peer_name
 from .errors import (
     CollectiveMismatchError,
     InvalidArgumentError,
@@ -179,7 +182,11 @@ class ObjectOperations(_GroupParts):
         async def unpack() -> int:
             sender: int
             sender, payload = await receive()
-            objs = pickle.loads(payload)
+            try:
+                objs = pickle.loads(payload)
+            except Exception as e:  # (its own type, as torch's; the note names the sender)
+                e.add_note(unpickling_note(peer_name(self._comm.ranks, self.name, sender), "recv_object_list"))
+                raise
             if len(objs) != len(object_list):
                 raise CollectiveMismatchError(
                     f"recv_object_list (tag {tag}) of {self.name}: rank {sender} sent {len(objs)} objects but "
