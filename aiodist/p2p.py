@@ -166,7 +166,8 @@ async def _received(comm: GroupComm, r: Receive, fut: Any, src: int | None, tag:
                 if not cm.expired():
                     raise
                 waiting = [src] if src is not None else [i for i in range(comm.size) if i != comm.rank]
-                raise _timeout("recv", comm, waiting, tag, timeout) from None
+                raise _timeout("recv", comm, waiting, tag, timeout, _unmatched(comm, r, tag),
+                               any_source=src is None) from None
         except BaseException:
             comm.transport.router.cancel(r)
             raise
@@ -214,12 +215,44 @@ def _check_tag(tag: Any) -> int:
     return value
 
 
-def _timeout(op: str, comm: GroupComm, waiting: list[int], tag: int, timeout: float) -> CollectiveTimeoutError:
+UNMATCHED_SHOWN: Final = 3
+"""How many of the messages waiting that a receive that timed out did not match its error names, at most."""
+
+
+def _unmatched(comm: GroupComm, r: Receive, tag: int) -> list[tuple[int, int]]:
+    """(group rank, tag) of the messages waiting here that a receive ``r`` with ``tag`` that timed out may have
+    been meant to take: from its source with another tag, or with its tag from another source; at most
+    ``UNMATCHED_SHOWN + 1`` (one more: there are more). (Looked up only when the timeout came.)"""
+    near = comm.transport.router.unmatched_p2p(comm.gid, r.src, tag, UNMATCHED_SHOWN + 1)
+    return [(comm.group_rank(s), t) for s, t in near]
+
+
+def _hint(unmatched: list[tuple[int, int]], any_source: bool, tag: int) -> str:
+    if not unmatched:
+        return ""
+    shown = unmatched[:UNMATCHED_SHOWN]
+    if len(shown) == 1:
+        (s, t), = shown
+        meant = f"tag {t}" if t != tag else f"src={s}"
+        return f" (a message from rank {s} with tag {t} is waiting here: was {meant} intended?)"
+    listed = ", ".join(f"from rank {s} with tag {t}" for s, t in shown)
+    more = ", and more" if len(unmatched) > UNMATCHED_SHOWN else ""
+    return f" (messages waiting here that it does not match: {listed}{more}: was another " \
+           f"{'tag' if any_source else 'tag or src'} intended?)"
+
+
+def _timeout(op: str, comm: GroupComm, waiting: list[int], tag: int, timeout: float,
+             unmatched: list[tuple[int, int]] | None = None, any_source: bool = False) -> CollectiveTimeoutError:
+    """``unmatched``: a receive's (see :func:`_unmatched`; ``any_source``: it had no ``src``), named in the
+    message and kept in ``.unmatched``."""
     who = ", ".join(str(w) for w in waiting)
-    return CollectiveTimeoutError(
-        f"{op} (tag {tag}) of {comm.name} timed out after {timeout:g}s on rank {comm.rank}; waiting for rank(s) {who}",
+    e = CollectiveTimeoutError(
+        f"{op} (tag {tag}) of {comm.name} timed out after {timeout:g}s on rank {comm.rank}; waiting for rank(s) {who}"
+        f"{_hint(unmatched or [], any_source, tag)}",
         op=op,
         seq=None,
         waiting_for=waiting,
         timeout=timeout,
     )
+    e.unmatched = (unmatched or [])[:UNMATCHED_SHOWN]
+    return e
