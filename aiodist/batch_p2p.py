@@ -65,9 +65,20 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work[Any]]:
         if not isinstance(p, P2POp):
             raise InvalidArgumentError(f"batch_isend_irecv: p2p_op_list[{i}] is a {type(p).__name__}, not a P2POp")
     works: list[Work[Any]] = []
-    for p in p2p_op_list:
-        if p.op is operations.isend:
-            works.append(operations.send(p.tensor, p.peer, p.group, p.tag, group_dst=p.group_peer))
-        else:
-            works.append(operations.recv(p.tensor, p.peer, p.group, p.tag, group_src=p.group_peer))
+    try:
+        for p in p2p_op_list:
+            if p.op is operations.isend:
+                works.append(operations.send(p.tensor, p.peer, p.group, p.tag, group_dst=p.group_peer))
+            else:
+                works.append(operations.recv(p.tensor, p.peer, p.group, p.tag, group_src=p.group_peer))
+    except Exception as e:
+        # The caller never gets the Works already started: none of them is reported as never awaited
+        # (the warning would blame this call's line for what it could not await), and their receives
+        # are withdrawn (a message for one is left for a later receive); their sends still go out.
+        for w in works:
+            w.abandon()
+        if works:
+            e.add_note(f"batch_isend_irecv: p2p_op_list[{len(works)}] was refused; the {len(works)} before it "
+                       "had started (their receives were withdrawn, their sends go out)")
+        raise
     return works

@@ -59,3 +59,6 @@ class Channel(Protocol):
 
     async def recv_bytes(self, peer: int, key: tuple[Any, ...]) -> memoryview:
         """Receive the message ``peer`` sent under ``key``, whatever its size."""
+
+    def peer_name(self, peer: int) -> str:
+        """``peer`` as an error message names it: "rank G" (its global rank), and its rank in the group if that differs."""

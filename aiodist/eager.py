@@ -95,6 +95,9 @@ if sys.version_info >= (3, 12):
         loop.set_task_factory(eager_task)
         try:
             task = loop.create_task(coro, context=contextvars.copy_context())
+        except BaseException:  # (a closed loop): the coroutine never runs; no "never awaited" for it
+            coro.close()
+            raise
         finally:
             loop.set_task_factory(saved)
         return task, FirstStep(task)
@@ -201,7 +204,11 @@ if sys.version_info < (3, 12):  # pragma: no cover - Python 3.11: asyncio's inte
         state = EagerStart()
         gen = _carry_on(coro, state)
         ctx = contextvars.copy_context()
-        task: asyncio.Task[Any] = loop.create_task(gen, context=ctx)
+        try:
+            task: asyncio.Task[Any] = loop.create_task(gen, context=ctx)
+        except BaseException:  # (a closed loop): the coroutine never runs; no "never awaited" for it
+            coro.close()
+            raise
         caller = _CURRENT_TASKS.get(loop)
         if caller is not None:
             _leave_task(loop, caller)

@@ -168,6 +168,9 @@ class CollectiveTimeoutError(TimeoutError, DistBackendError):
     """A collective or point-to-point operation did not complete in time.
 
     ``.op``, ``.seq`` and ``.waiting_for`` (the peer ranks it still waited on).
+    ``.unmatched``: for a point-to-point receive, the (rank, tag) of a few messages
+    waiting on this rank that it did not match (another tag from its source, or its
+    tag from another source: a mistaken ``tag`` or ``src``?); else empty.
     """
 
     def __init__(self, message: str, *, op: str, seq: int | None, waiting_for: Sequence[int], timeout: float) -> None:
@@ -176,6 +179,7 @@ class CollectiveTimeoutError(TimeoutError, DistBackendError):
         self.seq = seq
         self.waiting_for = list(waiting_for)
         self.timeout = timeout
+        self.unmatched: list[tuple[int, int]] = []
 
 
 class CollectiveMismatchError(DistBackendError):

@@ -412,8 +412,8 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         peer = self._check_peer(dst, "dst")
         if peer == self.rank:
             raise InvalidRankError(f"send: dst={dst} is this rank", rank=peer, size=self.size, argument="dst")
-        coro = p2p.send(self._comm, x, peer, tag, timeout=self._runner.timeout_of(timeout))
-        return self._runner.spawn(coro, op="send")
+        start = p2p.send(self._comm, x, peer, tag, timeout=self._runner.timeout_of(timeout))
+        return self._runner.spawn(start, op="send")
 
     def recv(self, x: Any, src: int | None = None, tag: int = 0, *, timeout: float | None = None) -> Work[int]:
         """Receive into ``x`` from group rank ``src`` (None: any source); the Work returns the sender.
@@ -428,8 +428,8 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         peer = None if src is None else self._check_peer(src, "src")
         if peer is not None and peer == self.rank:
             raise InvalidRankError(f"recv: src={src} is this rank", rank=peer, size=self.size, argument="src")
-        coro, posted = p2p.recv(self._comm, x, peer, tag, timeout=self._runner.timeout_of(timeout))
-        return self._runner.spawn(coro, op="recv", withdraw=posted)
+        start, posted = p2p.recv(self._comm, x, peer, tag, timeout=self._runner.timeout_of(timeout))
+        return self._runner.spawn(start, op="recv", withdraw=posted)
 
     isend = send
     irecv = recv

@@ -29,11 +29,14 @@ import numpy as np
 from . import p2p
 from .collectives.allreduce import all_reduce_flat
 from .collectives.buffers import as_flat
-from .collectives.objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
+from .collectives.objects import (
+    all_gather_object, broadcast_object_list, gather_object, scatter_object_list, unpickling_note,
+)
 from .collectives.allgather import all_gather_into_tensor
 from .collectives.ops import PremulSum, ReduceOp, premultiply
 from .channel import Channel
 from .comm import GroupComm
+from .comm.channel import peer_name
 from .errors import (
     CollectiveMismatchError,
     InvalidArgumentError,
@@ -161,8 +164,8 @@ class ObjectOperations(_GroupParts):
         if not isinstance(object_list, list):
             raise InvalidArgumentTypeError(f"object_list must be a list, not {type(object_list).__name__}")
         data = np.frombuffer(_dumps(list(object_list)), np.uint8)
-        coro = p2p.send(self._comm, data, peer, tag, timeout=self._runner.timeout_of(timeout), label=PICKLE)
-        return self._runner.spawn(coro, op="send_object_list")
+        start = p2p.send(self._comm, data, peer, tag, timeout=self._runner.timeout_of(timeout), label=PICKLE)
+        return self._runner.spawn(start, op="send_object_list")
 
     def recv_object_list(
         self, object_list: list[Any], src: int | None = None, tag: int = 0, *, timeout: Any = None
@@ -174,12 +177,16 @@ class ObjectOperations(_GroupParts):
         peer = self._p2p_peer(src, "src", "recv_object_list")
         if not isinstance(object_list, list):
             raise InvalidArgumentTypeError(f"object_list must be a list, not {type(object_list).__name__}")
-        coro, posted = p2p.recv_message(self._comm, peer, tag, PICKLE, timeout=self._runner.timeout_of(timeout))
+        receive, posted = p2p.recv_message(self._comm, peer, tag, PICKLE, timeout=self._runner.timeout_of(timeout))
 
         async def unpack() -> int:
             sender: int
-            sender, payload = await coro
-            objs = pickle.loads(payload)
+            sender, payload = await receive()
+            try:
+                objs = pickle.loads(payload)
+            except Exception as e:  # (its own type, as torch's; the note names the sender)
+                e.add_note(unpickling_note(peer_name(self._comm.ranks, self.name, sender), "recv_object_list"))
+                raise
             if len(objs) != len(object_list):
                 raise CollectiveMismatchError(
                     f"recv_object_list (tag {tag}) of {self.name}: rank {sender} sent {len(objs)} objects but "
@@ -189,7 +196,7 @@ class ObjectOperations(_GroupParts):
             object_list[:] = objs
             return sender
 
-        return self._runner.spawn(unpack(), op="recv_object_list", withdraw=posted)
+        return self._runner.spawn(unpack, op="recv_object_list", withdraw=posted)
 
     def _p2p_peer(self, peer: Any, what: str, op: str) -> int | None:
         if peer is None and what == "src":

@@ -205,32 +205,36 @@ class OpRunner:
             if r != me:
                 self.transport.report_call_failed(r, comm.gid, seq, text)  # connects if needed
 
-    def spawn(self, coro: Awaitable[T], *, op: str, withdraw: Receive | None = None) -> Work[T]:
-        """Run a point-to-point operation (no sequence number) as a task owned here.
+    def spawn(self, start: Callable[[], Awaitable[T]], *, op: str, withdraw: Receive | None = None) -> Work[T]:
+        """Run a point-to-point operation (no sequence number) as a task owned here: ``start()``, called in the task.
 
+        ``start`` makes the operation's coroutine only when the task runs: a task cancelled, or
+        dropped with its loop, before its first step leaves no coroutine that was never awaited
+        (a coroutine made here and handed over would be one, with a RuntimeWarning naming it).
         ``withdraw``: the receive the operation posted; cancelling the task (even
         before it started) withdraws it, and so does cancelling a task that
         awaits the Work (see :class:`~aiodist.work.Work`).
         """
-        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(self._guard(coro, op))
-        if hasattr(coro, "close") or withdraw is not None:
-            task.add_done_callback(lambda t: self._cancelled(t, coro, withdraw) if t.cancelled() else None)
+        guard = self._guard(start, op)
+        try:
+            task: asyncio.Task[T] = asyncio.get_running_loop().create_task(guard)
+        except BaseException:  # (no running loop, or a closed one): the operation never runs
+            guard.close()
+            if withdraw is not None:
+                self.transport.router.cancel(withdraw)
+            raise
+        if withdraw is not None:
+            task.add_done_callback(lambda t: self.transport.router.cancel(withdraw) if t.cancelled() else None)
         self.tasks[task] = None
         task.add_done_callback(self._forget)
         return Work(task, op=op, seq=None, group=self.name, cancel_with_awaiter=withdraw is not None)
 
-    def _cancelled(self, task: asyncio.Future[Any], coro: Any, posted: Receive | None) -> None:
-        if hasattr(coro, "close"):  # cancelled before it started: no "never awaited" warning
-            coro.close()
-        if posted is not None:  # (it may never have run: the receive it posted is withdrawn here)
-            self.transport.router.cancel(posted)
-
     def _forget(self, task: asyncio.Future[Any]) -> None:
         self.tasks.pop(task, None)
 
-    async def _guard(self, coro: Awaitable[T], op: str) -> T:
+    async def _guard(self, start: Callable[[], Awaitable[T]], op: str) -> T:
         try:
-            return await coro
+            return await start()
         except asyncio.CancelledError:
             err = self._group_ended(op)
             if err is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import numpy as np
@@ -57,8 +58,14 @@ def _describe(dtype: Any, shape: Any) -> str:
     return f"{dtype}{list(shape) if isinstance(shape, (list, tuple)) else '[?]'}"
 
 
-def send(comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float, label: str | None = None) -> Any:
-    """Validate and number a send to group rank ``dst`` now; return the coroutine that sends it.
+def send(
+    comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float, label: str | None = None
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """Validate and number a send to group rank ``dst`` now; return the coroutine function that sends it.
+
+    (A function, not a coroutine: the coroutine is made only by whatever runs it, so an operation that
+    never starts -- its task cancelled or dropped before its first step -- leaves no coroutine behind
+    that was "never awaited".)
 
     ``x`` must not be modified until the send completes. ``label``: what the
     header says in place of the dtype (a message that is no array, e.g. pickled
@@ -92,12 +99,14 @@ def send(comm: GroupComm, x: Any, dst: int, tag: int, *, timeout: float, label: 
                     raise _timeout("send", comm, [dst], tag, timeout) from None
                 raise
 
-    return run()
+    return run
 
 
-def recv(comm: GroupComm, x: Any, src: int | None, tag: int, *, timeout: float) -> tuple[Any, Receive]:
-    """Validate and post a receive into ``x`` now; return the coroutine that awaits it (-> group rank of the
-    sender) and the posted receive.
+def recv(
+    comm: GroupComm, x: Any, src: int | None, tag: int, *, timeout: float
+) -> tuple[Callable[[], Coroutine[Any, Any, int]], Receive]:
+    """Validate and post a receive into ``x`` now; return the coroutine function that awaits it (-> group rank
+    of the sender; see :func:`send`) and the posted receive.
 
     Cancellation withdraws the receive if no message was matched to it yet;
     a message already being written into ``x`` is lost with it. A timeout is
@@ -118,12 +127,15 @@ def recv(comm: GroupComm, x: Any, src: int | None, tag: int, *, timeout: float) 
         result = await _received(comm, r, fut, src, tag, timeout)
         return comm.group_rank(result.src)
 
-    return run(), r
+    return run, r
 
 
-def recv_message(comm: GroupComm, src: int | None, tag: int, label: str, *, timeout: float) -> tuple[Any, Receive]:
+def recv_message(
+    comm: GroupComm, src: int | None, tag: int, label: str, *, timeout: float
+) -> tuple[Callable[[], Coroutine[Any, Any, tuple[int, memoryview]]], Receive]:
     """Post a receive of a message of any size labelled ``label`` (see :func:`send`) now; return the coroutine
-    that awaits it (-> (group rank of the sender, its payload)) and the posted receive. Cancellation: as :func:`recv`.
+    function that awaits it (-> (group rank of the sender, its payload)) and the posted receive. Cancellation:
+    as :func:`recv`.
     """
     tag = _check_tag(tag)
     gsrc = None if src is None else comm.ranks[src]
@@ -134,7 +146,7 @@ def recv_message(comm: GroupComm, src: int | None, tag: int, label: str, *, time
         result = await _received(comm, r, fut, src, tag, timeout)
         return comm.group_rank(result.src), result.payload if result.payload is not None else memoryview(b"")
 
-    return run(), r
+    return run, r
 
 
 async def _received(comm: GroupComm, r: Receive, fut: Any, src: int | None, tag: int, timeout: float) -> Delivery:
@@ -154,7 +166,8 @@ async def _received(comm: GroupComm, r: Receive, fut: Any, src: int | None, tag:
                 if not cm.expired():
                     raise
                 waiting = [src] if src is not None else [i for i in range(comm.size) if i != comm.rank]
-                raise _timeout("recv", comm, waiting, tag, timeout) from None
+                raise _timeout("recv", comm, waiting, tag, timeout, _unmatched(comm, r, tag),
+                               any_source=src is None) from None
         except BaseException:
             comm.transport.router.cancel(r)
             raise
@@ -202,12 +215,44 @@ def _check_tag(tag: Any) -> int:
     return value
 
 
-def _timeout(op: str, comm: GroupComm, waiting: list[int], tag: int, timeout: float) -> CollectiveTimeoutError:
+UNMATCHED_SHOWN: Final = 3
+"""How many of the messages waiting that a receive that timed out did not match its error names, at most."""
+
+
+def _unmatched(comm: GroupComm, r: Receive, tag: int) -> list[tuple[int, int]]:
+    """(group rank, tag) of the messages waiting here that a receive ``r`` with ``tag`` that timed out may have
+    been meant to take: from its source with another tag, or with its tag from another source; at most
+    ``UNMATCHED_SHOWN + 1`` (one more: there are more). (Looked up only when the timeout came.)"""
+    near = comm.transport.router.unmatched_p2p(comm.gid, r.src, tag, UNMATCHED_SHOWN + 1)
+    return [(comm.group_rank(s), t) for s, t in near]
+
+
+def _hint(unmatched: list[tuple[int, int]], any_source: bool, tag: int) -> str:
+    if not unmatched:
+        return ""
+    shown = unmatched[:UNMATCHED_SHOWN]
+    if len(shown) == 1:
+        (s, t), = shown
+        meant = f"tag {t}" if t != tag else f"src={s}"
+        return f" (a message from rank {s} with tag {t} is waiting here: was {meant} intended?)"
+    listed = ", ".join(f"from rank {s} with tag {t}" for s, t in shown)
+    more = ", and more" if len(unmatched) > UNMATCHED_SHOWN else ""
+    return f" (messages waiting here that it does not match: {listed}{more}: was another " \
+           f"{'tag' if any_source else 'tag or src'} intended?)"
+
+
+def _timeout(op: str, comm: GroupComm, waiting: list[int], tag: int, timeout: float,
+             unmatched: list[tuple[int, int]] | None = None, any_source: bool = False) -> CollectiveTimeoutError:
+    """``unmatched``: a receive's (see :func:`_unmatched`; ``any_source``: it had no ``src``), named in the
+    message and kept in ``.unmatched``."""
     who = ", ".join(str(w) for w in waiting)
-    return CollectiveTimeoutError(
-        f"{op} (tag {tag}) of {comm.name} timed out after {timeout:g}s on rank {comm.rank}; waiting for rank(s) {who}",
+    e = CollectiveTimeoutError(
+        f"{op} (tag {tag}) of {comm.name} timed out after {timeout:g}s on rank {comm.rank}; waiting for rank(s) {who}"
+        f"{_hint(unmatched or [], any_source, tag)}",
         op=op,
         seq=None,
         waiting_for=waiting,
         timeout=timeout,
     )
+    e.unmatched = (unmatched or [])[:UNMATCHED_SHOWN]
+    return e

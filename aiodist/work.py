@@ -176,6 +176,13 @@ class Work(Generic[T]):
             self._key = None
             self._book.settle(key)
 
+    def abandon(self) -> None:
+        """(aiodist's own) The caller never got this Work: it is not reported as never awaited, and a receive is
+        withdrawn (as an awaiter's cancellation would); a collective or a send goes on."""
+        self._settle()
+        if self._withdraw and not self._task.done():
+            self._task.cancel()
+
     def then(self, fn: Callable[[T], U]) -> Work[U]:
         """A Work of the same operation whose result is ``fn(result)`` (awaiting either one counts)."""
         inner = self._map

@@ -158,6 +158,9 @@ class MemoryChannel:
     def size(self) -> int:
         return self._fabric.size
 
+    def peer_name(self, peer: int) -> str:
+        return f"rank {peer}"
+
     async def send(self, peer: int, key: tuple[Any, ...], payload: Any) -> None:
         await self._fabric._send(self._rank, peer, key, payload)
 

@@ -5,7 +5,8 @@ any size, so unlike torch (which first exchanges sizes to size its tensors)
 each edge carries a single message; the byte count is the message's length.
 
 Unpickling runs arbitrary code: use these only among trusted ranks, as with
-torch.distributed.
+torch.distributed. An object whose unpickling raises here raises that error,
+of its own type (as torch's), with a note naming the rank it came from.
 """
 
 from __future__ import annotations
@@ -25,6 +26,20 @@ __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatt
 
 def _dumps(obj: Any) -> bytes:
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _loads(ch: Channel, payload: bytes | memoryview, src: int, op: str) -> Any:
+    """Unpickle what group rank ``src`` pickled; an error keeps its type, with a note naming ``src`` and ``op``."""
+    try:
+        return pickle.loads(payload)
+    except Exception as e:
+        e.add_note(unpickling_note(ch.peer_name(src), op))
+        raise
+
+
+def unpickling_note(who: str, op: str) -> str:
+    """The note on an error raised by unpickling the object(s) ``who`` ("rank 3") sent in ``op``."""
+    return f"while unpickling the object from {who} in {op}"
 
 
 async def all_gather_object(ch: Channel, seq: int, obj: Any) -> list[Any]:
@@ -47,7 +62,7 @@ async def all_gather_object(ch: Channel, seq: int, obj: Any) -> list[Any]:
 
             await run_all([ch.send(plan.right, key, outgoing), fetch()])
             payloads[rb] = box[0]
-    return [pickle.loads(b) for b in payloads]
+    return [_loads(ch, b, i, "all_gather_object") for i, b in enumerate(payloads)]
 
 
 async def broadcast_object_list(ch: Channel, seq: int, object_list: MutableSequence[Any], root: int) -> None:
@@ -69,7 +84,7 @@ async def broadcast_object_list(ch: Channel, seq: int, object_list: MutableSeque
     for child, step in tree.children:
         await ch.send(child, (seq, step), payload)
     if rank != root:
-        objs = pickle.loads(payload)
+        objs = _loads(ch, payload, root, "broadcast_object_list")
         if len(objs) != len(object_list):
             raise CollectiveMismatchError(
                 f"rank {root} broadcast a list of {len(objs)} objects into this rank's list of {len(object_list)}",
@@ -98,7 +113,7 @@ async def gather_object(
     got[root] = obj
     for i in range(p):
         if i != root:
-            got[i] = pickle.loads(await ch.recv_bytes(i, (seq, 0)))
+            got[i] = _loads(ch, await ch.recv_bytes(i, (seq, 0)), i, "gather_object")
     if object_gather_list is not None:
         object_gather_list[:p] = got  # (torch's: the first p entries; the list keeps its length)
     return got
@@ -117,7 +132,7 @@ async def scatter_object_list(
     if len(output_list) < 1:
         raise InvalidArrayError("output_list must have at least one entry", argument="output_list", reason="length")
     if rank != root:
-        output_list[0] = pickle.loads(await ch.recv_bytes(root, (seq, 0)))
+        output_list[0] = _loads(ch, await ch.recv_bytes(root, (seq, 0)), root, "scatter_object_list")
         return output_list[0]
     if input_list is None or len(input_list) != p:
         raise InvalidArrayError(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from ..errors import CollectiveMismatchError, PeerFailureError
@@ -115,6 +115,13 @@ def new_receive(
     return Receive(group=comm.gid, src=src, out=out, key=key, tag=tag, check=check, fut=fut), fut
 
 
+def peer_name(ranks: Sequence[int], group: str, peer: int) -> str:
+    """Group rank ``peer`` of ``group`` (global ``ranks``) as a message names it: "rank G", plus its group rank if
+    that differs ("rank 5 (rank 1 of group1)")."""
+    g = ranks[peer] if 0 <= peer < len(ranks) else peer
+    return f"rank {g}" if g == peer else f"rank {g} (rank {peer} of {group})"
+
+
 class OpChannel:
     """The Channel of one collective call (see the module doc)."""
 
@@ -160,6 +167,10 @@ class OpChannel:
             table[peer] = n
         else:
             del table[peer]
+
+    def peer_name(self, peer: int) -> str:
+        """See :meth:`aiodist.channel.Channel.peer_name`."""
+        return peer_name(self._ranks, self.comm.name, peer)
 
     def _global(self, peer: int) -> int:
         if not 0 <= peer < self.size:

@@ -247,6 +247,36 @@ class P2PTable:
         for q in self._queues.values():
             yield from q.posted
 
+    def unmatched(self, group: Any, src: int | None, tag: int, limit: int) -> list[tuple[int, int]]:
+        """Up to ``limit`` (global source, tag) pairs of messages of ``group`` waiting here that a receive from
+        ``src`` (None: any) with ``tag`` does not take but nearly would: another tag from that source (any source
+        for None), or the same tag from another source. Each pair once, sorted (the first ``limit`` found, those
+        that arrived first on each queue; then the held ones).
+
+        For an error message only (a receive that timed out): it looks at every queue of the rank.
+        """
+        found: list[tuple[int, int]] = []
+
+        def near(a_src: int, a_tag: int) -> bool:
+            if a_tag == tag:
+                return src is not None and a_src != src
+            return src is None or a_src == src
+
+        for (g, t), q in self._queues.items():
+            if g != group:
+                continue
+            for a in q.arrived:
+                if near(a.src, t) and (a.src, t) not in found:
+                    found.append((a.src, t))
+                    if len(found) >= limit:
+                        return sorted(found)
+        for (g, a_src, t), held in self._held.items():
+            if g == group and held and near(a_src, t) and (a_src, t) not in found:
+                found.append((a_src, t))
+                if len(found) >= limit:
+                    break
+        return sorted(found)
+
     def buffered_from(self, src: int) -> Iterator[Buffered]:
         """The messages from ``src`` buffered or held here."""
         for q in self._queues.values():

@@ -193,6 +193,12 @@ class Router:
         if result is not None:
             resolve(receive, result)
 
+    def unmatched_p2p(self, group: Any, src: int | None, tag: int, limit: int = 3) -> list[tuple[int, int]]:
+        """Up to ``limit`` (global source, tag) of point-to-point messages of ``group`` waiting here that a receive
+        from ``src`` (a global rank; None: any) with ``tag`` does not match: another tag, or another source with
+        that tag (what a receive that timed out names; see :meth:`.p2p_routing.P2PTable.unmatched`)."""
+        return self.table.unmatched_p2p(group, src, tag, limit)
+
     def cancel(self, receive: Receive) -> None:
         """Withdraw a receive (its waiter was cancelled). A keyed message that comes later is dropped."""
         self.table.cancel(receive)

@@ -138,6 +138,10 @@ class RouteTable:
         """Post a point-to-point receive for (group, tag) from ``src`` (None: any): its result if it ends at once."""
         return self.p2p.post(r)
 
+    def unmatched_p2p(self, group: Any, src: int | None, tag: int, limit: int) -> list[tuple[int, int]]:
+        """See :meth:`.p2p_routing.P2PTable.unmatched`."""
+        return self.p2p.unmatched(group, src, tag, limit)
+
     def cancel(self, r: Receive) -> None:
         """Withdraw a receive (its waiter gave up). A keyed message that comes later is dropped."""
         if r.done:
