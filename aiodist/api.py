@@ -202,7 +202,10 @@ async def init_process_group(
             server = rdzv.server
             await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=wait, alone=lambda: server.clients <= 1)
             if broken:  # the others' store calls fail now: say why, so that they name the cause
-                await rdzv.server.close(reason=_store_farewell(rdzv.rank, world_transport.links.first_failure))
+                first = world_transport.links.first_failure
+                await rdzv.server.close(reason=_store_farewell(rdzv.rank, first), host=rdzv.rank,
+                                        culprit=first[0] if first is not None else None,
+                                        cause=first[1] if first is not None else None)
         elif rdzv.owned:
             await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=0)
         for close in reversed(rdzv.owned):

@@ -283,13 +283,20 @@ class StoreConnectionLost(ConnectionLost):
     """The store server closed (or lost) the client's connection.
 
     ``.host`` and ``.port`` name the server. Every pending and later call on
-    that client raises it.
+    that client raises it. When the server closed because the rank hosting
+    it left the job after a failure, it said so: ``.host_rank`` is that
+    rank, ``.culprit`` the global rank whose failure it was (None: unknown)
+    and ``.cause`` how it failed (else all three are None).
     """
 
-    def __init__(self, message: str, *, host: str, port: int) -> None:
+    def __init__(self, message: str, *, host: str, port: int, host_rank: int | None = None,
+                 culprit: int | None = None, cause: str | None = None) -> None:
         super().__init__(message)
         self.host = host
         self.port = port
+        self.host_rank = host_rank
+        self.culprit = culprit
+        self.cause = cause
 
 
 # --------------------------------------------------------------------- arguments

@@ -122,6 +122,18 @@ def test_a_failed_address_lookup_wakes_the_sends_blaming_nobody_and_a_later_send
     assert m.need(2) == [Dial(2)]
 
 
+def test_a_lookup_failed_because_the_stores_host_left_after_a_failure_blames_that_failure() -> None:
+    m = Links(0, 4, dial_defer=0.002)
+    m.need(2)
+    acts = m.lookup_failed(2, "StoreConnectionLost: its host left after rank 3 failed", culprit=3)
+    assert isinstance(acts[0], Wake) and acts[0].error.rank == 3  # type: ignore[union-attr]
+    assert m.first_failure is not None and m.first_failure[0] == 3
+    assert m.get(2).state is S.IDLE and m.failed() == []  # type: ignore[union-attr]  (no verdict on rank 2 itself)
+    m.need(1)
+    acts = m.lookup_failed(1, "gone", culprit=7)  # out of range (what a server says is unchecked): nobody
+    assert isinstance(acts[0], Wake) and acts[0].error.rank is None  # type: ignore[union-attr]
+
+
 # --------------------------------------------------------------------------- handshakes' outcomes
 
 

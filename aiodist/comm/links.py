@@ -250,8 +250,9 @@ class Links:
 
     # ------------------------------------------------------------------ our dial's outcome
 
-    def lookup_failed(self, rank: int, detail: str) -> Actions:
-        """The store could not give ``rank``'s address: blame nobody (``rank=None``); a later send may retry."""
+    def lookup_failed(self, rank: int, detail: str, *, culprit: int | None = None) -> Actions:
+        """The store could not give ``rank``'s address: blame nobody (``rank=None``) unless the store said
+        whose failure it went away after (``culprit``, a global rank); a later send may retry."""
         link = self._links[rank]
         if link.state is not _DIALING:
             return []
@@ -260,9 +261,11 @@ class Links:
             return []
         link.wanted = False
         how = f"looking up the address of rank {rank} in the store failed ({detail})"
+        if culprit is not None and not 0 <= culprit < self.world_size:
+            culprit = None  # (what a server says is not trusted to be in range)
         if self.first_failure is None and not self.closing:
-            self.first_failure = (None, how[:MAX_HOW])
-        return [Wake(rank, PeerFailureError(how, rank=None, how=how))]
+            self.first_failure = (culprit, how[:MAX_HOW])
+        return [Wake(rank, PeerFailureError(how, rank=culprit, how=how))]
 
     def dial_failed(self, rank: int, detail: str, departed: tuple[Any, Any] | None = None) -> Actions:
         """Connecting to ``rank``, or its handshake, failed (refused, timed out, broke): it is unreachable.

@@ -349,14 +349,17 @@ class PeerLinks:
 
     async def _departure_of(self, rank: int) -> tuple[int | str | None, str] | None:
         """What ``rank`` noted in the store when it left (None: nothing, or no store to ask): the rank it
-        blamed and how, or ``(LEFT_CLEANLY, "")``."""
+        blamed and how, or ``(LEFT_CLEANLY, "")``. If ``rank`` hosted the store and left after a failure,
+        the store said so to its clients as it closed: that is the note."""
         key = self._departure_key(rank)
         try:
             async with asyncio.timeout(min(self.timeout, DEPARTURE_LOOKUP)):
                 if not await self.store.check([key]):
                     return None
                 raw = bytes(await self.store.get(key)).decode(errors="replace")
-        except Exception:  # noqa: BLE001 - the store failed us too: no more to say than the dial's error
+        except Exception as e:  # noqa: BLE001 - the store failed us too: no more to say than the dial's error
+            if getattr(e, "host_rank", None) == rank:  # (a StoreConnectionLost with its host's farewell)
+                return e.culprit, e.cause or "unknown"  # type: ignore[attr-defined]
             return None
         culprit, _, how = raw.partition("|")
         if culprit == L.LEFT_CLEANLY:
@@ -373,7 +376,11 @@ class PeerLinks:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the store failed us, not the peer: no verdict on it, a later dial may retry
-            self.do(self.links.lookup_failed(rank, f"{type(e).__name__}: {e}"))
+            detail = f"{type(e).__name__}: {e}"
+            if getattr(e, "host_rank", None) == rank:  # the store's host is the rank we dial: it left, saying why
+                self.do(self.links.dial_failed(rank, detail, (e.culprit, e.cause or "unknown")))  # type: ignore[attr-defined]
+            else:  # (a store whose host left after a rank failed names that rank: the likely cause)
+                self.do(self.links.lookup_failed(rank, detail, culprit=getattr(e, "culprit", None)))
             return
         hs = DialHandshake(self._secret, job=self.job_id, rank=self.rank, world=self.world_size, peer_rank=rank,
                            address=raw, nonce=self._nonce(), peer=f"rank {rank}")

@@ -77,7 +77,7 @@ class TCPStore(ClientOps):
 
     __slots__ = ("host", "port", "timeout", "_conn", "_loop", "_ping_interval", "max_key_bytes", "max_value_bytes",
                  "_short_key", "_pending", "_next_id", "_sent", "_control", "_abandoned", "_wake", "_wake_at",
-                 "_error", "_silent", "_closed_locally", "_server_said", "_housekeeper", "_watcher")
+                 "_error", "_silent", "_closed_locally", "_server_said", "_farewell", "_housekeeper", "_watcher")
 
     def __init__(
         self, conn: Connection | None = None, *torch_form: Any, host: str = "", port: int = 0, timeout: float = 300.0,
@@ -113,6 +113,7 @@ class TCPStore(ClientOps):
         self._silent = False  # a call expired unanswered and nothing came since (the server stopped or hung)
         self._closed_locally = False
         self._server_said: str | None = None
+        self._farewell: dict[str, Any] = {}  # (a closing notice's host_rank, culprit, cause)
         self._housekeeper = self._loop.create_task(self._housekeeping(), name=f"aiodist.store.housekeeping[{host}:{port}]")
         # Replies are dispatched from the connection's frame callback (no
         # reader task, no future per frame); the watcher only notices the end.
@@ -198,7 +199,7 @@ class TCPStore(ClientOps):
         assert self._error is not None
         if self._closed_locally:
             return ConnectionClosedLocally(self._error)
-        return StoreConnectionLost(self._error, host=self.host, port=self.port)
+        return StoreConnectionLost(self._error, host=self.host, port=self.port, **self._farewell)
 
     async def _call(
         self, header: dict[str, Any], payload: bytes | None, op: str, keys: str | list[str], timeout: float
@@ -309,6 +310,7 @@ class TCPStore(ClientOps):
             return
         if op == "error":
             self._server_said = f"server said: {h.get('msg', h.get('err'))}"
+            self._farewell = _farewell(h)
             return
         rid = h.get("id")
         if type(rid) is int and rid in self._abandoned:
@@ -421,3 +423,16 @@ class TCPStore(ClientOps):
                 await self._conn.wait_closed()
         except TimeoutError:
             pass
+
+
+_MAX_CAUSE = 2000
+"""Characters kept of a closing notice's ``cause``."""
+
+
+def _farewell(h: dict[str, Any]) -> dict[str, Any]:
+    """A closing notice's account of its host's departure (unchecked input: kept only if well-formed)."""
+    host, culprit, cause = h.get("h"), h.get("r"), h.get("w")
+    if type(host) is not int or host < 0:
+        return {}
+    return {"host_rank": host, "culprit": culprit if type(culprit) is int and culprit >= 0 else None,
+            "cause": cause[:_MAX_CAUSE] if type(cause) is str else None}

@@ -40,8 +40,10 @@ when a reply that crossed its cancel can no longer come); ``{"op": "unpop",
 queue (its caller was cancelled before it got it; no reply); ``{"op": "ping"}``
 is answered by ``{"op": "pong"}`` and keeps an idle connection alive. A server
 that closes for a reason says it first: ``{"op": "error", "err": "closing",
-"msg": why}`` (e.g. that its host left the job after a failure); the client
-puts it in the error of every call the close then fails.
+"msg": why}`` (e.g. that its host left the job after a failure, then with
+``"h"``: the host's rank, ``"r"``: the rank whose failure it was, ``"w"``: how
+it failed); the client puts it in the error of every call the close then fails
+(and those fields in its attributes: see ``StoreConnectionLost``).
 
 Size limits: a frame header is at most 1 MiB (see :mod:`aiodist.wire`), so
 keys (at most 8 KiB each by default) of one request must fit in it; the
@@ -137,10 +139,15 @@ def error_frame(
     key: str | None = None,
     limit: str | None = None,
     maximum: int | None = None,
+    culprit: int | None = None,
+    host: int | None = None,
+    cause: str | None = None,
 ) -> dict[str, Any]:
     """A refusal: answering request ``request`` or, without one, the connection as a whole.
 
-    ``limit``/``maximum``: the server limit that refused it and its value (fields ``limit``, ``max``).
+    ``limit``/``maximum``: the server limit that refused it and its value (fields ``limit``, ``max``);
+    A closing notice's ``host`` (field ``h``): the rank hosting the store, which leaves the job after the
+    failure of rank ``culprit`` (``r``; None: unknown), described as ``cause`` (``w``).
     """
     h: dict[str, Any] = {"err": code, "msg": message}
     if request is not None:
@@ -152,6 +159,12 @@ def error_frame(
     if limit is not None:
         h["limit"] = limit
         h["max"] = maximum
+    if host is not None:
+        h["h"] = host
+        if culprit is not None:
+            h["r"] = culprit
+        if cause is not None:
+            h["w"] = cause
     return h
 
 

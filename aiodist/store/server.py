@@ -117,12 +117,15 @@ class StoreServer(Requests):
     def address(self) -> tuple[str, int]:
         return (self.host, self.port)
 
-    async def close(self, *, reason: str | None = None) -> None:
+    async def close(self, *, reason: str | None = None, host: int | None = None, culprit: int | None = None,
+                    cause: str | None = None) -> None:
         """Stop listening and close every client connection (their pending calls fail).
 
         ``reason``: why the store goes away, told to every client first (an
         ``error`` notice "closing": its errors then say it, e.g. that the
-        store's host left the job after a failure).
+        store's host left the job after a failure: ``host`` is its rank, ``culprit``
+        the rank whose failure that was and ``cause`` how, if known; see
+        :class:`~aiodist.errors.StoreConnectionLost`).
         Idempotent. Cancellation while closing may leave handler tasks
         finishing in the background; the listener still owns them.
         """
@@ -130,7 +133,7 @@ class StoreServer(Requests):
             return
         self._closed = True
         if reason is not None:
-            notice = P.error_frame("closing", reason)
+            notice = P.error_frame("closing", reason, host=host, culprit=culprit, cause=cause)
             for session in list(self._sessions.values()):
                 try:
                     session.conn.send_nowait(notice)
