@@ -221,15 +221,17 @@ def _run_once(ns: argparse.Namespace, main: Callable[..., Awaitable[Any]], seed:
     saved = sys.argv
     sys.argv = [ns.program, *ns.args]
     out = RankPrefixedOutput(io.StringIO() if ns.quiet else sys.stdout)
+    err = RankPrefixedOutput(io.StringIO() if ns.quiet else sys.stderr)  # (warnings too, as under aiodist run)
     collector = RankLogCollector()
     try:
-        with contextlib.redirect_stdout(out), collector.capture():
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), collector.capture():
             return run(main, world_size=ns.world_size, seed=seed, network=_network(ns),
                        faults=_faults(ns) + replay.extra_faults(ns), time_limit=ns.time_limit,
                        schedule=ns.schedule, pct_depth=ns.pct_depth, trace=keep, master_port=ns.master_port,
                        env=env, stop_on_error=not ns.keep_going, compute=ns.compute, **replay.run_kwargs(ns))
     finally:
         out.flush()
+        err.flush()
         sys.argv = saved
         if logs and not ns.quiet:
             collector.report(sys.stderr)

@@ -113,3 +113,38 @@ def test_a_restarted_rank_of_a_program_that_cannot_rejoin_is_told_it_is_a_restar
     assert main(["run", "-n", "2", str(prog), "--seed", "0", "--restart", "1@sent:4", "--no-explore"]) == 1
     out = capsys.readouterr().out
     assert "this process is a restart (AIODIST_RESTART_COUNT=1)" in out and "two processes" not in out
+
+
+WARNS = '''
+import sys, warnings
+from aiodist.context import getenv
+
+async def main():
+    warnings.warn(f"rank {getenv('RANK')} is warned", UserWarning)
+    print("to stderr", file=sys.stderr)
+'''
+
+
+def test_what_ranks_write_to_stderr_warnings_included_is_prefixed_with_the_rank(tmp_path: Path) -> None:
+    # Before: warnings and stderr lines were printed raw (no way to tell which rank warned);
+    # aiodist run prefixes both. (A fresh interpreter: pytest would catch the warnings.)
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "warns.py"
+    path.write_text(WARNS)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+
+    def stderr(*extra: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "sim", "run", "-n", "2", str(path), "--seed", "0", *extra],
+                              capture_output=True, text=True, env=env, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr
+
+    err = stderr()
+    for r in (0, 1):
+        assert f"[rank{r}]: " in err and f"UserWarning: rank {r} is warned" in err, err
+        assert f"[rank{r}]: to stderr" in err, err
+    assert all(line.startswith("[rank") for line in err.splitlines() if "warn" in line or "to stderr" in line), err
+    assert "warned" not in stderr("-q")  # -q: the program's own output, stderr too
