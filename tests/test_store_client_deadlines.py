@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -143,3 +144,22 @@ async def test_a_call_the_store_never_answers_says_so_not_that_it_waited_for_its
             await c.get("k", timeout=0.3)  # a get does wait for its key (here the store is silent too)
         assert info.value.waiting and "waiting for key(s) ['k']" in str(info.value)
         await c.close()
+
+
+async def test_closing_a_client_with_calls_waiting_for_room_logs_no_unretrieved_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Before: the close failed the waiting calls' futures, the calls raised their own error from the
+    # wait for room, and each future's error was logged at collection: "Future exception was never retrieved".
+    import gc
+
+    async with deaf_server() as port:
+        c = await TCPStore.connect(HOST, port, timeout=30)
+        fillers = await fill_the_socket_buffer(c)
+        await c.close()
+        results = await asyncio.gather(*fillers, return_exceptions=True)
+        assert all(isinstance(r, ConnectionClosedError) for r in results), results
+    del fillers, results, c
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        gc.collect()
+        await asyncio.sleep(0)
+    assert "never retrieved" not in caplog.text, caplog.text

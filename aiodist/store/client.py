@@ -227,9 +227,11 @@ class TCPStore(ClientOps):
             return await fut
         except asyncio.CancelledError:
             self._withdraw(rid, fut, op, keys)
+            _retrieved(fut)
             raise
-        except ConnectionClosedError as e:
+        except ConnectionClosedError as e:  # (while waiting for room in the socket buffer)
             self._pending.pop(rid, None)
+            _retrieved(fut)  # (a close may have failed it meanwhile: the error raised here says the same)
             if self._error is None:
                 self._fail(f"the store server at {self.host}:{self.port} closed the connection: {e}")
             raise self._dead() from None
@@ -423,6 +425,12 @@ class TCPStore(ClientOps):
                 await self._conn.wait_closed()
         except TimeoutError:
             pass
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """Mark an error ``fut`` may hold as retrieved (its caller gets another one): no "never retrieved" log."""
+    if fut.done() and not fut.cancelled():
+        fut.exception()
 
 
 _MAX_CAUSE = 2000
