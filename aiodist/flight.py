@@ -26,7 +26,8 @@ from .context import getenv
 log = logging.getLogger("aiodist.flight")
 
 
-def _describe(entry: dict[str, Any]) -> str:
+def describe_entry(entry: dict[str, Any]) -> str:
+    """One in-flight or recorded operation: ``recv group=world src=0 tag=0``."""
     parts = [str(entry.get("op", "?"))]
     for k in ("group", "seq", "peer", "peers", "key", "src", "dst", "tag"):
         if k in entry and entry[k] is not None:
@@ -49,7 +50,7 @@ def dump(
         "rank %s: %s; in flight: %s",
         "?" if rank is None else rank,
         reason,
-        "; ".join(_describe(e) for e in stuck) or "nothing",
+        "; ".join(describe_entry(e) for e in stuck) or "nothing",
     )
     directory = getenv("AIODIST_FLIGHT_RECORDER_DIR")
     if not directory:
@@ -105,10 +106,10 @@ def report(records: Sequence[dict[str, Any]]) -> str:
         rank = rec.get("rank")
         lines.append(f"rank {rank}: {rec.get('reason', '')}")
         for e in rec.get("inflight", []):
-            lines.append(f"    waiting in {_describe(e)} (since t={e.get('start', 0):.3f})")
+            lines.append(f"    waiting in {describe_entry(e)} (since t={e.get('start', 0):.3f})")
         if not rec.get("inflight"):
             done = [e for e in rec.get("recent", []) if e.get("state") == "done"]
-            last = _describe(done[-1]) if done else "nothing"
+            last = describe_entry(done[-1]) if done else "nothing"
             lines.append(f"    nothing in flight; last completed: {last}")
         if isinstance(rank, int):
             for e in rec.get("recent", []):

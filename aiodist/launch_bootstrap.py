@@ -30,7 +30,7 @@ import traceback
 from types import ModuleType, TracebackType
 
 from . import eventloop
-from .launch import outcome
+from .launch import outcome, stopped
 from .launch.program import ProgramKind, classify_source
 from .launch.runner import call_entry, finishing_asyncio_run
 
@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(_USAGE)
     if argv[0] == "-m" and len(argv) < 2:
         raise SystemExit(_USAGE)
+    stopped.install()  # (a rank stopped by SIGTERM says what it was waiting in)
     try:
         if argv[0] == "-m":
             _run_module(argv[1], argv[2:])
