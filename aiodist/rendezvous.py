@@ -210,14 +210,19 @@ async def rendezvous(
         assert host is not None and port is not None
         store, server, owned = await _open_store(host, port, r, max(deadline - loop.time(), 0.001), access)
     token = token_bytes(8).hex()  # this call's claim on RANK: a retry below recognizes its own
+    reconnected = False
     try:
         while True:
             try:
                 result = await _join(store, r, n, deadline, publish, token)
                 break
+            except RendezvousError as e:
+                if reconnected:  # (the round it joined may be another job's: say so)
+                    e.args = (f"{e} (rank {r} lost the store at {host}:{port} during its rendezvous and joined "
+                              "the round of the store there now: the job it was joining may have been rebuilt "
+                              "without it)",)
+                raise
             except (StoreError, ConnectionError) as e:
-                if isinstance(e, RendezvousError):
-                    raise
                 if reconnect and loop.time() < deadline and not isinstance(e, TimeoutError):
                     # The server went away under us: likely the store of a previous round whose host
                     # (rank 0) is re-creating it for this one (survivors rebuilding after a failure).
@@ -228,6 +233,7 @@ async def rendezvous(
                         except Exception:
                             pass
                     owned = []
+                    reconnected = True
                     await asyncio.sleep(min(RECONNECT_PAUSE, max(deadline - loop.time(), 0)))
                     assert host is not None and port is not None
                     try:

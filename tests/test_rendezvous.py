@@ -300,3 +300,33 @@ async def test_the_store_host_still_waits_for_a_rank_that_is_connected_and_leave
         await leave(other, "job/", 2, wait=0)
         async with asyncio.timeout(5):
             await waiting
+
+
+async def _rebuilt_without_a_paused_rank() -> str:
+    import os
+
+    rank = int(os.environ["RANK"])
+    try:
+        await dist.init_process_group(timeout=10 if rank == 2 else 1)
+        return "joined"
+    except RendezvousError as e:
+        if rank == 2:
+            return str(e)
+    await dist.init_process_group(rank=rank, world_size=2, timeout=5)  # the others rebuild without rank 2
+    await asyncio.sleep(5)  # (rank 2 resumes meanwhile)
+    await dist.destroy_process_group()
+    return "rebuilt"
+
+
+def test_a_rank_that_rejoins_a_store_rebuilt_meanwhile_is_told_so() -> None:
+    # Rank 2 stops (SIGSTOP) in the middle of its rendezvous; the others time out and rebuild a world of 2 on
+    # a new store at the same address; rank 2 resumes, reconnects, and finds the new round. Before: only
+    # "world size disagreement ... rank 2 has WORLD_SIZE=3, another rank registered 2".
+    from sim.triggers import MessageSent
+
+    res = sim.run(_rebuilt_without_a_paused_rank, world_size=3, seed=0, explore=False, trace=False,
+                  faults=[sim.Pause(2, on=MessageSent(2, 4), duration=2.0)])
+    assert res.ok and res.rank_results[:2] == ["rebuilt", "rebuilt"], res.summary()
+    said = res.rank_results[2]
+    assert "world size disagreement" in said and "lost the store at rank0:29500 during its rendezvous" in said, said
+    assert "rebuilt without it" in said
