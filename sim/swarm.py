@@ -20,7 +20,9 @@ that is on draws a few faults (:data:`MOST`):
   program written for partitions survives them;
 * ``pause``: a rank stops for longer than the failure detector tolerates (its
   peers declare it failed);
-* ``clog``: one link holds its messages for a while;
+* ``clog``: one link holds its messages for a while: from 0.05 s up to twice
+  the silence the detector tolerates (unlike partitions, a clog may outlast
+  it: the peers on that link may then declare each other failed);
 * ``store``: the store dies.
 
 A fault happens at a virtual time or on a rank's n-th frame (both drawn
