@@ -226,6 +226,8 @@ def _store_farewell(rank: int, first_failure: tuple[int | None, str] | None) -> 
     if first_failure is None:
         return f"its host, rank {rank}, left the job after a failure"
     culprit, how = first_failure
+    if culprit == rank:
+        return f"its host, rank {rank}, failed: {how}"
     whose = "a failure" if culprit is None else f"rank {culprit} failed"
     return f"its host, rank {rank}, left the job after {whose}: {how}"
 
@@ -300,15 +302,32 @@ async def finish_failed_rank(error: BaseException, *, timeout: float = MISMATCH_
     exits: the reports of the mismatch this rank sent to the other members
     (connecting to those it never talked to) get there, so every member raises
     CollectiveMismatchError rather than a PeerFailureError for this rank. After
-    any other error nothing is done (the process exits; peers see a failure).
-    Never raises.
+    any other exception the rank leaves at once, telling what failed (its own
+    error, unless it was a consequence of an earlier failure it learned of) to
+    the peers connected to it (``bye``), to those that reach for it later (a
+    note in the store) and to the clients of the store it hosts, instead of a
+    bare lost connection; its pending operations are aborted (as by
+    :func:`abort`). Never raises.
     """
-    if not isinstance(error, CollectiveMismatchError) or get_default_group() is None:
+    world = get_default_group()
+    if world is None:
         return
+    if isinstance(error, CollectiveMismatchError):
+        try:
+            await finish_rank(timeout=timeout)
+        except Exception as e:  # (operations never awaited, or a failing teardown: the mismatch is the rank's error)
+            log.debug("leaving after a collective mismatch: %r", e)
+        return
+    if not isinstance(error, Exception):  # (an exit, an interrupt: the process goes as it is)
+        return
+    transport = world.transport
+    transport.links.failed_here(f"raised {type(error).__name__}: {error}".splitlines()[0])
     try:
-        await finish_rank(timeout=timeout)
-    except Exception as e:  # (operations never awaited, or a failing teardown: the mismatch is the rank's error)
-        log.debug("leaving after a collective mismatch: %r", e)
+        await transport.note_departure(grace=STORE_GOODBYE_GRACE)  # (for the peers that reach for it later)
+        await transport.close()  # bye, saying what failed, to the peers connected to it
+        await abort()  # every group at once, and the store it hosts (telling its clients why)
+    except Exception as e:  # noqa: BLE001 - leaving is best effort: the error is the rank's own
+        log.debug("leaving after %r: %r", error, e)
 
 
 async def abort(group: ProcessGroup | None = None) -> None:

@@ -11,6 +11,7 @@ fails so blames the culprit, and a dial of the host itself says it left after th
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 
@@ -58,3 +59,40 @@ def test_a_closing_notice_carries_its_hosts_account_and_bad_fields_are_dropped()
     assert _farewell({"h": "0", "r": 2}) == {}
     assert _farewell({"h": 1, "r": -3, "w": ["x"]}) == {"host_rank": 1, "culprit": None, "cause": None}
     assert len(_farewell({"h": 1, "w": "x" * 10_000})["cause"]) == 2000
+
+
+OWN_FAILURE = '''
+import asyncio
+from pathlib import Path
+import numpy as np
+import aiodist as dist
+
+async def main():
+    await dist.init_process_group(timeout=30)
+    r = dist.get_rank()
+    await dist.barrier()
+    if r == 0:
+        raise ValueError("boom")  # the store's host fails on its own
+    await asyncio.sleep(3)  # rank 0 is gone, and its store with it
+    try:
+        await dist.send(np.ones(2), 0, timeout=10)
+    except dist.PeerFailureError as e:
+        print(f"rank {r} sees rank {e.rank}: {e}", flush=True)
+'''
+
+
+def test_peers_of_a_store_host_that_failed_on_its_own_learn_its_error(tmp_path: Path) -> None:
+    # Before: "send of world: looking up the address of rank 0 in the store failed (StoreConnectionLost: the
+    # store server ... closed the connection)" with .rank None: the store went with its host's process.
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "prog.py").write_text(OWN_FAILURE)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", "3", "--on-failure", "continue", "prog.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode != 0
+    for r in (1, 2):
+        assert f"rank {r} sees rank 0: send of world: rank 0 failed: left the job after: raised ValueError: boom" \
+            in proc.stdout, proc.stdout + proc.stderr

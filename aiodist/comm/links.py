@@ -542,6 +542,11 @@ class Links:
                     acts.append(Send(q.conn, notice))
         return acts
 
+    def failed_here(self, how: str) -> None:
+        """This rank's program failed on its own (``how``): that is the first failure, unless one came before."""
+        if self.first_failure is None and not self.closing:
+            self.first_failure = (self.rank, how[:MAX_HOW])
+
     def _condemn(self, how: str) -> Actions:
         """The other ranks consider this rank failed: break every group, blaming this rank."""
         if self.condemned is not None or self.closing:
