@@ -200,3 +200,32 @@ async def test_elastic_shrink_goes_on_under_the_launcher_with_on_failure_continu
     assert run.result.root_cause is not None and run.result.root_cause.kind == "signal"
     assert any(line.endswith("going on with 3 ranks") for line in run.lines("out", 0))
     assert "OK: weights equal the single-process reference" in "\n".join(run.lines("out", 0))
+
+
+async def test_the_culprits_exit_is_the_one_reported_even_when_another_rank_exits_first(tmp_path: Path) -> None:
+    # Rank 0 raises and is slow to exit (an atexit hook); rank 1 learns of it and exits first. Before: the
+    # launcher said "rank 1 ... failed" and then "also: rank 1 ... failed", and never rank 0's exit.
+    run = await launch_source(
+        tmp_path,
+        """
+        import atexit, time
+        import numpy as np
+        import aiodist
+
+        async def main():
+            await aiodist.init_process_group()
+            x = np.ones(10)
+            await aiodist.all_reduce(x)
+            if aiodist.get_rank() == 0:
+                atexit.register(time.sleep, 1.0)
+                raise ValueError("boom")
+            await aiodist.all_reduce(x)
+        """,
+        2,
+    )
+    blame = run.result.root_cause
+    assert blame is not None and blame.rank == 0 and blame.kind == "raised", run.logs
+    said = [line for line in run.logs if "failed with" in line and not line.startswith("root cause")]
+    assert said and said[0].startswith("rank 0 "), run.logs
+    assert len({line.removeprefix("also: ") for line in said}) == len(said), run.logs  # nothing said twice
+    assert run.result.failures[0].rank == 0 and run.result.exit_code == 1

@@ -170,7 +170,9 @@ async def _run_attempts(
                     blame = await attempt.settle_blame(BLAME_WAIT)
                     if blame is not None:
                         say(f"root cause: {blame.message}")
-                    say(outcome.exit.message)
+                    culprit = attempt.exit_of(blame.rank) if blame is not None else None
+                    # (the culprit's exit first, as in the failures listed below, even if another rank exited before it)
+                    say((culprit if culprit is not None and culprit.returncode != 0 else outcome.exit).message)
                     others = attempt.running()
                     if others:
                         say(f"stopping the other {others} running rank(s)")
