@@ -221,13 +221,16 @@ class OpRunner:
         except BaseException:  # (no running loop, or a closed one): the operation never runs
             guard.close()
             if withdraw is not None:
-                self.transport.router.cancel(withdraw)
+                self.transport.router.withdraw(withdraw)
             raise
         if withdraw is not None:
-            task.add_done_callback(lambda t: self.transport.router.cancel(withdraw) if t.cancelled() else None)
+            task.add_done_callback(lambda t: self.transport.router.withdraw(withdraw) if t.cancelled() else None)
         self.tasks[task] = None
         task.add_done_callback(self._forget)
-        return Work(task, op=op, seq=None, group=self.name, cancel_with_awaiter=withdraw is not None)
+        if withdraw is None:
+            return Work(task, op=op, seq=None, group=self.name)
+        return Work(task, op=op, seq=None, group=self.name, cancel_with_awaiter=True,
+                    give_back=functools.partial(self.transport.router.withdraw, withdraw))
 
     def _forget(self, task: asyncio.Future[Any]) -> None:
         self.tasks.pop(task, None)

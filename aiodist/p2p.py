@@ -108,13 +108,14 @@ def recv(
     """Validate and post a receive into ``x`` now; return the coroutine function that awaits it (-> group rank
     of the sender; see :func:`send`) and the posted receive.
 
-    Cancellation withdraws the receive if no message was matched to it yet;
-    a message already being written into ``x`` is lost with it. A timeout is
-    not a cancellation of that kind: a message matched by the time the
-    deadline is handled (both came due while the process was not running) is
-    the receive's result, not lost behind a CollectiveTimeoutError. (A task that
-    runs the coroutine and is cancelled before it starts must withdraw the
-    receive itself: ``comm.transport.router.cancel(receive)``.)
+    Cancellation withdraws the receive, and loses no message: one it got
+    already, or one still being written into ``x`` (``x`` may be written until
+    it is complete), goes to the next receive. A timeout is not a cancellation
+    of that kind: a message matched by the time the deadline is handled (both
+    came due while the process was not running, or its payload is still
+    arriving) is the receive's result, not lost behind a CollectiveTimeoutError.
+    (A task that runs the coroutine and is cancelled before it starts must
+    withdraw the receive itself: ``comm.transport.router.withdraw(receive)``.)
     """
     flat = as_flat(x, "x", writable=True)
     tag = _check_tag(tag)
@@ -150,26 +151,37 @@ def recv_message(
 
 
 async def _received(comm: GroupComm, r: Receive, fut: Any, src: int | None, tag: int, timeout: float) -> Delivery:
-    """Wait for the posted receive ``r`` (bounded by ``timeout``); withdraw it if that ends otherwise."""
+    """Wait for the posted receive ``r`` (bounded by ``timeout``); withdraw it if that ends otherwise.
+
+    A message that came before the deadline is the receive's result even if its
+    payload is still arriving then (the failure detector bounds a sender that
+    stalls). Cancellation withdraws the receive without losing a message: one it
+    got, or one still arriving into its buffer, goes to the next receive (the
+    buffer may still be written until that message is complete).
+    """
+    router = comm.transport.router
     with waiting_in("recv", group=comm.name, peer=src, tag=tag):
         try:
-            async with asyncio.timeout(timeout) as cm:
-                result = await fut
-        except TimeoutError:
-            if cm.expired() and fut.done() and not fut.cancelled():
-                # The message came in the same stretch as the deadline (e.g. both while the loop was
-                # blocked): it was matched and written into the buffer, so it is the receive's result.
-                # Raising here would lose it: the next receive would never see it.
-                result = fut.result()
-            else:
-                comm.transport.router.cancel(r)
+            try:
+                async with asyncio.timeout(timeout) as cm:
+                    result = await fut
+            except TimeoutError:
                 if not cm.expired():
                     raise
-                waiting = [src] if src is not None else [i for i in range(comm.size) if i != comm.rank]
-                raise _timeout("recv", comm, waiting, tag, timeout, _unmatched(comm, r, tag),
-                               any_source=src is None) from None
+                if router.arriving(r):  # its header came in time: the rest of the message is due
+                    if fut.cancelled():  # (asyncio cancels the future a cancelled task waits on: a new one)
+                        fut = r.fut = asyncio.get_running_loop().create_future()
+                    await asyncio.wait((fut,))
+                if not fut.done() or fut.cancelled():
+                    router.cancel(r)
+                    waiting = [src] if src is not None else [i for i in range(comm.size) if i != comm.rank]
+                    raise _timeout("recv", comm, waiting, tag, timeout, _unmatched(comm, r, tag),
+                                   any_source=src is None) from None
+                # The message came in the same stretch as the deadline (e.g. both while the loop was
+                # blocked): it was matched and written into the buffer, so it is the receive's result.
+                result = fut.result()
         except BaseException:
-            comm.transport.router.cancel(r)
+            router.withdraw(r)
             raise
     if isinstance(result, PeerFailureError):
         raise comm.localize(result, op="recv", seq=None)

@@ -28,9 +28,12 @@ timing out, a TaskGroup sibling failing, ``task.cancel()``) cancels the
 * a receive is withdrawn, as cancelling any asyncio operation would: a
   message that arrives later is left for the next receive instead of landing
   in an abandoned buffer, so ``asyncio.wait_for(aiodist.recv(x), t)`` and
-  ``aiodist.recv(x, timeout=t)`` leave the same state behind. A message
-  already being written into the buffer when the cancellation comes is lost
-  with it. Every awaiter of that Work then sees the cancellation. To wait for
+  ``aiodist.recv(x, timeout=t)`` leave the same state behind. No message is
+  lost: one the receive had got already (it was done, but its awaiter was
+  cancelled before taking it) or was getting (its payload still arriving:
+  the buffer may be written until it is complete) goes to the next receive,
+  first in line, and the Work ends cancelled (it never returns that message
+  too). Every awaiter of that Work then sees the cancellation. To wait for
   a receive with a time limit *without* withdrawing it, use
   ``await work.wait(timeout=t)`` (it bounds only that wait) or
   ``asyncio.shield(work)``.
@@ -120,7 +123,7 @@ class Work(Generic[T]):
     collective or a send running (see the module doc).
     """
 
-    __slots__ = ("_task", "_map", "_rec", "op", "seq", "group", "_book", "_key", "_withdraw")
+    __slots__ = ("_task", "_map", "_rec", "op", "seq", "group", "_book", "_key", "_withdraw", "_give_back")
 
     def __init__(
         self,
@@ -132,10 +135,14 @@ class Work(Generic[T]):
         record: OpRecord | None = None,
         group: str | None = None,
         cancel_with_awaiter: bool = False,
+        give_back: Callable[[], bool] | None = None,
         booked: bool = True,
     ) -> None:
         self._key: int | None = None  # (first: __del__ reads it even if this raises)
         self._withdraw = cancel_with_awaiter  # a receive: an awaiter's cancellation cancels the operation
+        # A receive that ended with its message as its awaiter was cancelled gives the message back (True if it
+        # had one): the next receive gets it, and this Work is then withdrawn (see _withdrawn).
+        self._give_back = give_back
         self._task = task
         self._map = map
         self._rec = record
@@ -190,7 +197,7 @@ class Work(Generic[T]):
         w: Work[U] = Work.__new__(Work)
         w._key = None
         w._task, w._map, w._rec = self._task, composed, self._rec
-        w.op, w.seq, w.group, w._withdraw = self.op, self.seq, self.group, self._withdraw
+        w.op, w.seq, w.group, w._withdraw, w._give_back = self.op, self.seq, self.group, self._withdraw, self._give_back
         w._book, w._key = self._book, self._key  # the new Work carries the booking
         self._key = None
         return w
@@ -235,8 +242,8 @@ class Work(Generic[T]):
             value = yield from asyncio.shield(task).__await__()
         except asyncio.CancelledError:
             self._raise_if_operation_cancelled()
-            if self._withdraw and not task.done():
-                task.cancel()  # a receive: withdrawn with its awaiter (see the module doc)
+            if self._withdraw:
+                self._withdrawn()
             raise
         _mark_retrieved(task)
         return self._result(value)
@@ -266,17 +273,35 @@ class Work(Generic[T]):
                 value = await asyncio.shield(self._task)
         except asyncio.CancelledError:
             self._raise_if_operation_cancelled()
-            if self._withdraw and not self._task.done() and not cm.expired():
-                self._task.cancel()
+            if self._withdraw and not cm.expired():
+                self._withdrawn()
             raise
         if rec is None:
             _mark_retrieved(self._task)
         return self._recorded() if rec is not None else self._result(value)
 
+    def _withdrawn(self) -> None:
+        """A receive's awaiter was cancelled: so is the receive. If it had ended with its message already,
+        the message goes back for the next receive and this Work ends cancelled too (nothing is lost, and
+        nothing is received twice)."""
+        task = self._task
+        if not task.done():
+            if self._give_back is not None:
+                self._give_back()  # (now, not at the task's next step: the awaiter may post the next receive first)
+            task.cancel()
+        elif (not task.cancelled() and task.exception() is None and self._give_back is not None
+              and self._give_back()):
+            withdrawn: asyncio.Future[Any] = task.get_loop().create_future()
+            withdrawn.cancel()
+            self._task = withdrawn
+            self._give_back = _given
+
     def _raise_if_operation_cancelled(self) -> None:
         # The operation itself was cancelled (its group was destroyed), not our
         # awaiter: report that as an error rather than cancelling the awaiter.
         rec = self._rec
+        if self._give_back is _given:  # (withdrawn with its awaiter: a cancellation, as asyncio's)
+            return
         if self._task.cancelled() or (rec is not None and isinstance(rec.error, asyncio.CancelledError)):
             raise GroupError(f"{self.op} was cancelled: its process group was destroyed") from None
 
@@ -365,3 +390,8 @@ def _mark_retrieved(task: asyncio.Future[Any]) -> None:
     ok = not task.cancelled() and task.exception() is None
     if task in STAGING:
         release(task, ok=ok)
+
+
+def _given() -> bool:
+    """The ``give_back`` of a receive's Work that gave its message back (its awaiter was cancelled): nothing more."""
+    return False

@@ -98,10 +98,35 @@ class P2PTable:
         return None
 
     def cancel(self, r: Receive) -> None:
-        """Take a withdrawn receive off its queue."""
+        """Take a withdrawn receive off its queue; one whose message is arriving leaves the message to the next."""
         q = self._queues.get((r.group, r.tag))  # type: ignore[arg-type]
         if q is not None and r in q.posted:
             q.posted.remove(r)
+        else:  # (matched: its message is on its way into its buffer; see _complete)
+            r.withdrawn = True
+
+    def arriving(self, r: Receive) -> bool:
+        """Is ``r`` matched to a message whose payload is still arriving?"""
+        if r.done:
+            return False
+        q = self._queues.get((r.group, r.tag))  # type: ignore[arg-type]
+        return q is None or r not in q.posted
+
+    def give_back(self, r: Receive, src: int, header: Any, payload: memoryview | None, nbytes: int,
+                  out: list[Completion]) -> None:
+        """Receive ``r`` got this message, but its waiter went away before taking it: the message is not lost.
+
+        It goes to the next receive that takes it, else it waits first in line for
+        one. Its payload is copied (it sits in ``r``'s buffer, which its owner may reuse).
+        """
+        assert r.tag is not None
+        payload = None if payload is None else memoryview(bytearray(payload))
+        nxt = self._take(r.group, r.tag, src)
+        if nxt is not None:
+            ended(nxt, deliver(nxt, src, header, payload, nbytes), out)
+            return
+        self._queue(r.group, r.tag).arrived.insert(0, Buffered(src, header, payload, nbytes))
+        self.budgets.charge(src, nbytes)
 
     def route(self, m: Match, window: int) -> Match:
         """Decide for a point-to-point frame (its group vetted): its receive, or held, or to be buffered.
@@ -166,8 +191,12 @@ class P2PTable:
     def _complete(self, m: Match, payload: memoryview | None, out: list[Completion]) -> None:
         r = m.receive
         if r is not None:  # (vetted when routed)
-            ended(r, delivery(r, m.src, m.header, payload, m.nbytes), out)
-            return
+            if not r.withdrawn and not (r.fut is not None and r.fut.cancelled()):
+                ended(r, delivery(r, m.src, m.header, payload, m.nbytes), out)
+                return
+            # Withdrawn while it arrived: the next receive gets it (a copy: it is in the withdrawn one's buffer).
+            r.done = True
+            payload = None if payload is None else memoryview(bytearray(payload))
         g, tag = m.header.get("g"), int(m.header.get("tag", 0))
         r = self._take(g, tag, m.src)
         if r is not None:
@@ -205,10 +234,18 @@ class P2PTable:
         q = self._queues.get((group, tag))
         if q is None:
             return None
-        for i, r in enumerate(q.posted):
+        posted = q.posted
+        i = 0
+        while i < len(posted):
+            r = posted[i]
+            if r.fut is not None and r.fut.cancelled():  # its waiter was cancelled (asyncio cancels the
+                del posted[i]  # future a task waits on at once; the withdrawal comes at its next step)
+                r.done = True
+                continue
             if r.src is None or r.src == src:
-                del q.posted[i]
+                del posted[i]
                 return r
+            i += 1
         return None
 
     def fail(self, which: Callable[[Receive], bool], factory: ErrorFactory, out: list[Completion]) -> None:

@@ -72,10 +72,12 @@ class Receive:
     signature; a message of the same sequence number with another one is a
     mismatch (``check`` is not asked about a message with the same one). The result goes to the asyncio future ``fut`` (unless it is done
     already), or else to the callback ``on_done``. ``done``: the receive has
-    ended (it got its result, or was withdrawn).
+    ended (it got its result, or was withdrawn). ``withdrawn``: a point-to-point
+    receive withdrawn while its message was arriving (the message goes to the
+    next receive when it is complete).
     """
 
-    __slots__ = ("group", "src", "out", "key", "tag", "check", "sig", "fut", "on_done", "done")
+    __slots__ = ("group", "src", "out", "key", "tag", "check", "sig", "fut", "on_done", "done", "withdrawn")
 
     def __init__(
         self,
@@ -100,6 +102,7 @@ class Receive:
         self.fut = fut
         self.on_done = on_done
         self.done = False
+        self.withdrawn = False
 
     def __repr__(self) -> str:
         what = f"key={self.key!r}" if self.tag is None else f"tag={self.tag}"

@@ -200,8 +200,28 @@ class Router:
         return self.table.unmatched_p2p(group, src, tag, limit)
 
     def cancel(self, receive: Receive) -> None:
-        """Withdraw a receive (its waiter was cancelled). A keyed message that comes later is dropped."""
+        """Withdraw a receive (its waiter was cancelled). A keyed message that comes later is dropped; a
+        point-to-point message arriving into it goes to the next receive once complete."""
         self.table.cancel(receive)
+
+    def arriving(self, receive: Receive) -> bool:
+        """Is point-to-point ``receive`` matched to a message whose payload is still arriving?"""
+        return self.table.arriving(receive)
+
+    def withdraw(self, receive: Receive) -> bool:
+        """The waiter of point-to-point ``receive`` went away without its result: withdraw it. A message it
+        got already (its future holds it) goes to the next receive instead, as does one still arriving
+        into its buffer once complete: nothing is lost. Idempotent. True if it gave a message back."""
+        if receive.withdrawn:
+            return False
+        self.table.cancel(receive)
+        fut = receive.fut
+        if (not receive.withdrawn and fut is not None and fut.done() and not fut.cancelled()
+                and isinstance(fut.result(), Delivery)):
+            receive.withdrawn = True
+            resolve_all(self.table.give_back(receive, fut.result()))
+            return True
+        return False
 
     # ------------------------------------------------------------------ arrivals
 

@@ -50,6 +50,7 @@ from .p2p_routing import P2PTable
 from .receives import (
     Buffered,
     Completion,
+    Delivery,
     ErrorFactory,
     Header,
     Match,
@@ -156,6 +157,16 @@ class RouteTable:
             # else: matched already; its frame is on its way and is dropped when it completes
         else:
             self.p2p.cancel(r)
+
+    def arriving(self, r: Receive) -> bool:
+        """Is point-to-point receive ``r`` matched to a message whose payload is still arriving?"""
+        return r.tag is not None and self.p2p.arriving(r)
+
+    def give_back(self, r: Receive, d: Delivery) -> list[Completion]:
+        """Point-to-point receive ``r`` got ``d`` but its waiter went away first: the next receive gets it."""
+        out: list[Completion] = []
+        self.p2p.give_back(r, d.src, d.header, d.payload, d.nbytes, out)
+        return out
 
     # ------------------------------------------------------------------ arrivals
 
