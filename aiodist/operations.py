@@ -40,6 +40,17 @@ __all__ = [
 _SUM = ReduceOp.SUM
 
 
+def _root(fn: str, pg: ProcessGroup, global_rank: Any, group_rank: Any, what: str) -> int:
+    """:func:`~aiodist.arguments.root` for a collective: a root refused here (no such rank, not a member)
+    still takes the call's sequence number and the other members are told (as for the group's own
+    argument checks: see :func:`~aiodist.op_runner.in_step`), so the group stays in step."""
+    try:
+        return root(fn, pg, global_rank, group_rank, what)
+    except (ValueError, TypeError) as e:
+        pg._runner.refused(fn, e)
+        raise
+
+
 # ---------------------------------------------------------------------- collectives
 
 
@@ -62,7 +73,7 @@ def broadcast(
     pg = operating(group, "broadcast")
     if pg.rank < 0:
         return pg.broadcast(tensor)
-    return pg.broadcast(tensor, root("broadcast", pg, src, group_src, "src"), timeout=timeout)
+    return pg.broadcast(tensor, _root("broadcast", pg, src, group_src, "src"), timeout=timeout)
 
 
 def reduce(
@@ -74,7 +85,7 @@ def reduce(
     pg = operating(group, "reduce")
     if pg.rank < 0:
         return pg.reduce(tensor)
-    return pg.reduce(tensor, root("reduce", pg, dst, group_dst, "dst"), op, timeout=timeout)
+    return pg.reduce(tensor, _root("reduce", pg, dst, group_dst, "dst"), op, timeout=timeout)
 
 
 def all_gather(
@@ -107,7 +118,7 @@ def gather(
     pg = operating(group, "gather")
     if pg.rank < 0:
         return pg.gather(tensor)
-    return pg.gather(tensor, gather_list, root("gather", pg, dst, group_dst, "dst"), timeout=timeout)
+    return pg.gather(tensor, gather_list, _root("gather", pg, dst, group_dst, "dst"), timeout=timeout)
 
 
 def scatter(
@@ -120,7 +131,7 @@ def scatter(
     pg = operating(group, "scatter")
     if pg.rank < 0:
         return pg.scatter(tensor)
-    return pg.scatter(tensor, scatter_list, root("scatter", pg, src, group_src, "src"), timeout=timeout)
+    return pg.scatter(tensor, scatter_list, _root("scatter", pg, src, group_src, "src"), timeout=timeout)
 
 
 def reduce_scatter(
@@ -279,7 +290,7 @@ def gather_object(
     pg = operating(group, "gather_object")
     if pg.rank < 0:
         return pg.gather_object(obj)
-    r = root("gather_object", pg, dst, group_dst, "dst")
+    r = _root("gather_object", pg, dst, group_dst, "dst")
     return pg.gather_object(obj, r, timeout=timeout, object_gather_list=object_gather_list)
 
 
@@ -291,7 +302,7 @@ def broadcast_object_list(
     pg = operating(group, "broadcast_object_list")
     if pg.rank < 0:
         return pg.broadcast_object_list(object_list)
-    r = root("broadcast_object_list", pg, src, group_src, "src")
+    r = _root("broadcast_object_list", pg, src, group_src, "src")
     return pg.broadcast_object_list(object_list, r, timeout=timeout)
 
 
@@ -307,7 +318,7 @@ def scatter_object_list(
     pg = operating(group, "scatter_object_list")
     if pg.rank < 0:
         return pg.scatter_object_list(output)
-    r = root("scatter_object_list", pg, src, group_src, "src")
+    r = _root("scatter_object_list", pg, src, group_src, "src")
     return pg.scatter_object_list(output, inputs, r, timeout=timeout)
 
 
