@@ -504,8 +504,11 @@ async def _monitored_barrier(ch: OpChannel, *, wait_all_ranks: bool) -> None:
     async def arrive(r: int) -> None:
         await ch.recv_into(r, ("in",), memoryview(bytearray()))
 
-    async with asyncio.TaskGroup() as tg:
-        for r in range(1, ch.size):
-            tg.create_task(arrive(r))
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for r in range(1, ch.size):
+                tg.create_task(arrive(r))
+    except BaseExceptionGroup as group:  # (a rank left, or called something else: the first error, as itself)
+        raise group.exceptions[0] from None
     for r in range(1, ch.size):
         await ch.send(r, ("out",), b"")

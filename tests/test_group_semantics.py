@@ -265,3 +265,32 @@ async def test_heartbeats_keep_idle_connections_alive() -> None:
 
     res = await run_ranks(3, rank, env={"AIODIST_HEARTBEAT_TIMEOUT": "0.3"})
     assert res == [[9.0, 9.0]] * 3
+
+
+@pytest.mark.parametrize("other", ["all_reduce", "leave"])
+def test_monitored_barrier_on_rank_0_raises_the_error_itself_not_an_exception_group(other: str) -> None:
+    # Before: rank 0 raised "unhandled errors in a TaskGroup" (an ExceptionGroup: not a RuntimeError, so
+    # `except RuntimeError` / `except PeerFailureError` missed it) when another rank called something else or left.
+    import sim
+    from aiodist.errors import AiodistError
+
+    async def main() -> Any:
+        await dist.init_process_group(timeout=10)
+        r = dist.get_rank()
+        if r == 2:
+            if other == "all_reduce":
+                try:
+                    await dist.all_reduce(np.ones(2))
+                except AiodistError:
+                    pass
+            return None
+        try:
+            await dist.monitored_barrier(timeout=5)
+        except Exception as e:  # noqa: BLE001 - its type is the result
+            return type(e).__name__, isinstance(e, AiodistError)
+        return "ok"
+
+    res = sim.run(main, world_size=3, seed=0, trace=False)
+    assert res.ok, res.summary()
+    want = "CollectiveMismatchError" if other == "all_reduce" else "PeerFailureError"
+    assert res.rank_results[0] == (want, True), res.rank_results
