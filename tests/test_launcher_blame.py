@@ -229,3 +229,17 @@ async def test_the_culprits_exit_is_the_one_reported_even_when_another_rank_exit
     assert said and said[0].startswith("rank 0 "), run.logs
     assert len({line.removeprefix("also: ") for line in said}) == len(said), run.logs  # nothing said twice
     assert run.result.failures[0].rank == 0 and run.result.exit_code == 1
+
+
+def test_a_call_failed_elsewhere_blames_that_rank_even_when_its_own_record_comes_later() -> None:
+    # Before: PeerCallFailedError counted as the rank's own failure, so when the rank whose call failed
+    # took a moment before re-raising (logging, say), the launcher named a rank that had merely been told.
+    from aiodist.errors import PeerCallFailedError
+    from aiodist.launch.outcome import describe_exception
+
+    told = describe_exception(PeerCallFailedError("the call failed on global rank 2: ...", global_rank=2, seq=0))
+    assert told["blames"] == 2
+    records = {0: {**told, "time": 1.0}, 1: {**told, "time": 1.1},
+               2: {"kind": "raised", "type": "InvalidArrayError", "message": "bad splits", "time": 1.4}}
+    blame = root_cause([(0, 1), (1, 1)], records)  # rank 2 has not even exited yet
+    assert blame is not None and (blame.rank, blame.kind) == (2, "raised"), blame

@@ -59,7 +59,7 @@ def _user_frame(exc: BaseException) -> str | None:
 
 def _blamed(exc: BaseException) -> tuple[int | None, str | None]:
     """(rank blamed, operation) if ``exc`` is the consequence of another rank's failure, else (None, None)."""
-    from ..errors import AbortedError, PeerFailureError, StoreConnectionLost
+    from ..errors import AbortedError, PeerCallFailedError, PeerFailureError, StoreConnectionLost
 
     seen: set[int] = set()
     e: BaseException | None = exc
@@ -71,6 +71,8 @@ def _blamed(exc: BaseException) -> tuple[int | None, str | None]:
             if e.op:
                 op = e.op if e.seq is None else f"{e.op} #{e.seq}"
             return (rank if isinstance(rank, int) else -1), op
+        if isinstance(e, PeerCallFailedError):  # (the call failed on that rank: its error is the cause)
+            return (e.global_rank if isinstance(e.global_rank, int) else -1), None
         if isinstance(e, (StoreConnectionLost, AbortedError)):
             return -1, None
         e = e.__cause__ or e.__context__
