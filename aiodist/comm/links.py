@@ -227,9 +227,11 @@ class Links:
         return []
 
     def expect(self, rank: int) -> Actions:
-        """A receive from the higher rank ``rank`` waits: if nothing is under way, dial it now (speculatively).
+        """A receive from ``rank`` waits: if nothing is under way, dial it now (speculatively).
 
-        ``rank`` defers its own dial to us and may be waiting for our connection right now.
+        A higher ``rank`` defers its own dial to us and may be waiting for our connection right
+        now; a lower one is dialed so only after a while without its connection (see
+        :meth:`~aiodist.comm.peers.PeerLinks.expect_later`).
         """
         link = self.link(rank)
         if link.state is not _IDLE or self.closing:

@@ -34,8 +34,8 @@ from .handshake import AcceptHandshake, DialHandshake, Outcome
 from .heartbeats import Heartbeats
 from .registry import GroupRegistry
 from .router import Match, Router
-from .settings import (BYE_TIMEOUT, DEPARTURE_LOOKUP, DIAL_DEFER, DIAL_DEFER_ENV, HELLO_TIMEOUT, MAX_HANDSHAKES_ENV,
-                       REPORT_GRACE, env_number)
+from .settings import (BYE_TIMEOUT, DEPARTURE_LOOKUP, DIAL_DEFER, DIAL_DEFER_ENV, EXPECT_LOWER, HELLO_TIMEOUT,
+                       MAX_HANDSHAKES_ENV, REPORT_GRACE, env_number)
 
 log = logging.getLogger("aiodist.comm")
 
@@ -46,7 +46,7 @@ _ENDED = (L.LinkState.FAILED, L.LinkState.REFUSED, L.LinkState.LEFT)
 class Peer:
     """The driver's side of the link to one rank: the frames being received, the sends waiting for it."""
 
-    __slots__ = ("rank", "link", "watch", "matches", "waiters", "timer")
+    __slots__ = ("rank", "link", "watch", "matches", "waiters", "timer", "expecting")
 
     def __init__(self, rank: int, link: L.Link) -> None:
         self.rank = rank
@@ -56,6 +56,7 @@ class Peer:
         # Sends waiting for the link, a future each: its connection, an error, or _BROKEN (their group broke).
         self.waiters: list[asyncio.Future[Any]] | None = None
         self.timer: asyncio.TimerHandle | None = None  # the dial deferral
+        self.expecting: asyncio.TimerHandle | None = None  # a receive from this lower rank waits (expect_later)
 
     def __repr__(self) -> str:
         return f"<peer {self.rank} {self.link.state.value}>"
@@ -153,6 +154,7 @@ class PeerLinks:
             await asyncio.wait(reports, timeout=REPORT_GRACE)
         actions = self.links.close()
         self.do(actions)
+        self._stop_expecting()
         self.heartbeats.stop()
         if self._listener is not None:
             self._listener.close()
@@ -174,6 +176,7 @@ class PeerLinks:
 
     def abort(self) -> None:
         self.do(self.links.abort())
+        self._stop_expecting()
         self.heartbeats.stop()
         if self._listener is not None:
             self._listener.close()
@@ -252,6 +255,27 @@ class PeerLinks:
         if p is None or p.link.state is L.LinkState.IDLE:
             self.peer(src)
             self.do(self.links.expect(src))
+
+    def expect_later(self, src: int) -> None:
+        """A receive from the lower rank ``src`` was posted and there is no link: ``src`` dials us when it sends,
+        but if nothing is under way in :data:`.settings.EXPECT_LOWER` seconds, dial it (speculatively). A rank
+        that left the job before it ever connected is then found out (its receives fail, saying so) instead
+        of being waited for until the receive's timeout."""
+        p = self.peer(src)
+        if p.expecting is None and p.link.state is L.LinkState.IDLE and not self.links.closing:
+            p.expecting = self._loop.call_later(EXPECT_LOWER, self._expect_lower, src)
+
+    def _expect_lower(self, src: int) -> None:
+        p = self.peers[src]
+        p.expecting = None
+        if p.link.state is L.LinkState.IDLE:
+            self.do(self.links.expect(src))
+
+    def _stop_expecting(self) -> None:
+        for p in self.peers.values():
+            if p.expecting is not None:
+                p.expecting.cancel()
+                p.expecting = None
 
     # ------------------------------------------------------------------ actions
 

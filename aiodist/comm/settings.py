@@ -35,6 +35,10 @@ REPORT_GRACE = 1.0
 DEPARTURE_LOOKUP = 1.0
 """Seconds a rank asks the store, after a dial failed, whether the peer left after a failure (and which)."""
 
+EXPECT_LOWER = 0.5
+"""Seconds a receive from a lower rank waits for that rank's connection (it dials when it sends) before
+this rank dials it itself (speculatively): a rank that left before it ever connected is found out."""
+
 DIAL_DEFER = 0.002
 """Seconds the higher rank of a pair waits for the lower rank's connection before dialing itself."""
 DIAL_DEFER_ENV = "AIODIST_DIAL_DEFER"

@@ -416,10 +416,13 @@ class Transport:
         else:
             self.router.post_p2p(receive)
         src = receive.src
-        if src is not None and src > self.rank and not receive.done and src < self.world_size:
-            p = self._peers.get(src)  # a receive from a higher rank we are not connected to: dial it now
+        if src is not None and not receive.done and 0 <= src < self.world_size and src != self.rank:
+            p = self._peers.get(src)
             if p is None or p.link.state is not _READY:
-                self._links.expect(src)
+                if src > self.rank:  # a receive from a higher rank we are not connected to: dial it now
+                    self._links.expect(src)
+                else:  # from a lower one: it dials us when it sends; if it never does, we dial it
+                    self._links.expect_later(src)
 
     def _sink(self, p: Peer, header: Header, nbytes: int, received: int) -> memoryview | None:
         """A payload is coming: the posted receive's buffer if one waits for it, else None (a new buffer).
