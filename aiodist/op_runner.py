@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import traceback
 import math
 import os
 import warnings
@@ -223,14 +224,26 @@ class OpRunner:
             if withdraw is not None:
                 self.transport.router.withdraw(withdraw)
             raise
-        if withdraw is not None:
-            task.add_done_callback(lambda t: self.transport.router.withdraw(withdraw) if t.cancelled() else None)
         self.tasks[task] = None
         task.add_done_callback(self._forget)
         if withdraw is None:
             return Work(task, op=op, seq=None, group=self.name)
-        return Work(task, op=op, seq=None, group=self.name, cancel_with_awaiter=True,
-                    give_back=functools.partial(self.transport.router.withdraw, withdraw))
+        work: Work[T] = Work(task, op=op, seq=None, group=self.name, cancel_with_awaiter=True,
+                             give_back=functools.partial(self.transport.router.withdraw, withdraw))
+
+        def ended(t: asyncio.Future[Any]) -> None:
+            if t.cancelled():
+                self.transport.router.withdraw(withdraw)
+            elif (error := t.exception()) is not None:
+                # A receive that failed (timed out...) holds nothing any more: its buffer must not live on in
+                # its error's traceback (the frames' locals) or in its Work, which the awaiter's frames and
+                # that error hold in a reference cycle, freed only by a full collection (a polling loop with
+                # a fresh buffer per attempt grew by a buffer per timeout in the simulator).
+                _clear_frames(error)
+                work.drop_give_back()
+
+        task.add_done_callback(ended)
+        return work
 
     def _forget(self, task: asyncio.Future[Any]) -> None:
         self.tasks.pop(task, None)
@@ -499,3 +512,13 @@ def in_step(method: Callable[Concatenate[G, P], T]) -> Callable[Concatenate[G, P
             raise
 
     return call
+
+
+def _clear_frames(error: BaseException) -> None:
+    """Clear the locals of the (finished) frames in ``error``'s traceback and in those of its causes and contexts."""
+    seen: list[BaseException] = []
+    e: BaseException | None = error
+    while e is not None and len(seen) < 8 and not any(e is s for s in seen):
+        seen.append(e)
+        traceback.clear_frames(e.__traceback__)
+        e = e.__cause__ or e.__context__

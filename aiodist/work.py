@@ -45,12 +45,13 @@ get GroupError (AbortedError after ``abort``), never a cancellation of their own
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
 from .arguments import optional_seconds
 from .collectives.buffers import TASKS as STAGING, UNCLAIMED, claim, register_task, release
-from .errors import GroupError
+from .errors import GroupError, anew
 from .future import Future
 from .unawaited import MAX_ENTRIES, UnawaitedOperationError, call_site, clear_unawaited, ledger, unawaited_operations
 
@@ -245,6 +246,10 @@ class Work(Generic[T]):
             if self._withdraw:
                 self._withdrawn()
             raise
+        except Exception as e:  # the operation's error: raised anew (see _fresh)
+            if task.done() and not task.cancelled() and task.exception() is e:
+                raise _fresh(e, here=sys._getframe()) from e.__cause__
+            raise
         _mark_retrieved(task)
         return self._result(value)
 
@@ -254,7 +259,7 @@ class Work(Generic[T]):
         if rec.error is not None:
             if isinstance(rec.error, asyncio.CancelledError):
                 raise GroupError(f"{self.op} was cancelled: its process group was destroyed") from None
-            raise rec.error
+            raise _fresh(rec.error)
         return self._result(rec.value)
 
     async def wait(self, timeout: Any = None) -> T:
@@ -279,6 +284,11 @@ class Work(Generic[T]):
         if rec is None:
             _mark_retrieved(self._task)
         return self._recorded() if rec is not None else self._result(value)
+
+    def drop_give_back(self) -> None:
+        """(aiodist's own) The receive failed: there is no message to give back (the hook and what it holds go)."""
+        if self._give_back is not _given:
+            self._give_back = None
 
     def _withdrawn(self) -> None:
         """A receive's awaiter was cancelled: so is the receive. If it had ended with its message already,
@@ -395,3 +405,23 @@ def _mark_retrieved(task: asyncio.Future[Any]) -> None:
 def _given() -> bool:
     """The ``give_back`` of a receive's Work that gave its message back (its awaiter was cancelled): nothing more."""
     return False
+
+
+def _fresh(e: BaseException, *, here: Any = None) -> BaseException:
+    """A new exception like ``e``, the error the operation ended with, for one awaiter to raise.
+
+    Raising the kept object itself would chain the awaiter's frames (this module's, which hold the Work
+    and its task or record, which hold ``e``) onto it: a reference cycle that keeps every frame's locals
+    (the operation's buffers) alive until a full collection, which a long simulated run may never make.
+    ``here``: a frame of this module ``e`` passed through already: its entry is taken off ``e``'s traceback.
+    """
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame is here:
+        tb = tb.tb_next
+    e.__traceback__ = tb
+    try:
+        new = anew(e)
+    except Exception:  # noqa: BLE001 - an exception type that cannot be made so (e.g. a group): raise it as is
+        return e
+    new.__context__ = e.__context__
+    return new.with_traceback(tb)

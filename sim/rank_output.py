@@ -98,7 +98,10 @@ class RankLogCollector(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__()
-        self.records: list[tuple[str, float | None, logging.LogRecord]] = []
+        # (rank, virtual time, text): the text is made at once, and the record dropped: a record keeps its
+        # arguments and exception, whose traceback keeps the frames' locals (e.g. every receive buffer of a
+        # program that logs a handled timeout in a loop) alive until the run ends.
+        self.records: list[tuple[str, float | None, str]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         rank = (getenv("RANK") or "?") if LANE.get() >= 0 else "sim"
@@ -106,7 +109,7 @@ class RankLogCollector(logging.Handler):
             now: float | None = asyncio.get_running_loop().time()
         except RuntimeError:
             now = None
-        self.records.append((rank, now, record))
+        self.records.append((rank, now, _text(record)))
 
     @contextlib.contextmanager
     def capture(self, name: str = "aiodist") -> Iterator[RankLogCollector]:
@@ -121,19 +124,12 @@ class RankLogCollector(logging.Handler):
             logger.propagate = propagate
 
     def lines(self) -> list[str]:
-        groups: dict[str, list[tuple[str, float | None, logging.LogRecord, str]]] = {}
-        for rank, now, record in self.records:
-            try:
-                msg = record.getMessage()
-            except Exception as e:  # noqa: BLE001 - a bad format string must not hide the run's result
-                msg = f"{record.msg!r} (unformattable: {e!r})"
-            text = f"{record.levelname} {record.name}: {msg}"
-            if record.exc_info and record.exc_info[1] is not None:
-                text += f" [{type(record.exc_info[1]).__name__}: {record.exc_info[1]}]"
-            groups.setdefault(_shape(text), []).append((rank, now, record, text))
+        groups: dict[str, list[tuple[str, float | None, str]]] = {}
+        for rank, now, text in self.records:
+            groups.setdefault(_shape(text), []).append((rank, now, text))
         out: list[str] = []
         for members in list(groups.values())[: self.MAX_SHOWN]:
-            rank, now, _, text = members[0]
+            rank, now, text = members[0]
             when = f" t={now:.6f}s" if now is not None else ""
             out.append(f"[rank {rank}{when}] {text}")
             others = [int(m[0]) for m in members[1:] if m[0].isdigit()]
@@ -149,3 +145,15 @@ class RankLogCollector(logging.Handler):
         if self.records:
             stream.write("\n".join(self.lines()) + "\n")
             stream.flush()
+
+
+def _text(record: logging.LogRecord) -> str:
+    """``LEVEL logger: message [Exception: text]`` for one record."""
+    try:
+        msg = record.getMessage()
+    except Exception as e:  # noqa: BLE001 - a bad format string must not hide the run's result
+        msg = f"{record.msg!r} (unformattable: {e!r})"
+    text = f"{record.levelname} {record.name}: {msg}"
+    if record.exc_info and record.exc_info[1] is not None:
+        text += f" [{type(record.exc_info[1]).__name__}: {record.exc_info[1]}]"
+    return text
