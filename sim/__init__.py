@@ -8,7 +8,8 @@ See :mod:`sim.loop` (the deterministic loop), :mod:`sim.network` (the
 simulated network), :mod:`sim.faults` and :mod:`sim.runner`.
 """
 
-from .errors import SimDeadlockError, SimLivelockError, SimTimeLimitError, SimulationError, SimUnsupportedError
+from .errors import (SimDeadlockError, SimLivelockError, SimTimeLimitError, SimulationError, SimUnsupportedError,
+                     SweepWorkerError)
 from .chaos import Chaos
 from .explore import Exploration, replay_plan
 from .faults import Clog, Crash, CrashStore, FaultError, Partition, Pause, ResetConnection, Restart, Straggler
@@ -31,4 +32,5 @@ __all__ = [
     "FaultError", "Exploration", "replay_plan", "Swarm", "shrink", "Shrunk", "signature",
     "MessageSent", "MessageReceived", "VIRTUAL_EPOCH",
     "SimulationError", "SimUnsupportedError", "SimDeadlockError", "SimTimeLimitError", "SimLivelockError",
+    "SweepWorkerError",
 ]

@@ -33,6 +33,7 @@ from typing import Any
 
 from aiodist.launch.conventions import DEFAULT_NPROC
 
+from .errors import SweepWorkerError
 from . import replay
 from .chaos import parse_chaos
 from .fault_flags import FAULT_FLAGS
@@ -429,4 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except FaultError as e:  # a fault this world cannot have: the command line's mistake
             print(f"sim: {e}", file=sys.stderr)
             return 2
+        except SweepWorkerError as e:  # (the runs it finished are reported as they came, or in --out)
+            print(f"sim: {e}", file=sys.stderr)
+            for seed in e.seeds[:5]:
+                print(f"  {replay_command(ns, seed)}", file=sys.stderr)
+            return 1
     return 2  # pragma: no cover - argparse enforces the command

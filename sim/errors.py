@@ -27,6 +27,20 @@ class SimUnsupportedError(SimulationError, RuntimeError):
         self.operation = operation
 
 
+class SweepWorkerError(SimulationError):
+    """A sweep's worker failed to run a seed (it died: out of memory, killed; or the simulator itself failed).
+
+    ``.seeds``: the seeds whose runs were lost with it (run each alone to see which one, e.g. ``--seed N``);
+    the records already written stay, so a sweep with ``out=`` resumes after them.
+    """
+
+    def __init__(self, seeds: list[int], error: BaseException) -> None:
+        super().__init__(f"the sweep lost its worker running seed(s) {', '.join(map(str, seeds))}: "
+                         f"{type(error).__name__}: {error or 'no detail'} (a worker that died: out of memory "
+                         "or killed?); run a seed alone to see which one")
+        self.seeds = seeds
+
+
 class SimDeadlockError(SimulationError):
     """Nothing is ready and no timer is pending, yet the awaited work is not done."""
 

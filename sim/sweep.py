@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from .errors import SweepWorkerError
 from .result import Failure, Result
 from .runner import run
 from .trace import write_chrome
@@ -353,23 +354,28 @@ def _workers(executor: concurrent.futures.Executor) -> int:
 
 def _pump(executor: concurrent.futures.Executor, task: Callable[[int], dict[str, Any]], todo: Sequence[int],
           take: Callable[[dict[str, Any]], bool], window: int) -> bool:
-    pending: set[concurrent.futures.Future[dict[str, Any]]] = set()
+    seeds: dict[concurrent.futures.Future[dict[str, Any]], int] = {}  # the seeds in flight
     it = iter(todo)
     try:
         while True:
-            while len(pending) < window:
+            while len(seeds) < window:
                 seed = next(it, None)
                 if seed is None:
                     break
-                pending.add(executor.submit(task, seed))
-            if not pending:
+                seeds[executor.submit(task, seed)] = seed
+            if not seeds:
                 return False
-            done, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-            for fut in sorted(done, key=lambda f: f.result()["seed"]):
+            done, _ = concurrent.futures.wait(list(seeds), return_when=concurrent.futures.FIRST_COMPLETED)
+            for fut in sorted(done, key=lambda f: seeds[f]):
+                error = fut.exception()
+                if error is not None:  # (a run's own failures are records: this is the worker's)
+                    lost = sorted(s for f, s in seeds.items() if f.done() and f.exception() is not None)
+                    raise SweepWorkerError(lost, error) from error
+                del seeds[fut]
                 if take(fut.result()):
                     return True
     finally:
-        for fut in pending:
+        for fut in seeds:
             fut.cancel()
 
 

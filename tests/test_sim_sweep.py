@@ -227,3 +227,21 @@ def test_a_cli_sweep_runs_in_local_worker_processes_by_default(monkeypatch: pyte
     assert cli._executor(argparse.Namespace(jobs=1, executor=None)) == (None, None)  # -j 1: here
     monkeypatch.setattr(cli.os, "cpu_count", lambda: 1)
     assert cli._executor(argparse.Namespace(jobs=None, executor=None)) == (None, None)  # one CPU: here
+
+
+def _dies_on_seed_2(seed: int) -> dict[str, Any]:
+    if seed == 2:
+        os._exit(9)  # the worker process dies (as when it runs out of memory and is killed)
+    return {"seed": seed, "ok": True}
+
+
+def test_a_worker_that_dies_is_reported_with_the_seed_it_ran(tmp_path: Path) -> None:
+    # Before: the sweep ended with a bare BrokenProcessPool traceback, naming no seed.
+    from sim.sweep import drive, process_executor
+
+    out = tmp_path / "records.jsonl"
+    with process_executor(2) as executor:
+        with pytest.raises(sim.SweepWorkerError) as info:
+            drive(_dies_on_seed_2, list(range(6)), executor=executor, out=out, window=2)
+    assert 2 in info.value.seeds and "seed(s)" in str(info.value) and "BrokenProcessPool" in str(info.value)
+    assert {r["seed"] for r in read_records(out)} <= {0, 1, 3, 4, 5}  # what finished is kept (a resume skips it)
