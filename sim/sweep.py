@@ -355,6 +355,11 @@ def _workers(executor: concurrent.futures.Executor) -> int:
 def _pump(executor: concurrent.futures.Executor, task: Callable[[int], dict[str, Any]], todo: Sequence[int],
           take: Callable[[dict[str, Any]], bool], window: int) -> bool:
     seeds: dict[concurrent.futures.Future[dict[str, Any]], int] = {}  # the seeds in flight
+
+    def lost(error: BaseException) -> SweepWorkerError:
+        failed = sorted(s for f, s in seeds.items() if f.done() and not f.cancelled() and f.exception() is not None)
+        return SweepWorkerError(failed or sorted(seeds.values()), error)  # (not known yet which: all in flight)
+
     it = iter(todo)
     try:
         while True:
@@ -362,15 +367,17 @@ def _pump(executor: concurrent.futures.Executor, task: Callable[[int], dict[str,
                 seed = next(it, None)
                 if seed is None:
                     break
-                seeds[executor.submit(task, seed)] = seed
+                try:
+                    seeds[executor.submit(task, seed)] = seed
+                except Exception as e:  # (the executor broke: a worker died meanwhile)
+                    raise lost(e) from e
             if not seeds:
                 return False
             done, _ = concurrent.futures.wait(list(seeds), return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in sorted(done, key=lambda f: seeds[f]):
                 error = fut.exception()
                 if error is not None:  # (a run's own failures are records: this is the worker's)
-                    lost = sorted(s for f, s in seeds.items() if f.done() and f.exception() is not None)
-                    raise SweepWorkerError(lost, error) from error
+                    raise lost(error) from error
                 del seeds[fut]
                 if take(fut.result()):
                     return True
