@@ -172,8 +172,7 @@ async def _received(comm: GroupComm, r: Receive, fut: Any, src: int | None, tag:
                     if fut.cancelled():  # (asyncio cancels the future a cancelled task waits on: a new one)
                         fut = r.fut = asyncio.get_running_loop().create_future()
                     await asyncio.wait((fut,))
-                if not fut.done() or fut.cancelled():
-                    router.cancel(r)
+                if not fut.done() or fut.cancelled():  # (withdrawn on the way out, below)
                     waiting = [src] if src is not None else [i for i in range(comm.size) if i != comm.rank]
                     raise _timeout("recv", comm, waiting, tag, timeout, _unmatched(comm, r, tag),
                                    any_source=src is None) from None

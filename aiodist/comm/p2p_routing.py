@@ -191,7 +191,7 @@ class P2PTable:
     def _complete(self, m: Match, payload: memoryview | None, out: list[Completion]) -> None:
         r = m.receive
         if r is not None:  # (vetted when routed)
-            if not r.withdrawn and not (r.fut is not None and r.fut.cancelled()):
+            if not r.withdrawn and not _abandoned(r):
                 ended(r, delivery(r, m.src, m.header, payload, m.nbytes), out)
                 return
             # Withdrawn while it arrived: the next receive gets it (a copy: it is in the withdrawn one's buffer).
@@ -238,8 +238,8 @@ class P2PTable:
         i = 0
         while i < len(posted):
             r = posted[i]
-            if r.fut is not None and r.fut.cancelled():  # its waiter was cancelled (asyncio cancels the
-                del posted[i]  # future a task waits on at once; the withdrawal comes at its next step)
+            if _abandoned(r):
+                del posted[i]
                 r.done = True
                 continue
             if r.src is None or r.src == src:
@@ -321,3 +321,9 @@ class P2PTable:
         for stream, held in self._held.items():
             if stream[1] == src:
                 yield from held.values()
+
+
+def _abandoned(r: Receive) -> bool:
+    """Was the waiter of ``r`` cancelled? (asyncio cancels the future a cancelled task waits on at once; the
+    task withdraws the receive only at its next step, and a message must not go to it meanwhile.)"""
+    return r.fut is not None and r.fut.cancelled()

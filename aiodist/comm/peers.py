@@ -22,7 +22,8 @@ from .. import tls
 from ..auth import NONCE_BYTES, AuthenticationError
 from ..context import token_bytes
 from ..eager import start_eager
-from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, EvictedError, GroupError, PeerFailureError, anew
+from ..errors import (ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, EvictedError, GroupError,
+                      PeerFailureError, StoreConnectionLost, anew)
 from ..net.base import Address, Connection, Frame, Header, Listener, Network
 from ..net.gate import DEFAULT_MAX_HANDSHAKES, HandshakeGate, Ticket
 from . import actions as A
@@ -382,9 +383,7 @@ class PeerLinks:
                     return None
                 raw = bytes(await self.store.get(key)).decode(errors="replace")
         except Exception as e:  # noqa: BLE001 - the store failed us too: no more to say than the dial's error
-            if getattr(e, "host_rank", None) == rank:  # (a StoreConnectionLost with its host's farewell)
-                return e.culprit, e.cause or "unknown"  # type: ignore[attr-defined]
-            return None
+            return _left_as_host(e, rank)
         culprit, _, how = raw.partition("|")
         if culprit == L.LEFT_CLEANLY:
             return L.LEFT_CLEANLY, ""
@@ -401,8 +400,9 @@ class PeerLinks:
             raise
         except Exception as e:  # the store failed us, not the peer: no verdict on it, a later dial may retry
             detail = f"{type(e).__name__}: {e}"
-            if getattr(e, "host_rank", None) == rank:  # the store's host is the rank we dial: it left, saying why
-                self.do(self.links.dial_failed(rank, detail, (e.culprit, e.cause or "unknown")))  # type: ignore[attr-defined]
+            departed = _left_as_host(e, rank)
+            if departed is not None:  # the store's host is the rank we dial: it left, saying why
+                self.do(self.links.dial_failed(rank, detail, departed))
             else:  # (a store whose host left after a rank failed names that rank: the likely cause)
                 self.do(self.links.lookup_failed(rank, detail, culprit=getattr(e, "culprit", None)))
             return
@@ -507,6 +507,14 @@ class PeerLinks:
                     while p.matches:
                         self._router.abort(p.matches.pop(0), err)
         return end
+
+
+def _left_as_host(e: BaseException, rank: int) -> tuple[int | None, str] | None:
+    """What the store said of its host as it closed, if ``e`` is that store's error and its host was ``rank``
+    (a :class:`~aiodist.errors.StoreConnectionLost` with a farewell): the rank it blamed and how."""
+    if not isinstance(e, StoreConnectionLost) or e.host_rank != rank:
+        return None
+    return e.culprit, e.cause or "unknown"
 
 
 _BROKEN = object()
