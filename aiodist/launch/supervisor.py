@@ -155,6 +155,7 @@ async def _run_attempts(
                            status_dir=status_dir)
         state.attempt = attempt
         outcome: Event | None = None
+        said: RankExit | None = None  # the failure reported as the attempt ended (the culprit's, if known then)
         try:
             try:
                 await attempt.start()
@@ -170,9 +171,9 @@ async def _run_attempts(
                     blame = await attempt.settle_blame(BLAME_WAIT)
                     if blame is not None:
                         say(f"root cause: {blame.message}")
-                    culprit = attempt.exit_of(blame.rank) if blame is not None else None
-                    # (the culprit's exit first, as in the failures listed below, even if another rank exited before it)
-                    say((culprit if culprit is not None and culprit.returncode != 0 else outcome.exit).message)
+                    # the culprit's exit first, even if another rank exited before it
+                    said = _culprit_exit(attempt, blame) or outcome.exit
+                    say(said.message)
                     others = attempt.running()
                     if others:
                         say(f"stopping the other {others} running rank(s)")
@@ -190,8 +191,7 @@ async def _run_attempts(
             say(f"the job exceeded its time limit of {config.timeout:g}s; stopped {attempt.size} rank(s)")
             return LaunchResult(exit_code=TIMEOUT_EXIT_CODE, attempts=index + 1, timed_out=True)
         failures = attempt.failures() or (outcome.exit,)
-        culprit = attempt.exit_of(blame.rank) if blame is not None else None
-        first = culprit if culprit is not None and culprit.returncode != 0 else outcome.exit
+        first = _culprit_exit(attempt, blame) or outcome.exit
         failures = (first, *[f for f in failures if f != first])  # the culprit first
         if cont:
             if blame is not None:
@@ -199,8 +199,9 @@ async def _run_attempts(
             for f in failures:
                 say(f.message)
         else:
-            for other in failures[1:]:
-                say(f"also: {other.message}")
+            for other in failures:
+                if other != said:  # (said above; the culprit may have exited only when the others were stopped)
+                    say(f"also: {other.message}")
         if index < config.max_restarts and state.signal is None:
             say(f"restarting the job (restart {index + 1} of {config.max_restarts})")
     code = launcher_exit_code(failures[0].returncode)
@@ -212,3 +213,9 @@ async def _run_attempts(
         failures=failures,
         root_cause=blame,
     )
+
+
+def _culprit_exit(attempt: Attempt, blame: Blame | None) -> RankExit | None:
+    """The exit of the rank blamed, if it has exited, and failed."""
+    culprit = attempt.exit_of(blame.rank) if blame is not None else None
+    return culprit if culprit is not None and culprit.returncode != 0 else None
