@@ -185,13 +185,26 @@ class CollectiveTimeoutError(TimeoutError, DistBackendError):
 class CollectiveMismatchError(DistBackendError):
     """Ranks called different collectives at the same sequence number.
 
-    ``.calls`` maps rank -> description of what that rank called.
+    ``.calls`` maps rank -> description of what that rank called. ``.found_by``:
+    the global rank that found the mismatch when this rank learnt of it from
+    that rank's report (None: this rank found it), and ``.finding``: that
+    rank's own words.
     """
 
-    def __init__(self, message: str, *, calls: dict[int, Any] | None = None, seq: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        calls: dict[int, Any] | None = None,
+        seq: int | None = None,
+        found_by: int | None = None,
+        finding: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.calls = dict(calls or {})
         self.seq = seq
+        self.found_by = found_by
+        self.finding = finding
 
 
 class GroupError(AiodistError):

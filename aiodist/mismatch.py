@@ -76,6 +76,8 @@ class MismatchChecker:
             f"at seq {first.seq}: {first}",
             calls=first.calls,
             seq=seq,
+            found_by=first.found_by,
+            finding=first.finding,
         )
 
     def check(self, op: str, seq: int, sig: str, task: asyncio.Task[Any]) -> FingerprintCheck:
@@ -100,14 +102,15 @@ class MismatchChecker:
             seq=seq,
         )
 
-    def note(self, e: CollectiveMismatchError, seq: int, *, reported: bool) -> None:
+    def note(self, e: CollectiveMismatchError, seq: int) -> None:
         """Collective ``seq`` mismatched (``e``): the group is unusable; make sure every member learns it.
 
         Tells every other member (not only the peers it exchanged frames with);
-        when a peer's report is how this rank learnt it (``reported``), relays
-        it to the members it is connected to (the reporter may leave before
-        its own reports reach them all); and marks the store for members that
-        check their fingerprints later.
+        when a peer's report is how this rank learnt it (``e.found_by``), relays
+        that report as it came (the finder's words, naming the finder) to the
+        members it is connected to (the finder may leave before its own reports
+        reach them all); and marks the store for members that check their
+        fingerprints later.
         """
         if self.first is None:
             self.first = e
@@ -117,15 +120,16 @@ class MismatchChecker:
         comm = self.comm
         transport = comm.transport
         calls = {comm.ranks[k]: v for k, v in e.calls.items() if isinstance(k, int) and 0 <= k < comm.size}
-        if not reported:
+        if e.found_by is None:
             for r in comm.ranks:
                 if r != transport.rank:
                     transport.report_mismatch(r, comm.gid, seq, str(e), calls)  # connects if needed
-        else:  # relayed to the members this rank is connected to: the reporter may leave before its reports get out
+        else:  # relayed to the members this rank is connected to: the finder may leave before its reports get out
             members = set(comm.ranks)
+            text = e.finding if e.finding is not None else str(e)
             for r in transport.connected_peers():
-                if r in members and r != transport.rank:
-                    transport.report_mismatch(r, comm.gid, seq, str(e), calls)
+                if r in members and r != transport.rank and r != e.found_by:
+                    transport.report_mismatch(r, comm.gid, seq, text, calls, found=e.found_by)
         if self.check_after:
             self._spawn(self._mark(seq, e.calls))
 

@@ -354,14 +354,14 @@ class OpRunner:
                 e = self._timed_out(rec.op, rec.seq, ch, timeout)
             elif check is not None and check.found is not None and not self.destroyed:
                 me.uncancel()  # the cancellation was the checker's, not a caller's
-                self.checker.note(check.found, rec.seq, reported=False)
+                self.checker.note(check.found, rec.seq)
                 e = check.found
             else:
                 return self._group_ended(rec.op)
         elif isinstance(e, PeerFailureError):
             e = self._voided(rec.op, rec.seq) or e
         if isinstance(e, CollectiveMismatchError):
-            self.checker.note(e, rec.seq, reported=getattr(e, "reported", False))
+            self.checker.note(e, rec.seq)
         if isinstance(e, (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError)):
             self._dump_first(e)
         return e
@@ -379,9 +379,7 @@ class OpRunner:
         e = self.transport.router.voided(self.comm.gid, seq)
         if not isinstance(e, CollectiveMismatchError):
             return None
-        found = self.comm.restate_mismatch(e, op=op, seq=seq)
-        found.reported = True  # type: ignore[attr-defined]
-        return found
+        return self.comm.restate_mismatch(e, op=op, seq=seq)
 
     def _group_ended(self, op: str) -> GroupError | None:
         """What an operation cancelled because its group ended fails with (None: another cancellation).

@@ -119,6 +119,30 @@ def test_a_call_failed_report_voids_that_operation_only_and_bad_ones_are_refused
     assert apply_call_failed(router, 1, F.call_failed(0, [4], "?")) is not None  # bad input: the peer is rejected
 
 
+def test_a_relayed_mismatch_report_names_the_rank_that_found_it_once() -> None:
+    # Before: a rank told of a mismatch re-told it as its own, nesting the prefixes ("reported by rank 3:
+    # all_reduce (seq 0) of world: reported by rank 2: ..."), and the launcher blamed the first rank told.
+    from aiodist.comm.mismatch_reports import apply_report
+    from aiodist.errors import CollectiveMismatchError
+    from test_badinput_router import keyed
+
+    finding = "collective mismatch in world at seq 4: rank 2 called 'broadcast' but rank 0 called 'all_reduce'"
+    router = Router()
+    r, s = keyed(1, (4, 0))
+    router.post_keyed(r)
+    assert apply_report(router, 3, F.mismatch(0, 4, finding, {2: "broadcast", 0: "all_reduce"}, 2)) is None
+    [e] = s.results
+    assert isinstance(e, CollectiveMismatchError) and (e.found_by, e.finding) == (2, finding)
+    assert str(e) == f"reported by rank 2 (relayed by rank 3): {finding}"
+    for found in ("2", -1, 3):  # not a rank, or the sender itself: the sender found it
+        router = Router()
+        r, s = keyed(1, (4, 0))
+        router.post_keyed(r)
+        assert apply_report(router, 3, F.mismatch(0, 4, finding, {}, found)) is None  # type: ignore[arg-type]
+        [e] = s.results
+        assert e.found_by == 3 and str(e) == f"reported by rank 3: {finding}"
+
+
 ROOTS = {
     "broadcast src": lambda r, bad: dist.broadcast(np.ones(2), src=99 if bad else 0),
     "reduce dst": lambda r, bad: dist.reduce(np.ones(2), dst=-1 if bad else 0),

@@ -51,6 +51,23 @@ def test_a_clean_exit_that_the_others_lost_is_named_with_what_they_wait_in() -> 
     assert blame.message == "rank 3 exited cleanly while ranks 0\u20132 wait in all_reduce #7"
 
 
+def test_a_mismatch_is_blamed_on_the_rank_that_found_it_not_on_the_first_rank_it_told() -> None:
+    from aiodist.errors import CollectiveMismatchError
+    from aiodist.launch.outcome import describe_exception
+
+    finding = "collective mismatch in world at seq 0: rank 2 called 'broadcast' but rank 0 called 'all_reduce'"
+    told = describe_exception(CollectiveMismatchError(f"all_reduce (seq 0) of world: reported by rank 2: {finding}",
+                                                      found_by=2, finding=finding))
+    assert told["found_by"] == 2 and "blames" not in told
+    own = {"kind": "raised", "type": "CollectiveMismatchError", "message": finding, "where": "p.py:8", "time": 1.2}
+    records = {0: {**told, "time": 1.0}, 1: {**told, "time": 1.1}, 2: own}
+    blame = root_cause([(0, 1), (1, 1), (2, 1)], records)
+    assert blame is not None and (blame.rank, blame.kind) == (2, "raised") and blame.message == f"rank 2 raised " \
+        f"CollectiveMismatchError: {finding} (p.py:8)"
+    blame = root_cause([(0, 1), (1, 1)], {0: records[0], 1: records[1]})  # the finder's record is not there
+    assert blame is not None and blame.rank == 0
+
+
 def test_nothing_failed_means_no_cause() -> None:
     assert root_cause([(0, 0), (1, 0)], {0: {"kind": "returned"}, 1: {"kind": "returned"}}) is None
 
@@ -243,3 +260,31 @@ def test_a_call_failed_elsewhere_blames_that_rank_even_when_its_own_record_comes
                2: {"kind": "raised", "type": "InvalidArrayError", "message": "bad splits", "time": 1.4}}
     blame = root_cause([(0, 1), (1, 1)], records)  # rank 2 has not even exited yet
     assert blame is not None and (blame.rank, blame.kind) == (2, "raised"), blame
+
+
+async def test_a_mismatch_is_blamed_on_the_rank_that_found_it_and_no_report_nests_another(tmp_path: Path) -> None:
+    # Before: the first rank *told* of the mismatch was named (the earliest record), and a told rank re-told it
+    # as its own: "reported by rank 3: all_reduce (seq 0) of world: reported by rank 2: ...".
+    for _ in range(2):
+        run = await launch_source(
+            tmp_path,
+            """
+            import numpy as np
+            import aiodist
+
+            async def main():
+                await aiodist.init_process_group(timeout=30)
+                x = np.ones(4, dtype=np.float32)
+                if aiodist.get_rank() == 2:
+                    await aiodist.broadcast(x, src=0)
+                else:
+                    await aiodist.all_reduce(x)
+            """,
+            4,
+        )
+        blame = run.result.root_cause
+        assert blame is not None and blame.kind == "raised", run.logs
+        assert "reported by" not in blame.message and "rank 2 called 'broadcast src=0" in blame.message, run.logs
+        every = "\n".join(run.logs + [line for r in range(4) for line in run.lines("err", r)])
+        assert every.count("CollectiveMismatchError") >= 4, every
+        assert not any(line.count("reported by") > 1 for line in every.splitlines()), every

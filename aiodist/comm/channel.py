@@ -82,7 +82,8 @@ class GroupComm:
         calls = {self.group_rank(k): v for k, v in e.calls.items()}
         if mine is not None:
             calls[self.rank] = mine
-        return CollectiveMismatchError(f"{op} (seq {seq}) of {self.name}: {e.args[0]}", calls=calls, seq=seq)
+        return CollectiveMismatchError(f"{op} (seq {seq}) of {self.name}: {e.args[0]}", calls=calls, seq=seq,
+                                       found_by=e.found_by, finding=e.finding)
 
     def localize(self, e: PeerFailureError, *, op: str | None, seq: int | None) -> PeerFailureError:
         """Restate a transport's PeerFailureError (global ranks) in this group's numbering."""
@@ -281,7 +282,7 @@ class OpChannel:
 
     def _mismatch(self, e: CollectiveMismatchError, peer: int, src: int, out: memoryview | None) -> CollectiveMismatchError:
         """Restate a mismatch in group ranks and, if we found it, tell the peer (it may wait on us)."""
-        reported = getattr(e, "reported", False)
+        reported = e.found_by is not None
         if e.seq is None:  # size mismatch (router) or a peer's report: calls are in global ranks
             mine = None if reported else f"{self.sig} with {out.nbytes if out is not None else '?'} bytes"
             e = self.comm.restate_mismatch(e, op=self.op, seq=self.seq, mine=mine)

@@ -79,6 +79,7 @@ HOW: Final = "how"
 SEQ: Final = "s"
 TEXT: Final = "m"
 CALLS: Final = "c"
+FOUND: Final = "fb"  # the rank that found a mismatch, when another rank relays its report
 
 MAX_HANDSHAKE_FRAME: Final = 8 * 1024
 """Bytes a frame may have before the link has authenticated (a hello is ~200)."""
@@ -132,8 +133,12 @@ def fail(rank: int, how: str) -> Header:
     return {KIND: FAIL, RANK: rank, HOW: how}
 
 
-def mismatch(group: Any, seq: int, text: str, calls: dict[int, Any]) -> Header:
-    return {KIND: MISMATCH, GROUP: group, SEQ: seq, TEXT: text, CALLS: [[int(k), str(v)] for k, v in calls.items()]}
+def mismatch(group: Any, seq: int, text: str, calls: dict[int, Any], found: int | None = None) -> Header:
+    """A mismatch report; ``found``: the rank that found it, when the sender relays that rank's report (``text``)."""
+    h: Header = {KIND: MISMATCH, GROUP: group, SEQ: seq, TEXT: text, CALLS: [[int(k), str(v)] for k, v in calls.items()]}
+    if found is not None:
+        h[FOUND] = found
+    return h
 
 
 def call_failed(group: Any, seq: int, text: str) -> Header:

@@ -38,12 +38,15 @@ def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
     except (TypeError, ValueError):
         return f"a malformed mismatch report (calls {F.shown(h.get(F.CALLS))})"
     message = F.shown(h.get(F.TEXT, "collective mismatch"), MAX_REPORT_TEXT)
+    found = h.get(F.FOUND, reporter)  # (a relay names the rank that found it: a member of the group)
+    if type(found) is not int or found < 0 or found == reporter or router.vet(found, gid, seq) is not None:
+        found = reporter
+    by = f"rank {found}" if found == reporter else f"rank {found} (relayed by rank {reporter})"
 
     def error() -> BaseException:
         # Global ranks in ``calls``; the group layer restates them.
-        e = CollectiveMismatchError(f"reported by rank {reporter}: {message}", calls=dict(calls), seq=None)
-        e.reported = True  # type: ignore[attr-defined]
-        return e
+        return CollectiveMismatchError(f"reported by {by}: {message}", calls=dict(calls), seq=None, found_by=found,
+                                       finding=message)
 
     # The operation is void on every rank: its receives from every source fail now.
     router.fail_seq(gid, seq, None, lambda r: error())

@@ -339,12 +339,15 @@ class Transport:
             data = m.sink
         self.router.complete(m, data)
 
-    def report_mismatch(self, dst: int, gid: Any, seq: int, message: str, calls: dict[int, Any]) -> None:
+    def report_mismatch(
+        self, dst: int, gid: Any, seq: int, message: str, calls: dict[int, Any], *, found: int | None = None
+    ) -> None:
         """Tell rank ``dst`` that its call at ``seq`` of group ``gid`` does not match ours.
 
+        ``found``: the rank that found it, when we relay its report (``message``: its words).
         Fire and forget: it connects if needed, within :data:`.settings.REPORT_GRACE`.
         """
-        self._report_to(dst, F.mismatch(gid, seq, message, calls))
+        self._report_to(dst, F.mismatch(gid, seq, message, calls, found))
 
     def report_call_failed(self, dst: int, gid: Any, seq: int, message: str) -> None:
         """Tell rank ``dst`` that our call at ``seq`` of group ``gid`` failed here (``message``: what it raised).

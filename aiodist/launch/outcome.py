@@ -14,7 +14,8 @@ small JSON record into ``$AIODIST_STATUS_DIR/rank<R>.json`` as it ends:
 The launcher reads the records of the ranks that ended and picks the root
 cause with :func:`root_cause` (pure): the first rank to fail *on its own*
 (an exception that is not a consequence, a signal the launcher did not send,
-an exit code without a record), else a rank that returned while the others
+an exit code without a record; of the ranks that raised a collective
+mismatch, the one that found it, not those it told), else a rank that returned while the others
 still needed it (the ranks that failed blame it), else the rank most of them
 blame, else the first to exit. The message says which kind it was:
 ``rank 2 raised RuntimeError: boom (train.py:41)``, ``rank 3 exited cleanly
@@ -90,6 +91,9 @@ def describe_exception(exc: BaseException) -> dict[str, Any]:
     if blamed is not None:
         out["blames"] = None if blamed < 0 else blamed
         out["op"] = op
+    found_by = getattr(exc, "found_by", None)  # a collective mismatch another rank found and told us of
+    if type(found_by) is int:
+        out["found_by"] = found_by
     return out
 
 
@@ -177,6 +181,13 @@ def _blame_chain(rank: int, consequences: Mapping[int, Mapping[str, Any]]) -> in
     return b if isinstance(b, int) else None
 
 
+def _told_by_finder(rec: Mapping[str, Any], records: Mapping[int, Mapping[str, Any]]) -> bool:
+    """Is ``rec`` a collective mismatch another rank found, whose own record (it raised the mismatch) is here?"""
+    finder = records.get(rec["found_by"]) if type(rec.get("found_by")) is int else None
+    return (finder is not None and finder.get("kind") == "raised" and finder.get("type") == rec.get("type")
+            and "blames" not in finder and "found_by" not in finder)
+
+
 def root_cause(
     exits: Sequence[tuple[int, int]], records: Mapping[int, Mapping[str, Any]], *, stopped: Sequence[int] = ()
 ) -> Blame | None:
@@ -206,7 +217,7 @@ def root_cause(
             own.append((when, order[r], Blame(r, "exit", f"rank {r} exited with code {rec.get('code', code)}")))
     clean = {r for r, code in exits if code == 0}
     for r, rec in records.items():  # an own exception counts from its record on, exited or not yet
-        if rec.get("kind") == "raised" and "blames" not in rec and r not in clean:
+        if rec.get("kind") == "raised" and "blames" not in rec and r not in clean and not _told_by_finder(rec, records):
             when = float(rec["time"]) if isinstance(rec.get("time"), (int, float)) else float("inf")
             own.append((when, order.get(r, len(order)), Blame(r, "raised", _raised(r, rec))))
     if own:
