@@ -285,6 +285,7 @@ class OpRunner:
         token: Any = None
         ch: OpChannel | None = None
         comm = self.comm
+        hit: tuple[int, str] | None = None
         try:
             failure = self.transport.group_failure(comm.gid)
             if failure is not None:
@@ -314,6 +315,10 @@ class OpRunner:
             if hit is not None:
                 raise self.checker.leftover(seq, sig, hit)
         except BaseException as e:
+            if hit is not None and isinstance(e, PeerFailureError):
+                # A rank that called something else at ``seq`` sent its message, then left: the mismatch is
+                # the cause (this rank's part failed on its departure before any receive took the message).
+                e = self.checker.leftover(seq, sig, hit)
             error = self._failure(rec, me, ch, timeout, e)
             if rec.check is not None:
                 rec.check.stop()

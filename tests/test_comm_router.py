@@ -141,6 +141,21 @@ def test_failed_source_fails_waiters_but_delivers_what_arrived() -> None:
     assert isinstance(sl.results[0], PeerFailureError)
 
 
+def test_another_call_from_a_source_that_left_since_is_a_mismatch_not_its_departure() -> None:
+    # Ranks 0, 2 reduce(dst=1) and leave; rank 1 calls barrier. Before: rank 1 blamed "rank 0 left the
+    # job" when the departure was known before its barrier posted (half the runs); the frame rank 0 sent
+    # first shows the real cause.
+    router = Router()
+    arrive(router, 0, msg((0, 0, 1), sig="reduce dst=1"), b"x")
+    router.fail_source(0, lambda r: PeerFailureError("left the job", rank=0))
+    r, s = keyed(0, (0, 1, 0), memoryview(bytearray(1)), sig="barrier")
+    router.post_keyed(r)
+    assert isinstance(s.results[0], CollectiveMismatchError), s.results
+    other, so = keyed(0, (1, 0), memoryview(bytearray(1)), sig="barrier")  # nothing of seq 1 came: its departure
+    router.post_keyed(other)
+    assert isinstance(so.results[0], PeerFailureError)
+
+
 def test_failed_group_fails_receives_from_every_source() -> None:
     router = Router()
     r, s = keyed(3, (0,), memoryview(bytearray(1)), group=7)

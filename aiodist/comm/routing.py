@@ -118,11 +118,16 @@ class RouteTable:
             a = ops.pop(slot)
             if a is not None:
                 return end(r, deliver(r, a.src, a.header, a.payload, a.nbytes))
+        sig = r.sig
         if self.failures.active:
             f = self.failures.factory_for(r)
             if f is not None:
+                # A message of this operation here from a rank that called something else: the mismatch,
+                # not a failure or departure it caused (the rank sent it, then left), is what to report.
+                hit = ops.other_call(group, seq, sig, None) if sig is not None and key and r.check else None
+                if hit is not None and r.check is not None:
+                    return end(r, r.check({"o": hit[1]}, hit[0], 0) or RuntimeError("mismatch"))
                 return end(r, f(r))
-        sig = r.sig
         if sig is not None and key:
             if ops.seqs:
                 arrivals = ops.seqs.get((group, seq))
