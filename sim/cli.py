@@ -421,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command == "run" and ns.seeds is not None:
         single = [flag for flag, on in (("--check-determinism", ns.check_determinism), ("--shrink", ns.shrink)) if on]
         if single:
-            print(f"sim: {' and '.join(single)} work on one seed (--seed N): run the replay command a sweep "
+            print(f"sim: {' and '.join(single)} work{'s' if len(single) == 1 else ''} on one seed (--seed N): run the replay command a sweep "
                   f"prints for a failing seed with {' '.join(single)}", file=sys.stderr)
             return 2
     if ns.command == "run":

@@ -18,6 +18,7 @@ from aiodist.wire import DEFAULT_MAX_FRAME_SIZE
 
 from .endpoints import SimConnection
 from .links import Host, Links
+from .storehost import STORE_HOST
 
 LOCAL_NAMES = frozenset({"", "0.0.0.0", "::", "127.0.0.1", "localhost", "::1"})
 """Addresses that mean "this host" (listen on them, or connect to yourself)."""
@@ -145,7 +146,12 @@ class HostNetwork(_SeamNetwork):
         host, port = address
         h = self._host
         if str(host) not in LOCAL_NAMES and str(host) != h.name:
-            raise ConnectionLost(f"cannot listen on {host}:{port}: not an address of {h.name}")
+            hint = ""
+            if str(host) == STORE_HOST:  # (a program serving its own store, run with store_host="separate")
+                hint = (f" (the store's own host: the simulator serves the store there and the ranks see "
+                        f"TORCHELASTIC_USE_AGENT_STORE=True; a program that starts its own store server should not "
+                        f"then, as under torchrun's agent store)")
+            raise ConnectionLost(f"cannot listen on {host}:{port}: not an address of {h.name}{hint}")
         port = int(port)
         if port == 0:
             while h.next_port in h.listeners:

@@ -50,13 +50,22 @@ class Failure:
             described.append((r, f"{desc}{loc}"))
         if len(described) <= self.MAX_RANK_LINES:
             lines += [f"    rank {r} blocked in: {text}" for r, text in described]
-        else:  # a big run: one line per distinct place, with the ranks waiting there
+        else:  # a big run: one line per distinct place (when each rank started waiting aside), with its ranks
             places: dict[str, list[int]] = {}
-            for r, text in described:
+            starts: dict[str, list[float]] = {}
+            for r in sorted(set(self.blocked) | set(self.where)):
+                ops = self.blocked.get(r) or []
+                desc = "; ".join(_describe_op(op, timeless=True) for op in ops) or "no registered operation"
+                text = f"{desc}  ({_display_path(self.where[r])})" if r in self.where else desc
                 places.setdefault(text, []).append(r)
+                first = ops[0].get("start") if ops else None  # (when it started waiting in its first operation)
+                starts.setdefault(text, []).extend([float(first)] if isinstance(first, (int, float)) else [])
             for text, ranks in places.items():
                 who = f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks ({_ranks_text(ranks)})"
-                lines.append(f"    {who} blocked in: {text}")
+                t = starts[text]
+                since = "" if not t else f" [since t={min(t):.6f}s]" if min(t) == max(t) else \
+                    f" [since t={min(t):.6f}-{max(t):.6f}s]"
+                lines.append(f"    {who} blocked in: {text}{since}")
         return "\n".join(lines)
 
     MAX_RANK_LINES = 16
@@ -101,8 +110,9 @@ def _span(a: int, b: int) -> str:
     return str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}"
 
 
-def _describe_op(op: Mapping[str, Any]) -> str:
-    rest = ", ".join(f"{k}={v!r}" for k, v in op.items() if k != "op")
+def _describe_op(op: Mapping[str, Any], *, timeless: bool = False) -> str:
+    """``barrier(seq=0, group='world', start=0.65, ...)``; ``timeless``: without when it started."""
+    rest = ", ".join(f"{k}={v!r}" for k, v in op.items() if k != "op" and not (timeless and k == "start"))
     return f"{op.get('op', '?')}({rest})"
 
 

@@ -77,6 +77,18 @@ def test_blocked_ranks_share_a_line_per_place_in_big_runs() -> None:
     ]
 
 
+def test_ranks_that_started_waiting_at_different_times_in_the_same_place_share_a_line() -> None:
+    # Before: each rank's line showed its own start time, so no two matched: 58 lines for one failure of 64
+    # ranks, 50 of them the same barrier at the same line.
+    blocked = {r: [{"op": "barrier", "seq": 0, "start": 0.5 + r / 1000}] for r in range(40)}
+    blocked[7] = [{"op": "barrier", "seq": 0, "start": 0.3}, {"op": "store.get", "key": "k", "start": 0.9}]
+    big = Failure("deadlock", None, "deadlock", blocked=blocked, where={r: "p.py:20 in main" for r in range(40)})
+    assert str(big).splitlines()[1:] == [
+        "    39 ranks (0-6, 8-39) blocked in: barrier(seq=0)  (p.py:20 in main) [since t=0.500000-0.539000s]",
+        "    rank 7 blocked in: barrier(seq=0); store.get(key='k')  (p.py:20 in main) [since t=0.300000s]",
+    ]
+
+
 def test_ranks_text() -> None:
     assert _ranks_text([]) == ""
     assert _ranks_text([5]) == "5"
@@ -101,7 +113,7 @@ def test_quiet_on_one_seed_keeps_the_verdict_and_the_exception(program: str, tmp
 def test_one_seed_options_are_refused_with_a_sweep(program: str, flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Before: silently ignored with --seeds (no check, no shrinking, no word)."""
     assert main(["run", "-n", "4", program, "--seeds", "0:2", flag]) == 2
-    assert f"{flag} work on one seed (--seed N)" in capsys.readouterr().err
+    assert f"{flag} works on one seed (--seed N)" in capsys.readouterr().err
 
 
 def test_a_restarted_rank_of_a_program_that_cannot_rejoin_is_told_it_is_a_restart(

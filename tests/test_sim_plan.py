@@ -182,3 +182,25 @@ def test_no_restart_after_the_job_finished() -> None:
     res = sim.run(counts_incarnations, world_size=2, explore=False, faults=[sim.Restart(1, at=0.99, delay=0.5)])
     assert res.ok, res.summary()
     assert res.restarts == {} and res.crashed == [1]  # killed near the end; the others finished meanwhile
+
+
+def test_a_program_serving_its_own_store_runs_with_a_separate_store_host_or_is_told_why_not(tmp_path) -> None:
+    # Before: examples/hello_store.py failed at t=0 with "cannot listen on store:29500: not an address of
+    # rank0", no word of why; now it checks TORCHELASTIC_USE_AGENT_STORE, as torch programs do, and a program
+    # that does not is told.
+    from pathlib import Path
+
+    from conftest import load_file
+
+    example = load_file(Path(__file__).resolve().parents[1] / "examples" / "hello_store.py", "hello_store_example")
+    res = sim.run(example.main, world_size=3, store_host="separate", seed=0)
+    assert res.ok and res.rank_results[0] == [f"hello from rank {r} of 3" for r in range(3)], res.summary()
+
+    async def serves_its_own() -> None:
+        from aiodist.store import StoreServer
+
+        if int(getenv("RANK") or 0) == 0:
+            await StoreServer.start(host=getenv("MASTER_ADDR"), port=int(getenv("MASTER_PORT") or 0))
+
+    res = sim.run(serves_its_own, world_size=2, store_host="separate", seed=0)
+    assert not res.ok and "TORCHELASTIC_USE_AGENT_STORE" in res.failures[0].message, res.summary()
