@@ -576,3 +576,47 @@ def test_torchs_tcpstore_constructor_says_what_to_use_instead() -> None:
         TCPStore("127.0.0.1", 29500, 4, True)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="torch's blocking constructor"):
         TCPStore(host_name="127.0.0.1", port=29500, world_size=4, is_master=True)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("call", "reply", "why"),
+    [
+        (lambda c: c.get("k"), {"v": 5}, "field 'v' must be a list of bytes"),
+        (lambda c: c.get("k"), {"v": []}, "it carries 0 values, not 1"),
+        (lambda c: c.get("k"), {"v": [5]}, "field 'v' must be a list of bytes"),
+        (lambda c: c.multi_get(["a", "b"]), {"v": [b"x"]}, "it carries 1 values, not 2"),
+        (lambda c: c.add("n", 1), {"r": "abc"}, "its result is str, not an integer"),
+        (lambda c: c.num_keys(), {"r": [1, 2]}, "its result is list, not an integer"),
+        (lambda c: c.check(["k"]), {"r": "yes"}, "its result is str, not a boolean"),
+    ],
+)
+async def test_a_malformed_reply_is_a_protocol_error_naming_the_server_and_resets_the_connection(
+    call: Any, reply: dict[str, Any], why: str
+) -> None:
+    # Before: a bare TypeError / IndexError / KeyError, or the wrong value returned as is (get() -> 5,
+    # add() -> 'abc'); found by altering replies on the path of a connection without TLS.
+    from aiodist.errors import ProtocolError
+
+    async def lying(conn) -> None:
+        assert await server_handshake(conn, auth.resolve_secret(), Admission(StoreLimits(), "lying"))
+        await conn.send(P.hello_reply(idle=None, max_key=8192, max_value=1 << 20))
+        while True:
+            h = (await conn.recv()).header
+            if h.get("op") != "ping":
+                await conn.send({"id": h.get("id"), **reply})
+
+    async with await TCPNetwork().listen((HOST, 0), lying) as lis:
+        c = await TCPStore.connect(HOST, lis.address[1], timeout=5)
+        with pytest.raises(ProtocolError) as info:
+            await call(c)
+        text = str(info.value)
+        assert text.startswith(f"the store server at {HOST}:{lis.address[1]} sent a malformed reply to ") and \
+            text.endswith(f" ({why})"), text
+        with pytest.raises(StoreConnectionLost, match="malformed reply"):  # the connection cannot be trusted
+            await c.set("k", b"v")
+        await c.close()
+
+
+async def test_a_refusals_text_is_bounded_in_the_exception() -> None:
+    e = P.reply_error({"err": "bad", "msg": "x" * 100_000, "key": "k" * 100_000}, "set")
+    assert len(str(e)) < 1100 and "more characters" in str(e) and e.key is not None and len(e.key) == 1000

@@ -37,6 +37,7 @@ from ..errors import (
     ConnectionClosedError,
     ConnectionClosedLocally,
     ConnectionLost,
+    ProtocolError,
     StoreConnectionLost,
     StoreConnectTimeoutError,
     StoreTimeoutError,
@@ -322,6 +323,14 @@ class TCPStore(ClientOps):
                 self._unpop(key, h, payload)
             return
         # A late reply to a call that timed out locally or was cancelled: drop it.
+
+    def _broken_reply(self, op: str, why: str) -> ProtocolError:
+        """A reply to ``op`` of the wrong shape: this connection cannot be trusted any more; it is reset."""
+        message = f"the store server at {self.host}:{self.port} sent a malformed reply to {op} ({why})"
+        if self._error is None:
+            self._fail(f"{message}: the connection was reset")
+        self._conn.abort()
+        return ProtocolError(message)
 
     def _fail(self, message: str) -> None:
         """Make the client unusable: fail every pending call with ``message``."""

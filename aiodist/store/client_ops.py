@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgumentError, InvalidArgumentTypeError, StoreRequestError, StoreTimeoutError
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError, ProtocolError, StoreRequestError, StoreTimeoutError
 from ..inflight import waiting_in
 from . import protocol as P
 from .base import Store, Timeout, Value, as_amount, as_key, as_keys, as_timeout, as_value
@@ -45,10 +45,42 @@ class ClientOps(Store):
         async def _call(self, header: dict[str, Any], payload: bytes | None, op: str, keys: str | list[str],
                         timeout: float) -> tuple[dict[str, Any], memoryview | None]: ...
 
+        def _broken_reply(self, op: str, why: str) -> ProtocolError: ...
+
     def _failed(self, h: dict[str, Any], op: str, keys: str | list[str], timeout: float) -> Exception:
         if h.get("err") == P.TIMEOUT:
             return StoreTimeoutError(_keylist(keys), timeout, op)
         return P.reply_error(h, op)
+
+    # A reply of the wrong shape (a broken server, or traffic altered on the path): ProtocolError, and the
+    # connection is closed (see TCPStore._broken_reply), never a bare TypeError or a value of the wrong type.
+
+    def _values(self, r: dict[str, Any], payload: memoryview | None, op: str, count: int) -> list[bytes]:
+        try:
+            vs = P.unpack_values(r, payload)
+        except P.BadMessage as e:
+            raise self._broken_reply(op, str(e)) from None
+        if len(vs) != count:
+            raise self._broken_reply(op, f"it carries {len(vs)} values, not {count}")
+        return vs
+
+    def _value(self, r: dict[str, Any], payload: memoryview | None, op: str) -> bytes:
+        v = r.get("v")
+        if type(v) is list and len(v) == 1 and type(v[0]) is bytes:  # (the usual case: one small value)
+            return v[0]
+        return self._values(r, payload, op, 1)[0]
+
+    def _int(self, r: dict[str, Any], op: str) -> int:
+        n = r.get("r")
+        if type(n) is not int:
+            raise self._broken_reply(op, f"its result is {type(n).__name__}, not an integer")
+        return n
+
+    def _bool(self, r: dict[str, Any], op: str) -> bool:
+        b = r.get("r")
+        if type(b) not in (bool, int):
+            raise self._broken_reply(op, f"its result is {type(b).__name__}, not a boolean")
+        return bool(b)
 
     def _check_key(self, raw: Any, op: str) -> str:
         key = as_key(raw)
@@ -108,8 +140,7 @@ class ClientOps(Store):
             r, payload = await self._call({"op": "get", "k": key, "t": t}, None, "get", key, t)
         if "err" in r:
             raise self._failed(r, "get", key, t)
-        v = r.get("v")
-        return v[0] if v is not None else P.unpack_values(r, payload)[0]
+        return self._value(r, payload, "get")
 
     async def add(self, key: str, amount: int) -> int:
         if type(key) is not str or len(key) > self._short_key or not key.isascii():
@@ -119,7 +150,7 @@ class ClientOps(Store):
         r, _ = await self._call({"op": "add", "k": key, "n": amount}, None, "add", key, self.timeout)
         if "err" in r:
             raise self._failed(r, "add", key, self.timeout)
-        return r["r"]  # type: ignore[no-any-return]
+        return self._int(r, "add")
 
     async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
         if type(key) is not str or len(key) > self._short_key or not key.isascii():
@@ -134,8 +165,7 @@ class ClientOps(Store):
         r, payload = await self._call(h, body, "compare_set", key, self.timeout)
         if "err" in r:
             raise self._failed(r, "compare_set", key, self.timeout)
-        v = r.get("v")
-        return v[0] if v is not None else P.unpack_values(r, payload)[0]
+        return self._value(r, payload, "compare_set")
 
     async def wait(self, keys: Sequence[str], timeout: Timeout = None) -> None:
         ks = self._check_keys(keys, "wait")
@@ -150,7 +180,7 @@ class ClientOps(Store):
         r, _ = await self._call({"op": "check", "ks": ks}, None, "check", ks, self.timeout)
         if "err" in r:
             raise self._failed(r, "check", ks, self.timeout)
-        return bool(r["r"])
+        return self._bool(r, "check")
 
     async def delete_key(self, key: str) -> bool:
         if type(key) is not str or len(key) > self._short_key or not key.isascii():
@@ -158,13 +188,13 @@ class ClientOps(Store):
         r, _ = await self._call({"op": "delete_key", "k": key}, None, "delete_key", key, self.timeout)
         if "err" in r:
             raise self._failed(r, "delete_key", key, self.timeout)
-        return bool(r["r"])
+        return self._bool(r, "delete_key")
 
     async def num_keys(self) -> int:
         r, _ = await self._call({"op": "num_keys"}, None, "num_keys", [], self.timeout)
         if "err" in r:
             raise self._failed(r, "num_keys", [], self.timeout)
-        return r["r"]  # type: ignore[no-any-return]
+        return self._int(r, "num_keys")
 
     async def append(self, key: str, value: Value) -> None:
         if type(key) is not str or len(key) > self._short_key or not key.isascii():
@@ -184,7 +214,7 @@ class ClientOps(Store):
             r, payload = await self._call({"op": "multi_get", "ks": ks, "t": t}, None, "multi_get", ks, t)
         if "err" in r:
             raise self._failed(r, "multi_get", ks, t)
-        return P.unpack_values(r, payload)
+        return self._values(r, payload, "multi_get", len(ks))
 
     async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
         ks = self._check_keys(keys, "multi_set")
@@ -229,8 +259,7 @@ class ClientOps(Store):
             r, payload = await self._call({"op": "queue_pop", "k": key, "t": t}, None, "queue_pop", key, t)
         if "err" in r:
             raise self._failed(r, "queue_pop", key, t)
-        v = r.get("v")
-        return v[0] if v is not None else P.unpack_values(r, payload)[0]
+        return self._value(r, payload, "queue_pop")
 
     async def queue_len(self, key: str) -> int:
         if type(key) is not str or len(key) > self._short_key or not key.isascii():
@@ -238,4 +267,4 @@ class ClientOps(Store):
         r, _ = await self._call({"op": "queue_len", "k": key}, None, "queue_len", key, self.timeout)
         if "err" in r:
             raise self._failed(r, "queue_len", key, self.timeout)
-        return r["r"]  # type: ignore[no-any-return]
+        return self._int(r, "queue_len")

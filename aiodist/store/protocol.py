@@ -265,17 +265,24 @@ def field_id(header: dict[str, Any]) -> int:
 # ------------------------------------------------------------------ replies (client side)
 
 
+MAX_REPLY_TEXT: Final = 1000
+"""Characters of a refusal's text (and code) kept in the exception raised for it."""
+
+
 def reply_error(header: dict[str, Any], op: str) -> StoreRequestError:
     """The exception a refusal reply stands for."""
-    code = str(header.get("err"))
+    code = str(header.get("err"))[:MAX_REPLY_TEXT]
     key = header.get("key")
     limit = header.get("limit")
     maximum = header.get("max")
+    said = str(header.get("msg", code))
+    if len(said) > MAX_REPLY_TEXT:  # (what a server says goes into an exception: bounded)
+        said = said[:MAX_REPLY_TEXT] + f"... ({len(said) - MAX_REPLY_TEXT} more characters)"
     return StoreRequestError(
-        f"store refused {op}: {header.get('msg', code)}",
+        f"store refused {op}: {said}",
         code=code,
         op=op,
-        key=key if isinstance(key, str) else None,
+        key=key[:MAX_REPLY_TEXT] if isinstance(key, str) else None,
         limit=limit if isinstance(limit, str) else None,
         limit_value=maximum if type(maximum) is int else None,
     )
