@@ -288,3 +288,54 @@ async def test_a_mismatch_is_blamed_on_the_rank_that_found_it_and_no_report_nest
         every = "\n".join(run.logs + [line for r in range(4) for line in run.lines("err", r)])
         assert every.count("CollectiveMismatchError") >= 4, every
         assert not any(line.count("reported by") > 1 for line in every.splitlines()), every
+
+
+async def test_on_failure_continue_stops_a_hung_rank_the_others_declared_failed(tmp_path: Path) -> None:
+    # Before: the others detected rank 1 (a busy loop) and exited; the launcher then waited for it forever.
+    run = await launch_source(
+        tmp_path,
+        """
+        import time
+        import numpy as np
+        import aiodist
+
+        async def main():
+            await aiodist.init_process_group(timeout=30)
+            x = np.ones(4)
+            for i in range(20):
+                if aiodist.get_rank() == 1 and i == 3:
+                    time.sleep(600)  # hung: its event loop never runs again
+                await aiodist.all_reduce(x)
+        """,
+        3,
+        on_failure="continue",
+        timeout=120,
+    )
+    assert not run.result.timed_out and run.elapsed < 60, run.logs
+    assert "stopping the 1 rank(s) still running: the others declared them failed" in run.logs, run.logs
+    blame = run.result.root_cause
+    assert blame is not None and blame.rank == 1 and "stopped responding" in blame.message, run.logs
+
+
+async def test_a_rank_gone_before_rendezvous_is_the_root_cause_not_a_rank_that_timed_out_waiting(tmp_path: Path) -> None:
+    # Before: "root cause: rank 0 raised RendezvousTimeoutError ... ranks [1] did not join" (the first rank to
+    # time out), and rank 1's clean exit was not named; the same under --on-failure continue with a SIGKILL.
+    source = """
+        import os, signal
+        import numpy as np
+        import aiodist
+
+        async def main():
+            if os.environ["RANK"] == "1":
+                {leave}
+            await aiodist.init_process_group(timeout=3)
+            await aiodist.all_reduce(np.ones(4))
+        """
+    run = await launch_source(tmp_path, source.replace("{leave}", "return"), 3)
+    blame = run.result.root_cause
+    assert blame is not None and (blame.rank, blame.kind) == (1, "returned"), run.logs
+    assert blame.message.startswith("rank 1 exited cleanly while rank") and blame.message.endswith(" in rendezvous")
+    run = await launch_source(tmp_path, source.replace("{leave}", "os.kill(os.getpid(), signal.SIGKILL)"), 3,
+                              on_failure="continue")
+    blame = run.result.root_cause
+    assert blame is not None and (blame.rank, blame.kind) == (1, "signal"), run.logs

@@ -248,7 +248,9 @@ class Attempt:
         """Wait until every rank succeeded (``None``), one failed (its ``Exited``), or a signal/timeout event.
 
         ``all_ranks``: a failure does not end the wait; it returns once every rank
-        has exited (the first failure's ``Exited``, or None) or at a signal/timeout.
+        has exited (the first failure's ``Exited``, or None) or at a signal/timeout,
+        or once every rank still running is one the others declared failed (a hung
+        rank: it may never exit; the caller stops it).
         """
         first: Exited | None = None
         while self.running_count:
@@ -262,7 +264,14 @@ class Attempt:
                 if not all_ranks:
                     return event
                 first = first or event
+            if first is not None and self.running_count and self.only_failed_left():
+                return first
         return first
+
+    def only_failed_left(self) -> bool:
+        """Are the ranks still running all ranks that the others' records blame (declared failed: hung)?"""
+        running = {self._rank(r.local_rank) for r in self._ranks if r.returncode is None}
+        return bool(running) and running <= outcomes.blamed(outcomes.load(self.status_dir))
 
     async def settle_blame(self, limit: float) -> Blame | None:
         """After a failure: wait (up to ``limit`` s) until the root cause is known, then return it.

@@ -35,7 +35,7 @@ from typing import Any
 
 from .status import describe_returncode, signal_of
 
-__all__ = ["STATUS_DIR_ENV", "Blame", "describe_exception", "load", "raised_text", "rank_ended", "record", "root_cause"]
+__all__ = ["STATUS_DIR_ENV", "Blame", "blamed", "describe_exception", "load", "raised_text", "rank_ended", "record", "root_cause"]
 
 STATUS_DIR_ENV = "AIODIST_STATUS_DIR"
 """The directory a launched rank writes its end record into (set by the launcher)."""
@@ -60,7 +60,7 @@ def _user_frame(exc: BaseException) -> str | None:
 
 def _blamed(exc: BaseException) -> tuple[int | None, str | None]:
     """(rank blamed, operation) if ``exc`` is the consequence of another rank's failure, else (None, None)."""
-    from ..errors import AbortedError, PeerCallFailedError, PeerFailureError, StoreConnectionLost
+    from ..errors import AbortedError, PeerCallFailedError, PeerFailureError, RendezvousTimeoutError, StoreConnectionLost
 
     seen: set[int] = set()
     e: BaseException | None = exc
@@ -74,6 +74,8 @@ def _blamed(exc: BaseException) -> tuple[int | None, str | None]:
             return (rank if isinstance(rank, int) else -1), op
         if isinstance(e, PeerCallFailedError):  # (the call failed on that rank: its error is the cause)
             return (e.global_rank if isinstance(e.global_rank, int) else -1), None
+        if isinstance(e, RendezvousTimeoutError) and e.missing:  # (waited for a rank that never joined)
+            return e.missing[0], "rendezvous"
         if isinstance(e, (StoreConnectionLost, AbortedError)):
             return -1, None
         e = e.__cause__ or e.__context__
@@ -179,6 +181,11 @@ def _blame_chain(rank: int, consequences: Mapping[int, Mapping[str, Any]]) -> in
             break
         b = nxt
     return b if isinstance(b, int) else None
+
+
+def blamed(records: Mapping[int, Mapping[str, Any]]) -> set[int]:
+    """The ranks that some rank's failure was the consequence of (its record blames them)."""
+    return {b for rec in records.values() if rec.get("kind") == "raised" and type(b := rec.get("blames")) is int}
 
 
 def _told_by_finder(rec: Mapping[str, Any], records: Mapping[int, Mapping[str, Any]]) -> bool:

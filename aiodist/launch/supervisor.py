@@ -167,6 +167,9 @@ async def _run_attempts(
                     say(f"{outcome.exit.message}; the others go on (--on-failure continue)")
                     outcome = await attempt.wait(all_ranks=True) or outcome
                     blame = attempt.blame() if isinstance(outcome, Exited) else None
+                    hung = attempt.running() if isinstance(outcome, Exited) else 0
+                    if hung:  # (the others ended, declaring these failed: they may never exit)
+                        say(f"stopping the {hung} rank(s) still running: the others declared them failed")
                 else:
                     blame = await attempt.settle_blame(BLAME_WAIT)
                     if blame is not None:
