@@ -47,6 +47,7 @@ RECONNECT_PAUSE = 0.1
 STORE_GOODBYE_GRACE = 1.0
 """Seconds a leaving rank gives the store to take its goodbye, beyond the wait for the others."""
 _FAILED = "failed: "
+_TIMED_OUT = "timed out: "  # (then the ranks that did not join, comma-separated)
 """How a round's ``done`` key starts when the round failed (the rest says why); a completed round's is ``1``."""
 BACKENDS = ("gloo", "nccl", "mpi", "cpu", "aiodist", "cpu:gloo")
 """Names torch programs pass as ``backend``: taken to mean ``env://``."""
@@ -327,12 +328,28 @@ async def _join(
         done = bytes(await store.get(f"{prefix}done", timeout=remaining))
     except TimeoutError:
         missing = await _missing(store, prefix, world_size)
+        # The round ends for every rank now, with this verdict: the store may go with this rank (its host),
+        # and the others must not read that as a lost store, nor wait out their own timeouts.
+        mark = (_TIMED_OUT + ",".join(map(str, missing))).encode()
+        try:
+            done = bytes(await store.compare_set(f"{prefix}done", b"", mark))
+        except (StoreError, ConnectionError, TimeoutError):
+            done = mark
+        if done == mark:
+            raise RendezvousTimeoutError(
+                f"rendezvous round {gen} timed out on rank {rank}: ranks {missing} did not join "
+                f"({world_size - len(missing)} of {world_size} did)",
+                missing=missing,
+                timeout=remaining,
+            ) from None
+    if done.startswith(_TIMED_OUT.encode()):  # another rank's timeout ended the round
+        missing = [int(r) for r in done[len(_TIMED_OUT):].decode().split(",") if r.isdigit()]
         raise RendezvousTimeoutError(
-            f"rendezvous round {gen} timed out on rank {rank}: ranks {missing} did not join "
-            f"({world_size - len(missing)} of {world_size} did)",
+            f"rendezvous round {gen} timed out (rank {rank} learned it from the store): ranks {missing} did "
+            f"not join ({world_size - len(missing)} of {world_size} did)",
             missing=missing,
-            timeout=remaining,
-        ) from None
+            timeout=max(deadline - loop.time(), 0.0),
+        )
     if done.startswith(_FAILED.encode()):
         raise RendezvousError(f"rendezvous round {gen} failed (rank {rank} learned it from the store): "
                               f"{done[len(_FAILED):].decode(errors='replace')}")

@@ -170,6 +170,25 @@ async def test_rendezvous_timeout_names_the_missing_ranks() -> None:
         assert "[2]" in str(e)
 
 
+async def test_the_first_rank_to_time_out_ends_the_round_for_the_others_naming_the_missing_ranks() -> None:
+    # Ranks 0 and 1 of 3 (env://, rank 0 hosts the store); rank 0 gives up after 1 s, rank 1 would wait 30 s.
+    # Before: rank 1 got "RendezvousError: lost the store during rendezvous" when rank 0's store went with it
+    # (3 runs of 6), naming nobody, or waited its own timeout.
+    async def rank(r: int) -> Any:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            await dist.init_process_group(timeout=1.0 if r == 0 else 30.0)
+        except RendezvousError as e:
+            return e, loop.time() - t0
+        raise AssertionError("rank 2 never came: the rendezvous cannot complete")
+
+    res = await run_ranks(2, rank, env={"WORLD_SIZE": "3"}, timeout=20.0)
+    for e, took in res:
+        assert isinstance(e, RendezvousTimeoutError) and e.missing == [2] and took < 5.0, res
+    assert "learned it from the store" in str(res[1][0]), res
+
+
 async def test_unreachable_master_times_out() -> None:
     ctx = rank_context(rank_env(1, 2, free_port()))
     task = asyncio.get_running_loop().create_task(dist.init_process_group(timeout=0.5), context=ctx)
