@@ -4,6 +4,7 @@ pipelining, failures, limits and hostile input (raw sockets speaking bad wire)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import struct
@@ -314,6 +315,44 @@ async def test_connect_times_out_with_a_clear_error() -> None:
     assert isinstance(info.value, TimeoutError)
     assert f"{HOST}:{port}" in str(info.value)
     assert loop.time() - t0 < 5.0
+
+
+async def test_a_handshake_whose_replies_vanish_is_retried_on_a_new_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: one attempt waited the whole connect timeout (300 s by default) for a reply that a middlebox
+    # swallowed, although the server had given up after 10 s and a new connection would have worked.
+    monkeypatch.setattr(client_mod, "_HANDSHAKE_ATTEMPT", 0.3)
+    async with await StoreServer.start(HOST, 0) as srv:
+        accepted = 0
+
+        async def relay(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            nonlocal accepted
+            accepted += 1
+            if accepted == 1:  # the first connection's replies vanish (read until the client gives up on it)
+                with contextlib.suppress(ConnectionError):
+                    while await r.read(1 << 16):
+                        pass
+                w.close()
+                return
+            ur, uw = await asyncio.open_connection(HOST, srv.port)
+
+            async def pump(a: asyncio.StreamReader, b: asyncio.StreamWriter) -> None:
+                while data := await a.read(1 << 16):
+                    b.write(data)
+                    await b.drain()
+                b.close()
+
+            await asyncio.gather(pump(r, uw), pump(ur, w), return_exceptions=True)
+
+        proxy = await asyncio.start_server(relay, HOST, 0)
+        async with proxy:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            c = await TCPStore.connect(HOST, proxy.sockets[0].getsockname()[1], timeout=20)
+            assert loop.time() - t0 < 5.0 and accepted == 2
+            await c.set("k", b"v")
+            assert await c.get("k") == b"v"
+            await c.close()
+            proxy.close()
 
 
 # ------------------------------------------------------------ handshake and idle limits

@@ -64,6 +64,10 @@ def _grace(timeout: float) -> float:
 
 _BACKOFF_FIRST = 0.05
 _BACKOFF_MAX = 1.0
+_HANDSHAKE_ATTEMPT = 15.0
+"""Seconds one connection attempt may spend in the handshake (a little more than a server's own handshake
+timeout, 10 s by default): a connection whose replies vanish is given up and a new one tried, within
+``timeout``, instead of waiting the whole ``timeout`` in one attempt."""
 
 # pending call: (future, deadline, op, key or keys, timeout)
 _Call = tuple["asyncio.Future[tuple[dict[str, Any], memoryview | None]]", float, str, "str | list[str]", float]
@@ -166,7 +170,7 @@ class TCPStore(ClientOps):
             try:
                 # Small frames until the server proved the secret; then replies of any size.
                 conn = await net.connect((host, port), timeout=remaining, max_frame_size=PRE_AUTH_MAX_FRAME, ssl=context)
-                async with asyncio.timeout(remaining):
+                async with asyncio.timeout(min(deadline - loop.time(), _HANDSHAKE_ATTEMPT)):
                     reply = await client_handshake(conn, key, f"{host}:{port}")
                 conn.set_max_frame_size(DEFAULT_MAX_FRAME_SIZE)
                 return cls(conn, host=host, port=port, timeout=timeout, hello=reply)
