@@ -60,10 +60,18 @@ class ConnectionClosedLocally(ConnectionClosedError):
 class ConnectionLost(ConnectionClosedError):
     """The peer closed the connection or the network broke it (not your doing).
 
-    ``.detail``: what broke it (the OS's or TLS's error), None for an orderly close by the peer.
+    ``.detail``: what broke it (the OS's or TLS's error, or the peer's bytes that did not follow the
+    protocol: ``"protocol error: ..."``), None for an orderly close by the peer.
     """
 
     detail: str | None = None
+
+    @classmethod
+    def protocol_error(cls, peer: object, e: BaseException) -> ConnectionLost:
+        """The end of a connection whose peer sent bytes that do not follow the protocol (``e`` says how)."""
+        lost = cls(f"protocol error from {peer}: {e}")
+        lost.detail = f"protocol error: {e}"
+        return lost
 
 
 _E = TypeVar("_E", bound=BaseException)

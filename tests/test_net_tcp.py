@@ -88,6 +88,31 @@ def test_truncated_frame_then_close_is_connection_lost():
     run_on("asyncio", main)
 
 
+def test_bytes_that_break_the_protocol_end_the_connection_saying_so():
+    # Before: the ConnectionLost had no .detail, so a rank link whose peer's bytes were altered on the path
+    # failed with "rank 0 failed: connection lost", the protocol error dropped.
+    async def main():
+        import struct
+
+        net = TCPNetwork()
+        got: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def handler(conn):
+            try:
+                await conn.recv()
+            except ConnectionLost as e:
+                got.set_result(e)
+
+        async with await net.listen(("127.0.0.1", 0), handler) as lis:
+            s = socket.create_connection(lis.address)
+            s.sendall(PREAMBLE + struct.pack("<IQ", 3, 0) + b"\xc1\xc1\xc1")  # an undecodable header
+            e = await asyncio.wait_for(got, 5)
+            s.close()
+            assert e.detail is not None and e.detail.startswith("protocol error: "), (e, e.detail)
+
+    run_on("asyncio", main)
+
+
 def _own_non_loopback_address() -> str | None:
     import subprocess
 

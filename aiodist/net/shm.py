@@ -341,7 +341,7 @@ class ShmConnection(RingTransfer, Connection):
 
     def _fail(self, e: ProtocolError) -> None:
         log.info("closing the connection to %s: %s", self._peer, e)
-        self._set_exc(ConnectionLost(f"protocol error from {self._peer}: {e}"))
+        self._set_exc(ConnectionLost.protocol_error(self._peer, e))
         self._stream.close()
 
     def _stream_lost(self, exc: Exception | None) -> None:

@@ -160,7 +160,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             self._deliver(frames)
         if isinstance(e, ProtocolError):
             log.info("closing connection from %s: %s", self._peer, e)
-            self._fail(ConnectionLost(f"protocol error from {self._peer}: {e}"))
+            self._fail(ConnectionLost.protocol_error(self._peer, e))
             return
         # A payload sink that raised: never kill the loop.
         log.error("payload sink failed on connection %s", self._peer, exc_info=e)
