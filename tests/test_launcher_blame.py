@@ -339,3 +339,19 @@ async def test_a_rank_gone_before_rendezvous_is_the_root_cause_not_a_rank_that_t
                               on_failure="continue")
     blame = run.result.root_cause
     assert blame is not None and (blame.rank, blame.kind) == (1, "signal"), run.logs
+
+
+def test_a_rank_that_found_an_impostor_at_a_peers_address_is_the_root_cause_not_that_peer() -> None:
+    # Before: its PeerFailureError ("rank 1 failed: authentication failed: ... did not prove the job's secret")
+    # counted as a consequence of rank 1, and the launcher said "rank 1 stopped responding (still running)".
+    from aiodist.comm.links import AUTH_FAILED
+    from aiodist.errors import PeerFailureError
+    from aiodist.launch.outcome import describe_exception
+
+    how = f"{AUTH_FAILED}: the listening side did not prove the job's secret (a different secret, or an impostor)"
+    found = describe_exception(PeerFailureError(f"all_reduce (seq 0) of world: rank 1 failed: {how}", rank=1, how=how))
+    assert "blames" not in found
+    lost = describe_exception(PeerFailureError("all_reduce (seq 0) of world: rank 0 failed: connection lost", rank=0,
+                                               how="connection lost"))
+    blame = root_cause([(0, 1)], {0: {**found, "time": 1.0}, 2: {**lost, "time": 1.1}})
+    assert blame is not None and (blame.rank, blame.kind) == (0, "raised") and "impostor" in blame.message

@@ -76,6 +76,11 @@ from .actions import (
 from .handshake import Outcome, Verdict
 
 
+
+AUTH_FAILED = "authentication failed"
+"""How a link fails whose other end did not prove the job's secret: this rank's finding (an impostor at the
+peer's address, or a wrong secret), not a failure of that peer."""
+
 class LinkState(enum.Enum):
     IDLE = "idle"  # no connection, and nobody of ours dialing
     DEFERRED = "deferred"  # a send waits; we are the higher rank: the lower one may dial us first
@@ -298,7 +303,7 @@ class Links:
         if link.speculative and not link.wanted:
             link.state = _IDLE
             return [Log(logging.WARNING, f"rank {self.rank}: connection to rank {rank}: {detail}")]
-        return self._fail(link, f"authentication failed: {detail}", report=False)
+        return self._fail(link, f"{AUTH_FAILED}: {detail}", report=False)
 
     def dialed(self, rank: int, conn: Any, outcome: Outcome) -> Actions:
         """Our dial's connection ``conn`` got ``outcome`` from the acceptor."""

@@ -60,12 +60,15 @@ def _user_frame(exc: BaseException) -> str | None:
 
 def _blamed(exc: BaseException) -> tuple[int | None, str | None]:
     """(rank blamed, operation) if ``exc`` is the consequence of another rank's failure, else (None, None)."""
+    from ..comm.links import AUTH_FAILED
     from ..errors import AbortedError, PeerCallFailedError, PeerFailureError, RendezvousTimeoutError, StoreConnectionLost
 
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:  # the exception or what caused it
         seen.add(id(e))
+        if isinstance(e, PeerFailureError) and (e.how or "").startswith(AUTH_FAILED):
+            return None, None  # (its own finding: something at the peer's address did not prove the secret)
         if isinstance(e, PeerFailureError):
             rank = e.global_rank if e.global_rank is not None else e.rank
             op = None
