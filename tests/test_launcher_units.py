@@ -86,10 +86,14 @@ MAIN_USED_IN_DECORATOR = ASYNC_MAIN_NO_GUARD + "@register(main)\ndef other():\n 
         (MAIN_REBOUND_TO_CLASS, ProgramKind.SCRIPT),
         (MAIN_USED_IN_DECORATOR, ProgramKind.SCRIPT),
         ("def main(:\n", ProgramKind.SCRIPT),
+        ("from train import main\n", ProgramKind.MAIN_FUNCTION),  # (was a script: nothing ran, exit 0)
+        ("from train import run as main\n", ProgramKind.MAIN_FUNCTION),
+        ("import asyncio\nfrom train import main\nasyncio.run(main())\n", ProgramKind.SCRIPT),
     ],
     ids=[
         "async-main", "sync-main", "main-used-in-function", "guard", "reversed-guard", "calls-main",
-        "plain-script", "main-rebound", "main-in-decorator", "syntax-error",
+        "plain-script", "main-rebound", "main-in-decorator", "syntax-error", "imported-main", "imported-as-main",
+        "imported-main-called",
     ],
 )
 def test_classify_source(source: str, kind: ProgramKind) -> None:

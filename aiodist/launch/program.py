@@ -6,7 +6,8 @@ The rule (pure: it reads source text, never imports or runs it):
   the guard decides what runs, and the launcher starts ``python prog.py``
   exactly as a user would.
 * A file without that guard that defines a top-level ``main`` function
-  (``async def main()`` typically, a plain ``def main()`` too) and does not
+  (``async def main()`` typically, a plain ``def main()`` too, or imports one:
+  ``from train import main``) and does not
   itself call ``main`` at module level is a *module program*: running it as a
   script would do nothing, so the launcher starts
   ``python -m aiodist.launch_bootstrap prog.py``, which imports the file and
@@ -67,13 +68,15 @@ def _is_main_guard(stmt: ast.stmt) -> bool:
 
 
 def _defines_main(body: list[ast.stmt]) -> bool:
-    """Whether the last top-level definition named ``main`` is a function."""
+    """Whether the last top-level definition named ``main`` is a function (or imported: ``from train import main``)."""
     found = False
     for stmt in body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == "main":
             found = True
         elif isinstance(stmt, ast.ClassDef) and stmt.name == "main":
             found = False
+        elif isinstance(stmt, ast.ImportFrom) and any((a.asname or a.name) == "main" for a in stmt.names):
+            found = True
     return found
 
 
