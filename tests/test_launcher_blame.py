@@ -355,3 +355,14 @@ def test_a_rank_that_found_an_impostor_at_a_peers_address_is_the_root_cause_not_
                                                how="connection lost"))
     blame = root_cause([(0, 1)], {0: {**found, "time": 1.0}, 2: {**lost, "time": 1.1}})
     assert blame is not None and (blame.rank, blame.kind) == (0, "raised") and "impostor" in blame.message
+
+
+def test_a_rank_the_others_declared_failed_is_not_among_those_that_lost_it() -> None:
+    # Before: "rank 1 failed; ranks 0-2 lost it in all_reduce #21" (rank 1's EvictedError blames itself).
+    evicted = {"kind": "raised", "type": "EvictedError", "blames": 1, "op": "all_reduce #21",
+               "message": "declared failed by its peers: hung or unreachable"}
+    lost = {"kind": "raised", "type": "PeerFailureError", "blames": 1, "op": "all_reduce #21"}
+    blame = root_cause([(0, 1), (2, 1), (1, 1)], {0: lost, 1: evicted, 2: lost})
+    assert blame is not None and blame.rank == 1
+    assert blame.message == ("rank 1 stopped responding (the others declared it failed); ranks 0, 2 lost it in "
+                             "all_reduce #21"), blame.message

@@ -241,7 +241,7 @@ def root_cause(
             votes.setdefault(b, []).append(r)
     if votes:
         culprit = max(sorted(votes), key=lambda b: len(votes[b]))
-        waiting = votes[culprit]
+        waiting = [r for r in votes[culprit] if r != culprit] or votes[culprit]  # (an evicted rank blames itself)
         ops = sorted({str(records[r].get("op")) for r in waiting if records[r].get("op")})
         where = f" in {' / '.join(ops)}" if ops else ""
         rec = records.get(culprit)
@@ -253,6 +253,9 @@ def root_cause(
             return Blame(culprit, "unknown",
                          f"rank {culprit} stopped responding (still running) while {who} {_ranges(waiting)} "
                          f"wait{'s' if len(waiting) == 1 else ''}{where}")
+        if rec is not None and rec.get("blames") == culprit:  # it was told the others declared it failed
+            return Blame(culprit, "unknown", f"rank {culprit} stopped responding (the others declared it failed); "
+                                             f"{who} {_ranges(waiting)} lost it{where}")
         return Blame(culprit, "unknown", f"rank {culprit} failed; {who} {_ranges(waiting)} lost it{where}")
     # 3. the first to exit non-zero
     if failed:
