@@ -318,10 +318,14 @@ async def finish_failed_rank(error: BaseException, *, timeout: float = MISMATCH_
         except Exception as e:  # (operations never awaited, or a failing teardown: the mismatch is the rank's error)
             log.debug("leaving after a collective mismatch: %r", e)
         return
-    if not isinstance(error, Exception):  # (an exit, an interrupt: the process goes as it is)
+    if isinstance(error, SystemExit) and error.code not in (None, 0):  # sys.exit(3), sys.exit("why")
+        what = f"exited with code {error.code}" if isinstance(error.code, int) else f"exited: {error.code}"
+    elif not isinstance(error, Exception):  # (a clean exit, an interrupt: the process goes as it is)
         return
+    else:
+        what = f"raised {type(error).__name__}: {error}"
     transport = world.transport
-    transport.links.failed_here(f"raised {type(error).__name__}: {error}".splitlines()[0])
+    transport.links.failed_here(what.splitlines()[0])
     try:
         await transport.note_departure(grace=STORE_GOODBYE_GRACE)  # (for the peers that reach for it later)
         await transport.close()  # bye, saying what failed, to the peers connected to it

@@ -366,3 +366,41 @@ def test_a_rank_the_others_declared_failed_is_not_among_those_that_lost_it() -> 
     assert blame is not None and blame.rank == 1
     assert blame.message == ("rank 1 stopped responding (the others declared it failed); ranks 0, 2 lost it in "
                              "all_reduce #21"), blame.message
+
+
+async def test_a_rank_that_calls_sys_exit_with_a_code_tells_its_peers_so(tmp_path: Path) -> None:
+    # Before: its peers saw "rank 1 failed: connection lost".
+    run = await launch_source(
+        tmp_path,
+        """
+        import sys
+        import numpy as np
+        import aiodist
+
+        async def main():
+            await aiodist.init_process_group(timeout=30)
+            x = np.ones(4)
+            await aiodist.all_reduce(x)
+            if aiodist.get_rank() == 1:
+                sys.exit(3)
+            try:
+                await aiodist.all_reduce(x)
+            except aiodist.PeerFailureError as e:
+                print("SAW", e, flush=True)
+        """,
+        3,
+        on_failure="continue",
+    )
+    saw = [line for r in (0, 2) for line in run.lines("out", r) if line.startswith("SAW")]
+    assert len(saw) == 2 and all(line.endswith("rank 1 failed: left the job after: exited with code 3") for line in saw), \
+        run.out + run.err
+    assert run.result.root_cause is not None and run.result.root_cause.message == "rank 1 exited with code 3"
+
+
+def test_a_rank_that_exited_with_code_0_without_a_record_is_named_as_such() -> None:
+    # os._exit(0) mid-run. Before: "rank 1 failed; ranks 0, 2 lost it".
+    lost = {"kind": "raised", "type": "PeerFailureError", "blames": 1, "op": "all_reduce #3"}
+    blame = root_cause([(1, 0), (0, 1), (2, 1)], {0: lost, 2: lost})
+    assert blame is not None and (blame.rank, blame.kind) == (1, "returned")
+    assert blame.message == ("rank 1 exited with code 0 (without returning from its main) while ranks 0, 2 wait in "
+                             "all_reduce #3")

@@ -246,6 +246,10 @@ def root_cause(
         where = f" in {' / '.join(ops)}" if ops else ""
         rec = records.get(culprit)
         who = "ranks" if len(waiting) > 1 else "rank"
+        if rec is None and dict(exits).get(culprit) == 0:  # exited 0 without a record: os._exit(0), say
+            return Blame(culprit, "returned",
+                         f"rank {culprit} exited with code 0 (without returning from its main) while {who} "
+                         f"{_ranges(waiting)} wait{'s' if len(waiting) == 1 else ''}{where}")
         if rec is not None and rec.get("kind") == "returned":
             return Blame(culprit, "returned",
                          f"rank {culprit} exited cleanly while {who} {_ranges(waiting)} wait{'s' if len(waiting) == 1 else ''}{where}")
