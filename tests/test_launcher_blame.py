@@ -404,3 +404,25 @@ def test_a_rank_that_exited_with_code_0_without_a_record_is_named_as_such() -> N
     assert blame is not None and (blame.rank, blame.kind) == (1, "returned")
     assert blame.message == ("rank 1 exited with code 0 (without returning from its main) while ranks 0, 2 wait in "
                              "all_reduce #3")
+
+
+async def test_a_rank_interrupted_by_sigint_says_where_and_is_the_root_cause(tmp_path: Path) -> None:
+    # Before: "rank 0 raised CancelledError (prog.py:9)", the interrupt recorded as an error of its own.
+    run = await launch_source(
+        tmp_path,
+        """
+        import asyncio, os, signal
+        import aiodist
+
+        async def main():
+            await aiodist.init_process_group(timeout=30)
+            if aiodist.get_rank() == 0:
+                asyncio.get_running_loop().call_later(0.5, os.kill, os.getpid(), signal.SIGINT)
+                await asyncio.sleep(10)
+            await aiodist.barrier()
+        """,
+        2,
+    )
+    assert "rank 0: interrupted at prog.py:9" in run.lines("err", 0), run.err
+    blame = run.result.root_cause
+    assert blame is not None and blame.message == "rank 0 was interrupted (CancelledError) at prog.py:9", run.logs

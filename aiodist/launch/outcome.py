@@ -24,6 +24,7 @@ while ranks 0-2 wait in all_reduce #7``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -225,6 +226,9 @@ def root_cause(
                 own.append((when, order[r], Blame(r, "exit", f"rank {r} exited with code {code}")))
         elif rec.get("kind") == "exit":
             own.append((when, order[r], Blame(r, "exit", f"rank {r} exited with code {rec.get('code', code)}")))
+        elif rec.get("kind") == "interrupted":  # (SIGINT that the launcher did not send)
+            at = f" at {rec['where']}" if rec.get("where") else ""
+            own.append((when, order[r], Blame(r, "signal", f"rank {r} was interrupted ({rec.get('type')}){at}")))
     clean = {r for r, code in exits if code == 0}
     for r, rec in records.items():  # an own exception counts from its record on, exited or not yet
         if rec.get("kind") == "raised" and "blames" not in rec and r not in clean and not _told_by_finder(rec, records):
@@ -293,6 +297,14 @@ def rank_ended(exc: BaseException | None) -> None:
             record({"kind": "returned"})
         else:
             record({"kind": "exit", "code": code if isinstance(code, int) else 1, "message": "" if isinstance(code, int) else str(code)})
+        return
+    if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):  # Ctrl-C (SIGINT): not a failure of its own
+        where = _user_frame(exc)
+        record({"kind": "interrupted", "type": type(exc).__name__, "where": where, "time": time.time()})
+        try:
+            os.write(2, f"rank {os.environ.get('RANK', '?')}: interrupted{f' at {where}' if where else ''}\n".encode())
+        except OSError:
+            pass
         return
     rec = describe_exception(exc)
     rec["time"] = time.time()
