@@ -66,8 +66,10 @@ def test_bad_peers_are_dropped_and_server_keeps_serving(loop):
     run_on(loop, main)
 
 
-def test_truncated_frame_then_close_is_connection_lost():
-    async def main():
+def _lost_after(data: bytes) -> ConnectionLost:
+    """What a listener's recv() raises when a raw client sends ``data``, then closes."""
+
+    async def main() -> ConnectionLost:
         net = TCPNetwork()
         got: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -79,38 +81,25 @@ def test_truncated_frame_then_close_is_connection_lost():
 
         async with await net.listen(("127.0.0.1", 0), handler) as lis:
             s = socket.create_connection(lis.address)
-            head, _ = encode_frame({"a": 1}, b"x" * 100)
-            s.sendall(PREAMBLE + head + b"x" * 10)
+            s.sendall(data)
             s.close()
-            e = await asyncio.wait_for(got, 5)
-            assert "closed" in str(e)
+            return await asyncio.wait_for(got, 5)
 
-    run_on("asyncio", main)
+    return run_on("asyncio", main)
+
+
+def test_truncated_frame_then_close_is_connection_lost():
+    head, _ = encode_frame({"a": 1}, b"x" * 100)
+    assert "closed" in str(_lost_after(PREAMBLE + head + b"x" * 10))
 
 
 def test_bytes_that_break_the_protocol_end_the_connection_saying_so():
     # Before: the ConnectionLost had no .detail, so a rank link whose peer's bytes were altered on the path
     # failed with "rank 0 failed: connection lost", the protocol error dropped.
-    async def main():
-        import struct
+    import struct
 
-        net = TCPNetwork()
-        got: asyncio.Future = asyncio.get_running_loop().create_future()
-
-        async def handler(conn):
-            try:
-                await conn.recv()
-            except ConnectionLost as e:
-                got.set_result(e)
-
-        async with await net.listen(("127.0.0.1", 0), handler) as lis:
-            s = socket.create_connection(lis.address)
-            s.sendall(PREAMBLE + struct.pack("<IQ", 3, 0) + b"\xc1\xc1\xc1")  # an undecodable header
-            e = await asyncio.wait_for(got, 5)
-            s.close()
-            assert e.detail is not None and e.detail.startswith("protocol error: "), (e, e.detail)
-
-    run_on("asyncio", main)
+    e = _lost_after(PREAMBLE + struct.pack("<IQ", 3, 0) + b"\xc1\xc1\xc1")  # an undecodable header
+    assert e.detail is not None and e.detail.startswith("protocol error: "), (e, e.detail)
 
 
 def _own_non_loopback_address() -> str | None:
