@@ -47,8 +47,9 @@ RECONNECT_PAUSE = 0.1
 STORE_GOODBYE_GRACE = 1.0
 """Seconds a leaving rank gives the store to take its goodbye, beyond the wait for the others."""
 _FAILED = "failed: "
-_TIMED_OUT = "timed out: "  # (then the ranks that did not join, comma-separated)
 """How a round's ``done`` key starts when the round failed (the rest says why); a completed round's is ``1``."""
+_TIMED_OUT = "timed out: "
+"""How it starts when a rank's rendezvous timed out (the rest: the ranks that did not join, comma-separated)."""
 BACKENDS = ("gloo", "nccl", "mpi", "cpu", "aiodist", "cpu:gloo")
 """Names torch programs pass as ``backend``: taken to mean ``env://``."""
 
@@ -321,7 +322,8 @@ async def _join(
     joined = await store.add(f"{prefix}joined", 1)
     if joined >= world_size:  # (more: a repeated join counted twice; see above)
         await store.set(f"{prefix}done", b"1")
-    remaining = deadline - loop.time()
+    waiting_since = loop.time()
+    remaining = deadline - waiting_since
     try:
         if remaining <= 0:
             raise TimeoutError
@@ -348,7 +350,7 @@ async def _join(
             f"rendezvous round {gen} timed out (rank {rank} learned it from the store): ranks {missing} did "
             f"not join ({world_size - len(missing)} of {world_size} did)",
             missing=missing,
-            timeout=max(deadline - loop.time(), 0.0),
+            timeout=loop.time() - waiting_since,
         )
     if done.startswith(_FAILED.encode()):
         raise RendezvousError(f"rendezvous round {gen} failed (rank {rank} learned it from the store): "

@@ -75,11 +75,10 @@ from .actions import (
 )
 from .handshake import Outcome, Verdict
 
-
-
 AUTH_FAILED = "authentication failed"
 """How a link fails whose other end did not prove the job's secret: this rank's finding (an impostor at the
 peer's address, or a wrong secret), not a failure of that peer."""
+
 
 class LinkState(enum.Enum):
     IDLE = "idle"  # no connection, and nobody of ours dialing
