@@ -41,7 +41,11 @@ round; a restarted process (``AIODIST_RESTART_COUNT`` > 0) opens it too, since
 the round it was in is broken. Whoever joins within the last call (a second)
 makes the new world: the restarted rank is back, or, if it does not come, the
 job goes on without it. Either way the final weights must equal the
-single-process reference (rank 0 checks; a mismatch raises).
+single-process reference (rank 0 checks; a mismatch raises). It needs a
+supervisor that restarts one process alone (the simulator's ``Restart``): under
+``aiodist run --max-restarts`` the whole job restarts, on a new port, so use
+``--shrink`` or plain restarts there, or ``--rejoin`` with ``--on-failure
+continue`` (the survivors go on without the dead rank).
 
 ``main()`` returns a dict: final loss, accuracy, the step it resumed from and
 how many times it recovered in place.
