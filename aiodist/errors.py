@@ -7,6 +7,7 @@ versus :class:`ConnectionLost` (the peer or the network broke it).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -75,6 +76,24 @@ class ConnectionLost(ConnectionClosedError):
 
 
 _E = TypeVar("_E", bound=BaseException)
+
+
+def innermost(exc: BaseException) -> BaseException:
+    """What an exception group (a TaskGroup's) stands for: its first leaf that is not a cancellation (else ``exc``).
+
+    A rank's failure is reported by that error and the user's line it came from, not by the group's
+    ``async with`` line: two different bugs in one TaskGroup are two failures.
+    """
+    stack: list[BaseException] = [exc]
+    for _ in range(10_000):  # (bounded: groups nest, and a leaf may be listed more than once)
+        if not stack:
+            break
+        e = stack.pop(0)
+        if isinstance(e, BaseExceptionGroup):
+            stack[:0] = list(e.exceptions)
+        elif not isinstance(e, asyncio.CancelledError):
+            return e
+    return exc
 
 
 def anew(exc: _E) -> _E:

@@ -34,7 +34,7 @@ from typing import Any
 from aiodist import inflight
 from aiodist.api import finish_rank
 from aiodist.context import new_rank_scope, rank_environ, rank_scope, set_network, set_rank_environ, set_token_source
-from aiodist.errors import UnawaitedOperationError
+from aiodist.errors import UnawaitedOperationError, innermost
 
 from .errors import SimTimeLimitError
 from .explore import Exploration, Explorer, TimingPlan, env_detector
@@ -238,8 +238,9 @@ class Simulation(FaultActions):
         inc.state = "failed"
         text = "".join(tb.format_exception(exc))
         self.tracer.emit(now, "exit", f"rank{inc.rank}", detail=f"raised {type(exc).__name__}")
-        self.failures.append(Failure("exception", inc.rank, f"{type(exc).__name__}: {exc}", text, now,
-                                     location=_raise_location(exc)))
+        first = innermost(exc)  # (a TaskGroup's group: its first error, and that error's line)
+        self.failures.append(Failure("exception", inc.rank, f"{type(first).__name__}: {first}", text, now,
+                                     location=_raise_location(first) or _raise_location(exc)))
         if self.stop_on_error:
             self._ended += 1
             self.loop.stop()

@@ -426,3 +426,49 @@ async def test_a_rank_interrupted_by_sigint_says_where_and_is_the_root_cause(tmp
     assert "rank 0: interrupted at prog.py:9" in run.lines("err", 0), run.err
     blame = run.result.root_cause
     assert blame is not None and blame.message == "rank 0 was interrupted (CancelledError) at prog.py:9", run.logs
+
+
+def test_an_exception_group_is_recorded_by_its_first_error_and_that_errors_line() -> None:
+    # Before: "rank 1 raised ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception)" at the
+    # `async with` line; the ValueError and its line were only in the traceback.
+    import asyncio
+
+    from aiodist.errors import innermost
+    from aiodist.launch.outcome import describe_exception
+
+    async def step() -> None:
+        raise ValueError("loss is NaN")
+
+    async def main() -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(step())
+
+    try:
+        asyncio.run(main())
+    except BaseExceptionGroup as e:
+        group = e
+    rec = describe_exception(group)
+    assert (rec["type"], rec["message"]) == ("ValueError", "loss is NaN"), rec
+    assert rec["where"] == f"test_launcher_blame.py:{step.__code__.co_firstlineno + 1}", rec
+    nested = BaseExceptionGroup("outer", [asyncio.CancelledError(), ExceptionGroup("inner", [KeyError("k")])])
+    assert isinstance(innermost(nested), KeyError)
+    only_cancelled = BaseExceptionGroup("g", [asyncio.CancelledError()])
+    assert innermost(only_cancelled) is only_cancelled
+
+
+def test_a_compiled_extensions_frame_is_not_the_users_line() -> None:
+    # Before: under uvloop the root cause named "loop.pyx:1427" (a frame of uvloop's), not the user's line.
+    from aiodist.launch.outcome import describe_exception
+
+    space: dict[str, object] = {}
+    exec(compile("def create_task(coro):\n    raise TypeError('a coroutine was expected')\n", "loop.pyx", "exec"),
+         space)
+
+    def user() -> None:
+        space["create_task"](None)  # type: ignore[operator]
+
+    try:
+        user()
+    except TypeError as e:
+        rec = describe_exception(e)
+    assert rec["where"] == f"test_launcher_blame.py:{user.__code__.co_firstlineno + 1}", rec

@@ -160,3 +160,27 @@ def test_what_ranks_write_to_stderr_warnings_included_is_prefixed_with_the_rank(
         assert f"[rank{r}]: to stderr" in err, err
     assert all(line.startswith("[rank") for line in err.splitlines() if "warn" in line or "to stderr" in line), err
     assert "warned" not in stderr("-q")  # -q: the program's own output, stderr too
+
+
+def test_two_bugs_in_one_taskgroup_are_two_failures_at_their_own_lines(tmp_path) -> None:
+    # Before: every seed was "ExceptionGroup at prog.py:<the async with line>": one group for two bugs.
+    import asyncio
+
+    import sim
+    from sim.sweep import signature
+
+    async def bug_a() -> None:
+        raise ValueError("bug A")
+
+    async def bug_b() -> None:
+        raise KeyError("bug B")
+
+    def program(which: int):
+        async def main() -> None:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(bug_a() if which == 0 else bug_b())
+        return main
+
+    sigs = [signature(sim.run(program(w), world_size=1, seed=0).failures[0]) for w in (0, 1)]
+    assert sigs[0].startswith("ValueError at test_sim_cli_output.py:") and "in bug_a" in sigs[0], sigs
+    assert sigs[1].startswith("KeyError at test_sim_cli_output.py:") and "in bug_b" in sigs[1], sigs

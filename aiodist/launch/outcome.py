@@ -51,8 +51,8 @@ def _user_frame(exc: BaseException) -> str | None:
     """``"train.py:41"``: the innermost traceback frame outside aiodist and the standard library."""
     where = None
     for fs in traceback.extract_tb(exc.__traceback__):
-        if fs.filename.startswith("<frozen "):
-            continue
+        if fs.filename.startswith("<frozen ") or fs.filename.endswith((".pyx", ".pxd", ".pxi")):
+            continue  # (frozen modules; compiled extensions' frames, e.g. uvloop's loop.pyx)
         path = os.path.abspath(fs.filename)
         if not path.startswith(_INTERNAL_DIRS):
             where = f"{os.path.basename(fs.filename)}:{fs.lineno}"
@@ -87,7 +87,10 @@ def _blamed(exc: BaseException) -> tuple[int | None, str | None]:
 
 
 def describe_exception(exc: BaseException) -> dict[str, Any]:
-    """The record of a rank that ``exc`` ended (see the module doc)."""
+    """The record of a rank that ``exc`` ended (see the module doc); an exception group by its first error."""
+    from ..errors import innermost
+
+    exc = innermost(exc)
     blamed, op = _blamed(exc)
     message = str(exc).splitlines()[0] if str(exc) else ""
     if len(message) > 300:
