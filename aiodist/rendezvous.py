@@ -311,10 +311,11 @@ async def _join(
     agreed = bytes(await store.compare_set(f"{prefix}job", b"", candidate)).decode()
     theirs, _, job_id = agreed.partition(" ")
     if int(theirs) != world_size:
-        raise RendezvousError(
-            f"world size disagreement in rendezvous round {gen}: rank {rank} has WORLD_SIZE={world_size}, "
-            f"another rank registered {int(theirs)}"
-        )
+        problem = (f"world size disagreement in rendezvous round {gen}: rank {rank} has WORLD_SIZE={world_size}, "
+                   f"another rank registered {int(theirs)}")
+        # The round cannot complete as either side counts it: end it for the others now, saying why.
+        await store.compare_set(f"{prefix}done", b"", (_FAILED + problem).encode())
+        raise RendezvousError(problem)
     result = Rendezvous(store=store, rank=rank, world_size=world_size, job_id=job_id, key_prefix=prefix, round=gen)
     if publish is not None:
         await publish(result)

@@ -132,6 +132,23 @@ async def test_world_size_disagreement() -> None:
     assert errors and any("disagreement" in str(e) for e in errors), res
 
 
+async def test_a_world_size_disagreement_fails_the_round_for_every_rank_at_once() -> None:
+    # Ranks 0, 1 say WORLD_SIZE=4, rank 2 (later) says 3. Before: rank 2 raised at once, ranks 0 and 1 waited
+    # their whole timeout (300 s by default), then blamed "ranks [2, 3] did not join".
+    async def fn(r: int, store: Any) -> Any:
+        if r == 2:
+            await asyncio.sleep(0.2)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        e = await _init_or_error(store, r, 3 if r == 2 else 4, timeout=20.0)
+        return e, loop.time() - t0
+
+    res = await _with_store(3, fn)
+    for e, took in res:
+        assert isinstance(e, RendezvousError) and not isinstance(e, RendezvousTimeoutError), res
+        assert "world size disagreement" in str(e) and took < 5.0, res
+
+
 async def test_duplicate_rank_is_refused() -> None:
     async def fn(r: int, store: Any) -> Any:
         if r == 1:
