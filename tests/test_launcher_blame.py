@@ -472,3 +472,12 @@ def test_a_compiled_extensions_frame_is_not_the_users_line() -> None:
     except TypeError as e:
         rec = describe_exception(e)
     assert rec["where"] == f"test_launcher_blame.py:{user.__code__.co_firstlineno + 1}", rec
+
+
+def test_a_rank_of_another_node_is_not_said_to_be_still_running() -> None:
+    # Before: node 0's launcher said "rank 2 stopped responding (still running)" of a rank on node 1 that had
+    # been killed, stopped, or never started.
+    lost = {"kind": "raised", "type": "PeerFailureError", "blames": 2, "op": "all_reduce #4"}
+    blame = root_cause([(0, 1), (1, 1)], {0: lost, 1: lost}, local={0, 1})
+    assert blame is not None and blame.rank == 2
+    assert blame.message == "rank 2 (on another node) failed or left; ranks 0, 1 lost it in all_reduce #4"

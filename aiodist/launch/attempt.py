@@ -305,7 +305,8 @@ class Attempt:
         """The root cause as far as the exits and records seen so far tell."""
         exits = [(e.rank, e.returncode) for e, _ in self._exits]
         stopped = [e.rank for e, before_stop in self._exits if not before_stop]
-        return outcomes.root_cause(exits, outcomes.load(self.status_dir), stopped=stopped)
+        local = {self._rank(r.local_rank) for r in self._ranks}
+        return outcomes.root_cause(exits, outcomes.load(self.status_dir), stopped=stopped, local=local)
 
     def exit_of(self, rank: int) -> RankExit | None:
         for e, _ in self._exits:

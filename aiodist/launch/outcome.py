@@ -29,7 +29,7 @@ import json
 import os
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,13 +203,19 @@ def _told_by_finder(rec: Mapping[str, Any], records: Mapping[int, Mapping[str, A
 
 
 def root_cause(
-    exits: Sequence[tuple[int, int]], records: Mapping[int, Mapping[str, Any]], *, stopped: Sequence[int] = ()
+    exits: Sequence[tuple[int, int]],
+    records: Mapping[int, Mapping[str, Any]],
+    *,
+    stopped: Sequence[int] = (),
+    local: Collection[int] | None = None,
 ) -> Blame | None:
     """The rank that started the failure of a job (None: nothing failed).
 
     ``exits``: (rank, returncode) in the order the ranks exited; ``records``:
     the ranks' end records (:func:`load`); ``stopped``: ranks the launcher
-    itself stopped (their signal is not a cause).
+    itself stopped (their signal is not a cause); ``local``: the ranks this
+    launcher runs (None: all), so that a rank of another node is not said to be
+    still running.
     """
     failed = [(r, code) for r, code in exits if code != 0 and r not in stopped]
     consequences = {r: rec for r, rec in records.items() if rec.get("kind") == "raised" and "blames" in rec}
@@ -253,6 +259,9 @@ def root_cause(
         where = f" in {' / '.join(ops)}" if ops else ""
         rec = records.get(culprit)
         who = "ranks" if len(waiting) > 1 else "rank"
+        if local is not None and culprit not in local:  # (its own launcher knows how it ended)
+            return Blame(culprit, "unknown", f"rank {culprit} (on another node) failed or left; {who} "
+                                             f"{_ranges(waiting)} lost it{where}")
         if rec is None and dict(exits).get(culprit) == 0:  # exited 0 without a record: os._exit(0), say
             return Blame(culprit, "returned",
                          f"rank {culprit} exited with code 0 (without returning from its main) while {who} "
