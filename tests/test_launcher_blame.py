@@ -407,12 +407,13 @@ def test_a_rank_that_exited_with_code_0_without_a_record_is_named_as_such() -> N
 
 
 async def test_a_rank_interrupted_by_sigint_says_where_and_is_the_root_cause(tmp_path: Path) -> None:
-    # Before: "rank 0 raised CancelledError (prog.py:9)", the interrupt recorded as an error of its own.
+    # Before: "rank 0 raised CancelledError (prog.py:10)", the interrupt recorded as an error of its own.
     run = await launch_source(
         tmp_path,
         """
         import asyncio, os, signal
         import aiodist
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job starts with SIGINT ignored)
 
         async def main():
             await aiodist.init_process_group(timeout=30)
@@ -423,9 +424,9 @@ async def test_a_rank_interrupted_by_sigint_says_where_and_is_the_root_cause(tmp
         """,
         2,
     )
-    assert "rank 0: interrupted at prog.py:9" in run.lines("err", 0), run.err
+    assert "rank 0: interrupted at prog.py:10" in run.lines("err", 0), run.err
     blame = run.result.root_cause
-    assert blame is not None and blame.message == "rank 0 was interrupted (CancelledError) at prog.py:9", run.logs
+    assert blame is not None and blame.message == "rank 0 was interrupted (CancelledError) at prog.py:10", run.logs
 
 
 def test_an_exception_group_is_recorded_by_its_first_error_and_that_errors_line() -> None:
