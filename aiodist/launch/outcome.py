@@ -68,9 +68,9 @@ def _blamed(exc: BaseException) -> tuple[int | None, str | None]:
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:  # the exception or what caused it
         seen.add(id(e))
-        if isinstance(e, PeerFailureError) and (e.how or "").startswith(AUTH_FAILED):
-            return None, None  # (its own finding: something at the peer's address did not prove the secret)
         if isinstance(e, PeerFailureError):
+            if (e.how or "").startswith(AUTH_FAILED):
+                return None, None  # (its own finding: something at the peer's address did not prove the secret)
             rank = e.global_rank if e.global_rank is not None else e.rank
             op = None
             if e.op:
