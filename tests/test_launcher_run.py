@@ -333,6 +333,16 @@ def test_cli_exits_nonzero_naming_the_failed_rank(tmp_path: Path, entry: str) ->
     assert "aiodist run: rank 1 (pid " in err and ") failed with exit code 3" in err
 
 
+def test_cli_refuses_a_missing_program_before_starting_ranks(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    for name, why in (("nope.py", "no such file"), ("pkg", "is a directory")):
+        proc = _cli("-n", "2", name, cwd=tmp_path)
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 2, err
+        assert f"can't open program {name!r} (in {tmp_path}): {why}" in err
+        assert "[rank" not in err + out  # no rank was started
+
+
 def _start_and_wait_ready(tmp_path: Path, source: str, n: int, *extra: str) -> tuple[subprocess.Popen[str], list[int]]:
     (tmp_path / "p.py").write_text(textwrap.dedent(source))
     proc = _cli(*extra, "-n", str(n), "p.py", cwd=tmp_path)

@@ -266,6 +266,10 @@ def run_command(args: argparse.Namespace) -> int:
 
     try:
         resolve_options(args)
+        if not args.module and not os.path.isfile(args.program):
+            where = "" if os.path.isabs(args.program) else f" (in {os.getcwd()})"
+            what = "is a directory" if os.path.isdir(args.program) else "no such file"
+            raise ValueError(f"can't open program {args.program!r}{where}: {what}")
         skipped = ignored_options(args)
         if skipped:
             print(f"aiodist run: ignoring torchrun's {', '.join(skipped)} (see `aiodist run --help`)", file=sys.stderr)
