@@ -245,6 +245,27 @@ def test_an_authentication_failure_fails_the_needed_peer_without_gossip() -> Non
     assert kinds(acts) == ["Log"] and acts[0].level == logging.WARNING  # type: ignore[attr-defined]
 
 
+def test_a_rank_that_proves_itself_after_its_address_failed_authentication_is_not_condemned() -> None:
+    """Tampering on the path of rank 0's dial (or an impostor at rank 2's address) is rank 0's finding: when
+    the real rank 2 then dials and proves the secret, it is refused without being told it was declared failed
+    (it would end with EvictedError, blaming a healthy rank), and rank 0's bye names its own finding."""
+    m = Links(0, 4, dial_defer=0)
+    c1 = ready(m, 1)
+    m.need(2)
+    m.dial_unauthentic(2, "the listening side did not prove the job's secret")
+    assert m.first_failure is not None and m.first_failure[0] == 0 and "authentication failed" in m.first_failure[1]
+    refusal = sent(m.accepted(2, Conn()), F.REFUSED)[0][1]
+    assert F.CONDEMNED not in refusal and "could not authenticate rank 2's address" in refusal[F.REASON]
+    farewell = sent(m.close(), F.BYE)
+    assert [c for c, _ in farewell] == [c1] and farewell[0][1][F.RANK] == 0
+    # The dialer's side of that refusal: its link to rank 0 fails, and it is not condemned.
+    d = Links(2, 4, dial_defer=0)
+    d.need(0)
+    d.dialed(0, Conn(), Outcome(Verdict.REFUSED, refusal[F.REASON]))
+    assert d.condemned is None and d.get(0).state is S.REFUSED  # type: ignore[union-attr]
+    assert isinstance(d.peer_error(0), PeerFailureError) and not isinstance(d.peer_error(0), EvictedError)
+
+
 def test_a_welcome_after_the_peer_was_declared_failed_tells_it_before_hanging_up() -> None:
     m = Links(0, 4, dial_defer=0)
     c1 = ready(m, 1)

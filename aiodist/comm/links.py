@@ -302,7 +302,11 @@ class Links:
         if link.speculative and not link.wanted:
             link.state = _IDLE
             return [Log(logging.WARNING, f"rank {self.rank}: connection to rank {rank}: {detail}")]
-        return self._fail(link, f"{AUTH_FAILED}: {detail}", report=False)
+        first = self.first_failure
+        acts = self._fail(link, f"{AUTH_FAILED}: {detail}", report=False)
+        if first is None and self.first_failure is not None:
+            self.first_failure = (self.rank, self.first_failure[1])  # this rank's finding, not ``rank``'s failure
+        return acts
 
     def dialed(self, rank: int, conn: Any, outcome: Outcome) -> Actions:
         """Our dial's connection ``conn`` got ``outcome`` from the acceptor."""
@@ -356,6 +360,11 @@ class Links:
         if self.closing or link.state is _CLOSED:
             return self._refuse(conn, rank, "this rank has left the job", gone=True)
         if link.state in TERMINAL:
+            if (link.how or "").startswith(AUTH_FAILED):
+                # It has just proved the secret: what failed our dial was not this rank (something on the
+                # path, or at its address) and this rank's verdict on it is no verdict on the dialer.
+                reason = f"rank {self.rank} could not authenticate rank {rank}'s address ({link.how})"
+                return self._refuse(conn, rank, reason)
             reason = f"rank {rank} is already marked as failed here ({link.how})"
             condemned = None if link.state is _LEFT else f"rank {self.rank} considers it failed ({link.how})"
             return self._refuse(conn, rank, reason, condemned)
