@@ -131,6 +131,8 @@ class Result:
     steps: int = 0
     messages: int = 0
     crashed: list[int] = field(default_factory=list)
+    returned: dict[int, float] = field(default_factory=dict)
+    """Ranks whose main returned (or called ``sys.exit(0)``), and when (virtual time; a restarted rank's last)."""
     restarts: dict[int, int] = field(default_factory=dict)
     unhandled: list[str] = field(default_factory=list)
     faults: list[Any] = field(default_factory=list)
@@ -151,6 +153,12 @@ class Result:
         if self.timing is not None:
             lines.append(f"  explored: {self.timing.describe()}"
                          + "".join(f"; {f.to_cli().lstrip('-')}" for f in self.explored))
+        early = self._returned_early()
+        if early:
+            times = sorted({self.returned[r] for r in early})
+            when = f"t={times[0]:.6f}s" if len(times) == 1 else f"t={times[0]:.6f}-{times[-1]:.6f}s"
+            who = f"rank {early[0]}" if len(early) == 1 else f"ranks {_ranks_text(early)}"
+            lines.append(f"  {who} returned from main at {when}, before the first failure (the others still ran)")
         if len(self.failures) <= Failure.MAX_RANK_LINES:
             lines += [str(f) for f in self.failures]
         else:  # a big run: failures that differ only in numbers (ranks, times) share one entry
@@ -167,6 +175,13 @@ class Result:
             lines.append(f"  {len(self.unhandled)} error(s) were only logged (handler tasks, unretrieved task errors):")
             lines += [f"    {u}" for u in self.unhandled[:5]]
         return "\n".join(lines)
+
+    def _returned_early(self) -> list[int]:
+        """Ranks that returned before the first failure, when that failure came while other ranks still ran."""
+        if not self.failures:
+            return []
+        first = min(f.time for f in self.failures)
+        return [r for r, t in self.returned.items() if t < first]
 
     def raise_on_failure(self) -> None:
         if not self.ok:

@@ -129,6 +129,7 @@ class Simulation(FaultActions):
         self.pending_restarts: dict[int, int] = {}
         self._starting: set[int] = set()  # ranks whose restart's start is due
         self.failures: list[Failure] = []
+        self.returned: dict[int, float] = {}  # rank -> when its main last returned (virtual time)
         self._started = 0  # incarnations started ...
         self._ended = 0  # ... and ended (returned, raised or crashed)
         self._next_lane = world_size
@@ -230,6 +231,7 @@ class Simulation(FaultActions):
         else:
             inc.state = "finishing"
             inc.result = task.result()
+            self.returned[inc.rank] = self.loop.time()
         self._exit(inc, normal=inc.state == "finishing")
 
     def _raised(self, inc: _Incarnation, exc: BaseException) -> bool:
@@ -265,6 +267,7 @@ class Simulation(FaultActions):
         if inc.state == "running":
             if exc.code is None or exc.code == 0:
                 inc.state, inc.result = "finishing", None
+                self.returned[inc.rank] = self.loop.time()
             elif self._raised(inc, exc):
                 return True
             self._exit(inc, normal=False)
@@ -393,6 +396,7 @@ class Simulation(FaultActions):
             steps=self.loop.steps,
             messages=self.fabric.messages,
             crashed=crashed,
+            returned=dict(sorted(self.returned.items())),
             restarts=dict(self.restarts),
             unhandled=unhandled,
             faults=list(self.faults),

@@ -214,6 +214,31 @@ def test_a_rank_that_returns_closes_its_connections() -> None:
     assert "closed the connection" in res.rank_results[1] and "exited" in res.rank_results[1]
 
 
+def test_a_rank_that_returned_before_the_failure_is_named_in_the_summary() -> None:
+    """As the launcher's 'rank 3 exited cleanly while ranks 0-2 wait': the peers only say 'left the job'."""
+
+    async def main() -> Any:
+        pg = await aiodist.init_process_group()
+        if pg.rank == 3:
+            return "early"
+        await aiodist.all_reduce(np.ones(4))
+        await aiodist.destroy_process_group()
+        return "late"
+
+    res = sim.run(main, world_size=4, seed=0)
+    assert not res.ok and list(res.returned) == [3]
+    assert res.returned[3] < min(f.time for f in res.failures)
+    assert "rank 3 returned from main at t=" in res.summary() and "before the first failure" in res.summary()
+    fine = sim.run(_all_stay, world_size=4, seed=0)
+    assert fine.ok and list(fine.returned) == [0, 1, 2, 3] and "returned from main" not in fine.summary()
+
+
+async def _all_stay() -> Any:
+    await aiodist.init_process_group()
+    await aiodist.all_reduce(np.ones(4))
+    await aiodist.destroy_process_group()
+
+
 def test_unread_data_at_exit_resets_the_connection() -> None:
     async def main() -> Any:
         return await _server_leaves_early(read=False)
