@@ -42,8 +42,8 @@ MODE = os.environ.get("MODE", "waitfor")
 async def recv_once(buf, t):
     if MODE == "waitfor":
         return await asyncio.wait_for(dist.recv(buf, tag=1), t)
-    if MODE == "timeout":
-        async with asyncio.timeout(t):
+    if MODE in ("timeout", "timeout0"):
+        async with asyncio.timeout(0 if MODE == "timeout0" and random.random() < 0.5 else t):  # (0: the README's)
             return await dist.recv(buf, tag=1)
     if MODE == "cancel":
         task = asyncio.ensure_future(dist.recv(buf, tag=1))
@@ -92,7 +92,7 @@ async def main():
 
 
 def test_polling_receives_lose_nothing_in_the_simulator(tmp_path: Path, monkeypatch: Any) -> None:
-    for mode in ("waitfor", "timeout", "cancel", "own"):
+    for mode in ("waitfor", "timeout", "timeout0", "cancel", "own"):
         monkeypatch.setenv("MODE", mode)
         assert sim_run_source(tmp_path, POLL, 4, range(6)) == [["ok"] * 4] * 6, mode
 
