@@ -42,6 +42,7 @@ from .latency import Constant, Exponential, LatencyModel, Uniform
 from .network import Network
 from .rank_output import RankLogCollector as RankLogCollector
 from .rank_output import RankPrefixedOutput as RankPrefixedOutput
+from .program import ProgramMain
 from .result import Result, _shape
 from .result import _ranks_text as ranks_text
 from .runner import DEFAULT_MASTER_PORT, run
@@ -64,13 +65,8 @@ def load_main(path: str) -> Callable[..., Awaitable[Any]]:
         raise SystemExit(f"sim: no such program file: {path}")
     if str(p.parent) not in sys.path:
         sys.path.insert(0, str(p.parent))
-    spec = importlib.util.spec_from_file_location(f"_sim_program_{p.stem}", p)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    main: Callable[..., Awaitable[Any]] | None = getattr(module, name, None)  # the program's contract
-    if main is None or not callable(main):
+    main = ProgramMain(p, name)  # (a fresh module for every run: sim/program.py)
+    if main.function(main.first) is None:  # the program's contract
         raise SystemExit(f"sim: {path} has no {name}()")
     return main
 

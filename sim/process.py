@@ -66,7 +66,7 @@ from .host_network import LOCAL_NAMES
 if TYPE_CHECKING:
     from .network import Fabric, Host
 
-__all__ = ["RankProcess", "ProcessGlobals", "RankNetwork", "inherited_environment", "current_process",
+__all__ = ["RankProcess", "ProcessExit", "ProcessGlobals", "RankNetwork", "inherited_environment", "current_process",
            "LOOPBACK_NAMES", "PROCESS", "VIRTUAL_EPOCH"]
 
 PROCESS: contextvars.ContextVar[RankProcess | None] = contextvars.ContextVar("sim_process", default=None)
@@ -366,6 +366,21 @@ class RankTask(Coroutine[Any, Any, Any]):
         return repr(self.coro)
 
 
+class ProcessExit(SystemExit):
+    """``os._exit(code)`` in a rank: its process ends at once, without cleanup (no ``finally``, no
+    teardown); raised in the rank, taken by the runner. Outside any rank ``os._exit`` is the real one."""
+
+
+def _os_exit(real: Callable[[int], Any]) -> Callable[[int], Any]:
+    def _exit(code: int, /) -> Any:
+        if PROCESS.get() is None:
+            return real(code)
+        raise ProcessExit(code)
+
+    _exit.__name__ = _exit.__qualname__ = "_exit"
+    return _exit
+
+
 class ProcessGlobals:
     """Installs the per-rank dispatchers for one run (a context manager; nests, restores on exit)."""
 
@@ -414,6 +429,7 @@ class ProcessGlobals:
             patch(time, name, _clock(name, virtual))
         patch(time, "sleep", _sleep())
         patch(os, "getpid", _dispatcher("getpid", os, lambda p: p))
+        patch(os, "_exit", _os_exit(os._exit))
         urandom = _dispatcher("urandom", os, lambda p: p)
         patch(os, "urandom", urandom)
         patch(random, "_urandom", urandom)  # (random.SystemRandom, and so secrets, reads its own binding)

@@ -132,7 +132,8 @@ class Result:
     messages: int = 0
     crashed: list[int] = field(default_factory=list)
     returned: dict[int, float] = field(default_factory=dict)
-    """Ranks whose main returned (or called ``sys.exit(0)``), and when (virtual time; a restarted rank's last)."""
+    """Ranks whose process ended without error (main returned, ``sys.exit(0)``, ``os._exit(0)``), and when
+    (virtual time; a restarted rank's last)."""
     restarts: dict[int, int] = field(default_factory=dict)
     unhandled: list[str] = field(default_factory=list)
     faults: list[Any] = field(default_factory=list)
@@ -158,7 +159,8 @@ class Result:
             times = sorted({self.returned[r] for r in early})
             when = f"t={times[0]:.6f}s" if len(times) == 1 else f"t={times[0]:.6f}-{times[-1]:.6f}s"
             who = f"rank {early[0]}" if len(early) == 1 else f"ranks {_ranks_text(early)}"
-            lines.append(f"  {who} returned from main at {when}, before the first failure (the others still ran)")
+            lines.append(f"  {who} ended without error (returned from main, or exited with code 0) at {when}, "
+                         "before the first failure (the others still ran)")
         if len(self.failures) <= Failure.MAX_RANK_LINES:
             lines += [str(f) for f in self.failures]
         else:  # a big run: failures that differ only in numbers (ranks, times) share one entry

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+import inspect
 import os
 import random
 import traceback as tb
@@ -44,7 +45,8 @@ from .locations import _await_location, _raise_location
 from .loop import LANE, SimLoop
 from .network import Fabric, Host, Network
 from .plan import World, expand, validate
-from .process import PROCESS, ProcessGlobals, RankNetwork, RankProcess, inherited_environment, job_secret
+from .program import RUN
+from .process import PROCESS, ProcessExit, ProcessGlobals, RankNetwork, RankProcess, inherited_environment, job_secret
 from .result import Failure as Failure
 from .result import Result as Result
 from .result import _ranks_text as _ranks_text  # (re-exported: tests import it from here)
@@ -202,6 +204,7 @@ class Simulation(FaultActions):
             self.globals.enter_rank(process)
             set_token_source(process.token_bytes)
             set_network(net)
+            RUN.set(self)
             new_rank_scope()
             LANE.set(lane)
             return rank_scope(), process
@@ -213,9 +216,12 @@ class Simulation(FaultActions):
         self.current[rank] = inc
         self.fabric.boot(host, lane, ctx)
         self.tracer.emit(self.loop.time(), "start", host.name, detail=f"incarnation {count}")
-        coro = ctx.run(self.main, *self.args)  # even a plain function returning an awaitable runs as the rank
+        try:
+            coro = ctx.run(self.main, *self.args)  # even a plain function returning an awaitable runs as the rank
+        except Exception as e:  # noqa: BLE001 - a plain ``def main()`` that failed as it was called: the rank's error
+            coro = _raise(_not_async(self.main, e))
         if not asyncio.iscoroutine(coro):
-            coro = _as_coroutine(coro)
+            coro = _as_coroutine(coro, self.main)
         inc.task = self.loop.create_task(coro, name=f"sim-rank{rank}", context=ctx)
         inc.task.add_done_callback(lambda t, inc=inc: self._rank_done(inc, t), context=self.kernel)
 
@@ -264,6 +270,9 @@ class Simulation(FaultActions):
         for t in self.loop.lane_tasks(lane):  # the task it came from ended with it: its exit is taken here
             if t.done() and isinstance(getattr(t, "_exception", None), SystemExit):
                 t.exception()  # (seen: no "exception was never retrieved" report later)
+        if isinstance(exc, ProcessExit):  # os._exit: the process ends here and now, without cleanup
+            self._os_exit(inc, exc)
+            return True
         if inc.state == "running":
             if exc.code is None or exc.code == 0:
                 inc.state, inc.result = "finishing", None
@@ -272,6 +281,29 @@ class Simulation(FaultActions):
                 return True
             self._exit(inc, normal=False)
         return True
+
+    def _os_exit(self, inc: _Incarnation, exc: ProcessExit) -> None:
+        """``os._exit(code)`` in ``inc``: nothing of it runs again, the OS closes its sockets (a code other than
+        0 is its failure; 0 ends it as a return would, but without any teardown: peers may lose data)."""
+        now = self.loop.time()
+        code = exc.code
+        self.tracer.emit(now, "exit", f"rank{inc.rank}", detail=f"os._exit({code})")
+        if code in (0, None):
+            inc.state = "done"
+            self.returned[inc.rank] = now
+        else:
+            inc.state = "failed"
+            self.failures.append(Failure("exception", inc.rank, f"os._exit({code}): the rank's process exited at "
+                                         "once, without cleanup", "".join(tb.format_exception(exc)), now,
+                                         location=_raise_location(exc)))
+        self._ended += 1
+        host = self.hosts[inc.rank]
+        self.loop.kill_lane(inc.lane)
+        self.fabric.exit(host)
+        if code not in (0, None) and self.stop_on_error:
+            self.loop.stop()
+            return
+        self._maybe_finish()
 
     async def _finish(self, inc: _Incarnation, *, normal: bool) -> Failure | None:
         failure = None
@@ -409,8 +441,36 @@ class Simulation(FaultActions):
         self.loop.discard()
 
 
-async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:
+async def _as_coroutine(awaitable: Awaitable[Any], main: Any) -> Any:
+    if not inspect.isawaitable(awaitable):
+        raise TypeError(f"{_name(main)}() returned {type(awaitable).__name__}, not an awaitable: {_ASYNC_MAIN}")
     return await awaitable
+
+
+async def _raise(exc: BaseException) -> Any:
+    raise exc
+
+
+_ASYNC_MAIN = ("the simulator runs each rank's main as a coroutine on the rank's own event loop: make it "
+               "`async def main()` (or run the file's coroutine function: prog.py:NAME)")
+
+
+def _name(main: Any) -> str:
+    return str(getattr(main, "__qualname__", None) or getattr(main, "__name__", None) or "main")
+
+
+def _not_async(main: Any, exc: Exception) -> Exception:
+    """What a ``main`` that raised as it was called failed with: as it is for a coroutine function (whose call
+    runs nothing), and for a plain function that ran code of its own (``asyncio.run(...)`` above all: it cannot
+    start a loop of its own inside the simulator) an error that says why."""
+    fn = getattr(main, "function", None)
+    target = fn(main.first) if callable(fn) and hasattr(main, "first") else main  # (a CLI program: sim/program.py)
+    if inspect.iscoroutinefunction(target):
+        return exc
+    error = TypeError(f"{_name(main)}() is not `async def` and failed as it was called "
+                      f"({type(exc).__name__}: {exc}): {_ASYNC_MAIN}")
+    error.__cause__ = exc
+    return error
 
 
 

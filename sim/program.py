@@ -1,0 +1,97 @@
+"""A program file as the simulator's CLI runs it: compiled once, its module made afresh for every run.
+
+A real job starts each of its processes from a fresh interpreter, so a
+program's module-level state (a cache, a counter, a flag set by an earlier
+call) starts empty in every run. A sweep runs many seeds in one worker
+process, and ``--check-determinism`` and ``--shrink`` run one seed several
+times: had the module been imported once, what one run left in its globals
+would change the next run, and a seed's outcome would depend on the worker
+that ran it and on the seeds before it (its printed replay command would
+then disagree with the sweep).
+
+:class:`ProgramMain` is the program's ``main`` as a callable: the first rank
+of a run that calls it executes the file's code in a new module (in that
+rank's context, so that what the module's top level draws from ``random``
+or reads from the environment is the same in every replay), registers it
+under the module's name (pickled objects of its classes resolve to it) and
+calls that module's ``main``; the other ranks of the run call the same
+module's. Within one run the module is shared by the virtual ranks, as the
+README's known limits say.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib.util
+import io
+import sys
+import weakref
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import CodeType, ModuleType
+from typing import Any
+
+__all__ = ["RUN", "ProgramMain"]
+
+RUN: contextvars.ContextVar[object | None] = contextvars.ContextVar("sim_run", default=None)
+"""The simulation a rank belongs to (set for each rank by the runner; None outside any run)."""
+
+
+class ProgramMain:
+    """``main`` (or another function, ``name``) of the program file ``path``, a fresh module per run."""
+
+    def __init__(self, path: Path, name: str = "main") -> None:
+        self.path = path
+        self.name = name
+        self.module_name = f"_sim_program_{path.stem}"
+        self._code: CodeType = compile(path.read_bytes(), str(path), "exec")
+        self._modules: weakref.WeakKeyDictionary[Any, ModuleType] = weakref.WeakKeyDictionary()
+        self.first = self._load()
+        self.__name__ = name
+        self.__qualname__ = name
+        self.__module__ = self.module_name
+        self.__doc__ = getattr(self.function(self.first), "__doc__", None)
+
+    def __repr__(self) -> str:
+        return f"<sim.ProgramMain {self.path}:{self.name}>"
+
+    def _load(self) -> ModuleType:
+        """The module run once at load, to check what it defines and show its errors at once; its output is
+        dropped unless it raised (each run runs the module again, and prints what it prints then)."""
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                return self._module()
+        except BaseException:
+            sys.stderr.write(out.getvalue())
+            raise
+
+    def _module(self) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(self.module_name, self.path)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[self.module_name] = module
+        exec(self._code, module.__dict__)  # noqa: S102 - the user's program, as `python prog.py` would run it
+        return module
+
+    def function(self, module: ModuleType) -> Callable[..., Awaitable[Any]] | None:
+        """The module's function ``name`` (None when it has none, or it is not callable)."""
+        fn = getattr(module, self.name, None)
+        return fn if callable(fn) else None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        run = RUN.get()
+        if run is None:  # (called outside a simulation: the module loaded first)
+            module = self.first
+        else:
+            module = self._modules.get(run)  # type: ignore[assignment]
+            if module is None:
+                module = self._modules[run] = self._module()
+        fn = self.function(module)
+        if fn is None:
+            raise TypeError(f"{self.path} has no {self.name}() in this run (its top level removed it)")
+        return fn(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ProgramMain, (self.path, self.name))
