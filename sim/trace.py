@@ -201,9 +201,12 @@ def to_chrome(events: Iterable[TraceEvent], ops: Mapping[int, Sequence[Mapping[s
 
 def json_value(v: Any) -> Any:
     """``v`` as a JSON value: numbers, strings, booleans, None, lists and str-keyed objects as they are;
-    bytes as text (``b'...'``) and anything else as its ``repr``."""
+    bytes as ``{"hex": "..."}`` (nonces, proofs: 32 bytes read as 64 hex digits) and anything else as its
+    ``repr``."""
     if v is None or isinstance(v, (bool, int, str)):
         return v
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return {"hex": bytes(v).hex()}
     if isinstance(v, float):
         return v if v == v and v not in (float("inf"), float("-inf")) else repr(v)
     if isinstance(v, (list, tuple)):
