@@ -44,6 +44,9 @@ __all__ = [
 
 MAX_ENTRIES = 10_000
 """Notes kept per rank; further un-awaited operations are only counted (a loop that never awaits stays bounded)."""
+OVERFLOW = -1
+"""The key of an operation booked beyond :data:`MAX_ENTRIES`: counted, without its call site (awaiting it
+takes it off the count)."""
 
 _AIODIST_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _ASYNCIO_DIR = os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep
@@ -145,7 +148,10 @@ class Ledger:
 
     def settle(self, key: int) -> None:
         """The operation was awaited: take it out."""
-        self.live.pop(key, None)
+        if key == OVERFLOW:
+            self.overflow = max(self.overflow - 1, 0)
+        else:
+            self.live.pop(key, None)
 
     def collected(self, key: int) -> None:
         """The Work of a booked operation was garbage-collected un-awaited: warn at its call site (it stays booked)."""
@@ -166,8 +172,12 @@ class Ledger:
             return [describe(self.live[k]) for k in self.gone]
         out = [describe(site) for site in self.live.values()]
         if self.overflow:
-            out.append(f"... and {self.overflow} more operations never awaited")
+            out.append(f"... and {self.overflow} more (their call sites were not kept beyond {MAX_ENTRIES})")
         return out
+
+    def count(self) -> int:
+        """How many operations are booked (those whose call site was kept, and those only counted)."""
+        return len(self.live) + self.overflow
 
     def clear(self, *, collected_only: bool = False) -> None:
         if collected_only:
@@ -213,9 +223,10 @@ def raise_if_unawaited(context: str, *, rank: int | None = None, collected_only:
     ops = unawaited_operations(collected_only=collected_only)
     if not ops:
         return
+    book: Ledger = rank_scope()[_KEY]
+    n = len(ops) if collected_only else book.count()
     clear_unawaited(collected_only=collected_only)
     who = "" if rank is None else f" on rank {rank}"
-    n = len(ops)
     listing = "; ".join(ops)
     raise UnawaitedOperationError(
         f"{context}: {n} operation{'s' if n != 1 else ''} started{who} never awaited: {listing}. "

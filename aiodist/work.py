@@ -53,7 +53,7 @@ from .arguments import optional_seconds
 from .collectives.buffers import TASKS as STAGING, UNCLAIMED, claim, register_task, release
 from .errors import GroupError, anew
 from .future import Future
-from .unawaited import MAX_ENTRIES, UnawaitedOperationError, call_site, clear_unawaited, ledger, unawaited_operations
+from .unawaited import MAX_ENTRIES, OVERFLOW, UnawaitedOperationError, call_site, clear_unawaited, ledger, unawaited_operations
 
 __all__ = ["OpRecord", "UnawaitedOperationError", "Work", "clear_unawaited", "unawaited_operations"]
 
@@ -166,6 +166,7 @@ class Work(Generic[T]):
             book.next = key + 1
             live[key] = (op, seq, group, code, line)
         else:
+            self._key = OVERFLOW  # (counted only: awaiting it takes it off the count)
             book.overflow += 1
 
     def __del__(self) -> None:
@@ -215,7 +216,10 @@ class Work(Generic[T]):
         key = self._key
         if key is not None:  # (_settle, inlined)
             self._key = None
-            self._book.live.pop(key, None)
+            if key >= 0:
+                self._book.live.pop(key, None)
+            else:
+                self._book.settle(key)
         rec = self._rec
         if rec is None:
             return (yield from self._await_task())

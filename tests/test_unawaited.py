@@ -86,6 +86,30 @@ async def test_every_way_of_looking_at_the_result_counts_as_awaiting() -> None:
     del held
 
 
+async def test_operations_beyond_the_ledgers_cap_are_counted_and_awaiting_them_takes_them_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: past 10,000 operations in flight, every awaited one still counted as never awaited, and the
+    rank failed at its end with UnawaitedOperationError ("1 operation ... and 1 more", no call site)."""
+    import aiodist.work
+
+    monkeypatch.setattr(aiodist.work, "MAX_ENTRIES", 3)
+    await _world_of_one()
+    x = np.ones(2)
+    works = [dist.all_reduce(x) for _ in range(5)]  # 3 with their call site, 2 only counted
+    await asyncio.gather(*works)
+    assert unawaited_operations() == []
+    await dist.finish_rank()  # nothing left: no error
+    await _world_of_one()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        kept = [dist.all_reduce(x) for _ in range(5)]
+        await asyncio.gather(*kept[:2])
+    with pytest.raises(UnawaitedOperationError) as info:
+        await dist.finish_rank()
+    assert "3 operations started" in str(info.value) and "2 more (their call sites were not kept" in str(info.value)
+    del kept
+
+
 def _fn() -> str:
     return "test_every_way_of_looking_at_the_result_counts_as_awaiting"
 
