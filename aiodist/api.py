@@ -294,7 +294,8 @@ async def finish_rank(*, timeout: float = 30.0) -> None:
     raise_if_unawaited(f"the main function of rank {rank} returned" if rank is not None else "main returned")
 
 
-async def finish_failed_rank(error: BaseException, *, timeout: float = MISMATCH_LEAVE_WAIT) -> None:
+async def finish_failed_rank(error: BaseException, *, timeout: float = MISMATCH_LEAVE_WAIT,
+                             what: str | None = None) -> None:
     """What happens when a rank's ``main`` raises ``error`` (the launcher and :func:`aiodist.spawn` call it).
 
     After a :class:`~aiodist.errors.CollectiveMismatchError`, the rank's groups
@@ -307,7 +308,8 @@ async def finish_failed_rank(error: BaseException, *, timeout: float = MISMATCH_
     the peers connected to it (``bye``), to those that reach for it later (a
     note in the store) and to the clients of the store it hosts, instead of a
     bare lost connection; its pending operations are aborted (as by
-    :func:`abort`). Never raises.
+    :func:`abort`). ``what``: how to say an exception (default ``raised
+    Type: message``; the launcher adds the program's line). Never raises.
     """
     world = get_default_group()
     if world is None:
@@ -322,7 +324,7 @@ async def finish_failed_rank(error: BaseException, *, timeout: float = MISMATCH_
         what = f"exited with code {error.code}" if isinstance(error.code, int) else f"exited: {error.code}"
     elif not isinstance(error, Exception):  # (a clean exit, an interrupt: the process goes as it is)
         return
-    else:
+    elif what is None:
         what = f"raised {type(error).__name__}: {error}"
     transport = world.transport
     transport.links.failed_here(what.splitlines()[0])

@@ -152,6 +152,11 @@ class PeerFailureError(DistBackendError):
     ``.rank`` is the culprit in the group's numbering (``None`` if unknown),
     ``.global_rank`` in the world's numbering, ``.op`` and ``.seq`` name the
     operation it interrupted, ``.how`` says how the failure was detected.
+    When that rank said, as it left, which failure it left after (its own
+    error, or another rank's that it learned of or that its launcher stopped
+    it for), ``.culprit`` is the global rank whose failure that was and
+    ``.cause`` how it failed (else both are None): the root cause, which may
+    be a rank this one never talked to.
     """
 
     def __init__(
@@ -163,6 +168,8 @@ class PeerFailureError(DistBackendError):
         op: str | None = None,
         seq: int | None = None,
         how: str | None = None,
+        culprit: int | None = None,
+        cause: str | None = None,
     ) -> None:
         super().__init__(message)
         self.rank = rank
@@ -170,6 +177,8 @@ class PeerFailureError(DistBackendError):
         self.op = op
         self.seq = seq
         self.how = how
+        self.culprit = culprit
+        self.cause = cause
 
 
 class PeerCallFailedError(DistBackendError):

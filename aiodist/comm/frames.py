@@ -17,8 +17,9 @@ the simulator have their own protocols). A frame is a msgpack map (see
       p     {t, g: group id, tag, n: per (group, destination, tag) number} + payload  (point to point)
       p     {t, g, tag, n, skip: 1}              number ``n`` will not come (its send gave up first); no payload
       hb    {t}                                  heartbeat
-      bye   {t, how?, rank?}                     this rank leaves the job (its group was destroyed); after a
-                                                 failure: the first one it learned of (``how``; whose: ``rank``)
+      bye   {t, how?, rank?, stopped?}           this rank leaves the job (its group was destroyed); after a
+                                                 failure: the first one it learned of (``how``; whose: ``rank``);
+                                                 ``stopped``: its launcher stopped it for that failure
       fail  {t, rank, how}                       rank ``rank`` failed (``how``); may name the receiver
       x     {t, g, s: seq, m: message, c: [[global rank, call], ...]}   collective mismatch report
       xf    {t, g, s: seq, m: message}          the sender's call at ``seq`` failed there (it raised: ``m``)
@@ -76,6 +77,7 @@ SKIP: Final = "skip"
 
 # failure and mismatch reports
 HOW: Final = "how"
+STOPPED: Final = "stopped"
 SEQ: Final = "s"
 TEXT: Final = "m"
 CALLS: Final = "c"
@@ -153,13 +155,16 @@ def dup() -> Header:
     return {KIND: DUP}
 
 
-def bye(after: tuple[int | None, str] | None = None) -> Header:
-    """This rank leaves; ``after``: (rank or None, how) of the failure it learned of first, if it leaves after one."""
+def bye(after: tuple[int | None, str] | None = None, *, stopped: bool = False) -> Header:
+    """This rank leaves; ``after``: (rank or None, how) of the failure it learned of first, if it leaves after one;
+    ``stopped``: its launcher stopped it because of that failure."""
     if after is None:
         return {KIND: BYE}
     h: Header = {KIND: BYE, HOW: after[1]}
     if after[0] is not None:
         h[RANK] = after[0]
+    if stopped:
+        h[STOPPED] = True
     return h
 
 

@@ -117,10 +117,13 @@ class Link:
     ``how``: why it ended; ``reason``: the peer's refusal; ``rejected``: the
     bad input it sent (nothing it says counts since); ``after_eviction``: it
     failed after this rank was declared failed (a consequence: errors about
-    it blame this rank).
+    it blame this rank). ``culprit``/``cause``: the peer left after the failure
+    of that rank (itself, for its own error), which failed so, as it said (in
+    its ``bye``, or its note in the store); None when it named no other rank.
     """
 
-    __slots__ = ("rank", "state", "conn", "wanted", "speculative", "how", "reason", "rejected", "after_eviction")
+    __slots__ = ("rank", "state", "conn", "wanted", "speculative", "how", "reason", "rejected", "after_eviction",
+                 "culprit", "cause")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -132,6 +135,8 @@ class Link:
         self.reason: str | None = None
         self.rejected: str | None = None
         self.after_eviction = False
+        self.culprit: int | None = None
+        self.cause: str | None = None
 
     def __repr__(self) -> str:
         extra = f" ({self.how})" if self.how else ""
@@ -144,7 +149,8 @@ class Link:
 class Links:
     """The links of rank ``rank`` of a ``world_size``-rank job (see the module doc)."""
 
-    __slots__ = ("rank", "world_size", "dial_defer", "condemned", "closing", "first_failure", "_links", "_nfailed")
+    __slots__ = ("rank", "world_size", "dial_defer", "condemned", "closing", "first_failure", "stopped", "_links",
+                 "_nfailed")
 
     def __init__(self, rank: int, world_size: int, *, dial_defer: float) -> None:
         self.rank = rank
@@ -156,6 +162,7 @@ class Links:
         # (rank None: no rank to blame, e.g. the store went away). Said with ``bye``, so that ranks
         # that only see this one leave can name the root cause.
         self.first_failure: tuple[int | None, str] | None = None
+        self.stopped = False  # this rank's launcher stops it because of ``first_failure`` (see stopped_for)
         self._links: dict[int, Link] = {}
         self._nfailed = 0  # links in state FAILED (which a new link must hear of: none, usually)
 
@@ -211,7 +218,8 @@ class Links:
             return PeerRefusedError(
                 f"rank {rank} refused the connection of rank {self.rank}: {reason}", rank=rank, how=how, reason=reason
             )
-        return PeerFailureError(f"rank {rank} failed: {how}", rank=rank, how=how)
+        culprit, cause = (link.culprit, link.cause) if link is not None else (None, None)
+        return PeerFailureError(f"rank {rank} failed: {how}", rank=rank, how=how, culprit=culprit, cause=cause)
 
     # ------------------------------------------------------------------ wanting a link
 
@@ -290,7 +298,7 @@ class Links:
             link.state = _IDLE
             return []
         if departed is not None:
-            return self._fail(link, self._left_after(rank, *departed))
+            return self._fail(link, self._left_after(link, *departed))
         return self._fail(link, f"unreachable ({detail})")
 
     def dial_unauthentic(self, rank: int, detail: str) -> Actions:
@@ -422,12 +430,12 @@ class Links:
             return []
         return self._fail(link, "connection lost")
 
-    def bye(self, rank: int, after: Any = None, how: Any = None) -> Actions:
+    def bye(self, rank: int, after: Any = None, how: Any = None, stopped: Any = False) -> Actions:
         """``rank`` left the job cleanly: only what still expected something from it fails.
 
         ``after``/``how``: the failure it left after, as it said (unchecked input: a rank
         outside the job, or not an int, names nobody; ``how`` is cut to :data:`MAX_HOW`
-        characters).
+        characters); ``stopped`` (True): its launcher stopped it because of that failure.
         """
         link = self._links.get(rank)
         if link is None or link.state is not _READY:
@@ -436,7 +444,7 @@ class Links:
         if after is None and how is None:
             link.how = LEFT_HOW
         else:
-            link.how = self._left_after(rank, after, how)
+            link.how = self._left_after(link, after, how, stopped=stopped is True)
         return [Log(logging.DEBUG, f"rank {self.rank}: peer rank {rank} {link.how}"), Unwatch(rank), FailReceives(rank)]
 
     def _gone(self, link: Link) -> Actions:
@@ -449,19 +457,25 @@ class Links:
             acts.append(Wake(link.rank, self.peer_error(link.rank)))
         return acts
 
-    def _left_after(self, rank: int, after: Any, how: Any) -> str:
-        """How ``rank`` left, as it said: after the failure of rank ``after`` (``how``); notes the root cause.
+    def _left_after(self, link: Link, after: Any, how: Any, *, stopped: bool = False) -> str:
+        """How ``link``'s rank left, as it said: after the failure of rank ``after`` (``how``; ``after`` is
+        the rank itself for its own error); notes the root cause, on the link and as this rank's first failure.
 
-        Unchecked input: an ``after`` that is not a rank of the job other than ``rank`` names
-        nobody; ``how`` is cut to :data:`MAX_HOW` characters.
+        Unchecked input: an ``after`` that is not a rank of the job names nobody; ``how`` is
+        cut to :data:`MAX_HOW` characters. ``stopped``: its launcher stopped it for that failure.
         """
-        root = after if type(after) is int and 0 <= after < self.world_size and after != rank else None
+        rank = link.rank
+        named = type(after) is int and 0 <= after < self.world_size
+        root = after if named and after != rank else None
         cause = str(how)[:MAX_HOW] if how is not None else "unknown"
-        if self.first_failure is None and not self.closing and root != self.rank:
-            self.first_failure = (root, cause)
+        if named and after != self.rank:  # (this rank's own failure is not a root cause it learned of)
+            link.culprit, link.cause = after, cause
+        if self.first_failure is None and not self.closing and not (named and after == self.rank):
+            self.first_failure = (link.culprit, cause)
+        lead = "stopped by its launcher after" if stopped else "left the job after"
         if root is None:
-            return f"left the job after: {cause}"
-        return f"left the job after {'this rank' if root == self.rank else f'rank {root}'} failed: {cause}"
+            return f"{lead}: {cause}"
+        return f"{lead} {'this rank' if root == self.rank else f'rank {root}'} failed: {cause}"
 
     def silent(self, rank: int, how: str) -> Actions:
         """The failure detector heard nothing from ``rank`` for too long: fail it, telling it first
@@ -562,6 +576,17 @@ class Links:
         if self.first_failure is None and not self.closing:
             self.first_failure = (self.rank, how[:MAX_HOW])
 
+    def stopped_for(self, culprit: int, how: str) -> bool:
+        """This rank's launcher stops it because rank ``culprit`` failed (``how``): the ``bye`` of :meth:`close`
+        says so (the launcher's root cause, in place of what this rank learned first), so that the peers
+        name that failure, not this rank's departure. False (nothing changes): it already left, or
+        ``culprit`` is not another rank of the job."""
+        if self.closing or not 0 <= culprit < self.world_size or culprit == self.rank:
+            return False
+        self.first_failure = (culprit, how[:MAX_HOW])
+        self.stopped = True
+        return True
+
     def _condemn(self, how: str) -> Actions:
         """The other ranks consider this rank failed: break every group, blaming this rank."""
         if self.condemned is not None or self.closing:
@@ -577,7 +602,7 @@ class Links:
         self.closing = True
         acts: Actions = []
         if orderly:
-            farewell = F.bye(self.first_failure)
+            farewell = F.bye(self.first_failure, stopped=self.stopped)
             acts += [Send(link.conn, farewell) for link in self._links.values() if link.state is _READY]
         destroyed = GroupError("the process group was destroyed")
         for link in self._links.values():

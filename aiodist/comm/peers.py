@@ -175,6 +175,20 @@ class PeerLinks:
         except TimeoutError:
             log.warning("rank %d: connections did not finish closing within %gs", self.rank, BYE_TIMEOUT)
 
+    async def farewell(self) -> None:
+        """``bye`` to every live link and close them all, waiting until they are closed; nothing else is
+        ended (the tasks, the receives still waiting): for a rank whose process ends next (see
+        :meth:`~aiodist.comm.transport.Transport.leave_stopped`). The caller bounds the wait."""
+        actions = self.links.close()
+        self.do(actions)
+        self._stop_expecting()
+        self.heartbeats.stop()
+        if self._listener is not None:
+            self._listener.close()
+        for a in actions:
+            if type(a) is A.Close:
+                await a.conn.wait_closed()
+
     def abort(self) -> None:
         self.do(self.links.abort())
         self._stop_expecting()

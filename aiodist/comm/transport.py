@@ -207,6 +207,26 @@ class Transport:
         :meth:`PeerLinks.note_departure`), within ``grace`` seconds."""
         await self._links.note_departure(grace=grace)
 
+    async def leave_stopped(self, culprit: int, how: str, *, grace: float) -> bool:
+        """This rank's launcher stops it (it dies of the signal next) because rank ``culprit`` failed (``how``).
+
+        Within ``grace`` seconds: note in the store, then say in a ``bye`` to every connected peer, that it
+        leaves after that failure, stopped by its launcher; every connection is closed in order. The
+        peers then name ``culprit`` as the root cause, not this rank, even those of other nodes (whose
+        launchers only know this rank's departure). Nothing of this rank's own is resolved here (its
+        operations wait on: the process ends). False: it already left, or ``culprit`` is this rank.
+        """
+        if self._closed or not self.links.stopped_for(culprit, how):
+            return False
+        self._closed = True
+        try:
+            async with asyncio.timeout(grace):
+                await self._links.note_departure(grace=grace / 2)
+                await self._links.farewell()
+        except TimeoutError:
+            pass
+        return True
+
     def abort(self) -> None:
         """Drop every connection at once, without ``bye``: what a crash of this rank looks like to its peers.
 
@@ -494,7 +514,7 @@ class Transport:
 
     def _on_control(self, p: Peer, kind: Any, h: Header) -> None:
         if kind == F.BYE:
-            self._links.do(self.links.bye(p.rank, h.get(F.RANK), h.get(F.HOW)))
+            self._links.do(self.links.bye(p.rank, h.get(F.RANK), h.get(F.HOW), h.get(F.STOPPED)))
         elif kind == F.FAIL:
             self._links.do(self.links.reported(p.rank, h.get(F.RANK), h.get(F.HOW, "?")))
         elif kind == F.MISMATCH or kind == F.CALL_FAILED:

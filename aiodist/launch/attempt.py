@@ -340,14 +340,20 @@ class Attempt:
         _, pending = await asyncio.wait(self._watchers, timeout=timeout)
         return not pending
 
-    async def stop(self, signum: int = signal.SIGTERM) -> None:
+    async def stop(self, signum: int = signal.SIGTERM, *, reason: Blame | None = None) -> None:
         """Stop every rank still running: ``signum``, then SIGKILL after the grace period.
 
-        Returns once every rank has been reaped (or, for a rank that cannot be
-        reaped, after a bounded wait); the watcher tasks are done afterwards.
+        ``reason``: the root cause of the failure they are stopped for; with
+        several nodes, a rank stopped so tells its peers about it as it leaves
+        (see :func:`aiodist.launch.outcome.write_stop_reason`; on one node
+        every peer is stopped with it, by a launcher that knows). Returns once every
+        rank has been reaped (or, for a rank that cannot be reaped, after a
+        bounded wait); the watcher tasks are done afterwards.
         """
         self.stopping = True
         if any(r.returncode is None for r in self._ranks):
+            if self._config.nnodes > 1:
+                outcomes.write_stop_reason(self.status_dir, reason)
             self.signal_all(signum)
         if not await self._watchers_done(self._config.grace_period):
             self.signal_all(signal.SIGKILL)

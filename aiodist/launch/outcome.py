@@ -8,7 +8,8 @@ small JSON record into ``$AIODIST_STATUS_DIR/rank<R>.json`` as it ends:
   that raised it, and, when the exception is the *consequence* of another
   rank's failure (:class:`~aiodist.errors.PeerFailureError`, a lost store, a
   group aborted because of a peer), the rank it blames and the operation it
-  was in;
+  was in (and, when the peer it lost said which failure it left after, that
+  failure's rank and how it failed: ``cause``);
 * ``exit``: ``sys.exit(N)``.
 
 The launcher reads the records of the ranks that ended and picks the root
@@ -19,7 +20,16 @@ mismatch, the one that found it, not those it told), else a rank that returned w
 still needed it (the ranks that failed blame it), else the rank most of them
 blame, else the first to exit. The message says which kind it was:
 ``rank 2 raised RuntimeError: boom (train.py:41)``, ``rank 3 exited cleanly
-while ranks 0-2 wait in all_reduce #7``.
+while ranks 0-2 wait in all_reduce #7``; a rank of another node by how its
+peers were told it failed: ``rank 3 (on another node) raised ValueError: boom
+(train.py:8); ranks 0, 1 lost it in all_reduce #3``.
+
+Before the launcher of a job of several nodes stops the other ranks after a
+failure, it writes the root cause into ``$AIODIST_STATUS_DIR/stop.json``
+(:func:`write_stop_reason`): a rank stopped so tells its peers, as it leaves,
+that it leaves because of that failure (:func:`stop_reason`,
+:mod:`aiodist.launch.stopped`), and the peers on other nodes, whose launchers
+know nothing of it, name that failure, not the rank that was stopped.
 """
 
 from __future__ import annotations
@@ -36,10 +46,14 @@ from typing import Any
 
 from .status import describe_returncode, signal_of
 
-__all__ = ["STATUS_DIR_ENV", "Blame", "blamed", "describe_exception", "load", "raised_text", "rank_ended", "record", "root_cause"]
+__all__ = ["STATUS_DIR_ENV", "STOP_REASON", "Blame", "blamed", "describe_exception", "load", "raised_text", "rank_ended",
+           "record", "root_cause", "stop_reason", "write_stop_reason"]
 
 STATUS_DIR_ENV = "AIODIST_STATUS_DIR"
 """The directory a launched rank writes its end record into (set by the launcher)."""
+
+STOP_REASON = "stop.json"
+"""The file of that directory in which the launcher says, before it stops the ranks, which failure it stops them for."""
 
 _INTERNAL_DIRS = (
     os.path.dirname(os.path.abspath(os.__file__)) + os.sep,  # the standard library (asyncio, runpy, json, ...)
@@ -59,8 +73,12 @@ def _user_frame(exc: BaseException) -> str | None:
     return where
 
 
-def _blamed(exc: BaseException) -> tuple[int | None, str | None]:
-    """(rank blamed, operation) if ``exc`` is the consequence of another rank's failure, else (None, None)."""
+def _blamed(exc: BaseException) -> tuple[int | None, str | None, str | None]:
+    """(rank blamed, operation, how it failed) if ``exc`` is the consequence of another rank's failure, else Nones.
+
+    The rank blamed is the root cause when the peer lost said which failure it left after (its own, or
+    another rank's: :attr:`~aiodist.errors.PeerFailureError.culprit`), with how it failed; else the peer.
+    """
     from ..comm.links import AUTH_FAILED
     from ..errors import AbortedError, PeerCallFailedError, PeerFailureError, RendezvousTimeoutError, StoreConnectionLost
 
@@ -70,20 +88,24 @@ def _blamed(exc: BaseException) -> tuple[int | None, str | None]:
         seen.add(id(e))
         if isinstance(e, PeerFailureError):
             if (e.how or "").startswith(AUTH_FAILED):
-                return None, None  # (its own finding: something at the peer's address did not prove the secret)
+                return None, None, None  # (its own finding: something at the peer's address did not prove the secret)
             rank = e.global_rank if e.global_rank is not None else e.rank
             op = None
             if e.op:
                 op = e.op if e.seq is None else f"{e.op} #{e.seq}"
-            return (rank if isinstance(rank, int) else -1), op
+            culprit = getattr(e, "culprit", None)
+            if type(culprit) is int and culprit >= 0:  # (the peer left after that rank's failure: the root)
+                cause = getattr(e, "cause", None)
+                return culprit, op, cause if isinstance(cause, str) else None
+            return (rank if isinstance(rank, int) else -1), op, None
         if isinstance(e, PeerCallFailedError):  # (the call failed on that rank: its error is the cause)
-            return (e.global_rank if isinstance(e.global_rank, int) else -1), None
+            return (e.global_rank if isinstance(e.global_rank, int) else -1), None, None
         if isinstance(e, RendezvousTimeoutError) and e.missing:  # (waited for a rank that never joined)
-            return e.missing[0], "rendezvous"
+            return e.missing[0], "rendezvous", None
         if isinstance(e, (StoreConnectionLost, AbortedError)):
-            return -1, None
+            return -1, None, None
         e = e.__cause__ or e.__context__
-    return None, None
+    return None, None, None
 
 
 def describe_exception(exc: BaseException) -> dict[str, Any]:
@@ -91,7 +113,7 @@ def describe_exception(exc: BaseException) -> dict[str, Any]:
     from ..errors import innermost
 
     exc = innermost(exc)
-    blamed, op = _blamed(exc)
+    blamed, op, cause = _blamed(exc)
     message = str(exc).splitlines()[0] if str(exc) else ""
     if len(message) > 300:
         message = message[:297] + "..."
@@ -100,6 +122,8 @@ def describe_exception(exc: BaseException) -> dict[str, Any]:
     if blamed is not None:
         out["blames"] = None if blamed < 0 else blamed
         out["op"] = op
+        if cause:
+            out["cause"] = cause
     found_by = getattr(exc, "found_by", None)  # a collective mismatch another rank found and told us of
     if type(found_by) is int:
         out["found_by"] = found_by
@@ -142,11 +166,16 @@ def load(directory: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Blame:
-    """The rank that started a failure, how (``kind``: raised, signal, exit, returned, unknown), and the message."""
+    """The rank that started a failure, how (``kind``: raised, signal, exit, returned, unknown), and the message.
+
+    ``cause``: how that rank failed, without its name (``raised ValueError: boom (train.py:8)``,
+    ``was killed by signal SIGKILL (9)``); None when not known (what the launcher tells the ranks it stops).
+    """
 
     rank: int
     kind: str
     message: str
+    cause: str | None = None
 
 
 def _ranges(ranks: Sequence[int]) -> str:
@@ -171,10 +200,6 @@ def raised_text(rec: Mapping[str, Any]) -> str:
     if rec.get("where"):
         text += f" ({rec['where']})"
     return text
-
-
-def _raised(rank: int, rec: Mapping[str, Any]) -> str:
-    return f"rank {rank} {raised_text(rec)}"
 
 
 def _blame_chain(rank: int, consequences: Mapping[int, Mapping[str, Any]]) -> int | None:
@@ -230,19 +255,19 @@ def root_cause(
         when = float(rec["time"]) if rec and isinstance(rec.get("time"), (int, float)) else float("inf")
         if rec is None or rec.get("kind") == "returned":
             if signal_of(code) is not None:
-                own.append((when, order[r], Blame(r, "signal", f"rank {r} was killed by {describe_returncode(code)}")))
+                own.append((when, order[r], _own(r, "signal", f"was killed by {describe_returncode(code)}")))
             else:
-                own.append((when, order[r], Blame(r, "exit", f"rank {r} exited with code {code}")))
+                own.append((when, order[r], _own(r, "exit", f"exited with code {code}")))
         elif rec.get("kind") == "exit":
-            own.append((when, order[r], Blame(r, "exit", f"rank {r} exited with code {rec.get('code', code)}")))
+            own.append((when, order[r], _own(r, "exit", f"exited with code {rec.get('code', code)}")))
         elif rec.get("kind") == "interrupted":  # (SIGINT that the launcher did not send)
             at = f" at {rec['where']}" if rec.get("where") else ""
-            own.append((when, order[r], Blame(r, "signal", f"rank {r} was interrupted ({rec.get('type')}){at}")))
+            own.append((when, order[r], _own(r, "signal", f"was interrupted ({rec.get('type')}){at}")))
     clean = {r for r, code in exits if code == 0}
     for r, rec in records.items():  # an own exception counts from its record on, exited or not yet
         if rec.get("kind") == "raised" and "blames" not in rec and r not in clean and not _told_by_finder(rec, records):
             when = float(rec["time"]) if isinstance(rec.get("time"), (int, float)) else float("inf")
-            own.append((when, order.get(r, len(order)), Blame(r, "raised", _raised(r, rec))))
+            own.append((when, order.get(r, len(order)), _own(r, "raised", raised_text(rec))))
     if own:
         own.sort(key=lambda t: (t[0], t[1]))
         return own[0][2]
@@ -260,8 +285,11 @@ def root_cause(
         rec = records.get(culprit)
         who = "ranks" if len(waiting) > 1 else "rank"
         if local is not None and culprit not in local:  # (its own launcher knows how it ended)
-            return Blame(culprit, "unknown", f"rank {culprit} (on another node) failed or left; {who} "
-                                             f"{_ranges(waiting)} lost it{where}")
+            cause = next((str(records[r]["cause"]) for r in sorted(votes[culprit])
+                          if records[r].get("cause") and records[r].get("blames") == culprit), None)
+            what = _predicate(cause) if cause else "failed or left"  # (how its peers were told it failed, if they were)
+            return Blame(culprit, "unknown", f"rank {culprit} (on another node) {what}; {who} "
+                                             f"{_ranges(waiting)} lost it{where}", cause)
         if rec is None and dict(exits).get(culprit) == 0:  # exited 0 without a record: os._exit(0), say
             return Blame(culprit, "returned",
                          f"rank {culprit} exited with code 0 (without returning from its main) while {who} "
@@ -282,10 +310,51 @@ def root_cause(
         r, code = failed[0]
         rec = records.get(r)
         if rec is not None and rec.get("kind") == "raised":
-            return Blame(r, "raised", _raised(r, rec))
-        return Blame(r, "exit", f"rank {r} failed with {describe_returncode(code)}")
+            return _own(r, "raised", raised_text(rec))
+        return _own(r, "exit", f"failed with {describe_returncode(code)}")
     r = min(consequences)
-    return Blame(r, "raised", _raised(r, consequences[r]))
+    return _own(r, "raised", raised_text(consequences[r]))
+
+
+_VERBS = ("raised ", "was ", "exited ", "failed ", "left ", "stopped ")
+
+
+def _predicate(cause: str) -> str:
+    """What a rank did, from how its failure was described: ``raised ValueError: boom`` as it is (its own
+    words, or its launcher's), ``failed: connection lost`` for what a peer saw of it."""
+    return cause if cause.startswith(_VERBS) else f"failed: {cause}"
+
+
+def _own(rank: int, kind: str, what: str) -> Blame:
+    """``rank`` failed so (``what``): its Blame, whose message names it."""
+    return Blame(rank, kind, f"rank {rank} {what}", what)
+
+
+def write_stop_reason(directory: str | os.PathLike[str], blame: Blame | None) -> None:
+    """Before stopping the ranks after a failure: say which (when its rank and how it failed are known)."""
+    if blame is None or not blame.cause:
+        return
+    path = Path(directory) / STOP_REASON
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rank": blame.rank, "cause": blame.cause}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def stop_reason() -> tuple[int, str] | None:
+    """In a launched rank: (rank, how it failed) of the failure its launcher stops it for, if it said."""
+    directory = os.environ.get(STATUS_DIR_ENV)
+    if not directory:
+        return None
+    try:
+        data = json.loads((Path(directory) / STOP_REASON).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or type(data.get("rank")) is not int or not isinstance(data.get("cause"), str):
+        return None
+    return data["rank"], data["cause"]
 
 
 _ENDED = False

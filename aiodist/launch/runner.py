@@ -43,7 +43,9 @@ async def _main_then_finish(aw: Awaitable[Any], *, always: bool = True) -> Any:
             await finish_rank()
     except BaseException as exc:
         outcome.rank_ended(exc)
-        await finish_failed_rank(exc)  # (after a mismatch: its reports reach every member before this rank leaves)
+        what = outcome.raised_text(outcome.describe_exception(exc)) if isinstance(exc, Exception) else None
+        # (after a mismatch: its reports reach every member before this rank leaves)
+        await finish_failed_rank(exc, what=what)
         raise
     if always:  # (a script's asyncio.run: the script may go on; the bootstrap records its end)
         outcome.rank_ended(None)

@@ -9,10 +9,21 @@ in recv group=world src=0 tag=0 (for 118.2s)``, and then dies of the signal
 as it would have (its exit status is unchanged). A program that installs its
 own SIGTERM handler keeps it; a rank waiting in no aiodist operation says
 nothing.
+
+When the launcher stops the rank because another rank failed, it says which
+first (:func:`aiodist.launch.outcome.stop_reason`). Before dying, the rank
+then tells its connected peers, in its ``bye``, that it leaves because of that
+failure, stopped by its launcher (at most :data:`LEAVE_GRACE` seconds, on its
+event loop; a timer ends the wait if the loop is busy): otherwise ranks of
+other nodes, whose own launchers know nothing of that failure, would only see
+its connections break and blame it. A rank without a process group, or one
+that already left, or a program with its own SIGALRM handler, dies at once as
+before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -22,11 +33,17 @@ from typing import Any
 
 from .. import inflight
 from ..flight import describe_entry
+from .outcome import stop_reason
 
-__all__ = ["describe", "install"]
+__all__ = ["LEAVE_GRACE", "describe", "install"]
 
 MAX_SHOWN = 4
 """Operations named at most (the oldest first: what the rank waits in longest)."""
+
+LEAVE_GRACE = 1.0
+"""Seconds a rank stopped because of another rank's failure spends telling its peers so before it dies."""
+
+_LEAVING: list[asyncio.Task[None]] = []  # (a reference to the task that says bye, while it runs)
 
 
 def describe(rank: str, signame: str, entries: Sequence[dict[str, Any]], now: float | None) -> str | None:
@@ -60,6 +77,54 @@ def _stopped(signum: int, frame: FrameType | None) -> None:
             os.write(2, (line + "\n").encode(errors="replace"))  # (unbuffered: safe amid a write to stderr)
     except Exception:  # noqa: BLE001, S110 - saying where it was is a courtesy: the signal's effect must follow
         pass
+    try:
+        if _leave_first(signum):
+            return
+    except Exception:  # noqa: BLE001, S110 - as above
+        pass
+    _die(signum)
+
+
+def _die(signum: int) -> None:
+    """Die of ``signum``, as without a handler."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _leave_first(signum: int) -> bool:
+    """If the launcher said which failure it stops this rank for: say it to the peers, then die (True: under way)."""
+    reason = stop_reason()
+    if reason is None:
+        return False
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    from ..context import get_default_group
+
+    world = get_default_group()
+    transport = getattr(world, "transport", None)
+    if transport is None or transport.closed or reason[0] == transport.rank:
+        return False
+    if (str(transport.rank), str(transport.world_size)) != (os.environ.get("RANK"), os.environ.get("WORLD_SIZE")):
+        return False  # (a world of its own making, e.g. shrunk in place: the launcher's rank numbers are not its)
+    if signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL:  # (the program's own alarm: not ours to take)
+        return False
+    signal.signal(signum, lambda s, f: _die(signum))  # a second signal: at once
+    signal.signal(signal.SIGALRM, lambda s, f: _die(signum))  # a loop too busy to say bye: no longer than that
+    signal.setitimer(signal.ITIMER_REAL, LEAVE_GRACE + 0.5)
+    loop.call_soon_threadsafe(_start_leaving, loop, transport, reason, signum)
+    return True
+
+
+def _start_leaving(loop: asyncio.AbstractEventLoop, transport: Any, reason: tuple[int, str], signum: int) -> None:
+    _LEAVING.append(loop.create_task(_leave(transport, reason, signum)))
+
+
+async def _leave(transport: Any, reason: tuple[int, str], signum: int) -> None:
+    try:
+        await transport.leave_stopped(reason[0], reason[1], grace=LEAVE_GRACE)
+    except BaseException:  # noqa: BLE001, S110 - a courtesy: the signal's effect must follow
+        pass
     finally:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        _die(signum)

@@ -156,6 +156,7 @@ async def _run_attempts(
         state.attempt = attempt
         outcome: Event | None = None
         said: RankExit | None = None  # the failure reported as the attempt ended (the culprit's, if known then)
+        reason: Blame | None = None  # the root cause the others are stopped for (they tell their peers)
         try:
             try:
                 await attempt.start()
@@ -171,7 +172,7 @@ async def _run_attempts(
                     if hung:  # (the others ended, declaring these failed: they may never exit)
                         say(f"stopping the {hung} rank(s) still running: the others declared them failed")
                 else:
-                    blame = await attempt.settle_blame(BLAME_WAIT)
+                    blame = reason = await attempt.settle_blame(BLAME_WAIT)
                     if blame is not None:
                         say(f"root cause: {blame.message}")
                     # the culprit's exit first, even if another rank exited before it
@@ -182,7 +183,7 @@ async def _run_attempts(
                         say(f"stopping the other {others} running rank(s)")
         finally:
             forwarded = outcome.signum if isinstance(outcome, Signalled) else signal.SIGTERM
-            await attempt.stop(forwarded)
+            await attempt.stop(forwarded, reason=reason)
             state.attempt = None
         if outcome is None:
             return LaunchResult(exit_code=0, attempts=index + 1)
