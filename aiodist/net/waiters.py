@@ -25,7 +25,7 @@ class Waiters:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._futs: list[asyncio.Future[None]] = []
+        self._futs: dict[asyncio.Future[None], None] = {}  # (in arrival order; removal in O(1): thousands may wait)
 
     def __repr__(self) -> str:
         return f"<Waiters waiting={len(self._futs)}>"
@@ -36,15 +36,14 @@ class Waiters:
     async def wait(self) -> None:
         """Wait until the next :meth:`wake_all`. Cancellation leaves nothing behind (this waiter leaves the list)."""
         fut = self._loop.create_future()
-        self._futs.append(fut)
+        self._futs[fut] = None
         try:
             await fut
         finally:
-            if fut in self._futs:
-                self._futs.remove(fut)
+            self._futs.pop(fut, None)
 
     def wake_all(self) -> None:
         """Wake every task waiting now (a task that waits again from there waits for the next call)."""
-        futs, self._futs = self._futs, []
+        futs, self._futs = self._futs, {}
         for fut in futs:
             wake(fut)
