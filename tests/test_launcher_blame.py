@@ -368,6 +368,20 @@ def test_a_rank_the_others_declared_failed_is_not_among_those_that_lost_it() -> 
                              "all_reduce #21"), blame.message
 
 
+def test_a_rank_cut_off_for_what_it_sent_is_not_said_to_have_stopped_responding() -> None:
+    # Before: "rank 0 stopped responding (the others declared it failed)": rank 0 was healthy and ran ahead of a
+    # late receiver, which refused to buffer more of its messages (probe: 1 MiB broadcasts, a leaf 6 s late).
+    why = "too many messages nobody waits for: 1024 frames and 1073741824 bytes buffered"
+    evicted = {"kind": "raised", "type": "EvictedError", "blames": 0, "op": "broadcast #1030",
+               "message": f"declared failed by its peers (rank 1 reports: rank 1 closed its connection: sent bad "
+                          f"input: {why})"}
+    lost = {"kind": "raised", "type": "PeerFailureError", "blames": 0, "op": "broadcast #1030"}
+    blame = root_cause([(0, 1), (1, 1)], {0: evicted, 1: lost})
+    assert blame is not None and blame.rank == 0
+    assert blame.message == (f"rank 0 was cut off by its peers, which refused what it sent: {why}; rank 1 lost it "
+                             "in broadcast #1030"), blame.message
+
+
 async def test_a_rank_that_calls_sys_exit_with_a_code_tells_its_peers_so(tmp_path: Path) -> None:
     # Before: its peers saw "rank 1 failed: connection lost".
     run = await launch_source(

@@ -302,6 +302,10 @@ def root_cause(
                          f"rank {culprit} stopped responding (still running) while {who} {_ranges(waiting)} "
                          f"wait{'s' if len(waiting) == 1 else ''}{where}")
         if rec is not None and rec.get("blames") == culprit:  # it was told the others declared it failed
+            cut = str(rec.get("message") or "").partition(_CUT_OFF)[2]
+            if cut:  # (not hung: a peer refused what it sent, e.g. far more than that peer had asked for yet)
+                return Blame(culprit, "unknown", f"rank {culprit} was cut off by its peers, which refused what it "
+                                                 f"sent: {cut.rstrip(')')}; {who} {_ranges(waiting)} lost it{where}")
             return Blame(culprit, "unknown", f"rank {culprit} stopped responding (the others declared it failed); "
                                              f"{who} {_ranges(waiting)} lost it{where}")
         return Blame(culprit, "unknown", f"rank {culprit} failed; {who} {_ranges(waiting)} lost it{where}")
@@ -315,6 +319,9 @@ def root_cause(
     r = min(consequences)
     return _own(r, "raised", raised_text(consequences[r]))
 
+
+_CUT_OFF = "sent bad input: "
+"""How a rank's record says its peers closed its connection for what it sent (see ``Links.bad_input``)."""
 
 _VERBS = ("raised ", "was ", "exited ", "failed ", "left ", "stopped ")
 
