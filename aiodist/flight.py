@@ -46,8 +46,8 @@ def dump(
         r = getenv("RANK")
         rank = int(r) if r is not None and r.isdigit() else None
     stuck = inflight.snapshot()
-    log.warning(
-        "rank %s: %s; in flight: %s",
+    log.warning(  # (said before the program had a chance to handle the error: a note, not the rank's end)
+        "rank %s: flight recorder, a first failure (the program may handle it): %s; in flight: %s",
         "?" if rank is None else rank,
         reason,
         "; ".join(describe_entry(e) for e in stuck) or "nothing",

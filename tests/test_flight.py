@@ -47,6 +47,15 @@ async def test_waiting_in_records_state_and_history():
     assert other.run(inflight.recent) == []
 
 
+def test_the_dump_line_says_it_is_a_note_the_program_may_handle(caplog):
+    # Before: "rank 0: CollectiveTimeoutError: ...": a timeout the program caught read as the rank's end.
+    context.new_rank_scope()
+    with caplog.at_level("WARNING", logger="aiodist.flight"):
+        flight.dump("CollectiveTimeoutError: recv timed out", rank=0)
+    assert caplog.messages == ["rank 0: flight recorder, a first failure (the program may handle it): "
+                               "CollectiveTimeoutError: recv timed out; in flight: nothing"]
+
+
 async def test_dump_and_report_name_the_rank_behind(tmp_path):
     async def rank_prog(rank: int, last_seq: int):
         context.set_rank_environ({"RANK": str(rank), "AIODIST_FLIGHT_RECORDER_DIR": str(tmp_path)})
