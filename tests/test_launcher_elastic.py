@@ -100,3 +100,122 @@ async def test_a_killed_worker_makes_every_agent_rejoin_and_the_job_resumes(tmp_
     assert "round 1: node" in text, text[-4000:]
     assert "resumed at step 30, restart 1" in text, text[-4000:]
     assert "OK: weights equal the single-process reference" in text
+
+
+# A node lost between its round and its ranks' rendezvous: the other node's ranks would wait in the
+# workers' rendezvous for ranks that never come, for their whole init timeout (60 s here, 300 s by
+# default). Its agent watches the round's nodes in the rendezvous store and rejoins without the lost one.
+LATE_JOINER = '''
+import asyncio, os, aiodist
+async def main():
+    if os.environ["GROUP_RANK"] == "1" and os.environ["AIODIST_RESTART_COUNT"] == "0":
+        await asyncio.sleep(60)  # (node 1's ranks certainly do not join before their launcher is killed)
+    pg = await aiodist.init_process_group(timeout=60)
+    await aiodist.barrier()
+    print("RESULT", pg.rank, pg.size, os.environ["AIODIST_RESTART_COUNT"], flush=True)
+'''
+
+
+async def _two_agents_kill_node_1(prog: Path, signame: str, limit: float) -> tuple[int, str, int, str, float]:
+    """Start two agents (the first hosts the store); kill the one that is node 1 of round 0 as it says so.
+
+    Returns the survivor's exit code and output, the victim's, and how long the survivor took after the kill.
+    """
+    import signal as signals
+
+    port = _port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    args = ["--nnodes", "1:2", "--rdzv-last-call", "4", "--master-port", str(port), "-n", "2",
+            "--max-restarts", "1", "--rdzv-timeout", "30", str(prog)]
+    procs = []
+    for delay in (0.0, 0.5):
+        await asyncio.sleep(delay)
+        procs.append(await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aiodist", "run", *args, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT))
+    outs: list[list[str]] = [[], []]
+    victim: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def read(i: int) -> None:
+        stream = procs[i].stdout
+        assert stream is not None
+        async for raw in stream:
+            line = raw.decode(errors="replace")
+            outs[i].append(line)
+            if "round 0: node 1 of 2" in line and not victim.done():
+                victim.set_result(i)
+
+    readers = [asyncio.create_task(read(i)) for i in range(2)]
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(30):
+            v = await victim
+        procs[v].send_signal(getattr(signals, signame))
+        killed_at = loop.time()
+        s = 1 - v
+        try:
+            async with asyncio.timeout(limit):
+                await procs[s].wait()
+        except TimeoutError:
+            pass
+        took = loop.time() - killed_at
+        if procs[s].returncode is None:  # (still waiting for the lost node: the test fails on its output)
+            procs[s].kill()
+        async with asyncio.timeout(10):
+            await procs[v].wait()
+            await asyncio.gather(*readers)
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+        for r in readers:
+            r.cancel()
+    return (procs[s].returncode if procs[s].returncode is not None else -9, "".join(outs[s]),
+            procs[v].returncode or 0, "".join(outs[v]), took)
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGKILL"])
+async def test_a_node_lost_before_its_ranks_joined_is_noticed_and_the_survivor_rejoins_alone(
+        tmp_path: Path, signame: str) -> None:
+    prog = tmp_path / "prog.py"
+    prog.write_text(LATE_JOINER)
+    code, out, _, victim_out, took = await _two_agents_kill_node_1(prog, signame, limit=25)
+    assert code == 0 and took < 20, (took, out[-3000:], victim_out[-2000:])
+    how = "its launcher left (SIGTERM)" if signame == "SIGTERM" else "its launcher stopped responding"
+    assert f"root cause: node 1 (ranks 2, 3) was lost before its ranks joined the rendezvous: {how}" in out, out
+    assert "still running" not in out and "did not join" not in out, out
+    assert "round 1: node 0 of 1" in out, out
+    assert sorted(ln.split("RESULT ", 1)[1].split() for ln in out.splitlines() if "RESULT" in ln) == [
+        ["0", "2", "1"], ["1", "2", "1"]], out
+    if signame == "SIGTERM":
+        assert "received SIGTERM" in victim_out, victim_out
+
+
+FAILS_TO_START = '''
+import os, aiodist
+if os.environ["GROUP_RANK"] == "1" and os.environ["AIODIST_RESTART_COUNT"] == "0":
+    raise SystemExit("node 1 cannot start")
+async def main():
+    pg = await aiodist.init_process_group(timeout=60)
+    await aiodist.barrier()
+    print("RESULT", pg.rank, pg.size, os.environ["AIODIST_RESTART_COUNT"], flush=True)
+'''
+
+
+async def test_ranks_that_fail_before_joining_end_the_round_for_every_node(tmp_path: Path) -> None:
+    # Node 1's ranks fail before the rendezvous: its agent opens round 1; node 0's agent sees the round
+    # given up and rejoins at once (its ranks would otherwise wait 60 s in the rendezvous for ranks 2, 3).
+    prog = tmp_path / "prog.py"
+    prog.write_text(FAILS_TO_START)
+    port = _port()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    res = await _agents(2, ["--nnodes", "1:2", "--rdzv-last-call", "4", "--master-port", str(port), "-n", "2",
+                            "--max-restarts", "1", str(prog)], delays=[0.0, 0.5])
+    took = loop.time() - start
+    text = "\n".join(o for _, o in res)
+    assert all(code == 0 for code, _ in res) and took < 30, (took, text[-4000:])
+    assert "round 0 was given up by another node" in text, text
+    assert sorted(ln.split("RESULT ", 1)[1].split()[:2] for ln in text.splitlines() if "RESULT" in ln) == [
+        ["0", "4"], ["1", "4"], ["2", "4"], ["3", "4"]], text

@@ -16,6 +16,14 @@ round (once: ``open_next_round(after=round)``) and rejoins, up to
 ``--max-restarts`` times: the job goes on with the nodes that are still there
 (at least MIN), and an agent that was too late for a round joins the next.
 
+While its workers run, each agent watches the round's other nodes in the
+store (:mod:`aiodist.launch.round_watch`: their heartbeats, the goodbye a
+leaving agent writes, the round moving on): a node lost at any moment, even
+before its workers joined the workers' rendezvous, fails the round on every
+node at once (their workers would wait for the lost ones until their own
+timeout), and they rejoin without it. SIGTERM/SIGINT while an agent is between
+jobs make it leave with a goodbye too.
+
 Limits: the agent that hosts the rendezvous store must outlive the others
 (it is the first one started, as with torchrun's c10d rendezvous); waiting
 nodes are taken in only at the next restart (a running round is not
@@ -24,16 +32,22 @@ interrupted for them).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import os
+import signal
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from .. import tls
 from ..auth import resolve_secret
 from ..elastic import ElasticRendezvous
-from ..errors import LaunchError
+from ..errors import LaunchError, StoreConnectionLost
+from .outcome import Blame
+from .round_watch import FINISHED, HOST_FINISHED, HOST_KEY, HOST_LEFT, RoundWatch, say_goodbye
 from .supervisor import LaunchConfig, LaunchResult, free_port, launch
 
 
@@ -76,6 +90,117 @@ def _worker_host(master_addr: str) -> str:
         return master_addr
 
 
+class _AgentSignals:
+    """SIGINT/SIGTERM while the agent is between jobs (joining a round): stop it, so that it says goodbye.
+
+    While a job runs, :func:`launch` handles them (it forwards them to the ranks and returns), and removes
+    its handlers afterwards: :meth:`install` puts this one back.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.signum: int | None = None
+        self._task = asyncio.current_task()
+        self._installed: list[int] = []
+
+    def install(self) -> None:
+        if not self.enabled:
+            return
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+            if signum not in self._installed:
+                self._installed.append(signum)
+
+    def _on_signal(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+            if self._task is not None:
+                self._task.cancel()
+
+    def remove(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in self._installed:
+            loop.remove_signal_handler(signum)
+        self._installed.clear()
+
+
+async def _workers_joined(host: str, port: int, secret: bytes | None, ssl: Any, *, ours: bool) -> bool | None:
+    """Did the ranks of the round complete their rendezvous in the workers' store? (None: cannot tell).
+
+    ``ours``: this node's rank 0 hosts that store, so while it cannot be reached nobody has joined yet.
+    """
+    from ..rendezvous import GENERATION_KEY
+    from ..store.client import TCPStore
+
+    try:
+        async with asyncio.timeout(2.0):
+            store = await TCPStore.connect(host, port, timeout=1.0, secret=secret, ssl=ssl)
+            try:
+                gen = await store.add(GENERATION_KEY, 0)
+                if not await store.check([f"aiodist/{gen}/done"]):
+                    return False
+                return bytes(await store.get(f"aiodist/{gen}/done")) == b"1"
+            finally:
+                await store.close()
+    except Exception:  # noqa: BLE001 - (the store may be gone with the lost node: then nobody can tell)
+        return False if ours else None
+
+
+JOINED_GRACE = 5.0
+"""Seconds a job whose ranks had all joined is given to end on its own after a node was lost (its ranks then
+name the rank they lost, and in which operation), before this node's ranks are stopped."""
+
+
+async def _run_round(
+    cfg: LaunchConfig,
+    watch: RoundWatch,
+    *,
+    workers_store: tuple[str, int],
+    access: tuple[bytes | None, Any],
+    say: Callable[[str], None],
+    stdout: BinaryIO | None,
+    stderr: BinaryIO | None,
+    log: Callable[[str], None] | None,
+    handle_signals: bool,
+) -> LaunchResult:
+    """Run this node's part of the round's job while watching the other nodes (see :mod:`.round_watch`).
+
+    A node lost before the job ended stops this node's ranks at once: the job of the round cannot
+    complete without it (ranks waiting for it in the rendezvous would wait out their whole timeout).
+    """
+    job = asyncio.create_task(launch(cfg, stdout=stdout, stderr=stderr, log=log, handle_signals=handle_signals))
+    watcher = asyncio.create_task(watch.run())
+    try:
+        await asyncio.wait([job, watcher], return_when=asyncio.FIRST_COMPLETED)
+        if job.done():
+            return job.result()
+        loss = watcher.result()
+        if loss is None:  # (the store is gone: the ranks' own detection decides)
+            return await job
+        joined = await _workers_joined(*workers_store, *access, ours=watch.rank == 0)
+        when = " before its ranks joined the rendezvous" if joined is False else " while the job ran" if joined else ""
+        message = loss.message(when)
+        if joined and cfg.on_failure == "continue":  # (the ranks go on without it: theirs to handle)
+            return dataclasses.replace(await job, store_lost=loss.store)
+        if joined:  # the ranks notice a lost peer themselves, and can name the rank and the operation
+            await asyncio.wait([job], timeout=JOINED_GRACE)
+        if job.done():
+            return dataclasses.replace(job.result(), store_lost=loss.store)
+        say(f"root cause: {message}; stopping this node's {cfg.nproc_per_node} rank(s)")
+        job.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            result = await job
+            if result.signal is not None or result.ok:
+                return dataclasses.replace(result, store_lost=loss.store)
+        first = loss.ranks[0] if loss.ranks else -1
+        return LaunchResult(exit_code=1, attempts=1, root_cause=Blame(first, "lost", message), store_lost=loss.store)
+    finally:
+        for task in (job, watcher):
+            task.cancel()
+        await asyncio.gather(job, watcher, return_exceptions=True)
+
+
 async def launch_elastic(
     config: LaunchConfig,
     *,
@@ -93,12 +218,18 @@ async def launch_elastic(
         raise LaunchError("--nnodes MIN:MAX needs --master-port (the rendezvous store's port, the same on every node)")
     say = log or (lambda m: print(f"aiodist run: {m}", file=__import__("sys").stderr, flush=True))
     environ = os.environ if config.env is None else config.env  # the agents' secret and TLS are the job's
-    store, server = await _rendezvous_store(config.master_addr, config.master_port, rdzv_timeout,
-                                            resolve_secret(environ=environ), tls.from_environment(environ))
+    access = (resolve_secret(environ=environ), tls.from_environment(environ))
+    signals = _AgentSignals(handle_signals)
+    signals.install()
+    goodbye = "failed"  # what this agent tells the others as it leaves
+    store = server = None
     node_id = f"{socket.gethostname()}:{os.getpid()}"
     prefix = f"aiodist/elastic/{config.run_id}/"
     restarts = 0
     try:
+        store, server = await _rendezvous_store(config.master_addr, config.master_port, rdzv_timeout, *access)
+        if server is not None:
+            await store.set(f"{prefix}{HOST_KEY}", node_id.encode())
         while True:
             rdzv = ElasticRendezvous(store, node_id, min_nodes=min_nodes, max_nodes=max_nodes, last_call=last_call,
                                      timeout=rdzv_timeout, prefix=prefix)
@@ -112,13 +243,51 @@ async def launch_elastic(
             cfg = dataclasses.replace(config, nnodes=r.world_size, node_rank=r.rank, master_addr=host,
                                       master_port=int(port), max_restarts=0, restart_base=restarts,
                                       on_failure="stop" if config.on_failure == "restart" else config.on_failure)
-            result = await launch(cfg, stdout=stdout, stderr=stderr, log=log, handle_signals=handle_signals)
-            if result.ok or result.signal is not None or result.timed_out or restarts >= config.max_restarts:
+            watch = RoundWatch(store, prefix, round=r.round, rank=r.rank, participants=r.participants,
+                               nproc_per_node=config.nproc_per_node)
+            try:
+                result = await _run_round(cfg, watch, workers_store=(host, int(port)), access=access, say=say,
+                                          stdout=stdout, stderr=stderr, log=log, handle_signals=handle_signals)
+            finally:
+                signals.install()  # (launch removed its handlers, and with them ours)
+            if signals.signum is not None:  # (it came while the ranks were being stopped)
+                raise asyncio.CancelledError
+            if result.ok:
+                goodbye = FINISHED
+            elif result.signal is not None:
+                goodbye = signal.Signals(result.signal).name
+            elif result.timed_out:
+                goodbye = "its job exceeded its time limit"
+            if result.store_lost:
+                say("no new round can be formed: the rendezvous store is gone (its host must outlive the others)")
+            if (result.ok or result.signal is not None or result.timed_out or result.store_lost
+                    or restarts >= config.max_restarts):
+                if not result.ok and goodbye == "failed":
+                    goodbye = "its job failed and it may not restart again"
                 return dataclasses.replace(result, attempts=restarts + 1)
             restarts += 1
             say(f"the job failed in round {r.round}: rejoining (restart {restarts} of {config.max_restarts})")
-            await rdzv.open_next_round(after=r.round)
+            try:
+                await rdzv.open_next_round(after=r.round)
+            except StoreConnectionLost as e:
+                say(f"cannot rejoin: the rendezvous store is gone (its host must outlive the others): {e}")
+                return dataclasses.replace(result, attempts=restarts, store_lost=True)
+    except asyncio.CancelledError:
+        if signals.signum is None:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        name = signal.Signals(signals.signum).name
+        goodbye = name
+        say(f"received {name} while in the elastic rendezvous; leaving")
+        return LaunchResult(exit_code=128 + signals.signum, attempts=restarts + 1, signal=signals.signum)
     finally:
-        await store.close()
+        signals.enabled = False
+        signals.remove()
+        if store is not None:
+            await say_goodbye(store, prefix, node_id, goodbye)
+            await store.close()
         if server is not None:
-            await server.close()
+            await server.close(reason=HOST_FINISHED if goodbye == FINISHED else
+                               f"{HOST_LEFT}{goodbye})")

@@ -92,6 +92,8 @@ class LaunchResult:
     signal: int | None = None
     """The signal that interrupted the launcher, if one did."""
     timed_out: bool = False
+    store_lost: bool = False
+    """Elastic: the rendezvous store went away with the node that hosted it (no new round can be formed)."""
 
     @property
     def ok(self) -> bool:
