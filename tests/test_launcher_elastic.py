@@ -219,3 +219,22 @@ async def test_ranks_that_fail_before_joining_end_the_round_for_every_node(tmp_p
     assert "round 0 was given up by another node" in text, text
     assert sorted(ln.split("RESULT ", 1)[1].split()[:2] for ln in text.splitlines() if "RESULT" in ln) == [
         ["0", "4"], ["1", "4"], ["2", "4"], ["3", "4"]], text
+
+
+async def test_ranks_that_never_join_are_given_up_after_the_rdzv_timeout(tmp_path: Path) -> None:
+    # Every node is there, but node 1's ranks do not reach the rendezvous (stuck before it): the ranks
+    # waiting in it for them are stopped after --rdzv-timeout (6 s), not their own init timeout (60 s),
+    # and the round is run again.
+    prog = tmp_path / "prog.py"
+    prog.write_text(LATE_JOINER)
+    port = _port()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    res = await _agents(2, ["--nnodes", "1:2", "--rdzv-last-call", "4", "--rdzv-timeout", "6", "--master-port",
+                            str(port), "-n", "2", "--max-restarts", "1", str(prog)], delays=[0.0, 0.5])
+    took = loop.time() - start
+    text = "\n".join(o for _, o in res)
+    assert all(code == 0 for code, _ in res) and took < 40, (took, text[-4000:])
+    assert "root cause: ranks 2, 3 did not join the rendezvous within --rdzv-timeout 6s (ranks 0, 1 waited" in text
+    assert sorted(ln.split("RESULT ", 1)[1].split() for ln in text.splitlines() if "RESULT" in ln) == [
+        ["0", "4", "1"], ["1", "4", "1"], ["2", "4", "1"], ["3", "4", "1"]], text

@@ -138,7 +138,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rdzv-last-call", dest="rdzv_last_call", type=float, default=None, metavar="SECONDS",
                         help="elastic: seconds more nodes may join once MIN are there (default: 1)")
     parser.add_argument("--rdzv-timeout", dest="rdzv_timeout", type=float, default=None, metavar="SECONDS",
-                        help="elastic: seconds to wait for a complete round (default: 300)")
+                        help="elastic: seconds to wait for a complete round, and for the ranks of a round to "
+                             "all join their rendezvous once one did (default: 300)")
     parser.add_argument(*_flags("--max-restarts"), dest="max_restarts", type=int, default=None, metavar="K",
                         help="restart the whole job up to K times after a failure (default: 0; 3 with "
                              "--on-failure restart)")

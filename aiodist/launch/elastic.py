@@ -22,7 +22,9 @@ leaving agent writes, the round moving on): a node lost at any moment, even
 before its workers joined the workers' rendezvous, fails the round on every
 node at once (their workers would wait for the lost ones until their own
 timeout), and they rejoin without it. SIGTERM/SIGINT while an agent is between
-jobs make it leave with a goodbye too.
+jobs make it leave with a goodbye too. Ranks that are all there but do not all
+join their rendezvous within ``--rdzv-timeout`` of the first fail the round
+the same way.
 
 Limits: the agent that hosts the rendezvous store must outlive the others
 (it is the first one started, as with torchrun's c10d rendezvous); waiting
@@ -47,7 +49,7 @@ from ..auth import resolve_secret
 from ..elastic import ElasticRendezvous
 from ..errors import LaunchError, StoreConnectionLost
 from .outcome import Blame
-from .round_watch import FINISHED, HOST_FINISHED, HOST_KEY, HOST_LEFT, RoundWatch, say_goodbye
+from .round_watch import FINISHED, HOST_FINISHED, HOST_KEY, HOST_LEFT, RoundWatch, describe_ranks, say_goodbye
 from .supervisor import LaunchConfig, LaunchResult, free_port, launch
 
 
@@ -125,26 +127,71 @@ class _AgentSignals:
         self._installed.clear()
 
 
-async def _workers_joined(host: str, port: int, secret: bytes | None, ssl: Any, *, ours: bool) -> bool | None:
-    """Did the ranks of the round complete their rendezvous in the workers' store? (None: cannot tell).
+@dataclasses.dataclass(frozen=True)
+class _WorkersStore:
+    """Where the ranks of the round rendezvous (their rank 0 hosts that store), how to get in, and the world."""
 
-    ``ours``: this node's rank 0 hosts that store, so while it cannot be reached nobody has joined yet.
-    """
-    from ..rendezvous import GENERATION_KEY
-    from ..store.client import TCPStore
+    host: str
+    port: int
+    secret: bytes | None
+    ssl: Any
+    ours: bool  # this node's rank 0 hosts it
+    world_size: int
 
-    try:
-        async with asyncio.timeout(2.0):
-            store = await TCPStore.connect(host, port, timeout=1.0, secret=secret, ssl=ssl)
-            try:
-                gen = await store.add(GENERATION_KEY, 0)
-                if not await store.check([f"aiodist/{gen}/done"]):
-                    return False
-                return bytes(await store.get(f"aiodist/{gen}/done")) == b"1"
-            finally:
-                await store.close()
-    except Exception:  # noqa: BLE001 - (the store may be gone with the lost node: then nobody can tell)
-        return False if ours else None
+    async def status(self) -> tuple[list[int], bool] | None:
+        """(ranks that joined their first rendezvous, whether it completed); None: cannot tell.
+
+        While the store cannot be reached, and this node's rank 0 hosts it, nobody has joined yet.
+        """
+        from ..rendezvous import GENERATION_KEY
+        from ..store.client import TCPStore
+
+        try:
+            async with asyncio.timeout(2.0):
+                store = await TCPStore.connect(self.host, self.port, timeout=1.0, secret=self.secret, ssl=self.ssl)
+                try:
+                    gen = await store.add(GENERATION_KEY, 0)
+                    prefix = f"aiodist/{gen}/"
+                    if await store.check([f"{prefix}done"]) and bytes(await store.get(f"{prefix}done")) == b"1":
+                        return list(range(self.world_size)), True
+                    joined = [r for r in range(self.world_size) if await store.check([f"{prefix}joined/{r}"])]
+                    return joined, False
+                finally:
+                    await store.close()
+        except Exception:  # noqa: BLE001 - (the store may be gone with a lost node: then nobody can tell)
+            return ([], False) if self.ours else None
+
+    async def joined(self) -> bool | None:
+        """Did the ranks complete their rendezvous? (None: cannot tell)."""
+        status = await self.status()
+        return None if status is None else status[1]
+
+
+RDZV_POLL = 1.0
+"""Seconds between two looks, while the ranks of a round have not all joined their rendezvous, at who did."""
+
+
+async def _rendezvous_limit(workers: _WorkersStore, limit: float) -> tuple[list[int], str] | None:
+    """Return once the ranks completed their rendezvous (None), or once some of them waited in it for more
+    than ``limit`` s for the others (the ranks missing, and a message)."""
+    loop = asyncio.get_running_loop()
+    first_joined: float | None = None
+    for _ in range(int(limit / RDZV_POLL) * 4 + 16):  # (joining may start late; then the ranks' own timeouts)
+        await asyncio.sleep(RDZV_POLL)
+        status = await workers.status()
+        if status is None:
+            continue
+        joined, done = status
+        if done:
+            return None
+        now = loop.time()
+        if joined and first_joined is None:
+            first_joined = now
+        if first_joined is not None and now - first_joined > limit:
+            missing = [r for r in range(workers.world_size) if r not in joined]
+            return missing, (f"{describe_ranks(tuple(missing))} did not join the rendezvous within --rdzv-timeout {limit:g}s "
+                    f"({describe_ranks(tuple(joined))} waited for them)")
+    return None
 
 
 JOINED_GRACE = 5.0
@@ -156,8 +203,8 @@ async def _run_round(
     cfg: LaunchConfig,
     watch: RoundWatch,
     *,
-    workers_store: tuple[str, int],
-    access: tuple[bytes | None, Any],
+    workers: _WorkersStore,
+    rdzv_timeout: float,
     say: Callable[[str], None],
     stdout: BinaryIO | None,
     stderr: BinaryIO | None,
@@ -171,14 +218,20 @@ async def _run_round(
     """
     job = asyncio.create_task(launch(cfg, stdout=stdout, stderr=stderr, log=log, handle_signals=handle_signals))
     watcher = asyncio.create_task(watch.run())
+    limit = asyncio.create_task(_rendezvous_limit(workers, rdzv_timeout))
     try:
-        await asyncio.wait([job, watcher], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([job, watcher, limit], return_when=asyncio.FIRST_COMPLETED)
+        if not job.done() and not watcher.done():  # (the ranks completed their rendezvous, or some waited too long)
+            missing = limit.result()
+            if missing is not None:  # (every node is there, but not all their ranks joined: stuck before it?)
+                return await _stop(job, cfg, say, Blame(missing[0][0], "lost", missing[1]), store_lost=False)
+            await asyncio.wait([job, watcher], return_when=asyncio.FIRST_COMPLETED)
         if job.done():
             return job.result()
         loss = watcher.result()
         if loss is None:  # (the store is gone: the ranks' own detection decides)
             return await job
-        joined = await _workers_joined(*workers_store, *access, ours=watch.rank == 0)
+        joined = await workers.joined()
         when = " before its ranks joined the rendezvous" if joined is False else " while the job ran" if joined else ""
         message = loss.message(when)
         if joined and cfg.on_failure == "continue":  # (the ranks go on without it: theirs to handle)
@@ -187,18 +240,24 @@ async def _run_round(
             await asyncio.wait([job], timeout=JOINED_GRACE)
         if job.done():
             return dataclasses.replace(job.result(), store_lost=loss.store)
-        say(f"root cause: {message}; stopping this node's {cfg.nproc_per_node} rank(s)")
-        job.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            result = await job
-            if result.signal is not None or result.ok:
-                return dataclasses.replace(result, store_lost=loss.store)
         first = loss.ranks[0] if loss.ranks else -1
-        return LaunchResult(exit_code=1, attempts=1, root_cause=Blame(first, "lost", message), store_lost=loss.store)
+        return await _stop(job, cfg, say, Blame(first, "lost", message), store_lost=loss.store)
     finally:
-        for task in (job, watcher):
+        for task in (job, watcher, limit):
             task.cancel()
-        await asyncio.gather(job, watcher, return_exceptions=True)
+        await asyncio.gather(job, watcher, limit, return_exceptions=True)
+
+
+async def _stop(job: asyncio.Task[LaunchResult], cfg: LaunchConfig, say: Callable[[str], None], blame: Blame, *,
+                store_lost: bool) -> LaunchResult:
+    """Stop this node's part of the round's job, which ``blame`` says cannot complete."""
+    say(f"root cause: {blame.message}; stopping this node's {cfg.nproc_per_node} rank(s)")
+    job.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        result = await job
+        if result.signal is not None or result.ok:
+            return dataclasses.replace(result, store_lost=store_lost)
+    return LaunchResult(exit_code=1, attempts=1, root_cause=blame, store_lost=store_lost)
 
 
 async def launch_elastic(
@@ -246,7 +305,9 @@ async def launch_elastic(
             watch = RoundWatch(store, prefix, round=r.round, rank=r.rank, participants=r.participants,
                                nproc_per_node=config.nproc_per_node)
             try:
-                result = await _run_round(cfg, watch, workers_store=(host, int(port)), access=access, say=say,
+                workers = _WorkersStore(host, int(port), *access, ours=r.rank == 0,
+                                        world_size=r.world_size * config.nproc_per_node)
+                result = await _run_round(cfg, watch, workers=workers, rdzv_timeout=rdzv_timeout, say=say,
                                           stdout=stdout, stderr=stderr, log=log, handle_signals=handle_signals)
             finally:
                 signals.install()  # (launch removed its handlers, and with them ours)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import StoreConnectionLost, StoreError
+from .outcome import _ranges
 
 __all__ = ["FINISHED", "HEARTBEAT_TIMEOUT", "HOST_FINISHED", "HOST_KEY", "HOST_LEFT", "POLL", "Loss", "RoundWatch", "say_goodbye"]
 
@@ -77,13 +78,10 @@ def node_ranks(node: int, nproc_per_node: int) -> tuple[int, ...]:
 
 
 def describe_ranks(ranks: tuple[int, ...]) -> str:
+    """``rank 2``, ``ranks 2, 3``, ``ranks 0\u20133, 6``."""
     if not ranks:
         return "no ranks"
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if len(ranks) == 2:
-        return f"ranks {ranks[0]}, {ranks[1]}"
-    return f"ranks {ranks[0]}\u2013{ranks[-1]}"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
 
 
 async def say_goodbye(store: Any, prefix: str, node_id: str, why: str) -> None:
