@@ -21,7 +21,8 @@ from .result import Failure, Result
 from .runner import run
 from .shrink import Shrunk, shrink, signature
 from .swarm import Swarm
-from .sweep import SweepReport, sweep
+from .sweep import SweepInterrupted, SweepReport, sweep
+from .sweep_file import SweepFileError
 from .trace import TraceEvent
 from .triggers import MessageReceived, MessageSent
 
@@ -32,5 +33,5 @@ __all__ = [
     "FaultError", "Exploration", "replay_plan", "Swarm", "shrink", "Shrunk", "signature",
     "MessageSent", "MessageReceived", "VIRTUAL_EPOCH",
     "SimulationError", "SimUnsupportedError", "SimDeadlockError", "SimTimeLimitError", "SimLivelockError",
-    "SweepWorkerError",
+    "SweepWorkerError", "SweepFileError", "SweepInterrupted",
 ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib.util
 import io
 import json
@@ -46,7 +47,13 @@ from .program import ProgramMain
 from .result import Result, _shape
 from .result import _ranks_text as ranks_text
 from .runner import DEFAULT_MASTER_PORT, run
-from .sweep import Progress, SweepReport, drive, process_executor, record_of, trace_file
+from .cli_checks import (UsageError, executor_of, explain_types, parse_seeds, positive_float, positive_int,
+                         program_file, swarm_before_program, writable_dir_of)
+from .sweep import (Progress, SweepInterrupted, SweepReport, check_seed_timeout, drive, record_of, stop_executor,
+                    trace_file)
+from .sweep_limit import limit_record, wall_clock_limit
+from .sweep_file import SweepFileError, key_of, source_digest
+from .sweep_streams import LastLines, capture_logs, current, routed
 from .trace import events_from_json, events_to_json, first_divergence, write_chrome
 
 
@@ -59,15 +66,15 @@ def load_main(path: str) -> Callable[..., Awaitable[Any]]:
     if not Path(path).is_file() and ":" in path:
         path, _, name = path.rpartition(":")
         if not name.isidentifier():
-            raise SystemExit(f"sim: {name!r} is not a function name (PROGRAM is FILE.py or FILE.py:NAME)")
+            raise UsageError(f"{name!r} is not a function name (PROGRAM is FILE.py or FILE.py:NAME)")
     p = Path(path).resolve()
     if not p.is_file():
-        raise SystemExit(f"sim: no such program file: {path}")
+        raise UsageError(f"no such program file: {path}")
     if str(p.parent) not in sys.path:
         sys.path.insert(0, str(p.parent))
     main = ProgramMain(p, name)  # (a fresh module for every run: sim/program.py)
     if main.function(main.first) is None:  # the program's contract
-        raise SystemExit(f"sim: {path} has no {name}()")
+        raise UsageError(f"{path} has no {name}()")
     return main
 
 
@@ -84,14 +91,6 @@ def parse_latency(spec: str) -> LatencyModel:
     if kind == "exp":
         return Exponential(args[0], args[1] if len(args) > 1 else 0.0)
     raise argparse.ArgumentTypeError(f"unknown latency model {spec!r}")
-
-
-def parse_seeds(spec: str) -> list[int]:
-    """``A:B`` (B excluded) or ``A,B,C``."""
-    if ":" in spec:
-        a, b = spec.split(":", 1)
-        return list(range(int(a), int(b)))
-    return [int(x) for x in spec.split(",") if x]
 
 
 _FAULT_FLAGS: list[tuple[str, Callable[[str], Any], str]] = [
@@ -129,12 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace of the run")
     p.add_argument("--dump-events", metavar="FILE", help=argparse.SUPPRESS)
     p.add_argument("--fail-fast", action="store_true", help="stop a sweep at the first failing seed")
-    p.add_argument("-j", "--jobs", type=int, default=None,
+    p.add_argument("-j", "--jobs", type=positive_int, default=None,
                    help="run a sweep's seeds in N local worker processes (default: one per CPU; 1: in this process)")
     p.add_argument("--executor", metavar="SPEC", default=None,
                    help="where a sweep's seeds run: 'process' (local workers, -j of them), 'inline', "
                         "'dask:ADDRESS' or 'dask:local[:N]' (a Dask cluster, pip install aiodist[cluster]), "
                         "or 'MODULE:FUNCTION' returning a concurrent.futures.Executor")
+    p.add_argument("--seed-timeout", metavar="SECONDS", type=positive_float, default=None,
+                   help="a sweep's wall-clock limit per seed (a seed stuck in pure-Python code never ends otherwise): "
+                        "reported as a 'wall_clock_limit' failure, not deterministic, not saved to --out; needs "
+                        "local worker processes or -j 1")
     p.add_argument("--out", metavar="RESULTS.jsonl", default=None,
                    help="stream a sweep's results to this JSON-lines file; seeds already in it are skipped (resume)")
     p.add_argument("--keep-going", action="store_true",
@@ -146,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, type=parse, action="append", default=[], help=help_text, dest="faults",
                        metavar=flag[2:].replace("-", "_").upper())
     replay.add_plan_options(p)  # exploration, swarm, store host, shrinking (sim/replay.py)
+    explain_types(p)  # (a bad value says why, not "invalid parse_pause value")
     return parser
 
 
@@ -208,20 +212,21 @@ def replay_command(ns: argparse.Namespace, seed: int, result: Result | None = No
 
 
 def _run_once(ns: argparse.Namespace, main: Callable[..., Awaitable[Any]], seed: int, *, keep: bool,
-              logs: bool = True) -> Result:
+              logs: bool = True, output: Any = None) -> Result:
     """One run with the CLI's options; the program's output prefixed per rank (dropped with -q).
 
     ``logs``: print the aiodist log records the run produced (single runs; a
     sweep does not: a program that handled an error would flood it).
+    ``output``: where the program's output goes instead (a sweep keeps the
+    last lines of each seed's). Captured for this thread only
+    (:mod:`sim.sweep_streams`: the runs of a threaded executor each keep theirs).
     """
     env = {"AIODIST_FLIGHT_RECORDER_SIZE": "100000"} if keep and ns.trace else None
-    saved = sys.argv
-    sys.argv = [ns.program, *ns.args]
-    out = RankPrefixedOutput(io.StringIO() if ns.quiet else sys.stdout)
-    err = RankPrefixedOutput(io.StringIO() if ns.quiet else sys.stderr)  # (warnings too, as under aiodist run)
+    out = RankPrefixedOutput(io.StringIO() if ns.quiet else output or current("stdout"))
+    err = RankPrefixedOutput(io.StringIO() if ns.quiet else output or current("stderr"))  # (warnings too)
     collector = RankLogCollector()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), collector.capture():
+        with routed(stdout=out, stderr=err, argv=[ns.program, *ns.args]), capture_logs(collector):
             return run(main, world_size=ns.world_size, seed=seed, network=_network(ns),
                        faults=_faults(ns) + replay.extra_faults(ns), time_limit=ns.time_limit,
                        schedule=ns.schedule, pct_depth=ns.pct_depth, trace=keep, master_port=ns.master_port,
@@ -229,7 +234,6 @@ def _run_once(ns: argparse.Namespace, main: Callable[..., Awaitable[Any]], seed:
     finally:
         out.flush()
         err.flush()
-        sys.argv = saved
         if logs and not ns.quiet:
             collector.report(sys.stderr)
 
@@ -279,6 +283,12 @@ def print_tracebacks(result: Result) -> None:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
+    if ns.seeds is None and ns.out is not None:
+        raise UsageError("--out writes a sweep's records: use it with --seeds (one seed: --seeds N,), or drop it")
+    if ns.seeds is None and ns.seed_timeout is not None:
+        raise UsageError("--seed-timeout limits each seed of a sweep (--seeds); a single run stops with Ctrl-C")
+    if ns.trace:
+        writable_dir_of(ns.trace, "--trace")
     main = load_main(ns.program)
     if ns.seeds is None:
         keep = bool(ns.trace or ns.check_determinism or ns.dump_events)
@@ -320,10 +330,17 @@ class CliSeed:
         main = _loaded.get(ns.program)
         if main is None:
             main = _loaded[ns.program] = load_main(ns.program)
-        result = _run_once(ns, main, seed, keep=False, logs=False)
-        extra = {}
+        printed = LastLines(OUTPUT_LINES) if not ns.quiet else None
+        with wall_clock_limit(ns.seed_timeout) as fired:
+            result = _run_once(ns, main, seed, keep=False, logs=False, output=printed)
+        if fired:
+            return limit_record(seed, ns.world_size, fired[0], replay=replay_command(ns, seed),
+                                **({"output": printed.text()} if printed is not None and printed.text() else {}))
+        extra: dict[str, Any] = {}
         if not result.ok:
             extra["replay"] = replay_command(ns, seed, result)  # (its plan spelled out: sim/replay.py)
+            if printed is not None and printed.text():
+                extra["output"] = printed.text()  # (shown, not written to --out: sim.sweep.TRANSIENT)
         if not result.ok and ns.trace:
             again = _run_once(ns, main, seed, keep=True, logs=False)
             stem, ext = os.path.splitext(ns.trace)
@@ -331,38 +348,28 @@ class CliSeed:
         return record_of(result, **extra)
 
 
-def _executor(ns: argparse.Namespace) -> tuple[Any, Any]:
-    """(the executor for a sweep or None to run here, the one to shut down afterwards or None)."""
-    jobs = ns.jobs if ns.jobs is not None else (os.cpu_count() or 1)
-    spec = ns.executor or ("process" if jobs > 1 else "inline")
-    if spec == "inline":
-        return None, None
-    if spec == "process":
-        ex = process_executor(jobs)
-        return ex, ex
-    if spec.startswith("dask:"):
-        try:
-            distributed: Any = importlib.import_module("distributed")
-        except ImportError:
-            raise SystemExit("sim: --executor dask:... needs Dask's distributed: pip install 'aiodist[cluster]'")
-        where = spec[len("dask:"):]
-        if where == "local" or where.startswith("local:"):
-            n = int(where.partition(":")[2] or ns.jobs or 1)
-            client = distributed.Client(distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                                               dashboard_address=None))
-        else:
-            client = distributed.Client(where)
-        return client.get_executor(), client
-    module, _, attr = spec.partition(":")
-    if not attr:
-        raise SystemExit(f"sim: unknown --executor {spec!r}")
-    factory = getattr(importlib.import_module(module), attr)
-    ex = factory()
-    return ex, ex
+OUTPUT_LINES = 20
+"""A sweep shows the last this many lines a failing seed printed (the first seed of each kind of failure)."""
+
+_executor = executor_of  # (the name tests use)
+
+
+def sweep_key(ns: argparse.Namespace) -> str:
+    """What a CLI sweep runs: the program's source and name, its arguments, -n and every option that changes a
+    run (those of the replay command, which spells them all), whatever the program's path is spelled as."""
+    name = ns.program.rpartition(":")[2] if not Path(ns.program).is_file() and ":" in ns.program else "main"
+    try:
+        source = program_file(ns.program).read_bytes()
+    except OSError:
+        source = b""
+    spelled = argparse.Namespace(**{**vars(ns), "program": f"PROGRAM:{name}"})
+    return key_of("sim run", hashlib.sha256(source).hexdigest(), name, replay_command(spelled, 0))
 
 
 def _sweep(ns: argparse.Namespace) -> int:
     seeds = ns.seeds
+    if ns.trace:
+        writable_dir_of(f"{os.path.splitext(ns.trace)[0]}-seed0.json", "--trace")
     bar = Progress(len(seeds)) if sys.stderr.isatty() and not ns.quiet else None
     announced: set[str] = set()
 
@@ -375,28 +382,61 @@ def _sweep(ns: argparse.Namespace) -> int:
                 bar.close()
             first = rec["failures"][0]
             print(f"seed {rec['seed']}: FAILED: [{first['kind']}] {first['message']}", flush=True)
+            if rec.get("output"):
+                print("  what it printed last:\n" + "\n".join(f"    {line}" for line in rec["output"].splitlines()),
+                      flush=True)
 
     executor, owned = _executor(ns)
+    if ns.seed_timeout is not None:
+        try:
+            check_seed_timeout(ns.seed_timeout, executor)
+        except ValueError as e:
+            if owned is not None:
+                stop_executor(owned)
+            raise UsageError(f"--seed-timeout: {e}") from None
+    interrupted = False
     try:
         report = drive(CliSeed(ns), seeds, executor=executor, out=ns.out, fail_fast=ns.fail_fast,
-                       on_record=on_record)
+                       on_record=on_record, key=sweep_key(ns))
+    except SweepInterrupted as e:
+        interrupted = True
+        if bar is not None:
+            bar.close()
+        _report_interrupt(ns, e)
+        return 130
     finally:
         if bar is not None:
             bar.close()
         if owned is not None:
-            owned.shutdown() if hasattr(owned, "shutdown") else owned.close()
+            stop_executor(owned, now=interrupted)
     return _report_sweep(ns, report)
+
+
+def _report_interrupt(ns: argparse.Namespace, e: SweepInterrupted) -> None:
+    """Ctrl-C: what was saved, what was still running (each seed's own command shows where it is stuck)."""
+    lines = [f"sim: interrupted: {e.saved} new seed{'s' if e.saved != 1 else ''} finished"
+             + (f" and saved in {ns.out}; rerun the same command to resume after them" if ns.out else
+                " (not saved: with --out RESULTS.jsonl a rerun resumes)")]
+    if e.running:
+        lines.append(f"seeds not finished (running or queued): {' '.join(map(str, e.running[:20]))}"
+                     + (" ..." if len(e.running) > 20 else "") + "; run one alone to see where it is "
+                     "(Ctrl-C there shows the line it runs):")
+        lines += [f"  {replay_command(ns, seed)}" for seed in e.running[:3]]
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def _report_sweep(ns: argparse.Namespace, report: SweepReport) -> int:
     if report.skipped:
-        print(f"{report.skipped} seeds were already in {ns.out}")
+        print(f"{report.skipped} seed{' was' if report.skipped == 1 else 's were'} already in {ns.out} "
+              "(the same program and options): not run again")
     failing = report.failing
+    left = report.total - len(report.records)
+    stopped = f" (--fail-fast: stopped there; {left} of the {report.total} seeds not run)" if report.stopped else ""
     if not failing:
         print(report.summary())
         return 0
     shown = " ".join(str(s) for s in failing[:50]) + (" ..." if len(failing) > 50 else "")
-    print(f"{len(failing)} of {len(report.records)} seeds failed: {shown}")
+    print(f"{len(failing)} of {len(report.records)} seeds failed{stopped}: {shown}")
     replays = {rec["seed"]: rec["replay"] for rec in report.records if rec.get("replay")}
     print("\n".join(report.group_lines(replay=lambda seed: replays.get(seed) or replay_command(ns, seed))))
     for rec in report.records:
@@ -407,12 +447,22 @@ def _report_sweep(ns: argparse.Namespace, report: SweepReport) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # (``| head``: the reader left; say nothing more)
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     prog_args: list[str] = []
     if "--" in argv:
         i = argv.index("--")
         argv, prog_args = argv[:i], argv[i + 1:]
-    ns = build_parser().parse_args(argv)
+    ns = build_parser().parse_args(swarm_before_program(argv))
     ns.args = prog_args
     if ns.command == "run" and ns.seeds is not None:
         single = [flag for flag, on in (("--check-determinism", ns.check_determinism), ("--shrink", ns.shrink)) if on]
@@ -423,7 +473,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command == "run":
         try:
             return cmd_run(ns)
-        except FaultError as e:  # a fault this world cannot have: the command line's mistake
+        except UsageError as e:
+            print(f"sim: {e.message}", file=sys.stderr)
+            return 2
+        except (FaultError, SweepFileError) as e:  # the command line's mistake, found before anything ran
             print(f"sim: {e}", file=sys.stderr)
             return 2
         except SweepWorkerError as e:  # (the runs it finished are reported as they came, or in --out)

@@ -19,14 +19,17 @@ overrides every marker's seeds (e.g. a longer nightly sweep).
 
 from __future__ import annotations
 
+import argparse
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import pytest
 
+from .cli_checks import parse_seeds
 from .result import Result
 from .runner import run
+from .sweep import unique_seeds
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -48,9 +51,11 @@ def _seed_override(config: pytest.Config) -> list[int] | None:
     if one is not None:
         return [int(one)]
     many = config.getoption("--sim-seeds", default=None)
-    if many:
-        a, b = str(many).split(":", 1)
-        return list(range(int(a), int(b)))
+    if many is not None:
+        try:
+            return parse_seeds(str(many))
+        except argparse.ArgumentTypeError as e:
+            raise pytest.UsageError(f"--sim-seeds {e}") from None
     return None
 
 
@@ -66,8 +71,15 @@ def run_seeds(
     nodeid: str | None = None,
     **kwargs: Any,
 ) -> list[Result]:
-    """Run ``main`` for every seed; ``pytest.fail`` at the first failing one with its replay command."""
+    """Run ``main`` for every seed (each once); ``pytest.fail`` at the first failing one with its replay command.
+
+    No seeds at all fails too: a test that ran nothing must not pass.
+    """
     results = []
+    try:
+        seeds = unique_seeds(seeds)
+    except (TypeError, ValueError) as e:
+        pytest.fail(f"sim: {e}" + (f" ({nodeid})" if nodeid else ""), pytrace=False)
     for seed in seeds:
         result = run(main, world_size=world_size, seed=seed, trace=False, **kwargs)
         if not result.ok:

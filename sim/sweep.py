@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import inspect
 import io
 import json
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -38,10 +40,13 @@ from typing import IO, Any
 from .errors import SweepWorkerError
 from .result import Failure, Result
 from .runner import run
+from .sweep_limit import limit_record, wall_clock_limit
+from .sweep_streams import routed
+from .sweep_file import SweepFileError, key_of, open_for_append, source_digest
 from .trace import write_chrome
 
 __all__ = ["sweep", "SweepReport", "Group", "RunSeed", "record_of", "signature", "Progress", "read_records",
-           "drive", "process_executor"]
+           "drive", "process_executor", "SweepInterrupted", "SweepFileError", "unique_seeds", "stop_executor"]
 
 
 # --------------------------------------------------------------------------- records
@@ -130,6 +135,7 @@ class RunSeed:
     prints is dropped. ``trace_dir``: a failing seed is run once more,
     keeping its events, and its Chrome/Perfetto trace written there as
     ``seed-N.json`` (the same run: the record's digest is checked).
+    ``seed_timeout``: wall-clock seconds a seed may take (:mod:`sim.sweep_limit`).
     """
 
     main: Callable[..., Awaitable[Any]]
@@ -137,10 +143,14 @@ class RunSeed:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     quiet: bool = False
     trace_dir: str | None = None
+    seed_timeout: float | None = None
 
     def __call__(self, seed: int) -> dict[str, Any]:
         with _silenced(self.quiet):
-            result = run(self.main, world_size=self.world_size, seed=seed, trace=False, **self.kwargs)
+            with wall_clock_limit(self.seed_timeout) as fired:
+                result = run(self.main, world_size=self.world_size, seed=seed, trace=False, **self.kwargs)
+            if fired:
+                return limit_record(seed, self.world_size, fired[0])
             extra = {}
             if not result.ok and self.trace_dir is not None:
                 extra["trace"] = self.write_trace(seed, result.digest)
@@ -165,10 +175,11 @@ def trace_file(path: str, result: Result, digest: str) -> str:
 
 @contextlib.contextmanager
 def _silenced(quiet: bool) -> Iterator[None]:
+    """Drop what the program prints (in this thread only: other runs of a threaded executor keep theirs)."""
     if not quiet:
         yield
         return
-    with contextlib.redirect_stdout(io.StringIO()):
+    with routed(stdout=io.StringIO()):
         yield
 
 
@@ -213,7 +224,8 @@ class SweepReport:
         """The text a sweep ends with: one line, or the groups with count, first seed and (if given) replay."""
         done = len(self.records)
         if not self.failing:
-            return f"all {done} seeds passed" + ("" if done == self.total else f" (of {self.total})")
+            passed = "the one seed passed" if done == 1 else f"all {done} seeds passed"
+            return passed + ("" if done == self.total else f" (of {self.total})")
         return "\n".join([f"{len(self.failing)} of {done} seeds failed.", *self.group_lines(replay=replay)])
 
     def group_lines(self, *, replay: Callable[[int], str] | None = None) -> list[str]:
@@ -284,10 +296,48 @@ def _duration(s: float) -> str:
 
 
 def process_executor(jobs: int | None = None) -> concurrent.futures.ProcessPoolExecutor:
-    """Local worker processes (forked where the platform allows: workers start with the program loaded)."""
+    """Local worker processes (forked where the platform allows: workers start with the program loaded).
+
+    The workers ignore Ctrl-C (SIGINT goes to a terminal's whole process
+    group): the sweep's driver handles it and ends them.
+    """
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork") if "fork" in methods else None
-    return concurrent.futures.ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1, mp_context=ctx)
+    return concurrent.futures.ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1, mp_context=ctx,
+                                                  initializer=_ignore_sigint)
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a sweep: ``.saved`` new records were written to ``.out`` (None: no file), ``.running`` the
+    seeds that had not finished (running or queued). A sweep with the same ``out`` resumes after the saved ones."""
+
+    def __init__(self, saved: int, running: list[int], out: str | os.PathLike[str] | None) -> None:
+        super().__init__(f"sweep interrupted: {saved} new seed(s) saved"
+                         + (f" in {out}" if out is not None else "")
+                         + (f"; not finished: {', '.join(map(str, running))}" if running else ""))
+        self.saved, self.running, self.out = saved, running, out
+
+
+def unique_seeds(seeds: Iterable[int]) -> list[int]:
+    """``seeds`` as a list, each once, in their order; an empty one is refused (a sweep of nothing passes nothing)."""
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
+        raise TypeError(f"seeds must be an iterable of ints (e.g. range(100)), not {type(seeds).__name__}")
+    out = list(dict.fromkeys(seeds))
+    bad = [s for s in out if not isinstance(s, int) or isinstance(s, bool)]
+    if bad:
+        raise TypeError(f"seeds must be ints, not {bad[0]!r}")
+    if not out:
+        raise ValueError("no seeds to sweep (an empty seed range): a sweep of nothing would pass")
+    return out
+
+
+TRANSIENT = ("output",)
+"""Record keys a task may return for ``on_record`` (e.g. what a failing seed printed) that are not written to
+``out`` nor kept in the report."""
 
 
 def drive(
@@ -299,6 +349,7 @@ def drive(
     fail_fast: bool = False,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     window: int | None = None,
+    key: str | None = None,
 ) -> SweepReport:
     """Run ``task(seed)`` for every seed not already in ``out``; stream records to ``out``; report.
 
@@ -306,30 +357,48 @@ def drive(
     most ``window`` seeds are in flight at once (default: twice the
     executor's workers, at least 4), so a long sweep does not queue
     millions of tasks. ``on_record`` sees each new record as it arrives (in
-    completion order; the report is in seed order).
+    completion order; the report is in seed order). ``key``: what is swept
+    (:func:`sim.sweep_file.key_of`): every record gets it, and ``out`` may
+    only hold records with the same key (else :class:`SweepFileError`, before
+    anything runs). Duplicate seeds run once; no seeds: ValueError.
+    Ctrl-C: :class:`SweepInterrupted`.
     """
-    previous = {r["seed"]: r for r in read_records(out)} if out is not None else {}
+    seeds = unique_seeds(seeds)
+    sink, previous = open_for_append(out, key) if out is not None else (None, {})
     todo = [s for s in seeds if s not in previous]
     records = [previous[s] for s in seeds if s in previous]
     stopped = False
-    sink = _append(out) if out is not None else None
+    new = 0
+    in_flight: dict[Any, int] = {}
     try:
         def take(rec: dict[str, Any]) -> bool:
+            nonlocal new
+            transient = {k: rec.pop(k) for k in TRANSIENT if k in rec}
+            if key is not None:
+                rec["key"] = key
             records.append(rec)
-            if sink is not None:
+            if sink is not None and not rec.get("wall_clock_limit"):  # (not deterministic: a resume retries it)
                 sink.write(json.dumps(rec, default=repr) + "\n")
                 sink.flush()
+            new += 1
             if on_record is not None:
-                on_record(rec)
+                on_record({**rec, **transient})
             return fail_fast and not rec["ok"]
 
         if executor is None:
             for seed in todo:
-                if take(task(seed)):
+                in_flight[None] = seed
+                rec = task(seed)
+                del in_flight[None]
+                if take(rec):
                     stopped = True
                     break
         else:
-            stopped = _pump(executor, task, todo, take, window or max(4, 2 * _workers(executor)))
+            stopped = _pump(executor, task, todo, take, window or max(4, 2 * _workers(executor)), in_flight)
+    except KeyboardInterrupt as e:
+        if isinstance(e, SweepInterrupted):
+            raise
+        raise SweepInterrupted(new, sorted(in_flight.values()), out) from None
     finally:
         if sink is not None:
             sink.close()
@@ -337,24 +406,20 @@ def drive(
     return SweepReport(records, total=len(seeds), skipped=len(seeds) - len(todo), stopped=stopped)
 
 
-def _append(path: str | os.PathLike[str]) -> IO[str]:
-    """``path`` opened for appending records, after a newline if an interrupted sweep left half a line."""
-    sink = open(path, "a+")  # noqa: SIM115 - the caller closes it
-    if sink.tell() > 0:
-        sink.seek(sink.tell() - 1)
-        if sink.read(1) != "\n":
-            sink.write("\n")
-    return sink
-
-
 def _workers(executor: concurrent.futures.Executor) -> int:
     n = getattr(executor, "_max_workers", None)  # (ProcessPool/ThreadPool; other executors: a default)
     return int(n) if isinstance(n, int) and n > 0 else (os.cpu_count() or 1)
 
 
+def _lost_worker(error: BaseException) -> bool:
+    """Whether a task's exception means its worker is gone (not an exception the task raised)."""
+    return isinstance(error, (concurrent.futures.BrokenExecutor, concurrent.futures.CancelledError)) or \
+        type(error).__name__ in ("KilledWorker", "CommClosedError")  # (Dask's)
+
+
 def _pump(executor: concurrent.futures.Executor, task: Callable[[int], dict[str, Any]], todo: Sequence[int],
-          take: Callable[[dict[str, Any]], bool], window: int) -> bool:
-    seeds: dict[concurrent.futures.Future[dict[str, Any]], int] = {}  # the seeds in flight
+          take: Callable[[dict[str, Any]], bool], window: int, seeds: dict[Any, int]) -> bool:
+    """``seeds``: the futures in flight and their seeds (the caller's: it names them when interrupted)."""
 
     def lost(error: BaseException) -> SweepWorkerError:
         failed = sorted(s for f, s in seeds.items() if f.done() and not f.cancelled() and f.exception() is not None)
@@ -376,14 +441,45 @@ def _pump(executor: concurrent.futures.Executor, task: Callable[[int], dict[str,
             done, _ = concurrent.futures.wait(list(seeds), return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in sorted(done, key=lambda f: seeds[f]):
                 error = fut.exception()
-                if error is not None:  # (a run's own failures are records: this is the worker's)
+                if error is not None and _lost_worker(error):  # (a run's own failures are records)
                     raise lost(error) from error
+                if error is not None:  # the task itself raised: say so, as what it is
+                    error.add_note(f"(raised by the sweep's task for seed {seeds[fut]}, not by the program: a "
+                                   "simulator or sweep error)")
+                    raise error
                 del seeds[fut]
                 if take(fut.result()):
                     return True
     finally:
         for fut in seeds:
             fut.cancel()
+
+
+def check_seed_timeout(seconds: float, executor: Any) -> None:
+    """A wall-clock limit needs each seed in the main thread of a process: local worker processes or here."""
+    if not seconds > 0:
+        raise ValueError(f"seed_timeout must be above 0 seconds, not {seconds}")
+    if executor is not None and not isinstance(executor, concurrent.futures.ProcessPoolExecutor):
+        raise ValueError(f"a per-seed wall-clock limit needs local worker processes (or a sweep run here): "
+                         f"{type(executor).__name__} runs seeds in threads, which a timer signal cannot interrupt")
+
+
+def stop_executor(executor: Any, *, now: bool = False) -> None:
+    """Shut an executor down (``now``: at once, cancelling what is queued and ending local worker processes)."""
+    if not now:
+        executor.shutdown() if hasattr(executor, "shutdown") else executor.close()
+        return
+    processes = list((getattr(executor, "_processes", None) or {}).values())  # (a ProcessPoolExecutor's)
+    if hasattr(executor, "shutdown"):
+        executor.shutdown(wait=False, cancel_futures=True)
+    else:
+        executor.close()
+    for p in processes:
+        with contextlib.suppress(Exception):
+            p.terminate()
+    for p in processes:
+        with contextlib.suppress(Exception):
+            p.join(5)
 
 
 def sweep(
@@ -398,6 +494,7 @@ def sweep(
     quiet: bool = True,
     trace_dir: str | None = None,
     progress: bool | None = None,
+    seed_timeout: float | None = None,
     **run_kwargs: Any,
 ) -> SweepReport:
     """Run ``main`` for every seed (see the module doc); return a :class:`SweepReport`.
@@ -407,22 +504,49 @@ def sweep(
     here, without workers). ``main`` and ``run_kwargs`` (any :func:`sim.run`
     keyword) must be picklable for an executor of processes or machines.
     ``out``: a JSON-lines file of records; seeds already in it are not run
-    again. ``quiet``: drop what the program prints. ``trace_dir``: write a
+    again (only records of the same sweep: the same program source, world
+    size and keywords; a file of another sweep's records is refused with
+    :class:`sim.SweepFileError` before anything runs). ``seeds``: duplicates
+    run once, none is a ValueError. ``quiet``: drop what the program prints. ``trace_dir``: write a
     Chrome/Perfetto trace of every failing seed there. ``progress``: a live
-    line on stderr (default: when stderr is a terminal).
+    line on stderr (default: when stderr is a terminal). ``seed_timeout``:
+    wall-clock seconds a seed may run (a seed stuck in pure-Python code
+    never ends otherwise); a seed past it is reported as failure kind
+    ``wall_clock_limit`` (not deterministic, not saved to ``out``). It needs
+    seeds run in processes' main threads: local workers or ``jobs=1``.
+    Ctrl-C: :class:`SweepInterrupted` (local workers are ended).
     """
-    seeds = list(seeds)
-    task = RunSeed(main, world_size, dict(run_kwargs), quiet, trace_dir)
+    seeds = unique_seeds(seeds)
+    try:
+        inspect.signature(run).bind(main, world_size=world_size, seed=0, trace=False, **run_kwargs)
+    except TypeError as e:
+        raise TypeError(f"sim.sweep: {e} (the keywords besides sweep's own go to sim.run)") from None
+    if seed_timeout is not None:
+        check_seed_timeout(seed_timeout, executor)
+    if trace_dir is not None:
+        try:
+            os.makedirs(trace_dir, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"sim.sweep: cannot make trace_dir {trace_dir}: {e.strerror or e}") from None
+        if not os.access(trace_dir, os.W_OK):
+            raise ValueError(f"sim.sweep: trace_dir {trace_dir} is not writable")
+    task = RunSeed(main, world_size, dict(run_kwargs), quiet, trace_dir, seed_timeout)
+    key = key_of("sim.sweep", source_digest(main), main, getattr(main, "__module__", ""),
+                 getattr(main, "__qualname__", ""), world_size, run_kwargs)
     show = sys.stderr.isatty() if progress is None else progress
     bar = Progress(len(seeds)) if show else None
     owned = None
     if executor is None and jobs != 1:
         executor = owned = process_executor(jobs)
+    interrupted = False
     try:
         return drive(task, seeds, executor=executor, out=out, fail_fast=fail_fast,
-                     on_record=bar.update if bar is not None else None)
+                     on_record=bar.update if bar is not None else None, key=key)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         if bar is not None:
             bar.close()
         if owned is not None:
-            owned.shutdown(cancel_futures=True)
+            stop_executor(owned, now=interrupted)
