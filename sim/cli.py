@@ -52,7 +52,7 @@ from .cli_checks import (UsageError, executor_of, explain_types, parse_seeds, po
 from .sweep import (Progress, SweepInterrupted, SweepReport, check_seed_timeout, drive, record_of, stop_executor,
                     trace_file)
 from .sweep_limit import limit_record, wall_clock_limit
-from .sweep_file import SweepFileError, key_of, source_digest
+from .sweep_file import SweepFileError, key_of
 from .sweep_streams import LastLines, capture_logs, current, routed
 from .trace import events_from_json, events_to_json, first_divergence, write_chrome
 

@@ -11,7 +11,8 @@ cluster's ``distributed.Client(...).get_executor()``); a task returns one
 plain record (:func:`record_of`), the driver appends it to ``out`` as one
 JSON line as soon as it arrives. A later sweep with the same ``out`` skips
 the seeds already in the file (resuming an interrupted sweep, or extending
-it). Failures are grouped by *signature*: the failure's kind and exception
+it), when they are records of the same sweep: every record carries the
+sweep's key, and a file of another sweep is refused (:mod:`sim.sweep_file`). Failures are grouped by *signature*: the failure's kind and exception
 type plus the program's own line where it surfaced (:func:`signature`), so
 a thousand failing seeds read as the few bugs they are.
 
