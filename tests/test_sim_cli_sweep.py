@@ -42,7 +42,8 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 def test_resume_reuses_only_records_of_the_same_program_and_options(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+                                                                    capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # Before: records matched by seed only: the failing program, after cp over the passing one, "passed".
     path = prog(tmp_path, PASSES)
     out = str(tmp_path / "r.jsonl")
@@ -52,6 +53,9 @@ def test_resume_reuses_only_records_of_the_same_program_and_options(tmp_path: Pa
     for argv in (["-n", "3"], ["--no-explore"], ["--swarm", "crash"], ["--crash", "1@0.5"], ["--", "arg"]):
         err = usage_error(capsys, "run", "-n", "2", path, "--seeds", "0:3", "-j", "1", "-q", "--out", out, *argv)
         assert "holds records of another sweep" in err and "delete" in err
+    monkeypatch.chdir(tmp_path)  # the same program spelled another way: the same sweep
+    assert main(["run", "-n", "2", "prog.py", "--seeds", "0:4", "-j", "1", "-q", "--out", out]) == 0
+    assert "4 seeds were already in" in capsys.readouterr().out
     Path(path).write_text(FAILS)  # the same path, edited
     assert "another sweep" in usage_error(capsys, "run", "-n", "2", path, "--seeds", "0:3", "-j", "1", "--out", out)
     assert len(read_records(out)) == 4
