@@ -480,7 +480,12 @@ def stop_executor(executor: Any, *, now: bool = False) -> None:
             p.terminate()
     for p in processes:
         with contextlib.suppress(Exception):
-            p.join(5)
+            p.join(2)
+    for p in processes:  # (a worker whose SIGTERM is handled or ignored: a program's own handler, say)
+        with contextlib.suppress(Exception):
+            if p.is_alive():
+                p.kill()
+                p.join(5)
 
 
 def sweep(

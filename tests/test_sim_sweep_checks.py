@@ -10,6 +10,8 @@ import fcntl
 import json
 import os
 import signal
+import time
+import tempfile
 import sys
 import threading
 from pathlib import Path
@@ -215,7 +217,13 @@ def _sigint_disposition(_: int) -> Any:
     return signal.getsignal(signal.SIGINT)
 
 
-def _spin(_: int) -> None:
+def _ignore_sigterm(_: int) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _spin(_: int, started: str = "") -> None:
+    if started:
+        Path(started).write_text("spinning")
     while True:
         pass
 
@@ -225,7 +233,14 @@ def test_local_workers_leave_ctrl_c_to_the_driver_which_ends_them() -> None:
 
     ex = process_executor(1)
     assert ex.submit(_sigint_disposition, 0).result() == signal.SIG_IGN  # (no KeyboardInterrupt traceback per worker)
-    stuck = ex.submit(_spin, 0)
+    ex.submit(_ignore_sigterm, 0).result()  # (a program's own handler, or one a forked worker inherited)
+    started = Path(tempfile.mkdtemp()) / "started"
+    stuck = ex.submit(_spin, 0, str(started))
+    for _ in range(600):  # (bounded: up to 60 s on a loaded machine)
+        if started.exists():
+            break
+        time.sleep(0.1)
+    assert started.exists()  # it runs: shutting down cannot just drop it from the queue
     procs = list(ex._processes.values())  # type: ignore[attr-defined]
     stop_executor(ex, now=True)  # (returns: a plain shutdown would wait for the spinning seed forever)
     assert all(not p.is_alive() for p in procs)
