@@ -112,7 +112,10 @@ async def _recursive_doubling(ch: Channel, seq: int, flat: np.ndarray, combine: 
     for step, partner in recursive_doubling(ch.size, rank):
         key = (seq, _RD, step)
         await sendrecv(ch, partner, key, buf, partner, key, sbuf)
-        _combine_ordered(combine, flat, scratch, partner < rank)
+        if partner < rank:  # (_combine_ordered, inlined: the same operand order on both sides)
+            combine(flat, scratch, flat)
+        else:
+            combine(flat, flat, scratch)
     if f.role == "absorber":
         assert f.partner is not None
         await send(ch, f.partner, (seq, _UNFOLD, 0), buf)

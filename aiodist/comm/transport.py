@@ -317,8 +317,11 @@ class Transport:
         p = self._peers.get(dst)
         if p is not None and p.link.state is _READY and not self._closed:
             conn = p.link.conn
-            if self._sent_now(p, conn, header, payload):
-                return None
+            try:  # (_sent_now, inlined: once per message)
+                if conn.try_send(header, payload):
+                    return None
+            except ConnectionClosedError:
+                raise self._lost(p) from None
             return self._send_on(p, conn, header, payload)  # (not send(): it would try again)
         return self.send(dst, header, payload, group=group)
 
