@@ -43,7 +43,7 @@ from .result import Failure, Result
 from .runner import run
 from .sweep_limit import limit_record, wall_clock_limit
 from .sweep_streams import routed
-from .sweep_file import SweepFileError, key_of, open_for_append, source_digest
+from .sweep_file import SweepFileError, json_lines, key_of, open_for_append, source_digest
 from .trace import write_chrome
 
 __all__ = ["sweep", "SweepReport", "Group", "RunSeed", "record_of", "signature", "Progress", "read_records",
@@ -104,21 +104,12 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     records = []
     try:
         with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
+            for _, rec in json_lines(f):
                 if isinstance(rec, dict) and "seed" in rec:
                     records.append(rec)
     except FileNotFoundError:
         pass
     return records
-
-
 
 
 # --------------------------------------------------------------------------- one seed (runs in a worker)

@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -28,7 +28,7 @@ try:  # (POSIX; elsewhere a results file is not locked)
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["SweepFileError", "key_of", "canonical", "source_digest", "load", "open_for_append"]
+__all__ = ["SweepFileError", "key_of", "canonical", "source_digest", "load", "open_for_append", "json_lines"]
 
 
 class SweepFileError(SimulationError, ValueError):
@@ -108,14 +108,7 @@ def load(path: str | os.PathLike[str], key: str | None) -> dict[int, dict[str, A
         raise SweepFileError(f"{path} is not a sweep's results file (not text: byte {e.start} is not UTF-8). "
                              + _ANOTHER.format(path=path)) from e
     records: dict[int, dict[str, Any]] = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # (a torn line)
+    for n, rec in json_lines(text.splitlines()):
         problem = _problem(rec)
         if problem:
             raise SweepFileError(f"{path} line {n} is not a sweep record ({problem}). " + _ANOTHER.format(path=path))
@@ -127,6 +120,18 @@ def load(path: str | os.PathLike[str], key: str | None) -> dict[int, dict[str, A
                 + _ANOTHER.format(path=path))
         records.setdefault(rec["seed"], rec)
     return records
+
+
+def json_lines(lines: Iterable[str]) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of each JSON line; blank lines and torn ones (an interrupted sweep's last) are skipped."""
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            yield n, json.loads(line)
+        except ValueError:
+            continue  # (a torn line)
 
 
 def _problem(rec: Any) -> str:

@@ -153,12 +153,7 @@ class PeerLinks:
         reports = [t for t in self._reports if not t.done()]
         if reports:
             await asyncio.wait(reports, timeout=REPORT_GRACE)
-        actions = self.links.close()
-        self.do(actions)
-        self._stop_expecting()
-        self.heartbeats.stop()
-        if self._listener is not None:
-            self._listener.close()
+        actions = self._say_bye()
         self._gate.close()
         tasks = list(self._tasks)
         for task in tasks:
@@ -179,15 +174,21 @@ class PeerLinks:
         """``bye`` to every live link and close them all, waiting until they are closed; nothing else is
         ended (the tasks, the receives still waiting): for a rank whose process ends next (see
         :meth:`~aiodist.comm.transport.Transport.leave_stopped`). The caller bounds the wait."""
+        actions = self._say_bye()
+        for a in actions:
+            if type(a) is A.Close:
+                await a.conn.wait_closed()
+
+    def _say_bye(self) -> A.Actions:
+        """``bye`` to every live link, closing them; stop expecting anyone, stop the heartbeats, stop listening.
+        Returns the actions done (the caller waits for their ``Close``s)."""
         actions = self.links.close()
         self.do(actions)
         self._stop_expecting()
         self.heartbeats.stop()
         if self._listener is not None:
             self._listener.close()
-        for a in actions:
-            if type(a) is A.Close:
-                await a.conn.wait_closed()
+        return actions
 
     def abort(self) -> None:
         self.do(self.links.abort())
