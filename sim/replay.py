@@ -11,10 +11,9 @@ edited or shrunk, and replays the same run (same digest).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
+import logging
 import shlex
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ from .chaos import Chaos
 from .latency import Constant, LatencyModel, Tail, Uniform
 from .result import Result
 from .swarm import KINDS, parse_swarm
+from .sweep_streams import capture_logs, routed
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
@@ -121,13 +121,11 @@ def shrink_and_report(ns: argparse.Namespace, main: Any, result: Result, network
 
     print(f"shrinking the plan of seed {result.seed} ({len(result.faults) + len(result.explored)} faults and "
           "perturbations) ...", flush=True)
-    saved = sys.argv
-    sys.argv = [ns.program, *ns.args]  # (as the program saw it)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            small = shrink(main, result, network=network, **run_kwargs)
-    finally:
-        sys.argv = saved
+    # (the replays print nothing: not the program's output, nor aiodist's log records such as a flight
+    # recorder's warning per replay, which the failing run already showed)
+    with routed(stdout=io.StringIO(), stderr=io.StringIO(), argv=[ns.program, *ns.args]), \
+            capture_logs(logging.NullHandler()):
+        small = shrink(main, result, network=network, **run_kwargs)
     print(f"shrunk in {small.runs} runs to {len(small.faults)} fault(s)"
           f"{', the latency band' if small.band else ''}{', the latency tail' if small.tail else ''}"
           f"{', slow links' if small.slow else ''}; it still fails the same way ({small.signature}):")

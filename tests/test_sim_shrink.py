@@ -73,3 +73,14 @@ def test_the_cli_shrinks_a_failing_seed_and_prints_a_minimal_replay_that_fails(t
     again = subprocess.run([sys.executable, *minimal.split()[1:]], env=env, capture_output=True, text=True,
                            timeout=300)
     assert again.returncode == 1 and "rank 1 stalled while rank 2's store was slow" in again.stdout + again.stderr
+
+
+def test_shrinking_with_q_prints_nothing_of_the_replays(tmp_path: Path) -> None:
+    # (each replay's rank that sees the crash logs a flight-recorder warning: -q shows only the verdicts)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "sim", "run", "-n", "4", str(ROOT / "examples" / "train_dp.py"),
+                           "--no-explore", "--crash", "3@sent:27", "--pause", "2@0.07+4.9", "--shrink", "-q"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "shrunk in" in proc.stdout and "crash 3@sent:27" in proc.stdout.split("shrunk in", 1)[1], proc.stdout
+    assert "flight recorder" not in proc.stderr + proc.stdout, proc.stderr
