@@ -343,7 +343,7 @@ class Simulation(FaultActions):
         self._maybe_finish()
 
     def _maybe_finish(self) -> None:
-        if self._running_count == 0 and not any(self.pending_restarts.values()):
+        if self._running_count == 0 and not self._restart_due():
             self.loop.stop()
         elif self._job_finished():
             # What still runs are restarted ranks whose job is over: every other rank returned.
@@ -354,6 +354,15 @@ class Simulation(FaultActions):
                     self.tracer.emit(self.loop.time(), "exit", f"rank{inc.rank}",
                                      detail="stopped: the job finished (every other rank returned)")
             self.loop.stop()
+
+    def _restart_due(self) -> bool:
+        """Is a restart at a time still to come for a rank it would start again? (One whose main returned or
+        raised is left alone by it: see restart_host; the run does not wait for that time.)"""
+        for rank, n in self.pending_restarts.items():
+            inc = self.current[rank]
+            if n > 0 and (inc is None or inc.state not in ("done", "failed")):
+                return True
+        return False
 
     def _job_finished(self) -> bool:
         if not self.restarts:  # (only restarted ranks can outlive their job)

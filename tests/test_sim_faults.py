@@ -155,6 +155,19 @@ def test_restart_runs_main_again_with_a_higher_restart_count() -> None:
     assert res.crashed == []
 
 
+async def quick(store: TCPStore, rank: int) -> Any:
+    await store.add("n", 1)
+    return "ok"
+
+
+def test_a_restart_due_after_every_rank_ended_does_not_keep_the_run_going() -> None:
+    # (it would start nothing: a rank that returned is left alone; the run ended when the last rank did)
+    plain = run_store(quick)
+    res = run_store(quick, faults=[sim.Restart(1, at=50.0)])
+    assert res.ok and res.restarts == {}, res.summary()
+    assert res.virtual_time == plain.virtual_time < 50.0
+
+
 # --------------------------------------------------------------------------- partitions and clogs
 
 
