@@ -70,7 +70,9 @@ class P2PTable:
         self.budgets = budgets
         self.failures = failures
         self._queues: dict[tuple[Any, int], P2PQueue] = {}
-        self._next_n: dict[Stream, int] = {}
+        # (group, source) -> tag -> the next number expected: nested, so that a tag costs one small entry
+        # (~0.1 KiB; a program may use a new tag per message), not a tuple key of its own
+        self._next_n: dict[tuple[Any, int], dict[int, int]] = {}
         self._held: dict[Stream, dict[int, Buffered]] = {}
 
     def __repr__(self) -> str:
@@ -89,19 +91,28 @@ class P2PTable:
         for i, a in enumerate(q.arrived):
             if r.src is None or a.src == r.src:
                 del q.arrived[i]
+                self._drop_if_empty(q, r.group, r.tag)
                 self.budgets.refund(a.src, a.nbytes)
                 return end(r, deliver(r, a.src, a.header, a.payload, a.nbytes))
         f = self.failures.factory_for(r) if self.failures.active else None
         if f is not None:
+            self._drop_if_empty(q, r.group, r.tag)
             return end(r, f(r))
         q.posted.append(r)
         return None
+
+    def _drop_if_empty(self, q: P2PQueue, group: Any, tag: int) -> None:
+        """Forget the queue of (group, tag) once nothing waits on it: a program that uses a new tag per
+        message (a request id, a microbatch) must not keep one queue per tag it ever used."""
+        if not q.posted and not q.arrived:
+            del self._queues[(group, tag)]
 
     def cancel(self, r: Receive) -> None:
         """Take a withdrawn receive off its queue; one whose message is arriving leaves the message to the next."""
         q = self._queues.get((r.group, r.tag))  # type: ignore[arg-type]
         if q is not None and r in q.posted:
             q.posted.remove(r)
+            self._drop_if_empty(q, r.group, r.tag)  # type: ignore[arg-type]
         else:  # (matched: its message is on its way into its buffer; see _complete)
             r.withdrawn = True
 
@@ -141,7 +152,7 @@ class P2PTable:
         if type(tag) is not int or (n is not None and type(n) is not int):
             return violate(m, f"a point-to-point message of group {g!r} with tag {tag!r}, number {n!r}")
         stream = (g, src, tag)
-        expected = self._next_n.get(stream, 0)
+        expected = self._expected(stream)
         if n is None:
             n = expected
         if n < expected or n in self._held.get(stream, ()):
@@ -175,7 +186,7 @@ class P2PTable:
             if m.drop:
                 return
             n = int(m.header["n"])
-            if n != self._next_n.get(stream, 0):
+            if n != self._expected(stream):
                 self._held.setdefault(stream, {})[n] = Buffered(m.src, m.header, payload, m.nbytes)
                 self.budgets.charge(m.src, m.nbytes)
                 return
@@ -209,7 +220,7 @@ class P2PTable:
         """Deliver the held (early-numbered) messages of ``stream`` that are now next in line."""
         held = self._held.get(stream)
         while held:
-            nxt = self._next_n.get(stream, 0)
+            nxt = self._expected(stream)
             a = held.pop(nxt, None)
             if a is None:
                 break
@@ -219,10 +230,18 @@ class P2PTable:
         if held is not None and not held:
             del self._held[stream]
 
+    def _expected(self, stream: Stream) -> int:
+        """The number of the next message of ``stream`` to be delivered."""
+        numbers = self._next_n.get(stream[:2])
+        return 0 if numbers is None else numbers.get(stream[2], 0)
+
     def _turn(self, stream: Stream, n: int, header: Any) -> bool:
         """Number ``n`` of ``stream`` has its turn (the next one is expected now): False if it is a skip, which
         delivers nothing."""
-        self._next_n[stream] = n + 1
+        numbers = self._next_n.get(stream[:2])
+        if numbers is None:
+            numbers = self._next_n[stream[:2]] = {}
+        numbers[stream[2]] = n + 1
         return not header.get(SKIP)
 
     def take(self, m: Match) -> Receive | None:
@@ -244,8 +263,10 @@ class P2PTable:
                 continue
             if r.src is None or r.src == src:
                 del posted[i]
+                self._drop_if_empty(q, group, tag)
                 return r
             i += 1
+        self._drop_if_empty(q, group, tag)  # (abandoned receives may have been all it held)
         return None
 
     def fail(self, which: Callable[[Receive], bool], factory: ErrorFactory, out: list[Completion]) -> None:
@@ -265,8 +286,8 @@ class P2PTable:
         for s in [s for s in self._held if s[0] == group]:
             for a in self._held.pop(s).values():
                 self.budgets.refund(a.src, a.nbytes)
-        for s in [s for s in self._next_n if s[0] == group]:
-            del self._next_n[s]
+        for gs in [gs for gs in self._next_n if gs[0] == group]:
+            del self._next_n[gs]
 
     def discard_source(self, src: int) -> None:
         """Drop every message buffered or held from ``src``."""

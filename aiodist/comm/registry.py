@@ -30,7 +30,7 @@ class GroupRegistry:
         self._members: dict[Any, tuple[int, ...]] = {}
         self._failures: dict[Any, PeerFailureError] = {}
         self._broken: dict[Any, asyncio.Future[None]] = {}  # per group: resolved when it breaks
-        self._p2p_numbers: dict[Any, dict[tuple[int, int], int]] = {}
+        self._p2p_numbers: dict[Any, dict[int, dict[int, int]]] = {}
         self._next = 1
 
     def __repr__(self) -> str:
@@ -110,9 +110,12 @@ class GroupRegistry:
 
     def next_p2p_number(self, gid: Any, dst: int, tag: int) -> int:
         """The number of the next point-to-point message of group ``gid`` to ``dst`` with ``tag``."""
-        numbers = self._p2p_numbers.get(gid)
-        if numbers is None:
-            numbers = self._p2p_numbers[gid] = {}
-        n = numbers.get((dst, tag), 0)
-        numbers[(dst, tag)] = n + 1
+        per_dst = self._p2p_numbers.get(gid)
+        if per_dst is None:
+            per_dst = self._p2p_numbers[gid] = {}
+        numbers = per_dst.get(dst)
+        if numbers is None:  # (nested, not keyed by (dst, tag): a tag costs one small entry, ~0.1 KiB)
+            numbers = per_dst[dst] = {}
+        n = numbers.get(tag, 0)
+        numbers[tag] = n + 1
         return n
