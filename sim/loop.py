@@ -128,6 +128,8 @@ class SimLoop(LaneControl, LoopInterface):
         # ``sys.exit`` in a callback of ``lane``: the owner ends that lane's process and says True (else it
         # propagates, as from asyncio's own loop)
         self.on_system_exit: Callable[[int, SystemExit], bool] | None = None
+        # the same for a ``KeyboardInterrupt`` the program raised itself (not Ctrl-C: see sim.interrupts)
+        self.on_keyboard_interrupt: Callable[[int, KeyboardInterrupt], bool] | None = None
         self._firsts: dict[int, int] = {}  # paused lane -> how many held callbacks go before the others
         self._stretch: dict[int, float] = {}
         self._closed = False
@@ -385,8 +387,9 @@ class SimLoop(LaneControl, LoopInterface):
                 self.lane = lane
                 try:  # Handle._run, inlined
                     handle._context.run(handle._callback, *handle._args)
-                except KeyboardInterrupt:
-                    raise
+                except KeyboardInterrupt as exc:  # Ctrl-C stops the run; a rank's own ends its process
+                    if lane < 0 or self.on_keyboard_interrupt is None or not self.on_keyboard_interrupt(lane, exc):
+                        raise
                 except SystemExit as exc:  # a process exits (sys.exit in a rank), or the simulator's own
                     if lane < 0 or self.on_system_exit is None or not self.on_system_exit(lane, exc):
                         raise

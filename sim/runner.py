@@ -41,6 +41,7 @@ from .errors import SimTimeLimitError
 from .explore import Exploration, Explorer, TimingPlan, env_detector
 from .fault_actions import FaultActions
 from .faults import Fault
+from .interrupts import is_stop, sigint_marked
 from .locations import _await_location, _raise_location
 from .loop import LANE, SimLoop
 from .network import Fabric, Host, Network
@@ -118,6 +119,8 @@ class Simulation(FaultActions):
             network = Explorer.network(network, self.timing)
         self.loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit, pct_depth=pct_depth)  # type: ignore[abstract]
         self.loop.on_system_exit = self._system_exit
+        self.loop.on_keyboard_interrupt = self._keyboard_interrupt
+        self._own_interrupts = False  # (set by run: can a plain KeyboardInterrupt only be a program's own?)
         self.loop.executor_cost = compute
         self.globals = ProcessGlobals()
         self.base_env = inherited_environment(os.environ)
@@ -282,6 +285,27 @@ class Simulation(FaultActions):
             self._exit(inc, normal=False)
         return True
 
+    def _keyboard_interrupt(self, lane: int, exc: KeyboardInterrupt) -> bool:
+        """``raise KeyboardInterrupt`` in a rank's code (not Ctrl-C, see :mod:`sim.interrupts`): its process dies
+        of it, as ``asyncio.run`` lets it through: the rank's failure; what is left of it is cancelled."""
+        if is_stop(exc) or not self._own_interrupts:
+            return False
+        inc = next((i for i in self.current if i is not None and i.lane == lane), None)
+        if inc is None or not inc.alive:
+            return False
+        for t in self.loop.lane_tasks(lane):  # the task it came from ended with it: its failure is taken here
+            if t.done() and not t.cancelled() and getattr(t, "_exception", None) is exc:
+                t.exception()
+        here = exc.__traceback__  # (the traceback starts in the loop that caught it: from the program's frame)
+        while here is not None and here.tb_frame.f_code is SimLoop._run.__code__:
+            here = here.tb_next
+        exc = exc.with_traceback(here)
+        if inc.state == "running":
+            if self._raised(inc, exc):
+                return True
+            self._exit(inc, normal=False)
+        return True
+
     def _os_exit(self, inc: _Incarnation, exc: ProcessExit) -> None:
         """``os._exit(code)`` in ``inc``: nothing of it runs again, the OS closes its sockets (a code other than
         0 is its failure; 0 ends it as a return would, but without any teardown: peers may lose data)."""
@@ -394,7 +418,8 @@ class Simulation(FaultActions):
         with self.globals:
             if self.globals.torch is not None:  # (else the loop's own create_task, one frame less per task)
                 self.loop.create_task = self._create_task  # type: ignore[method-assign]
-            return self._run()
+            with sigint_marked() as self._own_interrupts:
+                return self._run()
 
     def _run(self) -> Result:
         if self.store is not None:

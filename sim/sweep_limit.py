@@ -20,14 +20,16 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from .interrupts import Stop
+
 __all__ = ["WallClockLimit", "wall_clock_limit", "limit_record", "supported"]
 
 _OWN = (os.sep + "sim" + os.sep, os.sep + "aiodist" + os.sep, os.sep + "asyncio" + os.sep)
 
 
-class WallClockLimit(KeyboardInterrupt):
-    """Raised in a seed's run when its wall-clock limit passed (a KeyboardInterrupt: the simulator lets it
-    through, as it lets Ctrl-C through). ``.where``: the program's line it interrupted."""
+class WallClockLimit(Stop):
+    """Raised in a seed's run when its wall-clock limit passed (a KeyboardInterrupt that stops the simulator, as
+    Ctrl-C does). ``.where``: the program's line it interrupted."""
 
     def __init__(self, seconds: float, where: str) -> None:
         super().__init__(f"wall-clock limit of {seconds:g}s reached at {where}")
