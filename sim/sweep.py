@@ -440,7 +440,11 @@ def _pump(executor: concurrent.futures.Executor, task: Callable[[int], dict[str,
                                    "simulator or sweep error)")
                     raise error
                 del seeds[fut]
-                if take(fut.result()):
+                if take(fut.result()):  # (--fail-fast) the seeds that finished meanwhile are kept too
+                    for other in sorted((f for f in seeds if f.done() and not f.cancelled()
+                                         and f.exception() is None), key=lambda f: seeds[f]):
+                        del seeds[other]
+                        take(other.result())
                     return True
     finally:
         for fut in seeds:

@@ -261,3 +261,24 @@ def test_seed_timeout_reports_a_stuck_seed_as_its_own_kind_and_does_not_save_it(
     assert read_records(out) == []  # (not deterministic: a resume runs it again)
     with concurrent.futures.ThreadPoolExecutor(1) as ex, pytest.raises(ValueError, match="local worker processes"):
         sim.sweep(_spins, seeds=[0], world_size=2, executor=ex, seed_timeout=1)
+
+
+class _Finished(concurrent.futures.Executor):
+    """Runs each task as it is submitted: every seed has finished by the time the driver looks."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut.set_result(fn(*args, **kwargs))
+        return fut
+
+
+def test_fail_fast_keeps_the_seeds_that_finished_alongside_the_failing_one(tmp_path: Path) -> None:
+    # Before (sweep probe): with more than one worker, seeds finished next to the first failure were dropped:
+    # neither reported nor in the results file, so a resume ran them again.
+    def task(seed: int) -> dict[str, Any]:
+        return {"seed": seed, "ok": seed != 0, "failures": [] if seed else [{"kind": "exception"}]}
+
+    out = tmp_path / "r.jsonl"
+    report = drive(task, [0, 1, 2, 3, 4, 5, 6, 7, 8], executor=_Finished(), fail_fast=True, window=4, out=str(out))
+    assert report.stopped and [r["seed"] for r in report.records] == [0, 1, 2, 3]
+    assert sorted(r["seed"] for r in read_records(out)) == [0, 1, 2, 3]
