@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from .context import getenv, rank_scope
@@ -24,12 +26,13 @@ DEFAULT_RECORDER_SIZE = 256
 
 
 class _Recorder:
-    __slots__ = ("inflight", "ids", "history")
+    __slots__ = ("inflight", "ids", "history", "sources")
 
     def __init__(self, size: int) -> None:
         self.inflight: dict[int, dict[str, Any]] = {}
         self.ids = itertools.count()
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
+        self.sources: list[weakref.WeakMethod[Callable[[], list[dict[str, Any]]]]] = []
 
     def __repr__(self) -> str:
         return f"<flight recorder inflight={len(self.inflight)} history={len(self.history)}>"
@@ -111,9 +114,26 @@ def _copy(entry: dict[str, Any]) -> dict[str, Any]:
     return e
 
 
+def add_source(method: Callable[[], list[dict[str, Any]]]) -> None:
+    """Also list what bound ``method`` returns in :func:`snapshot` (the calling rank's), while its object lives.
+
+    For waits too short and too frequent to register one by one (a store client's quick calls: ``set``,
+    ``add``...): asked only when a snapshot is taken, e.g. when a rank is found blocked.
+    """
+    _recorder().sources.append(weakref.WeakMethod(method))
+
+
 def snapshot() -> list[dict[str, Any]]:
     """The calling rank's in-flight operations, oldest first."""
-    return [_copy(e) for _, e in sorted(_recorder().inflight.items())]
+    rec = _recorder()
+    entries = [_copy(e) for _, e in sorted(rec.inflight.items())]
+    if rec.sources:
+        live = [m for m in (ref() for ref in rec.sources) if m is not None]
+        if len(live) < len(rec.sources):
+            rec.sources = [weakref.WeakMethod(m) for m in live]
+        more = [e for m in live for e in m()]
+        entries += sorted(more, key=lambda e: e.get("start", 0.0))
+    return entries
 
 
 def recent() -> list[dict[str, Any]]:

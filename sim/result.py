@@ -45,7 +45,7 @@ class Failure:
         described: list[tuple[int, str]] = []
         for r in sorted(set(self.blocked) | set(self.where)):
             ops = self.blocked.get(r) or []
-            desc = "; ".join(_describe_op(op) for op in ops) or "no registered operation"
+            desc = "; ".join(_describe_op(op) for op in ops) or "no aiodist operation"
             loc = f"  ({_display_path(self.where[r])})" if r in self.where else ""
             described.append((r, f"{desc}{loc}"))
         if len(described) <= self.MAX_RANK_LINES:
@@ -55,7 +55,7 @@ class Failure:
             starts: dict[str, list[float]] = {}
             for r in sorted(set(self.blocked) | set(self.where)):
                 ops = self.blocked.get(r) or []
-                desc = "; ".join(_describe_op(op, timeless=True) for op in ops) or "no registered operation"
+                desc = "; ".join(_describe_op(op, timeless=True) for op in ops) or "no aiodist operation"
                 text = f"{desc}  ({_display_path(self.where[r])})" if r in self.where else desc
                 places.setdefault(text, []).append(r)
                 first = ops[0].get("start") if ops else None  # (when it started waiting in its first operation)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import printed_by_fresh_interpreters
 
+import aiodist
 import sim
 from aiodist.context import current_network, getenv, rank_scope
 from aiodist.inflight import waiting_in
@@ -211,3 +212,28 @@ async def test_sim_run_works_from_inside_a_running_asyncio_loop() -> None:
     assert res.ok and res.rank_results == [10.0, 10.0]
     assert asyncio.get_running_loop() is outer
     await asyncio.sleep(0)  # the outer loop is intact
+
+
+async def adds_while_the_store_is_stopped() -> None:
+    pg = await aiodist.init_process_group()
+    await asyncio.sleep(0.4)
+    if pg.rank == 1:
+        await asyncio.sleep(0.1)
+        raise RuntimeError("boom")
+    if pg.rank >= 2:
+        await pg.store.add("x", 1)  # rank 0, which serves the store, is paused: no reply yet
+    await asyncio.sleep(1)
+
+
+def test_a_rank_waiting_for_a_quick_store_call_is_reported_in_it() -> None:
+    # Before (exp probe): "rank 2 blocked in: no registered operation": only blocking store calls (get, wait...)
+    # registered themselves; set/add/compare_set... waited unseen.
+    res = sim.run(adds_while_the_store_is_stopped, world_size=4, faults=[sim.Pause(0, at=0.3, duration=5)],
+                  explore=False)
+    assert [f.message for f in res.failures] == ["RuntimeError: boom"]
+    blocked = res.failures[0].blocked
+    for r in (2, 3):
+        assert [(op["op"], op["key"], op["state"]) for op in blocked[r]] == [("store.add", "x", "running")]
+        assert 0.4 <= blocked[r][0]["start"] < 0.41
+    assert "rank 2 blocked in: store.add(key='x'" in str(res.failures[0])
+    assert "rank 0 blocked in: no aiodist operation" in str(res.failures[0])  # (asleep: paused in its sleep)

@@ -31,7 +31,7 @@ import math
 from collections import deque
 from typing import Any
 
-from .. import auth, tls
+from .. import auth, inflight, tls
 from ..context import current_network
 from ..errors import (
     ConnectionClosedError,
@@ -59,6 +59,10 @@ _GRACE = 1.0
 way back only; a stopped or hung server fails a call of timeout ``t`` by ``t + min(1, t/20)`` s."""
 
 
+_REGISTERED = frozenset({"get", "wait", "multi_get", "queue_pop"})
+"""The calls that register themselves in aiodist.inflight while they wait (they may block for long)."""
+
+
 def _grace(timeout: float) -> float:
     return min(_GRACE, timeout / 20)
 
@@ -82,7 +86,8 @@ class TCPStore(ClientOps):
 
     __slots__ = ("host", "port", "timeout", "_conn", "_loop", "_ping_interval", "max_key_bytes", "max_value_bytes",
                  "_short_key", "_pending", "_next_id", "_sent", "_control", "_abandoned", "_wake", "_wake_at",
-                 "_error", "_silent", "_closed_locally", "_server_said", "_farewell", "_housekeeper", "_watcher")
+                 "_error", "_silent", "_closed_locally", "_server_said", "_farewell", "_housekeeper", "_watcher",
+                 "__weakref__")  # (aiodist.inflight lists its calls while it lives)
 
     def __init__(
         self, conn: Connection | None = None, *torch_form: Any, host: str = "", port: int = 0, timeout: float = 300.0,
@@ -124,6 +129,14 @@ class TCPStore(ClientOps):
         # reader task, no future per frame); the watcher only notices the end.
         conn.set_frame_handler(self._dispatch)
         self._watcher = self._loop.create_task(self._watch(), name=f"aiodist.store.watch[{host}:{port}]")
+        inflight.add_source(self._quick_calls)
+
+    def _quick_calls(self) -> list[dict[str, Any]]:
+        """The calls waiting for their reply that are not registered in :mod:`aiodist.inflight` on their own
+        (``set``, ``add``, ``compare_set``...: all but the blocking ones), as in-flight entries."""
+        return [{"op": f"store.{op}", ("key" if isinstance(keys, str) else "keys"): keys,
+                 "start": deadline - timeout - _grace(timeout), "state": "running"}
+                for _, deadline, op, keys, timeout in self._pending.values() if op not in _REGISTERED]
 
     # ------------------------------------------------------------ connecting
 
