@@ -150,6 +150,7 @@ async def init_device_mesh(
     shape = (mesh_shape,) if isinstance(mesh_shape, int) else tuple(int(s) for s in mesh_shape)
     if not shape or any(s < 1 for s in shape):
         raise InvalidArgumentError(f"mesh shape {shape} must have positive dimensions")
+    from .api import destroy_process_group
     from .subgroups import new_group
 
     if get_default_group() is None:  # (as torch does: the TP/FSDP tutorials call it first)
@@ -174,6 +175,8 @@ async def init_device_mesh(
             g = await new_group(ranks)
             if me in ranks:
                 chosen = g
+            else:  # a slice without this rank: nothing of it is needed here, and the caller has no handle to it
+                await destroy_process_group(g)
         assert chosen is not None
         mine.append(chosen)
     mesh = np.arange(w.size).reshape(shape)

@@ -131,6 +131,12 @@ async def test_device_mesh_2x4() -> None:
         col = await dp.all_reduce(np.array([r], np.int64))
         with pytest.raises(KeyError):
             mesh.get_group("pp")
+        # Before (long-run probe F5): the 4 dp and 2 tp slices without this rank stayed registered here for
+        # good (the caller has no handle to destroy them): a few KiB per mesh, forever.
+        assert dist.get_pg_count() == 3  # (the world, its tp row and its dp column)
+        await dist.destroy_process_group(tp)
+        await dist.destroy_process_group(dp)
+        assert dist.get_pg_count() == 1
         return int(row[0]), int(col[0])
 
     res = await run_world(8, body, timeout=30)

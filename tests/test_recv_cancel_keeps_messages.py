@@ -295,3 +295,16 @@ def test_a_tag_used_once_leaves_no_queue_behind() -> None:
     assert t.route(Match(1, {"t": "p", "g": "w", "tag": 7, "n": 2}, 1), window=16).in_order
     t.forget_group("w")
     assert t.route(Match(1, {"t": "p", "g": "w", "tag": 7, "n": 0}, 1), window=16).in_order
+
+
+def test_a_destroyed_group_leaves_no_failure_behind() -> None:
+    # Before (long-run probe F5): destroying a group failed its receives with a "destroyed" error factory kept
+    # for the rank's life (a closure per group, ~0.2 KiB), and every receive posted after it checked the table.
+    t = _table()
+    r = Receive(group="sub", src=1, out=None, tag=1)
+    assert t.post(r) is None
+    failures = t.failures
+    failures.add_group("sub", lambda r: RuntimeError("sub was destroyed"))
+    assert failures.active and failures.factory_for(r) is not None
+    failures.forget_group("sub")
+    assert not failures.active and failures.factory_for(r) is None

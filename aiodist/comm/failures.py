@@ -88,9 +88,12 @@ class Failures:
         return None
 
     def forget_group(self, group: Any) -> None:
-        """``group`` was destroyed: forget its operations' failures (a failed group stays failed)."""
+        """``group`` was destroyed: forget its failures, its own included (nothing of it can post a receive any
+        more: its operations were cancelled and awaited first, and it refuses new ones; frames that still come
+        for it are the admission's to refuse). Kept, a destroyed group's entry stayed for the rank's life."""
         self.forget_seqs(group, None)
         self.since.pop(group, None)
+        self.group.pop(group, None)
         self.active = bool(self.source or self.group or self.seq or self.since)
 
     def forget_seqs(self, group: Any, below: int | None) -> None:
