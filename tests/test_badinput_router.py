@@ -97,6 +97,8 @@ def test_unknown_groups_are_recognised() -> None:
     r.foreign_group(2)
     assert "not a member" in feed(r, 1, m(0, group=2)).violation
     assert "rank 5 is not a member" in feed(r, 5, m(0, group=0)).violation
+    r.forget_group(2, lambda rc: RuntimeError("gone"))  # (a mesh destroys the slices without this rank at once)
+    assert "not a member" in feed(r, 1, m(0, group=2)).violation  # still impossible, not a late frame
 
 
 def test_frames_of_a_destroyed_group_are_dropped_without_blame_and_never_buffered() -> None:

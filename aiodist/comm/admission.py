@@ -74,12 +74,14 @@ class GroupBook:
             self.newest = group
 
     def forget(self, group: Any) -> None:
-        """``group`` was destroyed here: its frames are dropped from now on."""
+        """``group`` was destroyed here: its frames are dropped from now on (a group this rank is not a member
+        of stays foreign: a frame for it is still impossible)."""
         self.known.pop(group, None)
         self.span.pop(group, None)
         self.top_seq.pop(group, None)
         self.floor.pop(group, None)
-        self.destroyed[group] = None
+        if group not in self.foreign:
+            self.destroyed[group] = None
 
     def vet_group(self, g: Any, src: int) -> str | None:
         """Why a frame from ``src`` for group ``g`` is impossible (None: it is possible)."""
