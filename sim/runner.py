@@ -264,15 +264,24 @@ class Simulation(FaultActions):
                                             context=inc.ctx)
         inc.exiting.add_done_callback(lambda t, inc=inc: self._exited(inc, t), context=self.kernel)
 
+    def _ended_by(self, lane: int, kind: type[BaseException]) -> _Incarnation | None:
+        """The live incarnation on ``lane``, whose process an exception of ``kind`` raised in its code ends (None:
+        none lives there). The task it came from ended with it: its exception is taken here (seen: no "exception
+        was never retrieved" report later)."""
+        inc = next((i for i in self.current if i is not None and i.lane == lane), None)
+        if inc is None or not inc.alive:
+            return None
+        for t in self.loop.lane_tasks(lane):
+            if t.done() and isinstance(getattr(t, "_exception", None), kind):
+                t.exception()
+        return inc
+
     def _system_exit(self, lane: int, exc: SystemExit) -> bool:
         """``sys.exit`` in a rank: its process exits with that code, as ``asyncio.run`` lets it (what is left
         of it is cancelled first; no orderly finish). Code 0 or None is a normal end (result None)."""
-        inc = next((i for i in self.current if i is not None and i.lane == lane), None)
-        if inc is None or not inc.alive:
+        inc = self._ended_by(lane, SystemExit)
+        if inc is None:
             return False
-        for t in self.loop.lane_tasks(lane):  # the task it came from ended with it: its exit is taken here
-            if t.done() and isinstance(getattr(t, "_exception", None), SystemExit):
-                t.exception()  # (seen: no "exception was never retrieved" report later)
         if isinstance(exc, ProcessExit):  # os._exit: the process ends here and now, without cleanup
             self._os_exit(inc, exc)
             return True
@@ -290,12 +299,9 @@ class Simulation(FaultActions):
         of it, as ``asyncio.run`` lets it through: the rank's failure; what is left of it is cancelled."""
         if is_stop(exc) or not self._own_interrupts:
             return False
-        inc = next((i for i in self.current if i is not None and i.lane == lane), None)
-        if inc is None or not inc.alive:
+        inc = self._ended_by(lane, KeyboardInterrupt)
+        if inc is None:
             return False
-        for t in self.loop.lane_tasks(lane):  # the task it came from ended with it: its failure is taken here
-            if t.done() and not t.cancelled() and getattr(t, "_exception", None) is exc:
-                t.exception()
         here = exc.__traceback__  # (the traceback starts in the loop that caught it: from the program's frame)
         while here is not None and here.tb_frame.f_code is SimLoop._run.__code__:
             here = here.tb_next

@@ -129,9 +129,10 @@ def json_lines(lines: Iterable[str]) -> Iterator[tuple[int, Any]]:
         if not line:
             continue
         try:
-            yield n, json.loads(line)
+            value = json.loads(line)
         except ValueError:
             continue  # (a torn line)
+        yield n, value
 
 
 def _problem(rec: Any) -> str:

@@ -47,7 +47,7 @@ from ..wire import DEFAULT_MAX_FRAME_SIZE
 from . import protocol as P
 from .admission import BusyError, client_handshake
 from .client_ops import REQUEST_TOO_LARGE as REQUEST_TOO_LARGE
-from .client_ops import ClientOps, _keylist
+from .client_ops import REGISTERED_CALLS, ClientOps, _keylist
 from .limits import PRE_AUTH_MAX_FRAME
 from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
 
@@ -57,10 +57,6 @@ _GRACE = 1.0
 """At most this many extra seconds a call waits for the server's own timeout reply before giving up locally
 (a twentieth of the call's timeout when that is less): both say the same, so the grace covers the reply's
 way back only; a stopped or hung server fails a call of timeout ``t`` by ``t + min(1, t/20)`` s."""
-
-
-_REGISTERED = frozenset({"get", "wait", "multi_get", "queue_pop"})
-"""The calls that register themselves in aiodist.inflight while they wait (they may block for long)."""
 
 
 def _grace(timeout: float) -> float:
@@ -136,7 +132,7 @@ class TCPStore(ClientOps):
         (``set``, ``add``, ``compare_set``...: all but the blocking ones), as in-flight entries."""
         return [{"op": f"store.{op}", ("key" if isinstance(keys, str) else "keys"): keys,
                  "start": deadline - timeout - _grace(timeout), "state": "running"}
-                for _, deadline, op, keys, timeout in self._pending.values() if op not in _REGISTERED]
+                for _, deadline, op, keys, timeout in self._pending.values() if op not in REGISTERED_CALLS]
 
     # ------------------------------------------------------------ connecting
 

@@ -31,6 +31,12 @@ def _keylist(keys: str | list[str]) -> list[str]:
     return [keys] if isinstance(keys, str) else keys
 
 
+REGISTERED_CALLS = frozenset({"get", "wait", "multi_get", "queue_pop"})
+"""The calls below that register themselves in :mod:`aiodist.inflight` while they wait (they may block for
+long: ``with waiting_in(...)``); a client lists its other calls waiting for a reply on its own
+(:meth:`aiodist.store.client.TCPStore._quick_calls`). Keep in step with those ``with`` blocks."""
+
+
 class ClientOps(Store):
     """The operations of a store client; :class:`~aiodist.store.client.TCPStore` holds the state named here."""
 
