@@ -12,7 +12,7 @@ import os
 import socket
 import struct
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -39,6 +39,14 @@ def announce(nbytes: int, header: dict[str, Any] | None = None) -> bytes:
 
 async def _settle(loop: asyncio.AbstractEventLoop) -> None:
     for _ in range(20):
+        await asyncio.sleep(0.01)
+
+
+async def _until(done: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Poll ``done`` every 10 ms for at most ``seconds`` (a busy machine can be slow to read or unmap)."""
+    for _ in range(int(seconds / 0.01)):
+        if done():
+            return
         await asyncio.sleep(0.01)
 
 
@@ -137,13 +145,15 @@ def test_a_closed_connection_frees_a_half_received_payload_at_once_without_the_g
             gc.collect()
             start = rss()
             await loop.sock_sendall(s, announce(64 << 20) + bytes(40 << 20))
+            # Every byte sent is read (not just queued in the kernel) before the resident set is taken.
+            await _until(lambda: (conn.progress or 0) >= (40 << 20))
             await _settle(loop)
             gc.disable()
             try:
                 before = rss()
                 conn.close()
                 del conn
-                await _settle(loop)
+                await _until(lambda: before - rss() >= 35 * MB)
                 after = rss()
             finally:
                 gc.enable()
