@@ -36,12 +36,19 @@ class Failure:
     where: dict[int, str] = field(default_factory=dict)
     location: str = ""
     """For an exception: the program's own innermost line it came through (file:line in function)."""
+    cycle: list[int] = field(default_factory=list)
+    """For an operation of the world that timed out: ranks that each waited for the next when it did (the first
+    is this failure's rank, and the last too), e.g. ``[2, 0, 1, 2]``: a deadlock the timeout ended. Else empty."""
 
     def __str__(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "run"
         lines = [f"[{self.kind}] {who} at t={self.time:.6f}s: {self.message}"]
         if self.location:
             lines.append(f"    raised at {_display_path(self.location)}")
+        if self.cycle:
+            ring = " -> ".join(f"rank {r}" for r in self.cycle)
+            lines.append(f"    waits in a ring when it timed out: {ring} (each waited for the next: a deadlock, unless "
+                         "a task of theirs in no operation was about to send)")
         described: list[tuple[int, str]] = []
         for r in sorted(set(self.blocked) | set(self.where)):
             ops = self.blocked.get(r) or []

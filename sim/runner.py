@@ -35,7 +35,7 @@ from typing import Any
 from aiodist import inflight
 from aiodist.api import finish_rank
 from aiodist.context import new_rank_scope, rank_environ, rank_scope, set_network, set_rank_environ, set_token_source
-from aiodist.errors import UnawaitedOperationError, innermost
+from aiodist.errors import CollectiveTimeoutError, UnawaitedOperationError, innermost
 
 from .errors import SimTimeLimitError
 from .explore import Exploration, Explorer, TimingPlan, env_detector
@@ -53,6 +53,7 @@ from .result import Result as Result
 from .result import _ranks_text as _ranks_text  # (re-exported: tests import it from here)
 from .storehost import STORE_HOST, StoreHost
 from .trace import Tracer
+from .waitfor import WORLD, wait_cycle
 from .triggers import Watches
 
 DEFAULT_MASTER_PORT = 29500
@@ -120,6 +121,7 @@ class Simulation(FaultActions):
         self.loop = SimLoop(seed=seed, schedule=schedule, time_limit=time_limit, pct_depth=pct_depth)  # type: ignore[abstract]
         self.loop.on_system_exit = self._system_exit
         self.loop.on_keyboard_interrupt = self._keyboard_interrupt
+        self._timed_out: dict[int, tuple[int, list[int]]] = {}  # failure index -> (rank, the ranks it waited for)
         self._own_interrupts = False  # (set by run: can a plain KeyboardInterrupt only be a program's own?)
         self.loop.executor_cost = compute
         self.globals = ProcessGlobals()
@@ -252,6 +254,8 @@ class Simulation(FaultActions):
         first = innermost(exc)  # (a TaskGroup's group: its first error, and that error's line)
         self.failures.append(Failure("exception", inc.rank, f"{type(first).__name__}: {first}", text, now,
                                      location=_raise_location(first) or _raise_location(exc)))
+        if isinstance(first, CollectiveTimeoutError) and f" of {WORLD} " in str(first):  # (see _blocked_at_end)
+            self._timed_out[len(self.failures) - 1] = (inc.rank, first.waiting_for)
         if self.stop_on_error:
             self._ended += 1
             self.loop.stop()
@@ -449,7 +453,11 @@ class Simulation(FaultActions):
         elif self.failures and self.stop_on_error and any(
                 inc is not None and inc.alive for inc in self.current):
             ops, where = self.blocked()
-            self.failures[-1].blocked, self.failures[-1].where = ops, where
+            last = self.failures[-1]
+            last.blocked, last.where = ops, where
+            timed_out = self._timed_out.get(len(self.failures) - 1)
+            if timed_out is not None:  # a world operation timed out: did the ranks wait for each other in a ring?
+                last.cycle = wait_cycle(timed_out[0], timed_out[1], ops)
         now = self.loop.time()
         self.tracer.emit(now, "end", "sim", detail=f"{len(self.failures)} failure(s)")
         results = [inc.result if inc is not None else None for inc in self.current]
