@@ -66,22 +66,26 @@ def test_keep_going_lets_the_others_see_it_leave() -> None:
     assert {f.rank for f in res.failures} == {0, 1, 2, 3}  # its peers fail: it left (PeerFailureError)
 
 
-async def _runs_long() -> Any:
-    await aiodist.init_process_group()
-    for _ in range(10**7):  # (bounded; ~hours of wall time: Ctrl-C comes first)
+async def _runs_long(timers: list[threading.Timer]) -> Any:
+    import _thread
+
+    pg = await aiodist.init_process_group()
+    if pg.rank == 0:  # (from inside the run: the simulator's SIGINT handler is in place by then)
+        timers.append(threading.Timer(0.2, _thread.interrupt_main))  # as Ctrl-C: SIGINT's handler, main thread
+        timers[-1].start()
+    for _ in range(10**6):  # (bounded; minutes of wall time: Ctrl-C comes first)
         await aiodist.barrier()
 
 
 def test_ctrl_c_while_the_ranks_run_still_stops_the_simulator(python_sigint: None) -> None:
-    import _thread
-
-    timer = threading.Timer(0.5, _thread.interrupt_main)  # (SIGINT's handler runs in the main thread, in a rank)
-    timer.start()
+    timers: list[threading.Timer] = []
     try:
         with pytest.raises(KeyboardInterrupt) as e:
-            sim.run(_runs_long, world_size=4, seed=1)
+            sim.run(_runs_long, args=(timers,), world_size=4, seed=1)
     finally:
-        timer.cancel()
+        for t in timers:
+            t.cancel()
+            t.join(5)
     assert type(e.value).__name__ == "CtrlC"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
