@@ -50,6 +50,17 @@ class LoopTimerHandle(asyncio.TimerHandle):
         self._when = when
         self._scheduled = False
 
+    def cancel(self) -> None:
+        """asyncio's ``TimerHandle.cancel`` and ``Handle.cancel`` in one call (timeouts cancel a timer each)."""
+        if not self._cancelled:
+            loop = self._loop
+            loop._timer_handle_cancelled(self)
+            self._cancelled = True
+            if loop._debug:  # (as Handle.cancel: keep the callback's repr for the log)
+                self._repr = repr(self)  # type: ignore[assignment]
+            self._callback = None  # type: ignore[assignment]
+            self._args = None  # type: ignore[assignment]
+
 
 class KernelEvent:
     """A simulator-internal callback (message delivery, wake-up): a handle without asyncio's extras.

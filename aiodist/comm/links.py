@@ -93,7 +93,7 @@ class LinkState(enum.Enum):
 
 _IDLE, _DEFERRED, _DIALING, _READY = LinkState.IDLE, LinkState.DEFERRED, LinkState.DIALING, LinkState.READY
 _LEFT, _FAILED, _REFUSED, _CLOSED = LinkState.LEFT, LinkState.FAILED, LinkState.REFUSED, LinkState.CLOSED
-TERMINAL = frozenset({_LEFT, _FAILED, _REFUSED, _CLOSED})
+TERMINAL = (_LEFT, _FAILED, _REFUSED, _CLOSED)  # (a tuple: membership by identity, no Enum.__hash__ in Python)
 
 LEFT_CLEANLY = "bye"
 """What a rank that left without a failure notes in the store as its culprit (see ``dial_failed``)."""
