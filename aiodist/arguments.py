@@ -41,6 +41,9 @@ MISSING: Any = _Missing()
 
 def seconds(timeout: Any, what: str = "timeout") -> float:
     """``timeout`` in seconds: a number, or a :class:`datetime.timedelta` (torch's form)."""
+    t = type(timeout)
+    if t is float or t is int:  # (the usual case, without the ABC check below)
+        return float(timeout)
     if isinstance(timeout, datetime.timedelta):
         return timeout.total_seconds()
     if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool):

@@ -325,13 +325,17 @@ class Transport:
             return self._send_on(p, conn, header, payload)  # (not send(): it would try again)
         return self.send(dst, header, payload, group=group)
 
-    async def _connection(self, p: Peer, group: Any) -> Connection:
+    def _connection(self, p: Peer, group: Any) -> Awaitable[Connection]:
+        """The wait for the connection to ``p`` (await it; ``group`` broken already: raises here).
+
+        The links' own coroutine is returned, not one of its own around it: one coroutine
+        fewer on each send that waits for a link (the first to each peer)."""
         broken = None
         if group is not None and group in self._groups:
             if self._groups.failure(group) is not None:
                 raise self.peer_error(self._groups.culprit(group, p.rank))
             broken = self._groups.broken(group)
-        return await self._links.connection(p, broken, lambda: self._groups.culprit(group, p.rank))
+        return self._links.connection(p, broken, lambda: self._groups.culprit(group, p.rank))
 
     def _sent_now(self, p: Peer, conn: Connection, header: Header, payload: Any) -> bool:
         """Did ``conn`` take the frame at once? A broken connection: ``p`` failed."""
