@@ -109,6 +109,12 @@ class _Pending:
         self.src, self.dst, self.port, self.fut, self.lane = src, dst, port, fut, lane
 
 
+def _connect_timed_out(fut: asyncio.Future[Connection], host: object, port: object, timeout: float) -> None:
+    """A connect's timeout: its error is made only if it fires (nearly every connect is answered first)."""
+    if not fut.done():
+        fut.set_exception(TimeoutError(f"connecting to {host}:{port} timed out after {timeout:g}s"))
+
+
 class Fabric:
     """All hosts and connections of one simulation run."""
 
@@ -252,9 +258,7 @@ class Fabric:
                 self._syn(p)
         # The timeout as one timer failing ``fut`` (what ``asyncio.timeout`` does, minus its context
         # manager and the cancellation it turns into TimeoutError: one connect per connection made).
-        timer = None if timeout is None else loop.call_at(
-            now + timeout, _fail_future, fut,
-            TimeoutError(f"connecting to {host}:{port} timed out after {timeout:g}s"))
+        timer = None if timeout is None else loop.call_at(now + timeout, _connect_timed_out, fut, host, port, timeout)
         try:
             conn = await fut
         except BaseException:
