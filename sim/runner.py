@@ -30,7 +30,7 @@ import os
 import random
 import traceback as tb
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from aiodist import inflight
 from aiodist.api import finish_rank
@@ -286,6 +286,7 @@ class Simulation(FaultActions):
         inc = self._ended_by(lane, SystemExit)
         if inc is None:
             return False
+        exc = _from_program(exc)
         if isinstance(exc, ProcessExit):  # os._exit: the process ends here and now, without cleanup
             self._os_exit(inc, exc)
             return True
@@ -306,10 +307,7 @@ class Simulation(FaultActions):
         inc = self._ended_by(lane, KeyboardInterrupt)
         if inc is None:
             return False
-        here = exc.__traceback__  # (the traceback starts in the loop that caught it: from the program's frame)
-        while here is not None and here.tb_frame.f_code is SimLoop._run.__code__:
-            here = here.tb_next
-        exc = exc.with_traceback(here)
+        exc = _from_program(exc)
         if inc.state == "running":
             if self._raised(inc, exc):
                 return True
@@ -501,6 +499,18 @@ async def _raise(exc: BaseException) -> Any:
 
 _ASYNC_MAIN = ("the simulator runs each rank's main as a coroutine on the rank's own event loop: make it "
                "`async def main()` (or run the file's coroutine function: prog.py:NAME)")
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def _from_program(exc: _E) -> _E:
+    """``exc`` (a SystemExit or KeyboardInterrupt the loop let through) with its traceback starting at the
+    program's frame: the loop that caught it is not the user's business."""
+    here = exc.__traceback__
+    while here is not None and here.tb_frame.f_code is SimLoop._run.__code__:
+        here = here.tb_next
+    return exc.with_traceback(here)
 
 
 def _name(main: Any) -> str:

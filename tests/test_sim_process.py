@@ -491,6 +491,9 @@ def test_sys_exit_in_a_rank_ends_that_rank_with_its_code(in_a_task: bool) -> Non
     """SystemExit went through the simulator: sys.exit(3) in one rank ended the whole sweep."""
     res = sim.run(_exits, world_size=2, seed=0, args=(3, in_a_task), stop_on_error=False)
     assert not res.ok and [(f.rank, f.message) for f in res.failures] == [(1, "SystemExit: 3")]
+    # The traceback starts at the program's frame, as a real process's does (it started in sim/loop.py).
+    first = res.failures[0].traceback.splitlines()[1]
+    assert "test_sim_process.py" in first and "sim/loop.py" not in res.failures[0].traceback, first
     assert res.rank_results[0] == "ok" and res.unhandled == []
     clean = sim.run(_exits, world_size=2, seed=0, args=(0, in_a_task))
     assert clean.ok and clean.rank_results == ["ok", None]
