@@ -16,6 +16,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import Protocol
 
 __all__ = ["CtrlC", "Stop", "sigint_marked", "is_stop"]
 
@@ -28,16 +29,21 @@ class CtrlC(Stop):
     """Ctrl-C (SIGINT) while a simulation ran."""
 
 
-def _raise_ctrl_c(signum: int, frame: FrameType | None) -> None:
-    raise CtrlC()
+class _Interruptible(Protocol):
+    def interrupt(self, exc: BaseException) -> bool: ...
 
 
 @contextlib.contextmanager
-def sigint_marked() -> Iterator[bool]:
+def sigint_marked(loop: _Interruptible | None = None) -> Iterator[bool]:
     """For the run inside: Ctrl-C raises :class:`CtrlC`. Yields whether a plain ``KeyboardInterrupt`` can only
     be a program's own (True in the main thread with Python's default handler, which is then replaced; with
     SIGINT ignored; in any other thread, where no signal raises it). False when another SIGINT handler is in
-    place: it may raise plain ones, so every ``KeyboardInterrupt`` stops the run."""
+    place: it may raise plain ones, so every ``KeyboardInterrupt`` stops the run.
+
+    With ``loop``, Ctrl-C stops it after the callback that runs at that moment and the loop raises
+    :class:`CtrlC` itself, as ``asyncio.run`` cancels its main task first: raised in a rank's code, an
+    ``except BaseException`` or a finalizer there could swallow it and the run go on. A second Ctrl-C
+    before the loop got there (a rank's code that never yields) raises it where it lands."""
     if threading.current_thread() is not threading.main_thread():
         yield True
         return
@@ -48,7 +54,11 @@ def sigint_marked() -> Iterator[bool]:
     if current is not signal.default_int_handler:
         yield False
         return
-    signal.signal(signal.SIGINT, _raise_ctrl_c)
+    def _ctrl_c(signum: int, frame: FrameType | None) -> None:
+        if loop is None or not loop.interrupt(CtrlC()):
+            raise CtrlC()
+
+    signal.signal(signal.SIGINT, _ctrl_c)
     try:
         yield True
     finally:

@@ -142,6 +142,7 @@ class SimLoop(LaneControl, LoopInterface):
         self._graveyard: list[Any] = []  # dropped callbacks of dead lanes, kept alive until discard()
         self._running = False
         self._stopping = False
+        self._interrupt: BaseException | None = None  # (see interrupt)
         self._debug = False
         self._exc_handler: Callable[..., Any] | None = None
         self._task_factory: Callable[..., Any] | None = None

@@ -38,6 +38,7 @@ class LoopInterface(asyncio.AbstractEventLoop):
     _closed: bool
     _running: bool
     _stopping: bool
+    _interrupt: BaseException | None
     _debug: bool
     _exc_handler: Callable[..., Any] | None
     _task_factory: Callable[..., Any] | None
@@ -68,6 +69,9 @@ class LoopInterface(asyncio.AbstractEventLoop):
             self._running = False
             self._thread_id = None
             events._set_running_loop(previous)
+            if self._interrupt is not None:  # (it wins over whatever else ended the run)
+                exc, self._interrupt = self._interrupt, None
+                raise exc
 
     def run_until_complete(self, future: Any) -> Any:
         """Run until ``future`` is done and return its result.
@@ -102,6 +106,16 @@ class LoopInterface(asyncio.AbstractEventLoop):
 
     def stop(self) -> None:
         self._stopping = True
+
+    def interrupt(self, exc: BaseException) -> bool:
+        """Stop after the callback that runs now, then raise ``exc`` from :meth:`run_forever` (not in a rank's
+        code, where an ``except BaseException`` or a ``__del__`` could swallow it). False when the loop is not
+        running or an interrupt is pending already (the caller raises it where it is)."""
+        if not self._running or self._interrupt is not None:
+            return False
+        self._interrupt = exc
+        self._stopping = True
+        return True
 
     def is_running(self) -> bool:
         return self._running

@@ -426,7 +426,7 @@ class Simulation(FaultActions):
         with self.globals:
             if self.globals.torch is not None:  # (else the loop's own create_task, one frame less per task)
                 self.loop.create_task = self._create_task  # type: ignore[method-assign]
-            with sigint_marked() as self._own_interrupts:
+            with sigint_marked(self.loop) as self._own_interrupts:
                 return self._run()
 
     def _run(self) -> Result:

@@ -90,6 +90,25 @@ def test_ctrl_c_while_the_ranks_run_still_stops_the_simulator(python_sigint: Non
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
+async def _catches_everything() -> Any:
+    pg = await aiodist.init_process_group()
+    if pg.rank == 0:
+        try:  # Ctrl-C lands in code that catches everything (as a retry loop or a finalizer may)
+            signal.raise_signal(signal.SIGINT)
+        except BaseException:  # noqa: BLE001
+            pass
+    await aiodist.barrier()
+    return pg.rank
+
+
+def test_ctrl_c_in_code_that_catches_everything_still_stops_the_simulator(python_sigint: None) -> None:
+    # Before: the handler raised CtrlC in the rank's code, which swallowed it: the run went on and ended ok.
+    with pytest.raises(KeyboardInterrupt) as e:
+        sim.run(_catches_everything, world_size=2, seed=1)
+    assert type(e.value).__name__ == "CtrlC"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
 def test_another_sigint_handler_is_left_alone() -> None:
     def mine(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt("mine")
