@@ -382,7 +382,7 @@ class InvalidArrayError(InvalidArgumentError):
     dtype for the collective, wrong list length. Raised before any
     communication. ``.argument`` names the parameter (``"out_list[2]"``),
     ``.reason`` is a stable code (``"not_contiguous"``, ``"read_only"``,
-    ``"size"``, ``"dtype"``, ``"length"``, ``"type"``, ``"splits"``).
+    ``"size"``, ``"dtype"``, ``"byte_order"``, ``"length"``, ``"type"``, ``"splits"``).
     """
 
     def __init__(self, message: str, *, argument: str, reason: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import intranode, intranode_ops
-from .buffers import EMPTY_OUT, as_flat, as_flat_list, byte_view, check_dtype
+from .buffers import EMPTY_OUT, as_flat, as_flat_list, byte_view, check_dtype, unaliased
 from .schedules import dissemination, pairwise_alltoall
 from .transfer import SMALL_SEND_BYTES, recv_into, run_all, send, sendrecv
 from ..channel import Channel
@@ -34,7 +34,7 @@ async def all_to_all(ch: Channel, seq: int, out_list: Sequence[Any], in_list: Se
     p = ch.size
     ins = as_flat_list(in_list, "in_list", count=p, dtype=_dtype_of(in_list), size=None, writable=False)
     outs = as_flat_list(out_list, "out_list", count=p, dtype=ins[0].dtype, size=None, writable=True)
-    await exchange_blocks(ch, seq, outs, ins)
+    await exchange_blocks(ch, seq, outs, unaliased(ins, outs, in_place=(ch.rank, ch.rank)))
     return list(out_list)
 
 
@@ -55,7 +55,7 @@ async def all_to_all_single(
     partly written.
     """
     outs, ins = single_blocks(out, arr, ch.size, output_split_sizes, input_split_sizes)
-    await exchange_blocks(ch, seq, outs, ins)
+    await exchange_blocks(ch, seq, outs, unaliased(ins, outs, in_place=(ch.rank, ch.rank)))
     return out
 
 

@@ -28,6 +28,7 @@ made inside a point-to-point operation's task belong to that task
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 import os
 import sys
@@ -39,7 +40,7 @@ import numpy as np
 from ..eager import running_task
 from ..errors import InvalidArrayError
 
-__all__ = ["as_flat", "as_flat_list", "byte_view", "claim", "register_task", "release", "EMPTY_OUT", "TASKS", "UNCLAIMED"]
+__all__ = ["as_flat", "as_flat_list", "byte_view", "unaliased", "claim", "register_task", "release", "EMPTY_OUT", "TASKS", "UNCLAIMED"]
 
 EMPTY_OUT = memoryview(bytearray())
 """A writable zero-byte buffer, for receiving empty (barrier) messages."""
@@ -77,10 +78,24 @@ def as_flat(arr: Any, argument: str, *, writable: bool) -> np.ndarray:
         view = np.asarray(arr) if isinstance(arr, np.ndarray) else _shared_view(arr, argument)
     if writable and not view.flags.writeable:
         raise InvalidArrayError(f"{argument} is read-only but receives the result", argument=argument, reason="read_only")
+    dt = view.dtype
+    if dt.hasobject or not dt.isnative:
+        _refuse_dtype(dt, argument)
     if not view.flags.c_contiguous:
         return _stage(arr, view, argument, writable)
     flat: np.ndarray = view.reshape(-1)
     return flat
+
+
+def _refuse_dtype(dt: np.dtype[Any], argument: str) -> None:
+    if dt.hasobject:
+        raise InvalidArrayError(
+            f"{argument} has dtype {dt} (Python objects): only their references could be sent; send the objects "
+            "with the *_object collectives, or use a numeric dtype", argument=argument, reason="dtype")
+    raise InvalidArrayError(
+        f"{argument} has dtype {dt.str}, not in this machine's byte order ({sys.byteorder}-endian): its bytes would be read as "
+        f"native numbers on the other side; convert it first (arr.astype(arr.dtype.newbyteorder('=')))",
+        argument=argument, reason="byte_order")
 
 
 def _shared_view(obj: Any, argument: str) -> np.ndarray:
@@ -310,6 +325,62 @@ def as_flat_list(
             check_size(flat, size, name)
         out.append(flat)
     return out
+
+
+def _span(a: np.ndarray) -> tuple[int, int]:
+    start: int = a.__array_interface__["data"][0]
+    return start, start + a.nbytes
+
+
+def unaliased(ins: list[np.ndarray], outs: list[np.ndarray], *, in_place: tuple[int, int] | None = None) -> list[np.ndarray]:
+    """``ins`` with a private copy of every input that shares memory with an output (flat C-order arrays).
+
+    A collective writes its outputs while it still reads its inputs (its own
+    or a peer's, through shared memory too), so an input that is also an
+    output, or part of one, would be read after it was overwritten. Copied,
+    it is read as it was when the call started, as torch's gloo reads it.
+    ``in_place=(i, j)``: ``ins[i]`` being exactly ``outs[j]`` is the
+    operation's in-place form (its data is already where it must land): no
+    copy for that pair. Cost without any overlap: a pass over both lists.
+    """
+    spans = [_span(o) for o in outs if o.nbytes]
+    if not spans:
+        return ins
+    lo = min(s for s, _ in spans)
+    hi = max(e for _, e in spans)
+    keep = None
+    if in_place is not None:
+        i, j = in_place
+        if _span(ins[i]) == _span(outs[j]) and ins[i].nbytes:
+            keep = i
+    result = ins
+    starts: list[int] = []
+    ends: list[int] = []
+    for k, a in enumerate(ins):
+        s, e = _span(a)
+        if e <= lo or s >= hi or s == e:
+            continue
+        if not starts:  # outputs by start, with the largest end so far (a bisect per input)
+            spans.sort()
+            starts = [x for x, _ in spans]
+            top = 0
+            for _, x in spans:
+                top = max(top, x)
+                ends.append(top)
+        n = bisect.bisect_left(starts, e)  # outputs starting before this input ends
+        if n == 0 or ends[n - 1] <= s:
+            continue
+        if k == keep and not _overlaps_another(s, e, spans):
+            continue
+        if result is ins:
+            result = list(ins)
+        result[k] = a.copy()
+    return result
+
+
+def _overlaps_another(s: int, e: int, spans: list[tuple[int, int]]) -> bool:
+    """Does [s, e) overlap an output other than the one that is exactly [s, e)? (the rare in-place check)"""
+    return sum(1 for x, y in spans if x < e and y > s) > 1
 
 
 def check_dtype(flat: np.ndarray, dtype: np.dtype[Any], argument: str) -> None:

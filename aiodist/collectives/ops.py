@@ -128,12 +128,20 @@ def premultiply(op: PremulSum, flat: np.ndarray, *, in_place: bool) -> np.ndarra
             f"ReduceOp.PREMUL_SUM is not defined for dtype {flat.dtype.name}; it applies to: floating, complex",
             op="PREMUL_SUM", dtype=flat.dtype.name,
         )
+    factor = op.factor
+    if dtype_kind(flat.dtype) == "c" and not np.iscomplexobj(factor):
+        # A real factor scales each component (as torch does): as a complex number, 2 * (inf+1j) = (inf+nanj).
+        scaled = flat if in_place else flat.copy()
+        with np.errstate(all="ignore"):
+            for part in (scaled.real, scaled.imag):
+                np.multiply(part, np.asarray(factor, dtype=part.dtype), out=part)
+        return scaled
     with np.errstate(all="ignore"):
         if in_place:
-            np.multiply(flat, np.asarray(op.factor, dtype=flat.dtype), out=flat)
+            np.multiply(flat, np.asarray(factor, dtype=flat.dtype), out=flat)
             return flat
-        scaled: np.ndarray = np.multiply(flat, np.asarray(op.factor, dtype=flat.dtype))
-        return scaled
+        result: np.ndarray = np.multiply(flat, np.asarray(factor, dtype=flat.dtype))
+        return result
 
 
 Combiner = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
@@ -302,9 +310,13 @@ def finish_avg(arr: np.ndarray, world_size: int) -> None:
     if world_size == 1 or arr.size == 0:
         return
     kind = dtype_kind(arr.dtype)
-    if kind in "fc":
+    if kind == "f":
         with np.errstate(all="ignore"):
             np.divide(arr, world_size, out=arr)
+    elif kind == "c":  # each component by the (real) count: as a complex division, (inf+1j)/2 = (inf+nanj)
+        with np.errstate(all="ignore"):
+            for part in (arr.real, arr.imag):
+                np.divide(part, world_size, out=part)
     elif kind == "u":
         np.floor_divide(arr, world_size, out=arr)
     elif kind == "i":

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import intranode, intranode_ops, tuning
 from .allreduce import all_reduce_flat
-from .buffers import as_flat, as_flat_list, byte_view, check_dtype
+from .buffers import as_flat, as_flat_list, byte_view, check_dtype, unaliased
 from .ops import Combiner, ReduceOp, check_op_dtype, combiner, finish_avg
 from .schedules import ring
 from .transfer import sendrecv
@@ -63,6 +63,7 @@ async def reduce_scatter(ch: Channel, seq: int, out: Any, in_list: Sequence[Any]
     out_flat = as_flat(out, "out", writable=True)
     rop = check_op_dtype(op, out_flat.dtype)
     blocks = as_flat_list(in_list, "in_list", count=ch.size, dtype=out_flat.dtype, size=out_flat.size, writable=False)
+    blocks = unaliased(blocks, [out_flat], in_place=(ch.rank, 0))
     await _reduce_scatter_blocks(ch, seq, out_flat, blocks, rop, algorithm)
     return out
 
@@ -83,7 +84,7 @@ async def reduce_scatter_tensor(ch: Channel, seq: int, out: Any, arr: Any, op: A
         raise InvalidArrayError(
             f"arr has {flat.size} elements, expected world size {ch.size} x out's {m}", argument="arr", reason="size"
         )
-    blocks = [flat[i * m : (i + 1) * m] for i in range(ch.size)]
+    blocks = unaliased([flat[i * m : (i + 1) * m] for i in range(ch.size)], [out_flat], in_place=(ch.rank, 0))
     await _reduce_scatter_blocks(ch, seq, out_flat, blocks, rop, algorithm)
     return out
 
