@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from . import p2p
+from .collectives import intranode
 from .collectives.allreduce import all_reduce_flat
 from .collectives.alltoall import exchange_blocks, single_blocks
 from .collectives.buffers import as_flat, unaliased
@@ -482,6 +483,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         if self._runner.destroyed:
             return
         await self._runner.close(aborted=False)
+        intranode.release(self._comm)
         self._transport.unregister_group(self.group_id)
         for fn in reversed(self._on_destroy):
             await fn()

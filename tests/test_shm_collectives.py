@@ -8,6 +8,7 @@ transports; the engine maps the other ranks' segments through
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -289,6 +290,35 @@ async def test_concurrent_engine_operations_run_in_call_order(small_rounds: None
 
     got = await ranks_with([{}] * 2, rank)
     assert got[0] == got[1] == [1.0, 2.0, 5.0, 4.0, 9.0]
+
+
+async def test_a_destroyed_group_unmaps_its_engine_at_once(small_rounds: None) -> None:
+    """Before (shm probe): every destroyed group kept its engine and mappings (the weak table's value held
+    its key): 3 memfd mappings and 6 descriptors per rank per group, for the process's life."""
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def rank(r: int) -> Any:
+        await dist.init_process_group(timeout=20)
+        try:
+            counts = []
+            for i in range(4):
+                g = await dist.new_group([0, 1])
+                x = np.full(200_000, r + i, np.float32)
+                await g.all_reduce(x)
+                eng = engine_of(g)
+                assert eng is not None and repr(eng).endswith(" on>") and float(x[0]) == 2 * i + 1
+                await dist.barrier()
+                await g.destroy()
+                assert g._comm not in intranode._ENGINES and repr(eng).endswith(" off>") and not eng._staging
+                await dist.barrier()
+                counts.append(fds())
+            return counts
+        finally:
+            await dist.destroy_process_group()
+
+    counts = (await ranks_with([{}] * 2, rank))[0]
+    assert counts[-1] <= counts[0], counts  # (both ranks live in this process: its descriptors stay level)
 
 
 @pytest.mark.parametrize("kind", ["op", "size"])
