@@ -30,7 +30,7 @@ from . import p2p
 from .collectives.allreduce import all_reduce_flat
 from .collectives.buffers import as_flat
 from .collectives.objects import (
-    all_gather_object, broadcast_object_list, gather_object, scatter_object_list, unpickling_note,
+    _dumps, all_gather_object, broadcast_object_list, gather_object, scatter_object_list, unpickling_note,
 )
 from .collectives.allgather import all_gather_into_tensor
 from .collectives.ops import PremulSum, ReduceOp, premultiply
@@ -70,10 +70,6 @@ class _GroupParts:
 
     def _check_peer(self, peer: Any, what: str) -> int:
         raise NotImplementedError  # pragma: no cover
-
-
-def _dumps(obj: Any) -> bytes:
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class ObjectOperations(_GroupParts):

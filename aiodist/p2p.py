@@ -26,6 +26,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from . import wire
 from .collectives.buffers import as_flat, byte_view
 from .comm import GroupComm
 from .comm.channel import new_receive
@@ -37,6 +38,7 @@ from .errors import (
     CollectiveTimeoutError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
+    InvalidArrayError,
     PeerFailureError,
 )
 from .inflight import waiting_in
@@ -79,6 +81,11 @@ def send(
     ``tag`` do not wait for it.
     """
     flat = as_flat(x, "x", writable=False)
+    if flat.nbytes > wire.MAX_MESSAGE_BYTES:
+        raise InvalidArrayError(
+            f"x is {flat.nbytes} bytes: one message carries at most "
+            f"{wire.MAX_MESSAGE_BYTES} bytes; send it in parts (collectives on arrays split large ones themselves)",
+            argument="x", reason="size")
     tag = _check_tag(tag)
     gdst = comm.ranks[dst]
     n = comm.transport.next_p2p_number(comm.gid, gdst, tag)

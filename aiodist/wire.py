@@ -51,6 +51,10 @@ PREFIX_SIZE = _PREFIX_STRUCT.size
 DEFAULT_MAX_FRAME_SIZE = (1 << 30) + (1 << 20)
 """Default bound on header + payload of one frame (1 GiB of payload plus a header)."""
 
+MAX_MESSAGE_BYTES = 1 << 30
+"""The largest payload one message (a send, a pickled object) may have: what a frame carries besides its header.
+Larger ones are refused by the sender up front (a peer would take the frame for an attack and drop the link)."""
+
 DEFAULT_MAX_HEADER_SIZE = 1 << 20
 
 _FIRST_ASK_STEP = 1 << 12

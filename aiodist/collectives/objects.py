@@ -19,13 +19,19 @@ from .rooted import check_root
 from .schedules import binomial_tree, ring
 from .transfer import SMALL_SEND_BYTES, run_all
 from ..channel import Channel
-from ..errors import CollectiveMismatchError, InvalidArrayError
+from .. import wire
+from ..errors import CollectiveMismatchError, InvalidArgumentError, InvalidArrayError
 
 __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"]
 
 
 def _dumps(obj: Any) -> bytes:
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) > wire.MAX_MESSAGE_BYTES:
+        raise InvalidArgumentError(
+            f"a pickled object of {len(data)} bytes: one message carries at most {wire.MAX_MESSAGE_BYTES} bytes; "
+            "send large arrays with the array collectives (they split them), or the object in parts")
+    return data
 
 
 def _loads(ch: Channel, payload: bytes | memoryview, src: int, op: str) -> Any:
