@@ -201,6 +201,34 @@ def test_cancelling_a_send_that_waits_for_ring_space_leaves_no_or_a_whole_frame(
 
 
 @pytest.mark.parametrize("loop", LOOPS)
+def test_close_releases_a_send_that_waits_for_ring_space_a_stopped_peer_never_gives(loop: str, monkeypatch: Any) -> None:
+    """Before (shm probe): the failure detector closed the link to a SIGSTOPped peer, but a 256 MiB send to it
+    waited on until the operation's timeout (300 s) or the peer's death; over TCP close released it."""
+    monkeypatch.setattr(shm, "RING_BYTES", 1 << 20)
+    monkeypatch.setattr(shm, "MAX_QUEUED_FRAMES", 1)  # the receiver stops reading after two unread frames
+
+    async def main() -> None:
+        a, b, listener = await pair()
+        await ring_ready(a, b)
+        for i in range(2):
+            await a.send({"i": i}, b"x")
+        big = np.full(3_000_000, 1, np.uint8)
+        waiting = asyncio.ensure_future(a.send({"i": "big"}, big))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # nobody reads on the other side: the ring is full
+        a.close()
+        await asyncio.wait_for(waiting, 1)  # released: its frame was copied, the buffer is the caller's again
+        big[:] = 0
+        got = [await asyncio.wait_for(b.recv(), 5) for _ in range(3)]
+        assert [f.header["i"] for f in got] == [0, 1, "big"]
+        assert (np.frombuffer(got[2].payload, np.uint8) == 1).all()  # type: ignore[arg-type]
+        listener.close()
+        await listener.wait_closed()
+
+    run_on(loop, main, timeout=60)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
 def test_close_delivers_what_was_queued_then_the_peer_sees_the_end(loop: str, monkeypatch: Any) -> None:
     monkeypatch.setattr(shm, "RING_BYTES", 1 << 20)
 

@@ -230,12 +230,15 @@ class ShmConnection(RingTransfer, Connection):
 
     def close(self) -> None:
         """Close in order: frames queued to send still go (from copies: the senders' buffers are theirs
-        again), then end-of-stream; later sends and receives raise ConnectionClosedLocally."""
+        again, and their sends return now, as TCP's do), then end-of-stream; later sends and receives raise
+        ConnectionClosedLocally."""
         if self._exc is None:
             self._exc = ConnectionClosedLocally(f"connection to {self._peer} was closed by this side")
             for job in self._jobs:
                 if job.data is not None and not isinstance(job.data.obj, bytes):
                     job.data = memoryview(bytes(job.data))
+                if job.fut is not None and not job.fut.done():
+                    job.fut.set_result(None)  # (it waited for ring space a peer that stopped never gives)
         self._closing = True
         self._drop_received()
         self._wake(self._recv_waiter)
