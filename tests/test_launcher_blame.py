@@ -39,6 +39,46 @@ def test_a_signal_or_a_bare_exit_code_is_an_own_failure_unless_the_launcher_stop
     assert blame is not None and blame.message == "rank 2 exited with code 3"
 
 
+def test_a_killed_rank_is_placed_among_the_records_by_when_its_exit_was_seen() -> None:
+    # Before (shm probe, 45 of 45 runs under --on-failure continue): the survivors caught the PeerFailureError
+    # and called sys.exit(3); their records had times, the SIGKILLed rank none (inf): "rank 2 exited with code 3".
+    records = {2: {"kind": "exit", "code": 3, "time": 10.05}, 0: {"kind": "exit", "code": 3, "time": 10.08}}
+    exits = [(2, 3), (0, 3), (1, -9)]
+    blame = root_cause(exits, records, exit_times={1: 10.001, 2: 10.06, 0: 10.09})
+    assert blame is not None and (blame.rank, blame.kind) == (1, "signal"), blame
+    blame = root_cause(exits, records, exit_times={1: 10.2, 2: 10.06, 0: 10.09})  # (it really died later)
+    assert blame is not None and blame.rank == 2
+    # An exit while handling a peer's failure is that peer's consequence, whatever the clocks say (the kernel
+    # resets a killed rank's sockets before its parent hears of its death: survivors' records came first).
+    lost = {"kind": "exit", "code": 3, "blames": 1, "op": "all_reduce #1", "cause": "connection lost"}
+    records = {2: {**lost, "time": 10.0}, 0: {**lost, "time": 10.01}}
+    blame = root_cause(exits, records, exit_times={1: 10.02, 2: 10.06, 0: 10.09})
+    assert blame is not None and (blame.rank, blame.kind) == (1, "signal"), blame
+
+
+async def test_under_on_failure_continue_a_killed_rank_is_the_root_cause_not_those_that_exit_after_it(
+    tmp_path: Path,
+) -> None:
+    source = """
+        import os, signal, sys
+        import numpy as np
+        import aiodist
+
+        async def main():
+            await aiodist.init_process_group(timeout=20)
+            await aiodist.barrier()
+            if os.environ["RANK"] == "1":
+                os.kill(os.getpid(), signal.SIGKILL)
+            try:
+                await aiodist.all_reduce(np.ones(4))
+            except aiodist.PeerFailureError:
+                sys.exit(3)
+        """
+    run = await launch_source(tmp_path, source, 3, on_failure="continue", timeout=60)
+    blame = run.result.root_cause
+    assert blame is not None and (blame.rank, blame.kind) == (1, "signal"), run.logs
+
+
 def test_a_clean_exit_that_the_others_lost_is_named_with_what_they_wait_in() -> None:
     records = {
         3: {"kind": "returned"},

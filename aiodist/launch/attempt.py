@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -180,6 +181,7 @@ class Attempt:
         self._ranks: list[_Rank] = []
         self._watchers: list[asyncio.Task[None]] = []
         self._exits: list[tuple[RankExit, bool]] = []  # (exit, observed before stop began)
+        self._exit_times: dict[int, float] = {}  # rank -> when its exit was seen (time.time())
         self.stopping = False
         self.running_count = 0
 
@@ -232,6 +234,9 @@ class Attempt:
         protocol = started.protocol
         try:
             returncode = await protocol.exited
+            # Wall-clock, as the ranks' end records are: a rank that died without one (SIGKILL) is placed
+            # among them by when its exit was seen, not after all of them.
+            self._exit_times[self._rank(started.local_rank)] = time.time()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_DRAIN_TIMEOUT):
                     await asyncio.shield(protocol.closed)
@@ -306,7 +311,8 @@ class Attempt:
         exits = [(e.rank, e.returncode) for e, _ in self._exits]
         stopped = [e.rank for e, before_stop in self._exits if not before_stop]
         local = {self._rank(r.local_rank) for r in self._ranks}
-        return outcomes.root_cause(exits, outcomes.load(self.status_dir), stopped=stopped, local=local)
+        return outcomes.root_cause(exits, outcomes.load(self.status_dir), stopped=stopped, local=local,
+                                   exit_times=self._exit_times)
 
     def exit_of(self, rank: int) -> RankExit | None:
         for e, _ in self._exits:

@@ -233,6 +233,7 @@ def root_cause(
     *,
     stopped: Sequence[int] = (),
     local: Collection[int] | None = None,
+    exit_times: Mapping[int, float] | None = None,
 ) -> Blame | None:
     """The rank that started the failure of a job (None: nothing failed).
 
@@ -240,10 +241,11 @@ def root_cause(
     the ranks' end records (:func:`load`); ``stopped``: ranks the launcher
     itself stopped (their signal is not a cause); ``local``: the ranks this
     launcher runs (None: all), so that a rank of another node is not said to be
-    still running.
+    still running. ``exit_times``: when the launcher saw ranks exit (wall clock, as
+    the records' times): a rank that left no record (killed) is ordered by it.
     """
     failed = [(r, code) for r, code in exits if code != 0 and r not in stopped]
-    consequences = {r: rec for r, rec in records.items() if rec.get("kind") == "raised" and "blames" in rec}
+    consequences = {r: rec for r, rec in records.items() if rec.get("kind") in ("raised", "exit") and "blames" in rec}
     if not failed and not consequences:
         return None
     exited = {r for r, _ in exits}
@@ -253,12 +255,14 @@ def root_cause(
     for r, code in failed:
         rec = records.get(r)
         when = float(rec["time"]) if rec and isinstance(rec.get("time"), (int, float)) else float("inf")
+        if rec is None and exit_times is not None:
+            when = exit_times.get(r, when)
         if rec is None or rec.get("kind") == "returned":
             if signal_of(code) is not None:
                 own.append((when, order[r], _own(r, "signal", f"was killed by {describe_returncode(code)}")))
             else:
                 own.append((when, order[r], _own(r, "exit", f"exited with code {code}")))
-        elif rec.get("kind") == "exit":
+        elif rec.get("kind") == "exit" and "blames" not in rec:  # (an exit while handling a peer's failure: its consequence)
             own.append((when, order[r], _own(r, "exit", f"exited with code {rec.get('code', code)}")))
         elif rec.get("kind") == "interrupted":  # (SIGINT that the launcher did not send)
             at = f" at {rec['where']}" if rec.get("where") else ""
@@ -384,7 +388,18 @@ def rank_ended(exc: BaseException | None) -> None:
         if code is None or code == 0:
             record({"kind": "returned"})
         else:
-            record({"kind": "exit", "code": code if isinstance(code, int) else 1, "message": "" if isinstance(code, int) else str(code)})
+            rec = {"kind": "exit", "code": code if isinstance(code, int) else 1,
+                   "message": "" if isinstance(code, int) else str(code), "time": time.time()}
+            lost = exc.__context__  # sys.exit(3) in an ``except PeerFailureError:``: a consequence of that peer
+            if lost is not None:
+                from ..errors import innermost
+
+                blamed, op, cause = _blamed(innermost(lost))
+                if blamed is not None:
+                    rec.update({"blames": None if blamed < 0 else blamed, "op": op, "type": type(lost).__name__})
+                    if cause:
+                        rec["cause"] = cause
+            record(rec)
         return
     if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):  # Ctrl-C (SIGINT): not a failure of its own
         where = _user_frame(exc)
