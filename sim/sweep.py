@@ -473,14 +473,28 @@ def stop_executor(executor: Any, *, now: bool = False) -> None:
     for p in processes:
         with contextlib.suppress(Exception):
             p.terminate()
+    left = _ended_within(processes, 2)
+    for p in left:  # (a worker whose SIGTERM is handled or ignored: a program's own handler, say)
+        with contextlib.suppress(Exception):
+            p.kill()
+    _ended_within(left, 5)
+
+
+def _ended_within(processes: list[Any], seconds: float) -> list[Any]:
+    """Wait up to ``seconds`` for ``processes`` to end; those still running. Their sentinels tell, not
+    ``is_alive()``: the executor's own thread reaps them too, and a reap it is in the middle of makes
+    ``is_alive()`` say True for a process that has ended."""
+    from multiprocessing.connection import wait
+
+    pending = {}
     for p in processes:
-        with contextlib.suppress(Exception):
-            p.join(2)
-    for p in processes:  # (a worker whose SIGTERM is handled or ignored: a program's own handler, say)
-        with contextlib.suppress(Exception):
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        with contextlib.suppress(ValueError):  # (closed, or never started: nothing to wait for)
+            pending[p.sentinel] = p
+    deadline = time.monotonic() + seconds
+    while pending and (left := deadline - time.monotonic()) > 0:  # (bounded by the deadline)
+        for s in wait(list(pending), timeout=left):
+            pending.pop(s)
+    return list(pending.values())
 
 
 def sweep(
