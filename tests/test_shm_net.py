@@ -52,6 +52,17 @@ async def ring_ready(*conns: Connection) -> None:
     raise AssertionError("the rings were never mapped")
 
 
+async def stalled_pair(monkeypatch: Any) -> tuple[Connection, Connection, Any]:
+    """A pair with a 1 MiB ring whose receiving side has stopped reading: two unread frames ({"i": 0}, {"i": 1})."""
+    monkeypatch.setattr(shm, "RING_BYTES", 1 << 20)
+    monkeypatch.setattr(shm, "MAX_QUEUED_FRAMES", 1)  # the receiver stops reading after two unread frames
+    a, b, listener = await pair()
+    await ring_ready(a, b)
+    for i in range(2):
+        await a.send({"i": i}, b"x")
+    return a, b, listener
+
+
 def collect(conn: Connection) -> asyncio.Queue[Frame]:
     q: asyncio.Queue[Frame] = asyncio.Queue()
     conn.set_frame_handler(q.put_nowait)
@@ -167,15 +178,10 @@ def test_the_sender_goes_on_while_nobody_reads_on_the_other_side(loop: str, monk
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_cancelling_a_send_that_waits_for_ring_space_leaves_no_or_a_whole_frame(loop: str, monkeypatch: Any) -> None:
-    monkeypatch.setattr(shm, "RING_BYTES", 1 << 20)
     monkeypatch.setattr(shm, "PIECE_BYTES", 256 << 10)
-    monkeypatch.setattr(shm, "MAX_QUEUED_FRAMES", 1)  # the receiver stops reading after two unread frames
 
     async def main() -> None:
-        a, b, listener = await pair()
-        await ring_ready(a, b)
-        for i in range(2):
-            await a.send({"i": i}, b"x")
+        a, b, listener = await stalled_pair(monkeypatch)
         started = np.full(3_000_000, 1, np.uint8)
         behind = np.full(100_000, 2, np.uint8)
         first = asyncio.ensure_future(a.send({"i": "started"}, started))
@@ -204,14 +210,8 @@ def test_cancelling_a_send_that_waits_for_ring_space_leaves_no_or_a_whole_frame(
 def test_close_releases_a_send_that_waits_for_ring_space_a_stopped_peer_never_gives(loop: str, monkeypatch: Any) -> None:
     """Before (shm probe): the failure detector closed the link to a SIGSTOPped peer, but a 256 MiB send to it
     waited on until the operation's timeout (300 s) or the peer's death; over TCP close released it."""
-    monkeypatch.setattr(shm, "RING_BYTES", 1 << 20)
-    monkeypatch.setattr(shm, "MAX_QUEUED_FRAMES", 1)  # the receiver stops reading after two unread frames
-
     async def main() -> None:
-        a, b, listener = await pair()
-        await ring_ready(a, b)
-        for i in range(2):
-            await a.send({"i": i}, b"x")
+        a, b, listener = await stalled_pair(monkeypatch)
         big = np.full(3_000_000, 1, np.uint8)
         waiting = asyncio.ensure_future(a.send({"i": "big"}, big))
         await asyncio.sleep(0.2)
