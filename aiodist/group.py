@@ -35,7 +35,7 @@ from . import p2p
 from .collectives import intranode
 from .collectives.allreduce import all_reduce_flat
 from .collectives.alltoall import exchange_blocks, single_blocks
-from .collectives.buffers import as_flat, unaliased
+from .collectives.buffers import as_flat
 from .collectives.ops import PremulSum, ReduceOp, premultiply
 from .comm import GroupComm, OpChannel, Transport
 from .errors import GroupError, InvalidArgumentError, InvalidArgumentTypeError, InvalidArrayError, InvalidRankError
@@ -363,8 +363,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("all_to_all_single", out)
         # validated (splits too: one size per rank) and cut now (errors before a sequence number is taken); the task only exchanges
         as_flat(out, "out", writable=True)  # a non-contiguous out is staged here, and copied back by the Work
-        outs, ins = single_blocks(out, x, self.size, output_split_sizes, input_split_sizes, arg="x")
-        ins = unaliased(ins, outs, in_place=(self.rank, self.rank))  # (x may be out: read as it is now)
+        outs, ins = single_blocks(out, x, self.size, output_split_sizes, input_split_sizes, rank=self.rank, arg="x")
         sig = f"all_to_all_single {dtype_name(ins[0].dtype)}"
         return self._runner.collective("all_to_all_single", sig, exchange_blocks, (outs, ins), timeout, result=out)
 

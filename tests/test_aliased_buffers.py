@@ -39,14 +39,20 @@ def test_an_input_inside_an_output_is_copied_and_the_others_are_kept() -> None:
     assert got[2] is not ins[2] and not np.shares_memory(got[2], whole) and list(got[2]) == [2, 3, 4, 5]
 
 
-def test_the_in_place_form_is_kept_unless_the_input_also_overlaps_another_output() -> None:
+def test_the_in_place_form_is_kept_unless_the_input_also_overlaps_an_output_without_its_slot() -> None:
     out = np.arange(6.0)
     chunks = [out[0:2], out[2:4], out[4:6]]
-    assert unaliased([chunks[1]], chunks, in_place=(0, 1))[0] is chunks[1]
-    assert unaliased([chunks[1]], chunks, in_place=(0, 2))[0] is not chunks[1]  # its own slot is another
+    assert unaliased([chunks[1]], chunks, in_place=(0, chunks[1]))[0] is chunks[1]
+    assert unaliased([chunks[1]], [out], in_place=(0, chunks[1]))[0] is chunks[1]  # (the slot inside one output)
+    assert unaliased([chunks[1]], chunks, in_place=(0, chunks[2]))[0] is not chunks[1]  # its slot is another
     overlapping = [out[0:4], out[2:6]]
-    assert unaliased([out[2:6]], overlapping, in_place=(0, 1))[0] is not None
-    assert not np.shares_memory(unaliased([out[2:6]], overlapping, in_place=(0, 1))[0], out)
+    got = unaliased([out[2:6]], overlapping, in_place=(0, out[2:6]))[0]
+    assert not np.shares_memory(got, out) and list(got) == [2, 3, 4, 5]
+    many_in = [out[0:2], out[2:4], np.zeros(2)]
+    got_list = unaliased(many_in, [out[2:4], out[4:6], np.zeros(3)], in_place=(1, out[2:4]))
+    assert got_list[0] is many_in[0] and got_list[1] is many_in[1] and got_list[2] is many_in[2]
+    got_list = unaliased(many_in, [out[3:5], np.zeros(3)], in_place=(1, out[2:4]))  # (two sides of many: sorted)
+    assert got_list[0] is many_in[0] and got_list[1] is not many_in[1]
 
 
 # ------------------------------------------------------------------ every aliased form, on every path

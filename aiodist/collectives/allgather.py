@@ -34,7 +34,7 @@ async def all_gather(
     """
     flat = as_flat(arr, "arr", writable=False)
     outs = as_flat_list(out_list, "out_list", count=ch.size, dtype=flat.dtype, size=flat.size, writable=True)
-    (flat,) = unaliased([flat], outs, in_place=(0, ch.rank))
+    (flat,) = unaliased([flat], outs, in_place=(0, outs[ch.rank]))
     await _all_gather(ch, seq, outs, None, flat, algorithm)
     return list(out_list)
 
@@ -55,7 +55,7 @@ async def all_gather_into_tensor(ch: Channel, seq: int, out: Any, arr: Any, *, a
             f"out has {out_flat.size} elements, expected world size {p} x arr's {m}", argument="out", reason="size"
         )
     outs = [out_flat[i * m : (i + 1) * m] for i in range(p)]
-    (flat,) = unaliased([flat], outs, in_place=(0, ch.rank))
+    (flat,) = unaliased([flat], [out_flat], in_place=(0, outs[ch.rank]))
     await _all_gather(ch, seq, outs, out_flat, flat, algorithm)
     return out
 

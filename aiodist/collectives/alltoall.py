@@ -34,7 +34,7 @@ async def all_to_all(ch: Channel, seq: int, out_list: Sequence[Any], in_list: Se
     p = ch.size
     ins = as_flat_list(in_list, "in_list", count=p, dtype=_dtype_of(in_list), size=None, writable=False)
     outs = as_flat_list(out_list, "out_list", count=p, dtype=ins[0].dtype, size=None, writable=True)
-    await exchange_blocks(ch, seq, outs, unaliased(ins, outs, in_place=(ch.rank, ch.rank)))
+    await exchange_blocks(ch, seq, outs, unaliased(ins, outs, in_place=(ch.rank, outs[ch.rank])))
     return list(out_list)
 
 
@@ -54,8 +54,8 @@ async def all_to_all_single(
     ``arr`` need the same dtype and row size. Cancellation leaves ``out``
     partly written.
     """
-    outs, ins = single_blocks(out, arr, ch.size, output_split_sizes, input_split_sizes)
-    await exchange_blocks(ch, seq, outs, unaliased(ins, outs, in_place=(ch.rank, ch.rank)))
+    outs, ins = single_blocks(out, arr, ch.size, output_split_sizes, input_split_sizes, rank=ch.rank)
+    await exchange_blocks(ch, seq, outs, ins)
     return out
 
 
@@ -66,11 +66,13 @@ def single_blocks(
     output_split_sizes: Sequence[int] | None = None,
     input_split_sizes: Sequence[int] | None = None,
     *,
+    rank: int,
     arg: str = "arr",
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The blocks :func:`all_to_all_single` exchanges among ``p`` ranks: (``out``'s, ``arr``'s), one per rank.
 
-    Validates everything first (InvalidArrayError; ``arg`` names ``arr`` in the messages).
+    Validates everything first (InvalidArrayError; ``arg`` names ``arr`` in the messages). ``arr``'s blocks
+    that share memory with ``out`` are copies (see :func:`unaliased`; ``rank``'s own block may be in place).
     """
     flat = as_flat(arr, arg, writable=False)
     out_flat = as_flat(out, "out", writable=True)
@@ -86,7 +88,10 @@ def single_blocks(
         )
     in_splits = _splits(input_split_sizes, arr_shape[0], p, "input_split_sizes")
     out_splits = _splits(output_split_sizes, out_shape[0], p, "output_split_sizes")
-    return _cut(out_flat, out_splits, row_out), _cut(flat, in_splits, row_in)
+    outs, ins = _cut(out_flat, out_splits, row_out), _cut(flat, in_splits, row_in)
+    if np.may_share_memory(flat, out_flat):  # (x may be out: read as it is now)
+        ins = unaliased(ins, outs, in_place=(rank, outs[rank]))
+    return outs, ins
 
 
 async def barrier(ch: Channel, seq: int) -> None:

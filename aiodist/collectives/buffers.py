@@ -332,55 +332,60 @@ def _span(a: np.ndarray) -> tuple[int, int]:
     return start, start + a.nbytes
 
 
-def unaliased(ins: list[np.ndarray], outs: list[np.ndarray], *, in_place: tuple[int, int] | None = None) -> list[np.ndarray]:
+def unaliased(ins: list[np.ndarray], outs: list[np.ndarray], *,
+              in_place: tuple[int, np.ndarray] | None = None) -> list[np.ndarray]:
     """``ins`` with a private copy of every input that shares memory with an output (flat C-order arrays).
 
     A collective writes its outputs while it still reads its inputs (its own
     or a peer's, through shared memory too), so an input that is also an
     output, or part of one, would be read after it was overwritten. Copied,
     it is read as it was when the call started, as torch's gloo reads it.
-    ``in_place=(i, j)``: ``ins[i]`` being exactly ``outs[j]`` is the
-    operation's in-place form (its data is already where it must land): no
-    copy for that pair. Cost without any overlap: a pass over both lists.
+    ``in_place=(i, slot)``: ``ins[i]`` being exactly ``slot`` (where its data
+    must land, inside the outputs) is the operation's in-place form: not
+    copied, unless it also overlaps an output that does not hold the slot.
+    Cost without any overlap: a bounds check (in C) per pair when one side is
+    a single array, else a sort of the outputs' extents and a bisect per input.
     """
+    keep = -1 if in_place is None else in_place[0]
+    result = ins
+    if len(ins) == 1 or len(outs) == 1:
+        for k, a in enumerate(ins):
+            hits = [o for o in outs if np.may_share_memory(a, o)]
+            if hits and not (k == keep and _is_slot(a, in_place, hits)):
+                result = _copied(result, ins, k)
+        return result
     spans = [_span(o) for o in outs if o.nbytes]
     if not spans:
         return ins
-    lo = min(s for s, _ in spans)
-    hi = max(e for _, e in spans)
-    keep = None
-    if in_place is not None:
-        i, j = in_place
-        if _span(ins[i]) == _span(outs[j]) and ins[i].nbytes:
-            keep = i
-    result = ins
-    starts: list[int] = []
-    ends: list[int] = []
+    spans.sort()
+    starts = [x for x, _ in spans]
+    ends: list[int] = []  # the largest end of the outputs up to each (in start order)
+    top = 0
+    for _, x in spans:
+        top = max(top, x)
+        ends.append(top)
     for k, a in enumerate(ins):
         s, e = _span(a)
-        if e <= lo or s >= hi or s == e:
-            continue
-        if not starts:  # outputs by start, with the largest end so far (a bisect per input)
-            spans.sort()
-            starts = [x for x, _ in spans]
-            top = 0
-            for _, x in spans:
-                top = max(top, x)
-                ends.append(top)
         n = bisect.bisect_left(starts, e)  # outputs starting before this input ends
-        if n == 0 or ends[n - 1] <= s:
+        if s == e or n == 0 or ends[n - 1] <= s:
             continue
-        if k == keep and not _overlaps_another(s, e, spans):
+        if k == keep and _is_slot(a, in_place, [o for o in outs if np.may_share_memory(a, o)]):
             continue
-        if result is ins:
-            result = list(ins)
-        result[k] = a.copy()
+        result = _copied(result, ins, k)
     return result
 
 
-def _overlaps_another(s: int, e: int, spans: list[tuple[int, int]]) -> bool:
-    """Does [s, e) overlap an output other than the one that is exactly [s, e)? (the rare in-place check)"""
-    return sum(1 for x, y in spans if x < e and y > s) > 1
+def _is_slot(a: np.ndarray, in_place: Any, hits: list[np.ndarray]) -> bool:
+    """Is ``a`` exactly the in-place slot, and does every output it overlaps hold that slot whole?"""
+    s, e = _span(in_place[1])
+    return _span(a) == (s, e) and all(x <= s and e <= y for x, y in map(_span, hits))
+
+
+def _copied(result: list[np.ndarray], ins: list[np.ndarray], k: int) -> list[np.ndarray]:
+    if result is ins:
+        result = list(ins)
+    result[k] = ins[k].copy()
+    return result
 
 
 def check_dtype(flat: np.ndarray, dtype: np.dtype[Any], argument: str) -> None:

@@ -63,7 +63,7 @@ async def reduce_scatter(ch: Channel, seq: int, out: Any, in_list: Sequence[Any]
     out_flat = as_flat(out, "out", writable=True)
     rop = check_op_dtype(op, out_flat.dtype)
     blocks = as_flat_list(in_list, "in_list", count=ch.size, dtype=out_flat.dtype, size=out_flat.size, writable=False)
-    blocks = unaliased(blocks, [out_flat], in_place=(ch.rank, 0))
+    blocks = unaliased(blocks, [out_flat], in_place=(ch.rank, out_flat))
     await _reduce_scatter_blocks(ch, seq, out_flat, blocks, rop, algorithm)
     return out
 
@@ -84,7 +84,9 @@ async def reduce_scatter_tensor(ch: Channel, seq: int, out: Any, arr: Any, op: A
         raise InvalidArrayError(
             f"arr has {flat.size} elements, expected world size {ch.size} x out's {m}", argument="arr", reason="size"
         )
-    blocks = unaliased([flat[i * m : (i + 1) * m] for i in range(ch.size)], [out_flat], in_place=(ch.rank, 0))
+    blocks = [flat[i * m : (i + 1) * m] for i in range(ch.size)]
+    if np.may_share_memory(flat, out_flat):
+        blocks = unaliased(blocks, [out_flat], in_place=(ch.rank, out_flat))
     await _reduce_scatter_blocks(ch, seq, out_flat, blocks, rop, algorithm)
     return out
 

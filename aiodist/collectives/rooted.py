@@ -168,7 +168,7 @@ async def gather(ch: Channel, seq: int, arr: Any, gather_list: Sequence[Any] | N
         await send(ch, root, (seq, _GATHER, 0), byte_view(flat))
         return
     outs = as_flat_list([] if gather_list is None else gather_list, "gather_list", count=p, dtype=flat.dtype, size=flat.size, writable=True)
-    (flat,) = unaliased([flat], outs, in_place=(0, root))
+    (flat,) = unaliased([flat], outs, in_place=(0, outs[root]))
     np.copyto(outs[root], flat)
     await _recvs(ch, [(i, (seq, _GATHER, 0), byte_view(outs[i])) for i in range(p) if i != root])
 
@@ -186,7 +186,7 @@ async def scatter(ch: Channel, seq: int, arr: Any, scatter_list: Sequence[Any] |
         await recv_into(ch, root, (seq, _SCATTER, 0), byte_view(flat))
         return arr
     ins = as_flat_list([] if scatter_list is None else scatter_list, "scatter_list", count=p, dtype=flat.dtype, size=flat.size, writable=False)
-    ins = unaliased(ins, [flat], in_place=(root, 0))
+    ins = unaliased(ins, [flat], in_place=(root, flat))
     np.copyto(flat, ins[root])
     await _sends(ch, [(i, (seq, _SCATTER, 0), byte_view(ins[i])) for i in range(p) if i != root])
     return arr
