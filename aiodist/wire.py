@@ -436,6 +436,14 @@ class FrameDecoder:
         else:
             self._state = _ST_PAYLOAD
 
+    def redirect(self, header: dict[str, Any]) -> None:
+        """The payload of frame ``header``, arriving into the sink's buffer, goes on into memory of our own."""
+        if self._state != _ST_PAYLOAD or self._header is not header or self._own or self._target is None:
+            return
+        own = payload_buffer(self._plen)
+        own[: self._pos] = self._target[: self._pos]
+        self._target = own
+
     def _ask_again(self, received: int) -> None:
         """A chunk of a payload the sink had no buffer for arrived: if it names one now, move there."""
         plen = self._plen

@@ -74,10 +74,12 @@ class Receive:
     already), or else to the callback ``on_done``. ``done``: the receive has
     ended (it got its result, or was withdrawn). ``withdrawn``: a point-to-point
     receive withdrawn while its message was arriving (the message goes to the
-    next receive when it is complete).
+    next receive when it is complete). ``arriving``: (connection, header) of
+    the message arriving into ``out`` (point-to-point; set by the transport).
     """
 
-    __slots__ = ("group", "src", "out", "key", "tag", "check", "sig", "fut", "on_done", "done", "withdrawn")
+    __slots__ = ("group", "src", "out", "key", "tag", "check", "sig", "fut", "on_done", "done", "withdrawn",
+                 "arriving")
 
     def __init__(
         self,
@@ -103,6 +105,7 @@ class Receive:
         self.on_done = on_done
         self.done = False
         self.withdrawn = False
+        self.arriving: Any = None
 
     def __repr__(self) -> str:
         what = f"key={self.key!r}" if self.tag is None else f"tag={self.tag}"

@@ -203,6 +203,8 @@ class Router:
         """Withdraw a receive (its waiter was cancelled). A keyed message that comes later is dropped; a
         point-to-point message arriving into it goes to the next receive once complete."""
         self.table.cancel(receive)
+        if receive.withdrawn:
+            _elsewhere(receive)
 
     def arriving(self, receive: Receive) -> bool:
         """Is point-to-point ``receive`` matched to a message whose payload is still arriving?"""
@@ -215,6 +217,8 @@ class Router:
         if receive.withdrawn:
             return False
         self.table.cancel(receive)
+        if receive.withdrawn:
+            _elsewhere(receive)
         fut = receive.fut
         if (not receive.withdrawn and fut is not None and fut.done() and not fut.cancelled()
                 and isinstance(fut.result(), Delivery)):
@@ -363,3 +367,13 @@ class Router:
         """
         return self.table.conflicting_arrival(group, seq, sig, sources)
 
+
+
+def _elsewhere(r: Receive) -> None:
+    """``r`` was withdrawn while its message arrived into its buffer: the rest of that message goes into the
+    connection's own memory, with what arrived copied there (its buffer is the caller's again, and the next
+    receive gets the message as sent, not whatever the caller wrote into the buffer meanwhile)."""
+    arriving, r.arriving = r.arriving, None
+    if arriving is not None:
+        conn, header = arriving
+        conn.redirect_payload(header)

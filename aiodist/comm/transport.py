@@ -465,6 +465,8 @@ class Transport:
             m = p.matches[-1] if p.matches else None  # (the frame arriving is the last one routed)
             if m is None or m.header is not header or not self.router.claim(m):
                 return None
+            if m.receive is not None and m.receive.tag is not None:
+                m.receive.arriving = (p.link.conn, header)  # (see Router.cancel)
             return m.sink
         if nbytes >= HEARTBEAT_GRACE_MIN_BYTES:  # and the peer's heartbeats queue behind it
             p.watch.slow_frame(self._loop.time(), nbytes / HEARTBEAT_MIN_BANDWIDTH)
@@ -486,6 +488,8 @@ class Transport:
         r = m.receive  # (Match.sink, inlined)
         if r is None or r.out is None or r.out.nbytes != nbytes or nbytes == 0:
             return None
+        if r.tag is not None:
+            r.arriving = (p.link.conn, header)  # (a point-to-point receive withdrawn meanwhile: see Router.cancel)
         return r.out
 
     def _dispatch(self, p: Peer, frame: Frame) -> None:

@@ -126,6 +126,16 @@ class Connection(abc.ABC):
     def closed(self) -> bool:
         """True once closed or aborted by either side, or broken."""
 
+    def redirect_payload(self, header: Header) -> None:
+        """The frame ``header`` (the object the payload sink was given) is arriving into a buffer the sink
+        named, whose owner no longer wants it: what arrived is copied into memory of the connection's own, and
+        the rest lands there; the sink's buffer is not written again, and the frame's payload is that memory.
+
+        Nothing happens when that frame is not arriving into a sink's buffer (complete already, or in the
+        connection's own memory), or when payloads arrive whole (the simulator's).
+        """
+        return None
+
     @property
     def progress(self) -> int | None:
         """A count that grows whenever anything arrives from the peer, part of a frame included.

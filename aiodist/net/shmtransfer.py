@@ -17,6 +17,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..errors import ConnectionClosedError, ProtocolError
+from ..wire import payload_buffer
 from .base import Frame, Header, PayloadSink
 from .shmring import RingSpace, Spares
 from .shmseg import Segment, SegmentRef, SharedMemoryError
@@ -87,6 +88,15 @@ class RingTransfer:
         def _set_exc(self, exc: ConnectionClosedError) -> None: ...
         def _wake_drainers(self) -> None: ...
         def _unmap(self) -> None: ...
+
+    def redirect_payload(self, header: Header) -> None:
+        """(Connection.redirect_payload) The rest of a payload arriving into the sink's buffer goes to our memory."""
+        inc = self._incoming
+        if inc is None or inc.header is not header:
+            return
+        own = payload_buffer(inc.total)
+        own[: inc.pos] = inc.target[: inc.pos]
+        inc.target = own
 
     def _withdraw(self, job: _Job) -> None:
         """The sender of ``job`` was cancelled: drop the frame if nothing of it left, else keep a copy of the rest."""

@@ -286,6 +286,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
     def set_max_frame_size(self, n: int) -> None:
         self._decoder.set_max_frame_size(n)
 
+    def redirect_payload(self, header: Header) -> None:
+        self._decoder.redirect(header)  # (between reads: the transport holds no view of the old buffer)
+
     def set_frame_handler(self, handler: FrameHandler | None) -> None:
         if self._exc is not None and handler is not None:
             return  # (closed: nothing will arrive, and the handler must not be kept alive)
