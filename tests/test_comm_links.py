@@ -20,6 +20,7 @@ from aiodist.comm.actions import (
     FailReceives,
     Install,
     Log,
+    Release,
     Send,
     StartTimer,
     Unwatch,
@@ -345,6 +346,8 @@ def test_a_reported_failure_keeps_the_connection_and_tells_the_accused() -> None
     acts = m.reported(1, 2, "hung or unreachable")
     assert m.get(2).state is S.FAILED and m.get(2).conn is c2  # type: ignore[union-attr]
     assert Close(c2) not in acts
+    # Its waiting senders go (shm probe: a 256 MiB send to a SIGSTOPped rank waited for its 300 s timeout).
+    assert Release(c2) in acts and Release(c1) not in acts
     assert (c2, F.fail(2, "hung or unreachable")) in sent(acts, F.FAIL)  # the accused hears it
     assert (c1, F.fail(2, "hung or unreachable")) in sent(acts, F.FAIL)  # (and the reporter, as any peer)
     assert m.get(2).how == "reported by rank 1: hung or unreachable"  # type: ignore[union-attr]
@@ -576,8 +579,8 @@ def test_every_input_in_every_state_goes_where_the_diagram_says(state: LinkState
     if state in TERMINAL:
         assert after is state  # terminal states are final
     for a in acts:
-        assert type(a) in (BreakGroups, CancelTimer, Close, Dial, FailReceives, Install, Log, Send, StartTimer,
-                           Unwatch, Wake, Watch)
+        assert type(a) in (BreakGroups, CancelTimer, Close, Dial, FailReceives, Install, Log, Release, Send,
+                           StartTimer, Unwatch, Wake, Watch)
     link = m.get(rank)
     assert link is not None
     mine = [a for a in acts if getattr(a, "rank", rank) == rank]

@@ -109,3 +109,40 @@ async def test_a_killed_or_stopped_peer_is_named_in_time_and_leaves_no_segment_b
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
     worker()
+
+
+STOPPED_SINK = '''
+import asyncio, os, signal, time
+import numpy as np
+import aiodist
+
+async def main():
+    pg = await aiodist.init_process_group(timeout=40)
+    await aiodist.barrier()
+    if pg.rank == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)  # (the launcher ends it: the others declared it failed)
+        return
+    x = np.ones((64 << 20) // 8)
+    start = time.monotonic()
+    try:
+        await aiodist.send(x, 0)
+        print(f"RESULT rank {pg.rank} sent")
+    except aiodist.PeerFailureError as e:
+        print(f"RESULT rank {pg.rank} {time.monotonic() - start:.1f} {e.how[:40]}", flush=True)
+        raise  # (the launcher then stops the job, the stopped rank with it)
+'''
+
+
+def test_a_send_to_a_stopped_rank_fails_when_it_is_declared_failed_wherever_that_was_found(tmp_path: Any) -> None:
+    """Two ranks send 64 MiB to a rank that stopped (SIGSTOP). The one whose detector notices closes its link;
+    the other hears it from that one and keeps its link (to tell the accused). Before (shm probe): on shared
+    memory the send of the first waited on until the peer was killed, the other's until its timeout (40 s
+    here; 300 s by default), both blocked in the full ring (over TCP both failed in ~3.3 s)."""
+    from conftest import aiodist_run_source
+
+    run = aiodist_run_source(tmp_path, STOPPED_SINK, 3, timeout=120)
+    results = [ln.split("RESULT ")[1] for ln in run.stdout.splitlines() if "RESULT" in ln]
+    assert len(results) == 2, run.stdout + run.stderr
+    for res in results:
+        _, rank, took, *_ = res.split()
+        assert took != "sent" and float(took) < 15, results  # (detection: 3 s of silence, then the report)

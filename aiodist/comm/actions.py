@@ -55,6 +55,13 @@ class Send(Action):
 
 
 @dataclass(frozen=True, slots=True)
+class Release(Action):
+    """The sends waiting on ``conn`` return (its peer was declared failed; the connection is kept to tell it)."""
+
+    conn: Any
+
+
+@dataclass(frozen=True, slots=True)
 class Close(Action):
     """Close ``conn`` (orderly: frames queued on it, e.g. by a Send just before, still go out)."""
 

@@ -67,6 +67,7 @@ from .actions import (
     FailReceives,
     Install,
     Log,
+    Release,
     Send,
     StartTimer,
     Unwatch,
@@ -559,8 +560,10 @@ class Links:
                 if tell_it:
                     acts.append(Send(conn, notice))
                 acts.append(Close(conn))
-            elif notify:
-                acts.append(Send(conn, notice))
+            else:
+                acts.append(Release(conn))  # (a send waiting for a stopped peer would wait for its timeout)
+                if notify:
+                    acts.append(Send(conn, notice))
         acts.append(FailReceives(link.rank))
         if self.closing:
             return acts

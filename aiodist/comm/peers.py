@@ -337,6 +337,7 @@ class PeerLinks:
     _carry_out: dict[type, Callable[[PeerLinks, Any], object]] = {
         A.Send: _send,
         A.Close: _close,
+        A.Release: lambda self, a: a.conn.release_senders(),
         A.FailReceives: lambda self, a: self._fail_receives(a.rank),
         A.BreakGroups: _break_groups,
         A.Wake: _wake,

@@ -71,6 +71,7 @@ from .settings import (
 log = logging.getLogger("aiodist.comm")
 
 _READY = LinkState.READY
+_FAILED = LinkState.FAILED
 _KIND, _MESSAGE, _P2P = F.KIND, F.MESSAGE, F.P2P  # (module globals: read for every frame)
 
 
@@ -349,6 +350,8 @@ class Transport:
             await conn.send(header, payload)
         except ConnectionClosedError:
             raise self._lost(p) from None
+        if p.link.state is _FAILED:  # released: the peer was declared failed while the frame waited for it
+            raise self.peer_error(p.rank)
 
     def _lost(self, p: Peer) -> PeerFailureError:
         """The connection to ``p`` broke under a send: the peer failed."""

@@ -126,6 +126,12 @@ class Connection(abc.ABC):
     def closed(self) -> bool:
         """True once closed or aborted by either side, or broken."""
 
+    def release_senders(self) -> None:
+        """The sends waiting for the peer to take their frames return now (the frames still go, from copies
+        where they were the callers' memory): the peer was declared failed, but the connection is kept (to
+        tell it so). Nothing to do where sends do not wait for the peer."""
+        return None
+
     def redirect_payload(self, header: Header) -> None:
         """The frame ``header`` (the object the payload sink was given) is arriving into a buffer the sink
         named, whose owner no longer wants it: what arrived is copied into memory of the connection's own, and

@@ -382,6 +382,11 @@ class Outbox:
         self.refuse(exc)
         if self._wbuf:
             self._write_buffered()  # frames batched in this iteration still go out
+        self.release()
+
+    def release(self) -> None:
+        """Free the senders of what is queued: their frames still go out, from copies (except the one whose
+        memory the transport still reads: once it let go)."""
         for i, item in enumerate(self._queue):
             if isinstance(item, _Outgoing):
                 item.own()

@@ -234,17 +234,21 @@ class ShmConnection(RingTransfer, Connection):
         ConnectionClosedLocally."""
         if self._exc is None:
             self._exc = ConnectionClosedLocally(f"connection to {self._peer} was closed by this side")
-            for job in self._jobs:
-                if job.data is not None and not isinstance(job.data.obj, bytes):
-                    job.data = memoryview(bytes(job.data))
-                if job.fut is not None and not job.fut.done():
-                    job.fut.set_result(None)  # (it waited for ring space a peer that stopped never gives)
+            self.release_senders()
         self._closing = True
         self._drop_received()
         self._wake(self._recv_waiter)
         if not self._jobs:
             self._stream.close()
             self._unmap()  # (the peer keeps its own mapping of what it still has to read)
+
+    def release_senders(self) -> None:
+        """(Connection.release_senders) Queued frames go on from copies; their senders return now."""
+        for job in self._jobs:
+            if job.data is not None and not isinstance(job.data.obj, bytes):
+                job.data = memoryview(bytes(job.data))
+            if job.fut is not None and not job.fut.done():
+                job.fut.set_result(None)  # (it waited for ring space a peer that stopped never gives)
 
     def abort(self) -> None:
         """Reset now: queued frames are dropped (their senders get ConnectionClosedLocally); the peer sees ConnectionLost."""

@@ -286,6 +286,10 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
     def set_max_frame_size(self, n: int) -> None:
         self._decoder.set_max_frame_size(n)
 
+    def release_senders(self) -> None:
+        if self._outbox is not None:
+            self._outbox.release()
+
     def redirect_payload(self, header: Header) -> None:
         self._decoder.redirect(header)  # (between reads: the transport holds no view of the old buffer)
 
