@@ -30,7 +30,7 @@ from . import p2p
 from .collectives.allreduce import all_reduce_flat
 from .collectives.buffers import as_flat
 from .collectives.objects import (
-    _dumps, all_gather_object, broadcast_object_list, gather_object, scatter_object_list, unpickling_note,
+    all_gather_object, broadcast_object_list, dumps, gather_object, scatter_object_list, unpickling_note,
 )
 from .collectives.allgather import all_gather_into_tensor
 from .collectives.ops import PremulSum, ReduceOp, premultiply
@@ -159,7 +159,7 @@ class ObjectOperations(_GroupParts):
         assert peer is not None
         if not isinstance(object_list, list):
             raise InvalidArgumentTypeError(f"object_list must be a list, not {type(object_list).__name__}")
-        data = np.frombuffer(_dumps(list(object_list)), np.uint8)
+        data = np.frombuffer(dumps(list(object_list)), np.uint8)
         start = p2p.send(self._comm, data, peer, tag, timeout=self._runner.timeout_of(timeout), label=PICKLE)
         return self._runner.spawn(start, op="send_object_list")
 

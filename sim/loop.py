@@ -237,21 +237,8 @@ class SimLoop(LaneControl, LoopInterface):
         lane = self.lane if context is None else context.get(LANE, self.lane)
         if self._stretch and callback is _sleep_callback and lane in self._stretch and when > self.now:
             when = self.now + (when - self.now) * self._stretch[lane]
-        handle = _new_handle(LoopTimerHandle)  # LoopTimerHandle.__init__ and _enqueue inlined (a timer each)
-        handle._context = context if context is not None else contextvars.copy_context()
-        handle._loop = self
-        handle._callback = callback
-        handle._args = args
-        handle._cancelled = False
-        handle._repr = None
-        handle._source_traceback = None
-        handle._when = when
-        if when <= self.now:
-            handle._scheduled = False
-            self._push(lane, handle)
-        else:
-            handle._scheduled = True
-            heapq.heappush(self._heap if when < self._bound else self._far, (when, next(self._seq), lane, handle))
+        handle = LoopTimerHandle(when, callback, args, self, context)
+        self._enqueue(when, lane, handle)
         return handle
 
     def call_later(  # type: ignore[override]  # (any callback, as asyncio's own loop takes)

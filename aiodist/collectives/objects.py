@@ -22,10 +22,11 @@ from ..channel import Channel
 from .. import wire
 from ..errors import CollectiveMismatchError, InvalidArgumentError, InvalidArrayError
 
-__all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"]
+__all__ = ["all_gather_object", "broadcast_object_list", "dumps", "gather_object", "scatter_object_list"]
 
 
-def _dumps(obj: Any) -> bytes:
+def dumps(obj: Any) -> bytes:
+    """``obj`` pickled for one message (refused past :data:`~aiodist.wire.MAX_MESSAGE_BYTES`)."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     if len(data) > wire.MAX_MESSAGE_BYTES:
         raise InvalidArgumentError(
@@ -52,7 +53,7 @@ async def all_gather_object(ch: Channel, seq: int, obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order, on every rank (ring of p-1 steps)."""
     p, rank = ch.size, ch.rank
     payloads: list[bytes | memoryview] = [b""] * p
-    payloads[rank] = _dumps(obj)
+    payloads[rank] = dumps(obj)
     plan = ring(p, rank)
     for s, (sb, rb) in enumerate(plan.allgather):
         key = (seq, s)
@@ -84,7 +85,7 @@ async def broadcast_object_list(ch: Channel, seq: int, object_list: MutableSeque
     tree = binomial_tree(p, rank, root)
     payload: bytes | memoryview
     if tree.parent is None:
-        payload = _dumps(list(object_list))
+        payload = dumps(list(object_list))
     else:
         payload = await ch.recv_bytes(tree.parent, (seq, tree.parent_step))
     for child, step in tree.children:
@@ -107,7 +108,7 @@ async def gather_object(
     p, rank = ch.size, ch.rank
     root = check_root(root, p, "dst")
     if rank != root:
-        await ch.send(root, (seq, 0), _dumps(obj))
+        await ch.send(root, (seq, 0), dumps(obj))
         return None
     if object_gather_list is not None and len(object_gather_list) < p:
         raise InvalidArrayError(
@@ -146,6 +147,6 @@ async def scatter_object_list(
             argument="input_list",
             reason="length",
         )
-    await run_all([ch.send(i, (seq, 0), _dumps(input_list[i])) for i in range(p) if i != root])
+    await run_all([ch.send(i, (seq, 0), dumps(input_list[i])) for i in range(p) if i != root])
     output_list[0] = input_list[root]
     return output_list[0]

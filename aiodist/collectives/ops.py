@@ -129,12 +129,9 @@ def premultiply(op: PremulSum, flat: np.ndarray, *, in_place: bool) -> np.ndarra
             op="PREMUL_SUM", dtype=flat.dtype.name,
         )
     factor = op.factor
-    if dtype_kind(flat.dtype) == "c" and not np.iscomplexobj(factor):
-        # A real factor scales each component (as torch does): as a complex number, 2 * (inf+1j) = (inf+nanj).
+    if dtype_kind(flat.dtype) == "c" and not np.iscomplexobj(factor):  # a real factor scales each component
         scaled = flat if in_place else flat.copy()
-        with np.errstate(all="ignore"):
-            for part in (scaled.real, scaled.imag):
-                np.multiply(part, np.asarray(factor, dtype=part.dtype), out=part)
+        _componentwise(np.multiply, scaled, factor)
         return scaled
     with np.errstate(all="ignore"):
         if in_place:
@@ -301,6 +298,14 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: Any) -> None:
     combiner(rop, dst.dtype)(dst, dst, src)
 
 
+def _componentwise(ufunc: np.ufunc, arr: np.ndarray, k: Any) -> None:
+    """``arr = ufunc(arr, k)`` in place on the real and imaginary parts apart, ``k`` real (as torch scales a
+    complex tensor): as complex numbers, ``(inf+1j) / 2`` is ``(inf+nanj)``."""
+    with np.errstate(all="ignore"):
+        for part in (arr.real, arr.imag):
+            ufunc(part, np.asarray(k, dtype=part.dtype), out=part)
+
+
 def finish_avg(arr: np.ndarray, world_size: int) -> None:
     """Divide the summed ``arr`` by ``world_size`` in place (the second half of AVG).
 
@@ -313,10 +318,8 @@ def finish_avg(arr: np.ndarray, world_size: int) -> None:
     if kind == "f":
         with np.errstate(all="ignore"):
             np.divide(arr, world_size, out=arr)
-    elif kind == "c":  # each component by the (real) count: as a complex division, (inf+1j)/2 = (inf+nanj)
-        with np.errstate(all="ignore"):
-            for part in (arr.real, arr.imag):
-                np.divide(part, world_size, out=part)
+    elif kind == "c":  # each component by the (real) count
+        _componentwise(np.divide, arr, world_size)
     elif kind == "u":
         np.floor_divide(arr, world_size, out=arr)
     elif kind == "i":

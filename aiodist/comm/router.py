@@ -216,9 +216,7 @@ class Router:
         into its buffer once complete: nothing is lost. Idempotent. True if it gave a message back."""
         if receive.withdrawn:
             return False
-        self.table.cancel(receive)
-        if receive.withdrawn:
-            _elsewhere(receive)
+        self.cancel(receive)
         fut = receive.fut
         if (not receive.withdrawn and fut is not None and fut.done() and not fut.cancelled()
                 and isinstance(fut.result(), Delivery)):
@@ -366,7 +364,6 @@ class Router:
         Costs O(messages that came early for that seq), never O(group size).
         """
         return self.table.conflicting_arrival(group, seq, sig, sources)
-
 
 
 def _elsewhere(r: Receive) -> None:

@@ -392,13 +392,9 @@ def rank_ended(exc: BaseException | None) -> None:
                    "message": "" if isinstance(code, int) else str(code), "time": time.time()}
             lost = exc.__context__  # sys.exit(3) in an ``except PeerFailureError:``: a consequence of that peer
             if lost is not None:
-                from ..errors import innermost
-
-                blamed, op, cause = _blamed(innermost(lost))
-                if blamed is not None:
-                    rec.update({"blames": None if blamed < 0 else blamed, "op": op, "type": type(lost).__name__})
-                    if cause:
-                        rec["cause"] = cause
+                told = describe_exception(lost)
+                if "blames" in told:
+                    rec.update({k: told[k] for k in ("blames", "op", "cause", "type") if k in told})
             record(rec)
         return
     if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):  # Ctrl-C (SIGINT): not a failure of its own
