@@ -6,7 +6,9 @@ abstract Unix socket named after this host's identity and the TCP address
 with the socket), and a connection to an address first tries that name: it
 exists only if the peer runs on this host (same host id) and in the same
 network namespace; then the connection is a
-:class:`~aiodist.net.shm.ShmConnection`, else it is made over TCP.
+:class:`~aiodist.net.shm.ShmConnection`, else it is made over TCP. A peer
+in another PID namespace (containers sharing the host's network) is reached
+over TCP too: pids name its shared memory, and its pids are not ours.
 
 Abstract names have no permissions: any process of the host can bind one
 first. So both ends check who is at the other end (``SO_PEERCRED``): a
@@ -101,7 +103,8 @@ async def connect_local(
     name: str, *, timeout: float | None = None, max_frame_size: int | None = None
 ) -> ShmConnection | None:
     """Connect to the abstract Unix socket ``name``; None when nobody listens there (the peer is elsewhere),
-    or when the process listening there is not of this user (nothing was sent to it; a warning says who).
+    when the process listening there is not of this user (nothing was sent to it; a warning says who), or
+    when it runs in another PID namespace (same network, other container: its shared memory is out of reach).
 
     Cancellation (or the timeout) leaves nothing behind.
     """
@@ -114,7 +117,7 @@ async def connect_local(
             await loop.sock_connect(sock, name)
             pid, uid = peer_credentials(sock)
             if pid is None or uid != os.geteuid():  # (checked before anything is written to it)
-                if uid is not None:
+                if uid is not None and uid != os.geteuid():
                     log.warning(
                         "the Unix socket %s is held by a process of another user (uid %d, pid %s), not by the "
                         "rank published there: not using it (the connection goes over TCP)", name.lstrip("\0"), uid, pid,

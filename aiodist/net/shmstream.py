@@ -8,6 +8,7 @@ fails because the peer left, still reads what the peer sent before it went.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from .tcp_connection import TCPConnection
 if TYPE_CHECKING:
     from .shm import ShmConnection
 
-__all__ = ["FrameStream", "MAX_SALVAGE", "peer_credentials"]
+__all__ = ["FrameStream", "MAX_SALVAGE", "peer_credentials", "same_pid_namespace"]
 
 MAX_SALVAGE = 16 << 20
 """Bytes read at most from a socket whose write failed because the peer left (what it sent last)."""
@@ -28,12 +29,37 @@ _PEERCRED = struct.Struct("3i")
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None]:
-    """The pid and user of the process at the other end of a Unix socket (``SO_PEERCRED``; None if not said)."""
+    """The pid and user of the process at the other end of a Unix socket (``SO_PEERCRED``; None if not said).
+
+    The pid is None too when that process lives in another PID namespace (two
+    containers sharing the host's network, e.g. Kubernetes ``hostNetwork``
+    pods): its pid there is not its pid here, so neither its shared memory
+    (``/proc/PID/fd``) nor its memory can be reached by pid, and the
+    connection must go over TCP.
+    """
     try:
         pid, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
     except OSError:
         return None, None
-    return pid, uid
+    return (pid if same_pid_namespace(pid) else None), uid
+
+
+def same_pid_namespace(pid: int) -> bool:
+    """True when process ``pid`` (as this process sees it) is in this process's PID namespace.
+
+    Pid 0 is the kernel's answer for a process outside our namespace's view (an
+    ancestor's or a sibling's namespace); a process we see but in a namespace
+    nested under ours has another namespace file. False also when ``/proc``
+    will not say: shared memory needs ``/proc/PID`` anyway.
+    """
+    if pid <= 0:
+        return False
+    try:
+        theirs = os.stat(f"/proc/{pid}/ns/pid")
+        ours = os.stat("/proc/self/ns/pid")
+    except OSError:
+        return False
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
 
 
 class FrameStream(TCPConnection):
