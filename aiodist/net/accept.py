@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..ratelog import RateLog
+from . import fork
 from .base import wait_ended
 from .gate import DEFAULT_MAX_HANDSHAKES, HandshakeGate, Ticket
 
@@ -195,6 +196,7 @@ async def listen_socket(
     infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, address = infos[0]
     sock = socket.create_server(address, family=family, backlog=socket.SOMAXCONN)
+    fork.own(sock.fileno())
     sock.setblocking(False)
     return AcceptLoop(sock, factory, ssl=ssl, ssl_handshake_timeout=ssl_handshake_timeout,
                       max_handshakes=max_handshakes)

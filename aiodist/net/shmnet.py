@@ -31,6 +31,7 @@ import socket
 import ssl as _ssl
 
 from ..wire import DEFAULT_MAX_FRAME_SIZE
+from . import fork
 from .base import Address, Connection, ConnectionHandler, Listener, Network
 from .shm import ShmConnection, FrameStream
 from .shmstream import peer_credentials
@@ -76,6 +77,7 @@ class ShmListener(TCPListener):
             sock.bind(name)
             sock.listen(256)
             sock.setblocking(False)
+            fork.own(sock.fileno())
         except OSError:
             sock.close()
             raise

@@ -28,6 +28,7 @@ from typing import Any, cast
 
 from ..errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ProtocolError, anew
 from ..wire import DEFAULT_MAX_FRAME_SIZE, PREAMBLE, FrameDecoder
+from . import fork
 from .base import Connection, Frame, FrameHandler, Header, PayloadSink
 from .outbox import KernelRoom, Outbox
 from .waiters import wake
@@ -86,6 +87,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._closed_fut = self._loop.create_future()
         sock = transport.get_extra_info("socket")
         if sock is not None:
+            fork.own(sock.fileno())  # (a forked child lets go of it: see aiodist.net.fork)
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
