@@ -35,14 +35,14 @@ from . import p2p
 from .collectives import intranode
 from .collectives.allreduce import all_reduce_flat
 from .collectives.alltoall import exchange_blocks, single_blocks
-from .collectives.buffers import as_flat
+from .collectives.buffers import as_flat, check_own_chunk
 from .collectives.ops import PremulSum, ReduceOp, premultiply
 from .comm import GroupComm, OpChannel, Transport
 from .errors import GroupError, InvalidArgumentError, InvalidArgumentTypeError, InvalidArrayError, InvalidRankError
 from .group_extras import CoalescedOperations, ObjectOperations
 from .mismatch import MISMATCH_CHECK_AFTER, MismatchChecker
 from .op_runner import OpRunner, in_step
-from .signatures import dtype_name, reduction
+from .signatures import chunk_sizes, dtype_name, reduction
 from .work import Work
 
 __all__ = ["MISMATCH_CHECK_AFTER", "WORLD", "WORLD_GROUP_ID", "ProcessGroup", "Work"]
@@ -300,15 +300,23 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
     def reduce_scatter(
         self, out: Any, in_list: Sequence[Any], op: Any = ReduceOp.SUM, *, timeout: float | None = None
     ) -> Work[Any]:
-        """``out`` = the reduction over ranks of their ``in_list[rank]``; returns ``out``."""
+        """``out`` = the reduction over ranks of their ``in_list[rank]``; returns ``out``.
+
+        The chunks may differ in size: ``in_list[i]`` has the same size on every rank, ``out`` that of
+        ``in_list[rank]`` (else InvalidArrayError, before anything is sent); sizes the ranks disagree on
+        are a CollectiveMismatchError (the signature lists them).
+        """
         if self._comm.rank < 0:
             return self._runner.absent("reduce_scatter", out)
         oflat = as_flat(out, "out", writable=True)
         rop, what = reduction(op, oflat)
-        self._check_list(in_list, "in_list", oflat, size=oflat.size, writable=False)
+        # Chunks may differ in size (torch's gloo accepts it): in_list[i] has the same size on every
+        # rank (the signature lists the sizes, so ranks that disagree mismatch) and out that of in_list[rank].
+        sizes = self._check_list(in_list, "in_list", oflat, size=None, writable=False)
+        check_own_chunk(oflat, sizes, self.rank)
         if type(op) is PremulSum:  # scaled copies: the inputs are the caller's
             in_list = [premultiply(op, as_flat(a, "in_list", writable=False), in_place=False) for a in in_list]
-        sig = f"reduce_scatter {what} n={oflat.size}"
+        sig = f"reduce_scatter {what} {chunk_sizes(sizes)}"
         return self._runner.collective(
             "reduce_scatter", sig, _driver("reduce_scatter"), (out, in_list, rop), timeout, result=out
         )
@@ -443,13 +451,15 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
                 f"{argument} has dtype {a.dtype.name}, expected {b.dtype.name}", argument=argument, reason="dtype"
             )
 
-    def _check_list(self, arrs: Any, argument: str, like: np.ndarray, *, size: int | None, writable: bool) -> None:
+    def _check_list(self, arrs: Any, argument: str, like: np.ndarray, *, size: int | None, writable: bool) -> list[int]:
+        """Check a list of one array per rank (of ``like``'s dtype, and ``size`` elements if given); their sizes."""
         if isinstance(arrs, np.ndarray) or not isinstance(arrs, Sequence):
             raise InvalidArrayError(f"{argument} must be a list of arrays", argument=argument, reason="type")
         if len(arrs) != self.size:
             raise InvalidArrayError(
                 f"{argument} has {len(arrs)} entries, {self.name} has {self.size} ranks", argument=argument, reason="length"
             )
+        sizes = []
         for i, a in enumerate(arrs):
             flat = as_flat(a, f"{argument}[{i}]", writable=writable)
             self._check_same_dtype(flat, like, f"{argument}[{i}]")
@@ -457,6 +467,8 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
                 raise InvalidArrayError(
                     f"{argument}[{i}] has {flat.size} elements, expected {size}", argument=f"{argument}[{i}]", reason="size"
                 )
+            sizes.append(flat.size)
+        return sizes
 
     # ------------------------------------------------------------------ teardown
 

@@ -138,7 +138,11 @@ def reduce_scatter(
     output: Any = MISSING, input_list: Any = MISSING, op: Any = _SUM, group: ProcessGroup | None = None,
     async_op: bool = False, *, timeout: Any = None, out: Any = MISSING, in_list: Any = MISSING,
 ) -> Work[Any]:
-    """``output`` = the reduction over ranks of their ``input_list[rank]``; returns ``output``."""
+    """``output`` = the reduction over ranks of their ``input_list[rank]``; returns ``output``.
+
+    The chunks may differ in size, as gloo allows: ``input_list[i]`` has the same size on every rank and
+    ``output`` that of ``input_list[rank]``.
+    """
     output = either("reduce_scatter", output, "output", out, "out")
     input_list = either("reduce_scatter", input_list, "input_list", in_list, "in_list")
     return operating(group, "reduce_scatter").reduce_scatter(output, input_list, op, timeout=timeout)

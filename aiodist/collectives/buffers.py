@@ -40,7 +40,7 @@ import numpy as np
 from ..eager import running_task
 from ..errors import InvalidArrayError
 
-__all__ = ["as_flat", "as_flat_list", "byte_view", "unaliased", "claim", "register_task", "release", "EMPTY_OUT", "TASKS", "UNCLAIMED"]
+__all__ = ["as_flat", "as_flat_list", "byte_view", "check_own_chunk", "unaliased", "claim", "register_task", "release", "EMPTY_OUT", "TASKS", "UNCLAIMED"]
 
 EMPTY_OUT = memoryview(bytearray())
 """A writable zero-byte buffer, for receiving empty (barrier) messages."""
@@ -401,6 +401,16 @@ def check_size(flat: np.ndarray, size: int, argument: str) -> None:
     if flat.size != size:
         raise InvalidArrayError(
             f"{argument} has {flat.size} elements, expected {size}", argument=argument, reason="size"
+        )
+
+
+def check_own_chunk(out: np.ndarray, sizes: Sequence[int], rank: int) -> None:
+    """Raise InvalidArrayError unless ``out`` has as many elements as this rank's chunk (``sizes[rank]``)."""
+    if out.size != sizes[rank]:
+        raise InvalidArrayError(
+            f"out has {out.size} elements, expected {sizes[rank]} (the size of in_list[{rank}], this rank's chunk)",
+            argument="out",
+            reason="size",
         )
 
 
