@@ -401,8 +401,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
 
         def body(ch: OpChannel, seq: int) -> Awaitable[None]:
             return _monitored_barrier(ch, wait_all_ranks=wait_all_ranks)
-        return self._runner.collective("monitored_barrier", "monitored_barrier", body, (), t, result=None,
-                                       tell_timeout=self.rank == 0)
+        return self._runner.collective("monitored_barrier", "monitored_barrier", body, (), t, result=None)
 
     # ------------------------------------------------------------------ point to point
 

@@ -26,7 +26,10 @@ A call that fails on this rank alone -- its body raised an error of its own
 arguments before it started (:meth:`OpRunner.refused`: it takes its sequence
 number all the same) -- is reported to the other members: their part of the
 operation fails at once with :class:`~aiodist.errors.PeerCallFailedError`,
-and the members stay in step (the group remains usable).
+and the members stay in step (the group remains usable). So is a call that
+timed out here: a member that comes to it later fails too, rather than
+completing with the contributions that were waiting for it (the ranks would
+disagree on whether the collective happened).
 
 An operation on a group this rank is not a member of does nothing: its
 Work is finished at once (:meth:`OpRunner.absent`, torch's semantics), and
@@ -162,14 +165,10 @@ class OpRunner:
         args: tuple[Any, ...],
         timeout: float | None,
         result: Any = BODY_RESULT,
-        *,
-        tell_timeout: bool = False,
     ) -> Work[Any]:
         """Take the next sequence number now and start ``body(channel, seq, *args)`` as a task.
 
         The operation's result is ``result``, or what ``body`` returns if none is given.
-        ``tell_timeout``: its timeout here is a verdict the other members are told of, as a
-        failure of this rank's own is (monitored_barrier's rank 0: the missing ranks).
         Started eagerly: an operation that never waits (a broadcast root) is finished
         when this returns.
         """
@@ -180,7 +179,7 @@ class OpRunner:
         self.seq += 1
         rec = OpRecord(op, seq, sig)
         loop = asyncio.get_running_loop()
-        task, _ = start_eager(self._run(rec, body, args, result, t, loop, tell_timeout), loop)
+        task, _ = start_eager(self._run(rec, body, args, result, t, loop), loop)
         if not rec.finished:
             self.tasks[task] = None  # (_run forgets it as it ends)
         return Work(task, op=op, seq=seq, record=rec, group=self.name)
@@ -270,7 +269,6 @@ class OpRunner:
         result: Any,
         timeout: float,
         loop: asyncio.AbstractEventLoop,
-        tell_timeout: bool,
     ) -> None:
         """Run one collective; its outcome goes to ``rec`` (see :mod:`aiodist.work`), not to the task.
 
@@ -328,7 +326,7 @@ class OpRunner:
             if error is None:  # a plain cancellation: the task ends cancelled
                 rec.finish(error=e)
                 raise
-            if _own(error) or (tell_timeout and isinstance(error, CollectiveTimeoutError)):
+            if _own(error) or isinstance(error, CollectiveTimeoutError):
                 self._tell_failed(op, seq, error)
             rec.finish(error=error)
             return

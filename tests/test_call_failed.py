@@ -182,3 +182,46 @@ def test_a_root_refused_on_one_rank_keeps_the_group_in_step(case: str) -> None:
     for r, (first, took, total) in enumerate(res.rank_results):
         assert total == 4 and took < SLOW_FAILURE, (r, first, took, total)
         assert first == "InvalidRankError" if r == BAD else first in ("ok", "PeerCallFailedError"), (r, first)
+
+
+LATE = 2  # the rank that comes to the collective after the others timed out
+
+
+async def _late_for_a_timed_out_all_reduce() -> Any:
+    """Ranks 0 and 1 give up on an all_reduce after 2 s; rank 2 comes at 6 s, the others' data waiting for it.
+
+    What each rank's call raised (or its result), then the group's next all_reduce (all on time).
+    """
+    pg = await dist.init_process_group()
+    r = pg.rank
+    g = await dist.new_group(list(range(pg.size)), timeout=2.0)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    x = np.full(8, float(2 ** r))
+    if r == LATE:
+        await asyncio.sleep(6)
+    try:
+        await dist.all_reduce(x, group=g)
+        first: Any = ("ok", x.tolist())
+    except Exception as e:  # noqa: BLE001 - what it raised is the result
+        first = type(e).__name__
+    await asyncio.sleep(t0 + 10 - loop.time())  # (everyone past it, then together again)
+    y = np.ones(2)
+    await dist.all_reduce(y, group=g)
+    return first, y.tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_rank_late_for_a_collective_the_others_timed_out_of_fails_too_not_with_their_data(seed: int) -> None:
+    """Before, the late rank found every contribution waiting and 'succeeded' ([7.0] where the others kept
+    their own values and raised): ranks disagreed on whether the collective happened. Now the ranks that
+    timed out tell the others (as a call that failed there): the late rank's part fails with
+    PeerCallFailedError, and the group's next collective works everywhere."""
+    res = sim.run(_late_for_a_timed_out_all_reduce, world_size=3, seed=seed, trace=False)
+    assert res.ok, res.summary()
+    for r, (first, second) in enumerate(res.rank_results):
+        if r == LATE:
+            assert first == "PeerCallFailedError", (r, first)
+        else:
+            assert first in ("CollectiveTimeoutError", "PeerCallFailedError"), (r, first)
+        assert second == [3.0, 3.0], (r, second)

@@ -69,6 +69,11 @@ class Failures:
         ff = self.since.get(group) if self.since else None
         return ff if ff is not None and seq >= ff.seq else None
 
+    def void_seq(self, group: Any, seq: Any, src: int) -> ErrorFactory | None:
+        """How a receive of operation ``seq`` of ``group`` from ``src`` fails because that operation is void (a
+        member's report: its call failed, or did not match), or None."""
+        return self.seq.get((group, seq, src)) or self.seq.get((group, seq, None))
+
     def factory_for(self, r: Receive) -> ErrorFactory | None:
         """How ``r`` fails at once, or None if nothing failed that it depends on."""
         f = self.group.get(r.group)

@@ -115,6 +115,9 @@ class RouteTable:
             return end(r, RuntimeError(f"two receives posted for the same message {slot!r}"))
         ops = self.ops
         if ops.arrived:  # (nothing buffered: the usual case, no lookups)
+            void = self.failures.seq and self.failures.void_seq(group, seq, r.src)
+            if void:  # a member's call of this operation failed (it timed out there...): the operation is
+                return end(r, void(r))  # void, though its message came before the news (left to settle)
             a = ops.pop(slot)
             if a is not None:
                 return end(r, deliver(r, a.src, a.header, a.payload, a.nbytes))
