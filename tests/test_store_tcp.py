@@ -659,3 +659,24 @@ async def test_a_malformed_reply_is_a_protocol_error_naming_the_server_and_reset
 async def test_a_refusals_text_is_bounded_in_the_exception() -> None:
     e = P.reply_error({"err": "bad", "msg": "x" * 100_000, "key": "k" * 100_000}, "set")
     assert len(str(e)) < 1100 and "more characters" in str(e) and e.key is not None and len(e.key) == 1000
+
+
+# ------------------------------------------------------------ short timeouts: the server's answer counts
+
+
+async def test_a_call_with_a_timeout_of_zero_gets_what_is_there(server: StoreServer) -> None:
+    """Before, a call with timeout 0 (or a few ms) expired in the client before the server's answer could
+    come back: get/wait/queue_pop(timeout=0) always raised StoreTimeoutError, though the key was there."""
+    c = await connect(server)
+    try:
+        await c.set("k", b"v")
+        await c.queue_push("q", b"a")
+        assert await c.get("k", timeout=0) == b"v"
+        await c.wait(["k"], timeout=0)
+        assert await c.queue_pop("q", timeout=0) == b"a"
+        with pytest.raises(StoreTimeoutError):
+            await c.queue_pop("q", timeout=0)  # (empty now: the server says so at once)
+        with pytest.raises(StoreTimeoutError):
+            await c.get("absent", timeout=0.001)
+    finally:
+        await c.close()

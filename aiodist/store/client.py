@@ -55,12 +55,19 @@ log = logging.getLogger("aiodist.store")
 
 _GRACE = 1.0
 """At most this many extra seconds a call waits for the server's own timeout reply before giving up locally
-(a twentieth of the call's timeout when that is less): both say the same, so the grace covers the reply's
-way back only; a stopped or hung server fails a call of timeout ``t`` by ``t + min(1, t/20)`` s."""
+(a twentieth of the call's timeout when that is less, but at least :data:`_MIN_GRACE`): both say the same, so
+the grace covers the reply's way back only; a stopped or hung server fails a call of timeout ``t`` by
+``t + min(1, max(0.05, t/20))`` s."""
+
+_MIN_GRACE = 0.05
+"""The least grace: the server's answer to a call with a timeout of 0 (or a few ms) must have time to come back.
+With none, such a call always expired here first, though the server had answered (with the value, even: a
+``queue_pop(timeout=0)`` on a queue holding items failed, and the item it had popped went back to the queue's
+head later, after another consumer had taken the next one)."""
 
 
 def _grace(timeout: float) -> float:
-    return min(_GRACE, timeout / 20)
+    return min(_GRACE, max(_MIN_GRACE, timeout / 20))
 
 _BACKOFF_FIRST = 0.05
 _BACKOFF_MAX = 1.0
