@@ -41,12 +41,12 @@ def printed_by_fresh_interpreters(code: str, hashseeds: Sequence[str], *, timeou
 
 
 def aiodist_run_source(tmp_path: Path, source: str, n: int, *, timeout: float = 60,
-                       env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``source`` written to ``tmp_path/prog.py`` and run as ``aiodist run -n N prog.py`` (real processes);
-    ``env``: variables added to the environment."""
+                       env: Mapping[str, str] | None = None, options: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """``source`` written to ``tmp_path/prog.py`` and run as ``aiodist run -n N [options] prog.py`` (real
+    processes); ``env``: variables added to the environment."""
     (tmp_path / "prog.py").write_text(source)
     env = {**os.environ, **(env or {}), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    return subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", str(n), "prog.py"], cwd=tmp_path, env=env,
+    return subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", str(n), *options, "prog.py"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 

@@ -140,7 +140,7 @@ def test_a_send_to_a_stopped_rank_fails_when_it_is_declared_failed_wherever_that
     here; 300 s by default), both blocked in the full ring (over TCP both failed in ~3.3 s)."""
     from conftest import aiodist_run_source
 
-    run = aiodist_run_source(tmp_path, STOPPED_SINK, 3, timeout=120)
+    run = aiodist_run_source(tmp_path, STOPPED_SINK, 3, timeout=120, options=["--grace-period", "0.5"])  # (stopped: SIGKILL)
     results = [ln.split("RESULT ")[1] for ln in run.stdout.splitlines() if "RESULT" in ln]
     assert len(results) == 2, run.stdout + run.stderr
     for res in results:

@@ -22,6 +22,7 @@ from aiodist.net.base import Connection, Frame
 from aiodist.net.shm import ShmConnection
 from aiodist.net.shmnet import HostNetwork, connect_local, endpoint_name
 from aiodist.net.shmseg import Segment, SharedMemoryError
+from aiodist.net import tcp_connection
 from aiodist.net.tcp import TCPConnection, TCPNetwork
 
 LOOPS = ["asyncio", "uvloop"]
@@ -276,10 +277,11 @@ def test_the_end_of_the_peer_is_seen_at_once_and_both_rings_are_unmapped(loop: s
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_frames_the_peer_sent_before_it_left_arrive_even_if_our_next_write_fails_first(loop: str) -> None:
+def test_frames_the_peer_sent_before_it_left_arrive_even_if_our_next_write_fails_first(loop: str, monkeypatch: Any) -> None:
     """A Unix socket fails a write at once (EPIPE) once the peer is gone, with its last frames still
     unread in ours: they are delivered before the end (a rank stopped while the others declared it
     failed and left writes its heartbeat first when it resumes; it must still read that it was evicted)."""
+    monkeypatch.setattr(tcp_connection, "_LINGER", 0.2)  # (the peer's close lingers for our end of stream: not 5 s)
 
     async def main() -> None:
         a, b, listener = await pair()
