@@ -200,6 +200,21 @@ class PeerCallFailedError(DistBackendError):
         self.seq = seq
 
 
+class PeerAbandonedError(PeerCallFailedError):
+    """This rank reached another member's array in place (ranks of one host) after that member's call had
+    ended there: it gave up on the operation (a timeout, a cancellation, an error) and may reuse its memory.
+
+    So nothing this rank read of that array can be trusted, and it wrote nothing more into it.
+    ``.rank`` is that member in the group's numbering, ``.global_rank`` in the world's (the one to
+    blame), ``.op`` and ``.seq`` the operation.
+    """
+
+    def __init__(self, message: str, *, rank: int, global_rank: int, op: str, seq: int | None) -> None:
+        super().__init__(message, global_rank=global_rank, seq=seq)
+        self.rank = rank
+        self.op = op
+
+
 class CollectiveTimeoutError(TimeoutError, DistBackendError):
     """A collective or point-to-point operation did not complete in time.
 

@@ -51,10 +51,13 @@ copy into a vanished process waits for the transport to name it).
 Any error inside an engine operation leaves the engine *broken* on that
 rank: its segments are unmapped and later qualifying collectives of the
 group raise GroupError (the peers' buffers may be half-way through a round).
-A rank that gives up on an operation (a timeout) while its peers still read
-its array in place leaves their results of that operation unspecified too, as
-it leaves its own; nothing ever writes into another process's own memory, so
-nothing else of it can be harmed.
+A rank that gives up on an operation (a timeout, a cancellation, an error)
+while its peers still reach its array in place gets its array back before
+its call returns: it fences them off (:mod:`.intranode_fence`), so that none
+of them writes into it any more, and one that read it after (its program may
+have reused it) fails with PeerAbandonedError instead of returning that data.
+Nothing ever writes into another process's own memory (only into shared
+arrays), and staging buffers are never written again after a failure.
 When the connection to a member ends (:data:`aiodist.net.shmseg.PEERS`), the
 group's segments are unmapped at once, so a dead peer's memory is freed.
 
@@ -81,6 +84,7 @@ from ..net.shmhost import host_id, is_real_network, uses_shared_memory
 from ..net import shmpeer
 from ..net.shmseg import PEERS, Segment, SegmentRef, SharedMemoryError
 from ..shared import locate
+from .intranode_fence import CONTROL_BYTES, Fence, abandon, epoch_at
 
 __all__ = [
     "ENGINE_MIN_BYTES", "ENGINE_MIN_BYTES_MANY", "PAIR_MIN_BYTES", "ROUND_BYTES", "NBUF", "CHUNK_BYTES",
@@ -248,12 +252,36 @@ class GroupEngine:
         return seg.array(dtype, (round_ % NBUF) * ROUND_BYTES + offset * itemsize, count)
 
     def describe(self, flat: np.ndarray) -> list[Any] | None:
-        """How peers reach ``flat`` in place: ``["s", segment, offset]`` (shared memory), ``["p", pid, address]``
-        (directly, see :attr:`direct`), or None: only through the staging buffers."""
+        """How peers reach ``flat`` in place: ``["s", segment, offset, epoch]`` (shared memory), ``["p", pid,
+        address, epoch]`` (directly, see :attr:`direct`), or None: only through the staging buffers.
+
+        ``epoch``: this rank's, which its peers check (:mod:`.intranode_fence`)."""
         found = locate(flat)
         if found is not None:
-            return ["s", found[0].pack(), found[1]]
-        return ["p", os.getpid(), flat.ctypes.data] if self.direct else None
+            return ["s", found[0].pack(), found[1], self.epoch()]
+        return ["p", os.getpid(), flat.ctypes.data, self.epoch()] if self.direct else None
+
+    def epoch(self) -> int:
+        """This rank's epoch: how many of its calls gave up while the engine ran (see :mod:`.intranode_fence`).
+
+        -1 once its segments are unmapped (the engine broke): a peer that reaches its array then fails."""
+        seg = self._staging[self.rank] if self._staging else None
+        return -1 if seg is None or seg.closed else seg.load_word(epoch_at(seg))
+
+    def fence(self, rank: int, epoch: int) -> Fence:
+        """The fence of group rank ``rank``'s array, which it described with ``epoch``."""
+        seg = self._staging[rank] if self._staging else None
+        if seg is None or seg.closed:
+            raise GroupError(f"{self.name}: the shared memory of rank {rank} is no longer mapped here")
+        return Fence(rank, seg, epoch)
+
+    def abandon(self) -> None:
+        """This rank's call of an engine operation ends abnormally: fence its peers off its arrays.
+
+        Blocks until no peer is in a copy from or into them (bounded: see
+        :mod:`.intranode_fence`); afterwards a peer that still reaches them fails.
+        """
+        abandon(self._staging[self.rank] if self._staging else None)
 
     def peer_array(self, ref_raw: Any, offset: Any, dtype: Any, count: int) -> np.ndarray:
         """A peer's shared array (segment ``ref_raw``, byte ``offset``: see :meth:`describe`), mapped here."""
@@ -325,7 +353,7 @@ class GroupEngine:
         own: Segment | None = None
         if allowed:
             try:
-                own = Segment.create(NBUF * ROUND_BYTES, name="aiodist-staging")
+                own = Segment.create(NBUF * ROUND_BYTES + CONTROL_BYTES, name="aiodist-staging")
             except SharedMemoryError:
                 allowed = False
         where = 0 if own is None else own.array(np.uint8, 0, 1).ctypes.data  # our mapping's address, for the probe
@@ -386,6 +414,7 @@ class GroupEngine:
         self._close_segments()
 
     def _close_segments(self) -> None:
+        self.abandon()  # (an operation that was running gave up; if none was, nobody is fenced off)
         segs = [s for s in self._staging if s is not None] + list(self._attached.values())
         self._staging = []
         self._attached = {}

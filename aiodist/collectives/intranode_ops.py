@@ -170,14 +170,14 @@ async def _reduce_in_place(
 
     if into is not None:
         if shared[into]:
-            await _direct(eng, ch, lambda: reduce_block(me, [arrays[into]]), peers)
+            await _direct(eng, ch, lambda: reduce_block(me, [arrays[into]]), peers, arrays)
         elif me == into:
 
             def every_block() -> None:
                 for blk in range(p):
                     reduce_block(blk, [arrays[me]])
 
-            await _direct(eng, ch, every_block, peers)
+            await _direct(eng, ch, every_block, peers, arrays)
         else:
             await _done(eng, ch, peers)  # the root reads our array meanwhile
         return
@@ -186,11 +186,11 @@ async def _reduce_in_place(
         for j in peers:
             arrays[j].read_into(offs[j], flat[offs[j] : offs[j + 1]])
 
-    await _direct(eng, ch, lambda: reduce_block(me, [arr for arr in arrays if arr.writable]), [])
+    await _direct(eng, ch, lambda: reduce_block(me, [arr for arr in arrays if arr.writable]), [], arrays)
     if not all(shared):
         await _exchange(eng, ch, peers, peers, key(0, _RED))
         if not shared[me]:
-            await _direct(eng, ch, pull, [])
+            await _direct(eng, ch, pull, [], arrays)
     await _done(eng, ch, peers)
 
 
@@ -228,7 +228,7 @@ async def reduce_scatter(
                 b = min(m, a + tmp.size)
                 _reduce_chunks(combine, [arr.read(a, b, scratch[j]) for j, arr in enumerate(arrays)], [out[a:b]], avg, tmp)
 
-        await _direct(eng, ch, body, peers)
+        await _direct(eng, ch, body, peers, arrays)
         return
 
     def consume(k: int, g: int) -> None:
@@ -265,7 +265,7 @@ async def all_gather(eng: GroupEngine, ch: OpChannel, outs: Sequence[np.ndarray]
             for j in peers:
                 sources[j].read_into(0, targets[j])
 
-        await _direct(eng, ch, body, peers)
+        await _direct(eng, ch, body, peers, list(sources.values()))
         return
 
     def consume(k: int, g: int) -> None:
@@ -316,7 +316,7 @@ async def broadcast(eng: GroupEngine, ch: OpChannel, flat: np.ndarray, root: int
     desc, early = (await eng.hear(ch, [root], key(0, _HELLO)))[root]
     if desc is not None:
         source = _Array(eng, root, desc, data.dtype, n)
-        await _direct(eng, ch, lambda: source.read_into(0, data), [])
+        await _direct(eng, ch, lambda: source.read_into(0, data), [], [source])
         await eng.tell(ch, [root], key(0, _DONE))
         return
     await eng.tell(ch, [root], key(0, _HELLO))
@@ -344,21 +344,30 @@ async def exchange_in_place(
     sender waits for before it returns (its array must stay as it is till then).
     A disagreement on the size shows as a message of the wrong size, as for a
     block sent whole. The smaller blocks are left to the caller.
+
+    This is not an engine operation (:meth:`GroupEngine.run`): failing here
+    leaves the engine as it was, but fences the receivers off this rank's
+    blocks first (:meth:`GroupEngine.abandon`), cancellation included.
     """
     p, me = ch.size, ch.rank
     peers = _others(p, me)
     send_in_place = [j for j in peers if ins[j].nbytes >= minimum]
     recv_in_place = [j for j in peers if outs[j].nbytes >= minimum]
-    for j in send_in_place:
-        await ch.send(j, key_, msgpack.packb([eng.describe(ins[j]), ins[j].nbytes]))
-    for j in recv_in_place:
-        raw = await ch.recv_bytes(j, key_)
-        desc = _unpack_block(raw, outs[j].nbytes, ch, j)
-        block = _Array(eng, j, desc, np.dtype(np.uint8), outs[j].nbytes)
-        await _direct(eng, ch, lambda: block.read_into(0, outs[j].view(np.uint8)), [])
-        await ch.send(j, key_ + (1,), b"")
-    for j in send_in_place:
-        await ch.recv_into(j, key_ + (1,), EMPTY_OUT)
+    try:
+        for j in send_in_place:
+            await ch.send(j, key_, msgpack.packb([eng.describe(ins[j]), ins[j].nbytes]))
+        for j in recv_in_place:
+            raw = await ch.recv_bytes(j, key_)
+            desc = _unpack_block(raw, outs[j].nbytes, ch, j)
+            block = _Array(eng, j, desc, np.dtype(np.uint8), outs[j].nbytes)
+            await _direct(eng, ch, lambda: block.read_into(0, outs[j].view(np.uint8)), [], [block])
+            await ch.send(j, key_ + (1,), b"")
+        for j in send_in_place:
+            await ch.recv_into(j, key_ + (1,), EMPTY_OUT)
+    except BaseException:
+        if send_in_place:
+            eng.abandon()
+        raise
 
 
 def _unpack_block(raw: memoryview, expected: int, ch: OpChannel, src: int) -> Any:

@@ -5,7 +5,8 @@ its start (the hellos, with round 0 published early when it can be), the
 staging path's rounds (publish, a message, then read the peers' buffers),
 and reading or writing a peer's array in place (:class:`_Array`: shared
 memory, or the peer process's memory through the kernel), where a peer that
-vanished under a copy becomes the transport's failure of it.
+vanished under a copy becomes the transport's failure of it, and one that
+gave up on the operation meanwhile a PeerAbandonedError (:mod:`.intranode_fence`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ from typing import Any
 import numpy as np
 
 from ..comm.channel import OpChannel
-from ..errors import GroupError
+from ..errors import GroupError, PeerAbandonedError
 from ..net import shmpeer
-from .intranode import GroupEngine, key
+from .intranode import CHUNK_BYTES, GroupEngine, key
+from .intranode_fence import Abandoned, Fence
 from .ops import Combiner, ReduceOp, combiner, finish_avg
 
 _HELLO, _PUB, _RED, _ACK, _DONE, _NEVER = 0, 1, 2, 3, 4, 5
 
 Kernel = tuple[Combiner, int, np.ndarray]
+
+_PIECE_BYTES = 16 * CHUNK_BYTES
+"""A peer's array is copied out in pieces of this many bytes, its epoch checked between them."""
 
 
 def _others(p: int, me: int) -> list[int]:
@@ -68,27 +73,33 @@ class _Array:
     """A member's array reached in place: a view of it (our own, or mapped shared memory), or its
     process's memory through the kernel (:mod:`aiodist.net.shmpeer`), by element.
 
-    Only views are written: another process's own memory is only ever *read*
-    (a rank that gave up on an operation, a timeout say, may have reused that
-    memory: a late write there would corrupt it; a late read harms nobody
-    else, and a shared segment outlives its owner's use of it).
+    Only views are written: another process's own memory is only ever *read*.
+    A peer's array has its :class:`Fence` (None: our own): the caller holds it
+    around the copies (:func:`_direct`); :meth:`write` checks it before each
+    chunk and :meth:`read_into` between pieces, so that a rank that gave up on
+    the operation gets its array back soon (see :mod:`.intranode_fence`).
     """
 
-    __slots__ = ("rank", "view", "pid", "addr", "itemsize")
+    __slots__ = ("rank", "view", "pid", "addr", "itemsize", "fence")
 
     def __init__(self, eng: GroupEngine, rank: int, desc: Any, dtype: np.dtype[Any], count: int) -> None:
         self.rank = rank
         self.itemsize = dtype.itemsize
         self.view: np.ndarray | None = None
         self.pid = self.addr = 0
+        self.fence: Fence | None = None
         if isinstance(desc, np.ndarray):
             self.view = desc
-        elif isinstance(desc, list) and len(desc) == 3 and desc[0] == "s":
+            return
+        if not (isinstance(desc, list) and len(desc) == 4 and type(desc[3]) is int):
+            raise GroupError(f"{eng.name}: rank {rank} described its array as {desc!r}")
+        if desc[0] == "s":
             self.view = eng.peer_array(desc[1], desc[2], dtype, count)
-        elif isinstance(desc, list) and len(desc) == 3 and desc[0] == "p" and desc[1] == eng.pid_of(rank) and type(desc[2]) is int:
+        elif desc[0] == "p" and desc[1] == eng.pid_of(rank) and type(desc[2]) is int:
             self.pid, self.addr = desc[1], desc[2]  # (only ever the member's own process)
         else:
             raise GroupError(f"{eng.name}: rank {rank} described its array as {desc!r}")
+        self.fence = eng.fence(rank, desc[3])
 
     def read(self, lo: int, hi: int, scratch: np.ndarray) -> np.ndarray:
         """Elements ``lo:hi``: a view, or a copy in ``scratch``."""
@@ -99,10 +110,20 @@ class _Array:
         return out
 
     def read_into(self, lo: int, out: np.ndarray) -> None:
-        if self.view is not None:
+        """Copy elements ``lo : lo + out.size`` into ``out`` (a peer's: in pieces, its epoch checked between)."""
+        if self.fence is None:
+            assert self.view is not None
             out[:] = self.view[lo : lo + out.size]
-        else:
-            self._copy(shmpeer.read, lo, out)
+            return
+        step = max(1, _PIECE_BYTES // self.itemsize)
+        for a in range(0, out.size, step):
+            if a:
+                self.fence.check()
+            piece = out[a : a + step]
+            if self.view is not None:
+                piece[:] = self.view[lo + a : lo + a + piece.size]
+            else:
+                self._copy(shmpeer.read, lo + a, piece)
 
     @property
     def writable(self) -> bool:
@@ -110,6 +131,8 @@ class _Array:
 
     def write(self, lo: int, src: np.ndarray) -> None:
         assert self.view is not None  # (see the class doc)
+        if self.fence is not None:
+            self.fence.check()  # (the owner may have given up: then not one more chunk)
         self.view[lo : lo + src.size] = src
 
     def _copy(self, fn: Callable[[int, int, np.ndarray], None], lo: int, buf: np.ndarray) -> None:
@@ -121,18 +144,55 @@ class _Array:
             raise GroupError(f"cannot reach the array of rank {self.rank} in place: {e}") from None
 
 
-async def _direct(eng: GroupEngine, ch: OpChannel, body: Callable[[], None], peers: Sequence[int]) -> None:
-    """Run ``body`` (copies from and to the members' arrays in place), then *done* with ``peers``.
+async def _direct(
+    eng: GroupEngine, ch: OpChannel, body: Callable[[], None], peers: Sequence[int], arrays: Sequence[_Array]
+) -> None:
+    """Run ``body`` (copies from and to ``arrays``, the members' arrays in place), then *done* with ``peers``.
 
-    A member whose process vanished under a copy is the operation's failure:
-    its PeerFailureError comes from the transport, which notices the same.
+    The peers' arrays are fenced (:mod:`.intranode_fence`) around ``body``:
+    their owners' locks held, and their epochs checked before and after. A
+    member that gave up on the operation meanwhile is the operation's failure
+    (PeerAbandonedError: what was read of its array cannot be trusted); so is
+    a member whose process vanished under a copy: its PeerFailureError comes
+    from the transport, which notices the same. No lock is held past the
+    synchronous part, so a cancellation leaves none behind.
     """
+    fences = [arr.fence for arr in arrays if arr.fence is not None]
     try:
-        body()
+        held: dict[int, Fence] = {}  # per owner: the fence whose lock we hold
+        try:
+            for fence in fences:
+                if fence.rank in held:
+                    fence.check()
+                else:
+                    fence.enter()
+                    held[fence.rank] = fence
+            body()
+            for fence in fences:
+                fence.check()
+        finally:
+            for fence in held.values():
+                fence.leave()
     except _PeerGone as gone:
         await ch.recv_bytes(gone.rank, key(0, _NEVER))  # raises once the transport declares it failed
         raise AssertionError("unreachable: nobody sends this message") from None
+    except Abandoned as left:
+        raise _abandoned(eng, ch, left.rank) from None
     await _done(eng, ch, peers)
+
+
+def _abandoned(eng: GroupEngine, ch: OpChannel, rank: int) -> PeerAbandonedError:
+    """The error of this rank's part of ``ch``'s operation: group rank ``rank`` gave up on it first."""
+    g = ch.comm.ranks[rank]
+    return PeerAbandonedError(
+        f"{ch.op} (seq {ch.seq}) of {eng.name}: rank {rank} (global {g}) ended its call of it (it gave up: a "
+        f"timeout, a cancellation or an error there) while this rank was copying from or into its array in "
+        f"place; this rank's result is not valid",
+        rank=rank,
+        global_rank=g,
+        op=ch.op,
+        seq=ch.seq,
+    )
 
 
 class _Start:

@@ -22,8 +22,10 @@ and its memory is freed.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
+import struct
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from ..errors import AiodistError
 __all__ = ["SharedMemoryError", "SegmentRef", "Segment", "create_memory", "PeerWatch", "PEERS", "PAGE"]
 
 PAGE = mmap.PAGESIZE
+_WORD = struct.Struct("=q")
 
 
 class SharedMemoryError(AiodistError):
@@ -94,13 +97,18 @@ class Segment:
     unmaps it and closes the descriptor (so does the segment's collection);
     arrays made with :meth:`array` keep the mapping (not the descriptor)
     alive until they are collected too.
+
+    Each process's descriptor of a segment is its own open file, so the
+    segment also carries a lock (``flock``) that the processes mapping it
+    take shared or exclusive (:meth:`try_lock`), even two ranks of one process.
     """
 
-    __slots__ = ("ref", "owned", "_map", "view", "_finalizer", "__weakref__")
+    __slots__ = ("ref", "owned", "fd", "_map", "view", "_finalizer", "__weakref__")
 
     def __init__(self, ref: SegmentRef, fd: int, mapping: mmap.mmap, *, owned: bool) -> None:
         self.ref = ref
         self.owned = owned
+        self.fd = fd  # (this process's descriptor: ``ref.fd`` is the owner's)
         self._map: mmap.mmap | None = mapping
         self.view: memoryview | None = memoryview(mapping)
         self._finalizer = weakref.finalize(self, _unmap, fd, mapping, self.view)
@@ -158,6 +166,37 @@ class Segment:
         if self._map is None:
             raise SharedMemoryError(f"{self!r} is closed", reason="closed")
         return np.frombuffer(self._map, dtype=dtype, count=count, offset=offset)
+
+    def load_word(self, offset: int) -> int:
+        """The signed 64-bit word at byte ``offset`` (keeps no view of the mapping, unlike :meth:`array`)."""
+        if self._map is None:
+            raise SharedMemoryError(f"{self!r} is closed", reason="closed")
+        return int(_WORD.unpack_from(self._map, offset)[0])
+
+    def store_word(self, offset: int, value: int) -> None:
+        """Write the signed 64-bit word at byte ``offset`` (see :meth:`load_word`)."""
+        if self._map is None:
+            raise SharedMemoryError(f"{self!r} is closed", reason="closed")
+        _WORD.pack_into(self._map, offset, value)
+
+    def try_lock(self, *, exclusive: bool) -> bool:
+        """Take the segment's lock, shared or exclusive, without waiting; False if another holder prevents it.
+
+        A lock taken or released by the kernel orders this process's memory
+        accesses before it against those of the next process to take it.
+        """
+        if self._map is None:
+            raise SharedMemoryError(f"{self!r} is closed", reason="closed")
+        try:
+            fcntl.flock(self.fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def unlock(self) -> None:
+        """Release the lock :meth:`try_lock` took (nothing if the segment is closed: closing released it)."""
+        if self._map is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         """Unmap and close the descriptor. Idempotent. Arrays of it still alive keep the mapping till they go."""
