@@ -133,7 +133,7 @@ def test_a_late_receiver_of_a_broadcast_whose_root_gave_up_fails(tmp_path: Path,
     _check(_run(tmp_path, "bcast_late", shared=shared))
 
 
-def test_a_receiver_inside_its_copy_when_the_root_gives_up_fails_and_the_root_waits_for_it(tmp_path: Path) -> None:
+def test_a_receiver_inside_its_copy_when_the_root_gives_up_fails(tmp_path: Path) -> None:
     """Rank 1 copies the root's ordinary array straight from its process and is 0.6 s inside its copy
     when the root (timeout 0.3 s) gives up. Before: rank 1 finished the copy after the root had reused
     its array, and returned success with 42s."""
@@ -151,3 +151,38 @@ def test_nothing_is_written_into_the_array_of_a_rank_that_gave_up_on_an_all_redu
     between the chunks it writes into rank 0's array. Before: half of rank 0's array (rank 1's block)
     changed after rank 0's call had returned its timeout."""
     _check(_run(tmp_path, scenario, shared=True))
+
+
+def test_the_fence_waits_for_a_peer_inside_a_copy_and_fails_a_later_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process, two open files of one segment (as owner and peer map it): giving up waits for the lock
+    a peer holds during its copies; the peer then sees the new epoch at its next check; a peer that comes
+    later, or while the owner holds the lock, fails; one quoting the current epoch goes through."""
+    from aiodist.collectives import intranode_fence as fence_mod
+    from aiodist.net.shmseg import Segment
+
+    own = Segment.create(1 << 16)
+    peer = Segment.attach(own.ref)
+    try:
+        inside = fence_mod.Fence(1, peer, 0)
+        inside.enter()
+        monkeypatch.setattr(fence_mod, "WAIT_TRIES", 3)
+        assert fence_mod.abandon(own) is False  # the peer is inside its copy: the owner waited for it
+        with pytest.raises(fence_mod.Abandoned):
+            inside.check()  # (its next chunk)
+        inside.leave()
+        assert fence_mod.abandon(own) is True  # nobody inside: the lock at once (epoch 2 now)
+        late = fence_mod.Fence(1, peer, 0)
+        with pytest.raises(fence_mod.Abandoned):
+            late.enter()
+        assert not late.held
+        assert own.try_lock(exclusive=True)  # the owner giving up right now
+        with pytest.raises(fence_mod.Abandoned):
+            fence_mod.Fence(1, peer, 2).enter()
+        own.unlock()
+        current = fence_mod.Fence(1, peer, 2)
+        current.enter()
+        current.check()
+        current.leave()
+    finally:
+        peer.close()
+        own.close()

@@ -205,8 +205,9 @@ class GroupEngine:
         """Run ``body(self, ch, *args)`` as this group's next engine operation; False if the engine is off.
 
         Waits for the previous engine operation of the group (call order) and,
-        on the group's first one, for the setup. Any error leaves the engine
-        broken (see the module doc) and propagates.
+        on the group's first one, for the setup. Any error (a cancellation
+        too) leaves the engine broken (see the module doc) and propagates once
+        the peers are fenced off this rank's arrays (:meth:`abandon`).
         """
         assert isinstance(ch, OpChannel)  # (engine_for gives engines to OpChannels only)
         prev, done = self._tail, asyncio.get_running_loop().create_future()

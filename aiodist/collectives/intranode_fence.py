@@ -22,7 +22,8 @@ right now), fails its operation with :class:`~aiodist.errors.PeerAbandonedError`
 The kernel orders lock operations, so a peer that takes the lock after the
 owner gave up sees the new epoch, and one that held it made its copies before
 the owner returned. On the path that succeeds this costs two system calls per
-peer and operation, and one word read per chunk written into a peer.
+peer and phase of copies (one or two per operation), and one word read per
+chunk written into a peer's array or per piece read out of it.
 
 The owner waits for the lock :data:`WAIT_TRIES` times :data:`WAIT_PAUSE` at
 most: a peer stopped inside a copy (SIGSTOP) must not hold the rank forever.
