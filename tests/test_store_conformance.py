@@ -17,6 +17,7 @@ import pytest
 from aiodist.errors import (
     AiodistError,
     ConnectionClosedError,
+    InvalidArgumentError,
     StoreError,
     StoreRequestError,
     StoreTimeoutError,
@@ -169,6 +170,31 @@ async def test_add_overflow_is_refused(handles: Factory) -> None:
         await s.add("big", 1)
     assert info.value.code == "overflow"
     assert await s.get("big") == b"%d" % (2**63 - 1)
+
+
+async def test_an_add_amount_beyond_64_bits_is_refused_before_it_is_sent(handles: Factory) -> None:
+    """Before: TCPStore raised "frame header is not serializable" and, a moment later, asyncio printed a
+    StoreTimeoutError nobody retrieved (the request stayed pending with nobody waiting)."""
+    s = await handles()
+    for n in (2**64, 2**63, -(2**63) - 1):
+        with pytest.raises(InvalidArgumentError, match="64 bits"):
+            await s.add("c", n)
+    assert await s.add("c", -(2**63)) == -(2**63)
+    assert await s.check(["c"])
+
+
+async def test_get_of_a_key_that_holds_a_queue_fails_at_once(handles: Factory) -> None:
+    """check/wait count a queue as an existing key; get/multi_get used to wait for a value until their
+    timeout (a wait-then-get stalled for the whole store timeout)."""
+    s = await handles()
+    await s.queue_push("q", b"item")
+    assert await s.check(["q"])
+    await s.set("v", b"1")
+    for call in (lambda: s.get("q", timeout=30), lambda: s.multi_get(["v", "q"], timeout=30)):
+        with pytest.raises(StoreRequestError) as info:
+            await asyncio.wait_for(call(), 10)
+        assert info.value.code == "holds_queue"
+    assert await s.queue_pop("q") == b"item"  # (untouched)
 
 
 async def test_add_wakes_a_waiting_get(handles: Factory) -> None:

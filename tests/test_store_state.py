@@ -275,6 +275,8 @@ def test_against_a_simple_model(ops: list[tuple]) -> None:
             if op[1] in values:
                 assert out[0].value == values[op[1]]
                 settle(out, rid)
+            elif queues.get(op[1]):  # a key that holds a queue and no value: refused at once
+                assert len(out) == 1 and out[0].failure is not None and out[0].failure.code == "holds_queue"
             else:
                 assert out == []
                 blocked[rid] = op

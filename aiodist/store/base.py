@@ -59,16 +59,23 @@ def as_keys(keys: Any) -> list[str]:
     return items
 
 
+AMOUNT_LIMIT = 1 << 63
+"""Add amounts are signed 64-bit integers (as the values they add to): ``-AMOUNT_LIMIT <= n < AMOUNT_LIMIT``."""
+
+
 def as_amount(amount: Any) -> int:
-    """An add amount: an int (not a bool), else TypeError."""
-    if type(amount) is int:
-        return amount
-    if not isinstance(amount, bool):
+    """An add amount: an int (not a bool) of 64 bits, else InvalidArgumentTypeError / InvalidArgumentError."""
+    n: int | None = amount if type(amount) is int else None
+    if n is None and not isinstance(amount, bool):
         try:
-            return operator.index(amount)  # numpy integers too
+            n = operator.index(amount)  # numpy integers too
         except TypeError:
             pass
-    raise InvalidArgumentTypeError(f"store add amounts must be int, not {type(amount).__name__}")
+    if n is None:
+        raise InvalidArgumentTypeError(f"store add amounts must be int, not {type(amount).__name__}")
+    if not -AMOUNT_LIMIT <= n < AMOUNT_LIMIT:
+        raise InvalidArgumentError(f"store add amount {n} does not fit in 64 bits (a signed 64-bit integer)")
+    return n
 
 
 Timeout = float | datetime.timedelta | None

@@ -256,6 +256,10 @@ class TCPStore(ClientOps):
             if self._error is None:
                 self._fail(f"the store server at {self.host}:{self.port} closed the connection: {e}")
             raise self._dead() from None
+        except Exception:  # (the request could not be sent: nothing waits for its reply)
+            self._pending.pop(rid, None)
+            _retrieved(fut)
+            raise
 
     async def _drained(self, rid: int, deadline: float) -> None:
         """Wait for room in the socket buffer, no later than call ``rid``'s deadline (then it expires)."""

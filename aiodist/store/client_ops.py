@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError, ProtocolError, StoreRequestError, StoreTimeoutError
 from ..inflight import waiting_in
 from . import protocol as P
-from .base import Store, Timeout, Value, as_amount, as_key, as_keys, as_timeout, as_value
+from .base import AMOUNT_LIMIT, Store, Timeout, Value, as_amount, as_key, as_keys, as_timeout, as_value
 from .state import KEY_TOO_LARGE, VALUE_TOO_LARGE
 
 _MAX_KEYS_BYTES = 512 * 1024
@@ -151,7 +151,7 @@ class ClientOps(Store):
     async def add(self, key: str, amount: int) -> int:
         if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "add")
-        if type(amount) is not int:
+        if type(amount) is not int or not -AMOUNT_LIMIT <= amount < AMOUNT_LIMIT:
             amount = as_amount(amount)
         r, _ = await self._call({"op": "add", "k": key, "n": amount}, None, "add", key, self.timeout)
         if "err" in r:

@@ -11,6 +11,7 @@ from typing import Any, Final, NamedTuple
 # Error codes carried in replies (and in StoreRequestError.code on the client).
 NOT_INTEGER: Final = "not_integer"
 OVERFLOW: Final = "overflow"
+HOLDS_QUEUE: Final = "holds_queue"  # get/multi_get of a key that holds a queue, not a value
 KEY_TOO_LARGE: Final = "key_too_large"
 VALUE_TOO_LARGE: Final = "value_too_large"
 DUPLICATE_REQUEST: Final = "duplicate_request"

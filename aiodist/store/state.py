@@ -25,8 +25,10 @@ Semantics follow torch.distributed's TCPStore:
   missing key with a non-empty ``expected`` it is ``expected`` (as in torch).
 * Queues live beside keys under the same names: ``check``/``wait`` count a
   non-empty queue as an existing key, ``delete_key`` removes both,
-  ``num_keys`` counts plain keys only. ``queue_push`` hands the value to the
-  oldest waiting ``queue_pop`` (exactly one) or enqueues it.
+  ``num_keys`` counts plain keys only; ``get``/``multi_get`` of a key that
+  holds a queue and no value fail (``code="holds_queue"``) rather than wait.
+  ``queue_push`` hands the value to the oldest waiting ``queue_pop``
+  (exactly one) or enqueues it.
 
 Ordering is deterministic: waiters are kept in insertion-ordered dicts and
 woken oldest first; nothing iterates a set (see :mod:`.waiters`). Replies and
@@ -44,6 +46,7 @@ from .quota import QUOTA_EXCEEDED as QUOTA_EXCEEDED  # a write over a quota (see
 from .quota import Ledger
 from .replies import BAD_REQUEST as BAD_REQUEST
 from .replies import DUPLICATE_REQUEST as DUPLICATE_REQUEST
+from .replies import HOLDS_QUEUE as HOLDS_QUEUE
 from .replies import KEY_TOO_LARGE as KEY_TOO_LARGE
 from .replies import NOT_INTEGER as NOT_INTEGER
 from .replies import OVERFLOW as OVERFLOW
@@ -200,10 +203,18 @@ class StoreState(Waiters):
         value = self._values.get(key)
         if value is not None:
             return [_new_tuple(Reply, (client, request, value, None))]
-        bad = self._bad_key(key)
+        bad = self._bad_key(key) or self._holds_queue("get", key)
         if bad is not None:
             return [Reply(client, request, None, bad)]
         return self._block(client, request, _GET, (key,), key)
+
+    def _holds_queue(self, op: str, key: str) -> Failure | None:
+        """``key`` holds a queue and no value: ``get`` would wait for a value while ``check``/``wait`` say it
+        exists (they count a queue), so it fails at once, saying so."""
+        if key in self._queues and key not in self._values:
+            return Failure(HOLDS_QUEUE, f"{op} of key {key[:64]!r}: it holds a queue, not a value "
+                           "(queue_pop reads it; check and wait count it as existing)", key[:64])
+        return None
 
     def add(self, client: Hashable, request: int, key: str, amount: int) -> list[Reply]:
         """Add ``amount`` to the integer in ``key`` (missing: 0); replies with the new int."""
@@ -298,6 +309,9 @@ class StoreState(Waiters):
             return [Reply(client, request, None, bad)]
         keys = tuple(keys)
         missing = next(k for k in keys if k not in values)
+        queued = self._holds_queue("multi_get", missing) if self._queues else None
+        if queued is not None:
+            return [Reply(client, request, None, queued)]
         return self._block(client, request, _MULTI_GET, keys, missing)
 
     def multi_set(self, client: Hashable, request: int, keys: Sequence[str], values: Sequence[bytes]) -> list[Reply]:
