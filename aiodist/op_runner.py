@@ -197,13 +197,13 @@ class OpRunner:
         self._tell_failed(op, seq, e)
         self.transport.router.settle(self.comm.gid, seq, "", self.comm.members, next(iter(self.running), self.seq))
 
-    def _tell_failed(self, op: str, seq: int, e: BaseException) -> None:
+    def _tell_failed(self, op: str, seq: int, e: BaseException, *, void: bool = False) -> None:
         comm = self.comm
         me = self.transport.rank
         text = f"{op} (seq {seq}) of {self.name} raised there: {type(e).__name__}: {e}"
         for r in comm.ranks:
             if r != me:
-                self.transport.report_call_failed(r, comm.gid, seq, text)  # connects if needed
+                self.transport.report_call_failed(r, comm.gid, seq, text, void=void)  # connects if needed
 
     def spawn(self, start: Callable[[], Awaitable[T]], *, op: str, withdraw: Receive | None = None) -> Work[T]:
         """Run a point-to-point operation (no sequence number) as a task owned here: ``start()``, called in the task.
@@ -327,7 +327,7 @@ class OpRunner:
                 rec.finish(error=e)
                 raise
             if _own(error) or isinstance(error, CollectiveTimeoutError):
-                self._tell_failed(op, seq, error)
+                self._tell_failed(op, seq, error, void=isinstance(error, CollectiveTimeoutError))
             rec.finish(error=error)
             return
         if rec.check is not None:

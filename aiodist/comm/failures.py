@@ -28,12 +28,13 @@ class FailedFrom:
 class Failures:
     """What ends a receive at once, now and later: a failed source, group, operation, or group from a seq on."""
 
-    __slots__ = ("source", "group", "seq", "since", "active")
+    __slots__ = ("source", "group", "seq", "void", "since", "active")
 
     def __init__(self) -> None:
         self.source: dict[int, ErrorFactory] = {}
         self.group: dict[Any, ErrorFactory] = {}
         self.seq: dict[tuple[Any, Any, int | None], ErrorFactory] = {}  # (group, seq, src or None: any)
+        self.void: dict[tuple[Any, Any], ErrorFactory] = {}  # (group, seq): even messages already here do not count
         self.since: dict[Any, FailedFrom] = {}
         self.active = False  # any of them is set (what a receive posted checks first)
 
@@ -50,9 +51,12 @@ class Failures:
         self.group[group] = factory
         self.active = True
 
-    def add_seq(self, group: Any, seq: Any, src: int | None, factory: ErrorFactory) -> None:
-        """Operation ``seq`` of ``group`` is void: its keyed receives from ``src`` (None: any) fail."""
+    def add_seq(self, group: Any, seq: Any, src: int | None, factory: ErrorFactory, *, void: bool = False) -> None:
+        """Operation ``seq`` of ``group`` is void: its keyed receives from ``src`` (None: any) fail (``void``:
+        even those whose message is here already)."""
         self.seq[(group, seq, src)] = factory
+        if void:
+            self.void[(group, seq)] = factory
         self.active = True
 
     def add_since(self, group: Any, seq: int, error: Callable[[], BaseException]) -> FailedFrom | None:
@@ -68,11 +72,6 @@ class Failures:
         """What voids operation ``seq`` of ``group`` (:meth:`add_since` at ``seq`` or before), or None."""
         ff = self.since.get(group) if self.since else None
         return ff if ff is not None and seq >= ff.seq else None
-
-    def void_seq(self, group: Any, seq: Any, src: int) -> ErrorFactory | None:
-        """How a receive of operation ``seq`` of ``group`` from ``src`` fails because that operation is void (a
-        member's report: its call failed, or did not match), or None."""
-        return self.seq.get((group, seq, src)) or self.seq.get((group, seq, None))
 
     def factory_for(self, r: Receive) -> ErrorFactory | None:
         """How ``r`` fails at once, or None if nothing failed that it depends on."""
@@ -105,3 +104,5 @@ class Failures:
         """Forget the failures of ``group``'s operations below ``below`` (None: all of them)."""
         for k in [k for k in self.seq if k[0] == group and (below is None or (type(k[1]) is int and k[1] < below))]:
             del self.seq[k]
+        for v in [v for v in self.void if v[0] == group and (below is None or (type(v[1]) is int and v[1] < below))]:
+            del self.void[v]

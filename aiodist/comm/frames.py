@@ -82,6 +82,7 @@ SEQ: Final = "s"
 TEXT: Final = "m"
 CALLS: Final = "c"
 FOUND: Final = "fb"  # the rank that found a mismatch, when another rank relays its report
+VOID: Final = "v"  # a call-failed report voids the operation: messages already here from anyone do not count
 
 MAX_HANDSHAKE_FRAME: Final = 8 * 1024
 """Bytes a frame may have before the link has authenticated (a hello is ~200)."""
@@ -143,8 +144,11 @@ def mismatch(group: Any, seq: int, text: str, calls: dict[int, Any], found: int 
     return h
 
 
-def call_failed(group: Any, seq: int, text: str) -> Header:
-    return {KIND: CALL_FAILED, GROUP: group, SEQ: seq, TEXT: text}
+def call_failed(group: Any, seq: int, text: str, *, void: bool = False) -> Header:
+    h: Header = {KIND: CALL_FAILED, GROUP: group, SEQ: seq, TEXT: text}
+    if void:
+        h[VOID] = True
+    return h
 
 
 def welcome() -> Header:

@@ -68,5 +68,5 @@ def apply_call_failed(router: Router, reporter: int, h: F.Header) -> str | None:
         return PeerCallFailedError(f"the call failed on global rank {reporter}: {message}", global_rank=reporter,
                                    seq=seq)
 
-    router.fail_seq(gid, seq, None, error)
+    router.fail_seq(gid, seq, None, error, void=h.get(F.VOID) is True)
     return None

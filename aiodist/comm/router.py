@@ -278,13 +278,14 @@ class Router:
         """Fail every receive waiting for ``src`` now and later (buffered messages still deliver)."""
         resolve_all(self.table.fail_source(src, factory))
 
-    def fail_seq(self, group: Any, seq: Any, src: int | None, factory: ErrorFactory) -> None:
+    def fail_seq(self, group: Any, seq: Any, src: int | None, factory: ErrorFactory, *, void: bool = False) -> None:
         """Fail the keyed receives of operation ``seq`` of ``group`` from ``src`` (None: from every source), now and later.
 
-        Used when a rank reported that the call at that sequence number does not match:
-        the whole operation is void, so receives from every source fail at once.
+        Used when a rank reported that the call at that sequence number does not match, or failed
+        there: the whole operation is void, so receives from every source fail at once. ``void``:
+        even a receive whose message is here already (a member timed out of the operation).
         """
-        resolve_all(self.table.fail_seq(group, seq, src, factory))
+        resolve_all(self.table.fail_seq(group, seq, src, factory, void=void))
 
     def fail_from(self, group: Any, seq: int, error: Callable[[], BaseException]) -> None:
         """Fail the keyed receives of every operation of ``group`` at ``seq`` or later, from every source, now and later.

@@ -115,9 +115,9 @@ class RouteTable:
             return end(r, RuntimeError(f"two receives posted for the same message {slot!r}"))
         ops = self.ops
         if ops.arrived:  # (nothing buffered: the usual case, no lookups)
-            void = self.failures.seq and self.failures.void_seq(group, seq, r.src)
-            if void:  # a member's call of this operation failed (it timed out there...): the operation is
-                return end(r, void(r))  # void, though its message came before the news (left to settle)
+            void = self.failures.void and self.failures.void.get((group, seq))
+            if void:  # a member timed out of this operation: it is void, though messages of it came
+                return end(r, void(r))  # before the news (they are left to settle)
             a = ops.pop(slot)
             if a is not None:
                 return end(r, deliver(r, a.src, a.header, a.payload, a.nbytes))
@@ -331,9 +331,11 @@ class RouteTable:
         self.p2p.fail(lambda r: r.src == src, factory, out)
         return out
 
-    def fail_seq(self, group: Any, seq: Any, src: int | None, factory: ErrorFactory) -> list[Completion]:
-        """Fail the keyed receives of operation ``seq`` of ``group`` from ``src`` (None: every source), now and later."""
-        self.failures.add_seq(group, seq, src, factory)
+    def fail_seq(self, group: Any, seq: Any, src: int | None, factory: ErrorFactory, *,
+                 void: bool = False) -> list[Completion]:
+        """Fail the keyed receives of operation ``seq`` of ``group`` from ``src`` (None: every source), now and later
+        (``void``: even those whose message is here already)."""
+        self.failures.add_seq(group, seq, src, factory, void=void)
         return self._fail_posted(
             lambda r: r.group == group and (src is None or r.src == src) and bool(r.key) and r.key[0] == seq, factory
         )

@@ -379,12 +379,14 @@ class Transport:
         """
         self._report_to(dst, F.mismatch(gid, seq, message, calls, found))
 
-    def report_call_failed(self, dst: int, gid: Any, seq: int, message: str) -> None:
+    def report_call_failed(self, dst: int, gid: Any, seq: int, message: str, *, void: bool = False) -> None:
         """Tell rank ``dst`` that our call at ``seq`` of group ``gid`` failed here (``message``: what it raised).
 
-        Fire and forget, as :meth:`report_mismatch`.
+        ``void``: the whole operation is void there, even where every message it needs has come (a call
+        that timed out here: the ranks must not disagree on whether it happened). Fire and forget, as
+        :meth:`report_mismatch`.
         """
-        self._report_to(dst, F.call_failed(gid, seq, message))
+        self._report_to(dst, F.call_failed(gid, seq, message, void=void))
 
     def _report_to(self, dst: int, header: Header) -> None:
         if self._closed or dst == self.rank or not 0 <= dst < self.world_size:
