@@ -404,8 +404,10 @@ class OpRunner:
     def _timed_out(self, op: str, seq: int, ch: OpChannel, timeout: float) -> CollectiveTimeoutError:
         waiting = ch.waiting_for()
         who = ", ".join(f"rank {r} (global {self.comm.ranks[r]})" for r in waiting) or "nobody (stuck locally)"
+        me = self.comm.rank
+        here = f"rank {me}" if self.comm.ranks[me] == me else f"rank {me} (global {self.comm.ranks[me]})"
         return CollectiveTimeoutError(
-            f"{op} (seq {seq}) of {self.name} timed out after {timeout:g}s on rank {self.comm.rank}; "
+            f"{op} (seq {seq}) of {self.name} timed out after {timeout:g}s on {here}; "
             f"still waiting for {who}",
             op=op,
             seq=seq,

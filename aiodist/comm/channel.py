@@ -97,7 +97,10 @@ class GroupComm:
         if g is None:
             e.args = (f"{where}: {e.how or 'a peer failed'}",)
             return e
-        who = f"rank {local} (global rank {g})" if local != g else f"rank {g}"
+        if local is None or local < 0:
+            who = f"global rank {g} (not a member of {self.name})"
+        else:
+            who = f"rank {local} (global rank {g})" if local != g else f"rank {g}"
         e.args = (f"{where}: {who} failed: {e.how or 'unknown'}",)
         return e
 
