@@ -76,7 +76,9 @@ async def test_a_killed_rank_whose_forked_child_lives_on_is_named_at_once(transp
                 continue
             ev = errors.get(r)
             assert ev is not None, f"rank {r} never raised: {errors}"
-            assert ev["type"] == "PeerFailureError" and ev["rank"] == VICTIM, ev
+            # (or, on shared memory, the other survivor gave up on the victim's death first and fenced this
+            # rank off its array: PeerAbandonedError, a consequence, as fast)
+            assert (ev["type"] == "PeerFailureError" and ev["rank"] == VICTIM) or ev["type"] == "PeerAbandonedError", ev
             assert ev["raised"] - t_fault < 1.0, (r, ev["raised"] - t_fault, ev["msg"])
     finally:
         if child is not None:

@@ -4,7 +4,8 @@ Two ranks of one host run the intra-node engine's collectives in place (the
 peer's array read, and written when it is in shared memory). Rank 0 gives up
 (a short timeout) while rank 1 is late, or slow inside its copy, then reuses
 its array (fills it with 42). Rank 1 must then fail with PeerAbandonedError
-naming rank 0 -- never "succeed" with what rank 0 wrote after giving up --
+naming rank 0 (or, when the news of rank 0's timeout came first, with
+PeerCallFailedError naming it) -- never "succeed" with what rank 0 wrote after giving up --
 and nothing may be written into rank 0's array after its call returned.
 
 Before the fence (shm14 probe): the late receiver of a broadcast or an
@@ -124,7 +125,10 @@ def _check(results: dict[int, Any]) -> None:
     root, late = results[0], results[1]
     assert root["outcome"] == "CollectiveTimeoutError", root
     assert root["changed"] == 0 and root["changed_a2a"] == 0, f"rank 0's array was written after its call returned: {root}"
-    assert late["outcome"] == "PeerAbandonedError" and late["blames"] == 0, late
+    # Rank 1 inside its copy when rank 0 gives up: PeerAbandonedError; coming later, it may have heard of
+    # rank 0's timeout first (a timeout voids the operation for every member): PeerCallFailedError naming it.
+    assert (late["outcome"] == "PeerAbandonedError" and late["blames"] == 0) or (
+        late["outcome"] == "PeerCallFailedError" and "failed on global rank 0" in late["msg"]), late
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["own", "shared"])

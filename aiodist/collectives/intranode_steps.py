@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..comm.channel import OpChannel
-from ..errors import GroupError, PeerAbandonedError
+from ..errors import GroupError, PeerAbandonedError, PeerFailureError
 from ..net import shmpeer
 from .intranode import CHUNK_BYTES, GroupEngine, key
 from .intranode_fence import Abandoned, Fence
@@ -177,8 +177,18 @@ async def _direct(
         await ch.recv_bytes(gone.rank, key(0, _NEVER))  # raises once the transport declares it failed
         raise AssertionError("unreachable: nobody sends this message") from None
     except Abandoned as left:
-        raise _abandoned(eng, ch, left.rank) from None
+        raise _known_failure(ch) or _abandoned(eng, ch, left.rank) from None
     await _done(eng, ch, peers)
+
+
+def _known_failure(ch: OpChannel) -> PeerFailureError | None:
+    """The failure of a member this rank knows of already: most likely why the one that gave up did (its
+    death is the root cause to report, not the abandonment it caused)."""
+    comm = ch.comm
+    for g in comm.transport.links.failed():
+        if g in comm.members and g != comm.transport.rank:
+            return comm.localize(comm.transport.peer_error(g), op=ch.op, seq=ch.seq)
+    return None
 
 
 def _abandoned(eng: GroupEngine, ch: OpChannel, rank: int) -> PeerAbandonedError:
