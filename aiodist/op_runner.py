@@ -326,8 +326,9 @@ class OpRunner:
             if error is None:  # a plain cancellation: the task ends cancelled
                 rec.finish(error=e)
                 raise
-            if _own(error) or isinstance(error, CollectiveTimeoutError):
-                self._tell_failed(op, seq, error, void=isinstance(error, CollectiveTimeoutError))
+            timed_out = isinstance(error, CollectiveTimeoutError)  # (void everywhere: see the module doc)
+            if timed_out or _own(error):
+                self._tell_failed(op, seq, error, void=timed_out)
             rec.finish(error=error)
             return
         if rec.check is not None:

@@ -185,7 +185,7 @@ def _known_failure(ch: OpChannel) -> PeerFailureError | None:
     """The failure of a member this rank knows of already: most likely why the one that gave up did (its
     death is the root cause to report, not the abandonment it caused)."""
     comm = ch.comm
-    for g in comm.transport.links.failed():
+    for g in comm.transport.failed_peers():
         if g in comm.members and g != comm.transport.rank:
             return comm.localize(comm.transport.peer_error(g), op=ch.op, seq=ch.seq)
     return None

@@ -102,7 +102,10 @@ class Failures:
 
     def forget_seqs(self, group: Any, below: int | None) -> None:
         """Forget the failures of ``group``'s operations below ``below`` (None: all of them)."""
-        for k in [k for k in self.seq if k[0] == group and (below is None or (type(k[1]) is int and k[1] < below))]:
-            del self.seq[k]
-        for v in [v for v in self.void if v[0] == group and (below is None or (type(v[1]) is int and v[1] < below))]:
-            del self.void[v]
+        def gone(k: tuple[Any, ...]) -> bool:
+            return k[0] == group and (below is None or (type(k[1]) is int and k[1] < below))
+
+        tables: tuple[dict[Any, ErrorFactory], ...] = (self.seq, self.void)
+        for table in tables:
+            for k in [k for k in table if gone(k)]:
+                del table[k]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["own", "disown", "owned_count"]
+__all__ = ["own", "disown"]
 
 _owned: dict[int, tuple[int, int]] = {}  # descriptor -> (device, inode) of the socket it was when owned
 
@@ -43,11 +43,6 @@ def own(fd: int) -> None:
 def disown(fd: int) -> None:
     """Forget ``fd`` (about to be closed). Forgetting is optional: a closed or reused number is checked at fork."""
     _owned.pop(fd, None)
-
-
-def owned_count() -> int:
-    """How many descriptors are owned (for tests; includes ones closed since, until their number is reused)."""
-    return len(_owned)
 
 
 def _open_descriptors(owned: list[int]) -> list[int]:
