@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import pytest
+from conftest import aiodist_run_source
 from rank_procs import RankProcs, emit
 
 WORLD = 3
@@ -146,3 +147,58 @@ def test_a_send_to_a_stopped_rank_fails_when_it_is_declared_failed_wherever_that
     for res in results:
         _, rank, took, *_ = res.split()
         assert took != "sent" and float(took) < 15, results  # (detection: 3 s of silence, then the report)
+
+
+RETRY_AFTER_TIMEOUT = '''
+import asyncio
+import numpy as np
+import aiodist
+from aiodist.collectives import intranode
+
+async def main():
+    pg = await aiodist.init_process_group(timeout=30)
+    n = 1 << 20  # 4 MiB of float32: the shared memory engine
+    x = np.ones(n, np.float32)
+    if WARM:
+        await aiodist.all_reduce(x)  # (else the operation that times out is the engine's setup)
+    if pg.rank == 0:
+        try:
+            await aiodist.all_reduce(x, timeout=0.5)  # rank 1 comes too late
+        except aiodist.CollectiveTimeoutError:
+            print("RESULT 0 timed out", flush=True)
+    else:
+        await asyncio.sleep(2.0)
+        try:
+            await aiodist.all_reduce(x)
+        except aiodist.PeerCallFailedError:  # rank 0 gave up, and said so
+            print("RESULT 1 told", flush=True)
+    first = intranode._ENGINES[pg._comm]
+    broken = repr(first)
+    y = np.full(n, pg.rank + 1, np.float32)
+    await aiodist.all_reduce(y)  # the program goes on
+    z = np.full(3 * n, 2 * pg.rank + 1, np.float64)
+    await aiodist.all_reduce(z)
+    now = intranode._ENGINES[pg._comm]
+    print(f"RESULT {pg.rank} {y.min()} {y.max()} {z.min()} {z.max()} fresh={now is not first} {broken} {now!r}",
+          flush=True)
+    await aiodist.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["in_an_operation", "in_the_setup"])
+def test_after_a_timed_out_engine_operation_the_next_large_collective_works(tmp_path: Any, warm: bool) -> None:
+    """A program that catches a collective's timeout and goes on gets correct results, as it does over TCP.
+
+    Before: the failed operation left the shared memory engine broken for good: every later large
+    collective of the group raised GroupError ("shared memory is unusable after an earlier failure")
+    on every rank. Now the failed operation's segments are never used again (unmapped, its peers
+    fenced off) and the group's next large collective sets the engine up afresh.
+    """
+    proc = aiodist_run_source(tmp_path, f"WARM = {warm}\n" + RETRY_AFTER_TIMEOUT, 2, timeout=60)
+    lines = sorted(line.split("RESULT ", 1)[1] for line in proc.stdout.splitlines() if "RESULT " in line)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    told = [line for line in lines if line.endswith(("timed out", "told"))]
+    assert told == ["0 timed out", "1 told"], lines
+    for r, line in enumerate(line for line in lines if line not in told):
+        assert line.startswith(f"{r} 3.0 3.0 4.0 4.0 fresh=True <GroupEngine world rank={r}/2 broken>"), line
+        assert line.endswith(" on>"), line

@@ -49,8 +49,16 @@ the same as for any collective (a SIGKILLed peer's socket ends at once; a
 copy into a vanished process waits for the transport to name it).
 
 Any error inside an engine operation leaves the engine *broken* on that
-rank: its segments are unmapped and later qualifying collectives of the
-group raise GroupError (the peers' buffers may be half-way through a round).
+rank: its segments are unmapped and never used again (the peers' buffers may
+be half-way through a round); the operations already queued behind it on
+that engine raise GroupError. The group's next qualifying collective sets a
+new engine up, with fresh segments, as if it were the first: a program that
+catches a collective's timeout and goes on gets correct results, as over TCP.
+The members of a failed operation all fail it (the one that gave up tells the
+others), so they all start afresh with the same collective; a member that did
+not (its operation had finished) runs the old engine's protocol against the
+others' setup, and that collective fails too (by its timeout, since the two
+wait for different messages), after which all of them start afresh.
 A rank that gives up on an operation (a timeout, a cancellation, an error)
 while its peers still reach its array in place gets its array back before
 its call returns: it fences them off (:mod:`.intranode_fence`), so that none
@@ -134,7 +142,7 @@ def engine_for(ch: Any, nbytes: int, algorithm: str | None) -> GroupEngine | Non
         return None
     comm = ch.comm
     eng = _ENGINES.get(comm)
-    if eng is None:
+    if eng is None or eng.state is State.BROKEN:  # (broken: its segments are gone; start afresh)
         if not is_real_network(comm.transport.network):
             return None
         eng = _ENGINES[comm] = GroupEngine(comm)
@@ -206,8 +214,10 @@ class GroupEngine:
 
         Waits for the previous engine operation of the group (call order) and,
         on the group's first one, for the setup. Any error (a cancellation
-        too) leaves the engine broken (see the module doc) and propagates once
-        the peers are fenced off this rank's arrays (:meth:`abandon`).
+        too) leaves the engine broken (see the module doc: the group's next
+        collective sets up a new one) and propagates once the peers are fenced
+        off this rank's arrays (:meth:`abandon`). A failed or cancelled setup
+        unmaps what it mapped and leaves the engine to be set up again.
         """
         assert isinstance(ch, OpChannel)  # (engine_for gives engines to OpChannels only)
         prev, done = self._tail, asyncio.get_running_loop().create_future()
@@ -216,7 +226,13 @@ class GroupEngine:
             if prev is not None and not prev.done():
                 await _wait_quietly(prev)
             if self.state is State.UNKNOWN:
-                await self._setup(ch)
+                try:
+                    await self._setup(ch)
+                except BaseException as e:
+                    self.state = State.BROKEN  # (what it mapped is unmapped: the next collective starts afresh)
+                    self.why_broken = f"its setup failed: {type(e).__name__}"
+                    self._close_segments()
+                    raise
             if self.state is State.OFF:
                 return False
             if self.state is State.BROKEN:
@@ -359,7 +375,12 @@ class GroupEngine:
                 allowed = False
         where = 0 if own is None else own.array(np.uint8, 0, 1).ctypes.data  # our mapping's address, for the probe
         mine = [host_id(), allowed, None if own is None else own.ref.pack(), where]
-        table = await _agree(ch, 0, mine, lambda rows: _verdict(rows))
+        try:
+            table = await _agree(ch, 0, mine, lambda rows: _verdict(rows))
+        except BaseException:
+            if own is not None:
+                own.close()
+            raise
         if table is None:
             if own is not None:
                 own.close()
