@@ -45,9 +45,23 @@ from .op_runner import OpRunner, in_step
 from .signatures import chunk_sizes, dtype_name, reduction
 from .work import Work
 
-__all__ = ["MISMATCH_CHECK_AFTER", "WORLD", "WORLD_GROUP_ID", "ProcessGroup", "Work"]
+__all__ = ["MISMATCH_CHECK_AFTER", "WORLD", "WORLD_GROUP_ID", "GroupNumber", "ProcessGroup", "Work"]
 
 WORLD_GROUP_ID = 0
+
+
+class GroupNumber(int):
+    """An int that can also be called: ``pg.rank`` and ``pg.rank()`` (torch's ``ProcessGroup.rank()``) are the same.
+
+    ``pg.rank``/``pg.size`` are aiodist's attributes; torch code calls them
+    (``process_group.size()`` in a DDP communication hook). Either way the
+    value is the number: it compares, hashes, formats and serializes as an int.
+    """
+
+    __slots__ = ()
+
+    def __call__(self) -> int:
+        return int(self)
 
 _DRIVERS: dict[str, Callable[..., Awaitable[Any]]] = {}
 
@@ -125,7 +139,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
 
     def __repr__(self) -> str:
         state = " destroyed" if self._runner.destroyed else "" if self.is_member else " (not a member)"
-        return f"<ProcessGroup {self.name} rank={self.rank}/{self.size}{state}>"
+        return f"<ProcessGroup {self.name} rank={self._comm.rank}/{self._comm.size}{state}>"
 
     # ------------------------------------------------------------------ properties
 
@@ -147,12 +161,14 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         self._checker.check_after = seconds
 
     @property
-    def rank(self) -> int:
-        return self._comm.rank
+    def rank(self) -> GroupNumber:
+        """This rank's number in the group (-1 if not a member); ``pg.rank()`` works too, as in torch."""
+        return GroupNumber(self._comm.rank)
 
     @property
-    def size(self) -> int:
-        return self._comm.size
+    def size(self) -> GroupNumber:
+        """How many ranks the group has; ``pg.size()`` works too, as in torch."""
+        return GroupNumber(self._comm.size)
 
     @property
     def ranks(self) -> list[int]:
@@ -181,11 +197,11 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
     def _check_peer(self, peer: Any, what: str) -> int:
         if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
             raise InvalidArgumentTypeError(f"{what} must be an int rank, not {type(peer).__name__}")
-        if not 0 <= int(peer) < self.size:
+        if not 0 <= int(peer) < self._comm.size:
             raise InvalidRankError(
-                f"{what}={peer} is out of range for {self.name} of {self.size} ranks",
+                f"{what}={peer} is out of range for {self.name} of {self._comm.size} ranks",
                 rank=int(peer),
-                size=self.size,
+                size=self._comm.size,
                 argument=what,
             )
         return int(peer)
@@ -210,7 +226,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         if self._comm.rank < 0:
             return self._runner.absent("broadcast", x)
         root = self._check_peer(src, "src")
-        flat = as_flat(x, "x", writable=self.rank != root)
+        flat = as_flat(x, "x", writable=self._comm.rank != root)
         sig = f"broadcast src={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective("broadcast", sig, _driver("broadcast"), (x, root), timeout, result=x)
 
@@ -220,12 +236,12 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         if self._comm.rank < 0:
             return self._runner.absent("reduce", x)
         root = self._check_peer(dst, "dst")
-        flat = as_flat(x, "x", writable=self.rank == root)
+        flat = as_flat(x, "x", writable=self._comm.rank == root)
         rop, what = reduction(op, flat)
         arg = x
         if type(op) is PremulSum:  # (in place on the root, whose x takes the result; a scaled copy elsewhere)
-            scaled = premultiply(op, flat, in_place=self.rank == root)
-            arg = x if self.rank == root else scaled
+            scaled = premultiply(op, flat, in_place=self._comm.rank == root)
+            arg = x if self._comm.rank == root else scaled
         sig = f"reduce dst={root} {what} n={flat.size}"
         return self._runner.collective("reduce", sig, _driver("reduce"), (arg, root, rop), timeout, result=x)
 
@@ -249,9 +265,9 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         flat = as_flat(x, "x", writable=False)
         oflat = as_flat(out, "out", writable=True)
         self._check_same_dtype(oflat, flat, "out")
-        if oflat.size != flat.size * self.size:
+        if oflat.size != flat.size * self._comm.size:
             raise InvalidArrayError(
-                f"out has {oflat.size} elements, expected {self.size} x {flat.size}", argument="out", reason="size"
+                f"out has {oflat.size} elements, expected {self._comm.size} x {flat.size}", argument="out", reason="size"
             )
         sig = f"all_gather_into_tensor {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective(
@@ -267,7 +283,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("gather")
         flat = as_flat(x, "x", writable=False)
         root = self._check_peer(dst, "dst")
-        if self.rank == root:
+        if self._comm.rank == root:
             if gather_list is None:
                 raise InvalidArgumentError(f"gather: rank {root} is dst and must pass gather_list")
             self._check_list(gather_list, "gather_list", flat, size=flat.size, writable=True)
@@ -287,7 +303,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("scatter", x)
         flat = as_flat(x, "x", writable=True)
         root = self._check_peer(src, "src")
-        if self.rank == root:
+        if self._comm.rank == root:
             if scatter_list is None:
                 raise InvalidArgumentError(f"scatter: rank {root} is src and must pass scatter_list")
             self._check_list(scatter_list, "scatter_list", flat, size=flat.size, writable=False)
@@ -313,7 +329,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         # Chunks may differ in size (torch's gloo accepts it): in_list[i] has the same size on every
         # rank (the signature lists the sizes, so ranks that disagree mismatch) and out that of in_list[rank].
         sizes = self._check_list(in_list, "in_list", oflat, size=None, writable=False)
-        check_own_chunk(oflat, sizes, self.rank)
+        check_own_chunk(oflat, sizes, self._comm.rank)
         if type(op) is PremulSum:  # scaled copies: the inputs are the caller's
             in_list = [premultiply(op, as_flat(a, "in_list", writable=False), in_place=False) for a in in_list]
         sig = f"reduce_scatter {what} {chunk_sizes(sizes)}"
@@ -332,9 +348,9 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         if type(op) is PremulSum:  # a scaled copy: the input is the caller's
             x = flat = premultiply(op, flat, in_place=False)
         self._check_same_dtype(flat, oflat, "x")
-        if flat.size != oflat.size * self.size:
+        if flat.size != oflat.size * self._comm.size:
             raise InvalidArrayError(
-                f"x has {flat.size} elements, expected {self.size} x {oflat.size}", argument="x", reason="size"
+                f"x has {flat.size} elements, expected {self._comm.size} x {oflat.size}", argument="x", reason="size"
             )
         sig = f"reduce_scatter_tensor {what} n={oflat.size}"
         return self._runner.collective(
@@ -371,7 +387,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("all_to_all_single", out)
         # validated (splits too: one size per rank) and cut now (errors before a sequence number is taken); the task only exchanges
         as_flat(out, "out", writable=True)  # a non-contiguous out is staged here, and copied back by the Work
-        outs, ins = single_blocks(out, x, self.size, output_split_sizes, input_split_sizes, rank=self.rank, arg="x")
+        outs, ins = single_blocks(out, x, self._comm.size, output_split_sizes, input_split_sizes, rank=self._comm.rank, arg="x")
         sig = f"all_to_all_single {dtype_name(ins[0].dtype)}"
         return self._runner.collective("all_to_all_single", sig, exchange_blocks, (outs, ins), timeout, result=out)
 
@@ -396,7 +412,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         if self._comm.rank < 0:
             return self._runner.absent("monitored_barrier")
         t = self._runner.timeout_of(timeout)
-        if self.rank != 0:
+        if self._comm.rank != 0:
             t += MONITORED_GRACE
 
         def body(ch: OpChannel, seq: int) -> Awaitable[None]:
@@ -418,8 +434,8 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("send")
         self._runner.check_usable("send")
         peer = self._check_peer(dst, "dst")
-        if peer == self.rank:
-            raise InvalidRankError(f"send: dst={dst} is this rank", rank=peer, size=self.size, argument="dst")
+        if peer == self._comm.rank:
+            raise InvalidRankError(f"send: dst={dst} is this rank", rank=peer, size=self._comm.size, argument="dst")
         start = p2p.send(self._comm, x, peer, tag, timeout=self._runner.timeout_of(timeout))
         return self._runner.spawn(start, op="send")
 
@@ -434,8 +450,8 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("recv", -1)
         self._runner.check_usable("recv")
         peer = None if src is None else self._check_peer(src, "src")
-        if peer is not None and peer == self.rank:
-            raise InvalidRankError(f"recv: src={src} is this rank", rank=peer, size=self.size, argument="src")
+        if peer is not None and peer == self._comm.rank:
+            raise InvalidRankError(f"recv: src={src} is this rank", rank=peer, size=self._comm.size, argument="src")
         start, posted = p2p.recv(self._comm, x, peer, tag, timeout=self._runner.timeout_of(timeout))
         return self._runner.spawn(start, op="recv", withdraw=posted)
 
@@ -454,9 +470,9 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         """Check a list of one array per rank (of ``like``'s dtype, and ``size`` elements if given); their sizes."""
         if isinstance(arrs, np.ndarray) or not isinstance(arrs, Sequence):
             raise InvalidArrayError(f"{argument} must be a list of arrays", argument=argument, reason="type")
-        if len(arrs) != self.size:
+        if len(arrs) != self._comm.size:
             raise InvalidArrayError(
-                f"{argument} has {len(arrs)} entries, {self.name} has {self.size} ranks", argument=argument, reason="length"
+                f"{argument} has {len(arrs)} entries, {self.name} has {self._comm.size} ranks", argument=argument, reason="length"
             )
         sizes = []
         for i, a in enumerate(arrs):

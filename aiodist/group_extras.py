@@ -87,9 +87,9 @@ class ObjectOperations(_GroupParts):
             return self._runner.absent("all_gather_object")
         body: Callable[..., Awaitable[Any]] = all_gather_object
         if object_list is not None:
-            if not isinstance(object_list, list) or len(object_list) < self.size:
+            if not isinstance(object_list, list) or len(object_list) < self._comm.size:
                 raise InvalidArgumentError(
-                    f"all_gather_object: object_list must be a list of at least {self.size} entries (one per rank "
+                    f"all_gather_object: object_list must be a list of at least {self._comm.size} entries (one per rank "
                     f"of {self.name}), got {_describe_list(object_list)}"
                 )
             body = _filling(object_list)
@@ -120,10 +120,10 @@ class ObjectOperations(_GroupParts):
         if self._comm.rank < 0:
             return self._runner.absent("gather_object")
         root = self._check_peer(dst, "dst")
-        if self.rank == root and object_gather_list is not None:
-            if not isinstance(object_gather_list, list) or len(object_gather_list) < self.size:
+        if self._comm.rank == root and object_gather_list is not None:
+            if not isinstance(object_gather_list, list) or len(object_gather_list) < self._comm.size:
                 raise InvalidArgumentError(
-                    f"gather_object: object_gather_list must be a list of at least {self.size} entries on the "
+                    f"gather_object: object_gather_list must be a list of at least {self._comm.size} entries on the "
                     f"destination rank, got {_describe_list(object_gather_list)}"
                 )
         else:
@@ -142,12 +142,12 @@ class ObjectOperations(_GroupParts):
         root = self._check_peer(src, "src")
         if not isinstance(out, list) or not out:
             raise InvalidArgumentError("out must be a list with at least one entry (the received object goes in out[0])")
-        if self.rank == root:
-            if in_list is None or len(in_list) != self.size:
-                raise InvalidArgumentError(f"scatter_object_list: rank {root} must pass in_list of {self.size} objects")
+        if self._comm.rank == root:
+            if in_list is None or len(in_list) != self._comm.size:
+                raise InvalidArgumentError(f"scatter_object_list: rank {root} must pass in_list of {self._comm.size} objects")
         return self._runner.collective(
             "scatter_object_list", f"scatter_object_list src={root}", scatter_object_list,
-            (out, in_list if self.rank == root else None, root), timeout, result=out,
+            (out, in_list if self._comm.rank == root else None, root), timeout, result=out,
         )
 
     def send_object_list(self, object_list: list[Any], dst: int, tag: int = 0, *, timeout: Any = None) -> Work[None]:
@@ -186,8 +186,8 @@ class ObjectOperations(_GroupParts):
             if len(objs) != len(object_list):
                 raise CollectiveMismatchError(
                     f"recv_object_list (tag {tag}) of {self.name}: rank {sender} sent {len(objs)} objects but "
-                    f"rank {self.rank} receives into a list of {len(object_list)}",
-                    calls={sender: f"send_object_list(len={len(objs)})", self.rank: f"recv_object_list(len={len(object_list)})"},
+                    f"rank {self._comm.rank} receives into a list of {len(object_list)}",
+                    calls={sender: f"send_object_list(len={len(objs)})", self._comm.rank: f"recv_object_list(len={len(object_list)})"},
                 )
             object_list[:] = objs
             return sender
@@ -198,8 +198,8 @@ class ObjectOperations(_GroupParts):
         if peer is None and what == "src":
             return None
         r = self._check_peer(peer, what)
-        if r == self.rank:
-            raise InvalidRankError(f"{op}: {what}={peer} is this rank", rank=r, size=self.size, argument=what)
+        if r == self._comm.rank:
+            raise InvalidRankError(f"{op}: {what}={peer} is this rank", rank=r, size=self._comm.size, argument=what)
         return r
 
 
@@ -244,9 +244,9 @@ class CoalescedOperations(_GroupParts):
         if self._comm.rank < 0:
             return self._runner.absent("all_gather_coalesced", output_lists)
         ins = _same_dtype_list(input_list, "input_tensor_list", writable=False)
-        if not isinstance(output_lists, Sequence) or len(output_lists) != self.size:
+        if not isinstance(output_lists, Sequence) or len(output_lists) != self._comm.size:
             raise InvalidArrayError(
-                f"output_tensor_lists must be a list of {self.size} lists (one per rank of {self.name})",
+                f"output_tensor_lists must be a list of {self._comm.size} lists (one per rank of {self.name})",
                 argument="output_tensor_lists", reason="length",
             )
         outs: list[list[np.ndarray]] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import asyncio
 from typing import Any
 
@@ -357,3 +358,27 @@ def test_gather_object_fills_the_first_entries_of_a_longer_list_on_the_destinati
     results = run4(main)
     assert results[1] == [{"rank": 0}, {"rank": 1}, {"rank": 2}, {"rank": 3}, "pre"]
     assert results[0] is None and results[2] is None
+
+
+def test_group_rank_and_size_are_numbers_that_torch_code_can_call() -> None:
+    """torch code calls ``process_group.rank()`` / ``.size()`` (a DDP communication hook does); aiodist's
+    ``pg.rank`` / ``pg.size`` are the numbers. Both forms give the same int. Before: TypeError, 'int' object
+    is not callable."""
+    async def main() -> Any:
+        pg = await dist.init_process_group("gloo")
+        sub = await dist.new_group([1, 2, 3])
+        world = dist.group.WORLD
+        x = np.ones(2)
+        await dist.all_reduce(x, group=pg)
+        x /= pg.size()  # (a hook's averaging)
+        got = (pg.rank(), pg.size(), pg.rank, world.size(), sub.rank(), sub.size(), dist.get_rank(sub), float(x[0]))
+        assert all(type(v()) is int for v in (pg.rank, pg.size, sub.rank))
+        assert json.dumps([pg.rank, sub.size]) == f"[{pg.rank}, 3]" and f"{sub.rank:>2}" == f"{int(sub.rank):>2}"
+        await dist.destroy_process_group()
+        return got
+
+    res = sim.run(main, world_size=4, seed=0)
+    assert res.ok, res.summary()
+    assert res.rank_results == [(0, 4, 0, 4, -1, 3, -1, 1.0), (1, 4, 1, 4, 0, 3, 0, 1.0),
+                                (2, 4, 2, 4, 1, 3, 1, 1.0), (3, 4, 3, 4, 2, 3, 2, 1.0)]
+    assert sim.run(main, world_size=4, seed=0).digest == res.digest
