@@ -226,6 +226,26 @@ def test_tensor_likes_bfloat16_requires_grad_and_non_contiguous() -> None:
         np.testing.assert_array_equal(bf_nc, np.full(4, 3.0))
 
 
+def test_all_to_all_takes_lists_of_tensors() -> None:
+    """Before (torch probe): ``all_to_all(out_list, in_list)`` with torch tensors raised TypeError "Cannot
+    interpret 'torch.int32' as a data type" on every rank: the list's dtype was read as ``np.dtype(t.dtype)``."""
+    async def main() -> Any:
+        pg = await dist.init_process_group()
+        r, p = pg.rank, pg.size
+        ins = [FakeTensor(np.arange(j + 1, dtype=np.int32) + 100 * r, "int32") for j in range(p)]
+        outs = [FakeTensor(np.zeros(r + 1, dtype=np.int32), "int32") for _ in range(p)]
+        bf_in = [FakeTensor.bfloat16(np.full(2, r + 0.5)) for _ in range(p)]
+        bf_out = [FakeTensor.bfloat16(np.zeros(2)) for _ in range(p)]
+        await dist.all_to_all(outs, ins)
+        await dist.all_to_all(bf_out, bf_in)
+        await dist.destroy_process_group()
+        return [o._data.tolist() for o in outs], [o.values().astype(np.float32).tolist() for o in bf_out]
+
+    for r, (got, bf) in enumerate(_sim(main)):
+        assert got == [(np.arange(r + 1) + 100 * j).tolist() for j in range(len(got))]
+        assert bf == [[j + 0.5, j + 0.5] for j in range(len(bf))]
+
+
 def test_a_tensor_on_another_device_is_refused_with_advice_that_fits() -> None:
     with pytest.raises(InvalidArrayError, match=r"on cuda.*x\.cpu\(\)"):
         as_flat(FakeTensor(np.zeros(3), "float32", device="cuda"), "x", writable=True)

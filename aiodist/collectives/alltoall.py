@@ -109,15 +109,15 @@ async def barrier(ch: Channel, seq: int) -> None:
 
 
 def _dtype_of(arrs: Sequence[Any]) -> np.dtype[Any]:
+    """The dtype of the first array of ``arrs`` (a numpy array, a buffer, a tensor), the one the others must have."""
     if isinstance(arrs, Sequence) and not isinstance(arrs, np.ndarray) and arrs:
         first = arrs[0]
-        dt = getattr(first, "dtype", None)
-        if dt is not None:
-            dtype: np.dtype[Any] = np.dtype(dt)
+        if isinstance(first, np.ndarray):
+            dtype: np.dtype[Any] = first.dtype
             return dtype
-        try:
-            return np.asarray(memoryview(first)).dtype
-        except TypeError:
+        try:  # (a tensor's dtype is torch's, not numpy's: the view says which numpy dtype it is)
+            return as_flat(first, "in_list[0]", writable=False).dtype
+        except (InvalidArrayError, TypeError):
             pass
     return np.dtype(np.uint8)  # the list check that follows reports the real problem
 
