@@ -2,21 +2,23 @@
 
 ``batch_isend_irecv([P2POp(aiodist.isend, x, 1), P2POp(aiodist.irecv, y, 1)])``
 starts every operation of the list, in order, and returns their Works (await
-each, or ``asyncio.gather`` them). Every receive is posted and every send
-numbered when the call returns, so a ring exchange written this way cannot
-deadlock, as in torch.
+each, or ``asyncio.gather`` them; or await the list itself: ``await
+batch_isend_irecv(ops)`` waits for all of them and returns the list, so the
+README's rule "``await`` every operation" holds here too). Every receive is
+posted and every send numbered when the call returns, so a ring exchange
+written this way cannot deadlock, as in torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from . import operations
 from .errors import InvalidArgumentError
 from .work import Work
 
-__all__ = ["P2POp", "batch_isend_irecv"]
+__all__ = ["P2POp", "WorkList", "batch_isend_irecv"]
 
 
 class P2POp:
@@ -57,14 +59,39 @@ class P2POp:
         return f"P2POp({what}, {who}, tag={self.tag})"
 
 
-def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work[Any]]:
-    """Start every operation of ``p2p_op_list`` in order; their Works (await them)."""
+class WorkList(list[Work[Any]]):
+    """The Works of :func:`batch_isend_irecv`: a list, that can also be awaited as a whole.
+
+    ``await works`` awaits every Work in order and returns the list; if some
+    failed, the first error is raised once all of them ended (each was awaited,
+    so none is reported as never awaited). Cancelling the awaiter withdraws the
+    receives not yet awaited, as cancelling their own awaiters would.
+    """
+
+    def __await__(self) -> Generator[Any, None, WorkList]:
+        return self._all().__await__()
+
+    async def _all(self) -> WorkList:
+        first: Exception | None = None
+        for w in self:
+            try:
+                await w
+            except Exception as e:  # (the others still end and are awaited)
+                if first is None:
+                    first = e
+        if first is not None:
+            raise first
+        return self
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> WorkList:
+    """Start every operation of ``p2p_op_list`` in order; their Works (await them, or the list)."""
     if isinstance(p2p_op_list, P2POp) or not isinstance(p2p_op_list, Sequence) or not p2p_op_list:
         raise InvalidArgumentError("batch_isend_irecv: p2p_op_list must be a non-empty list of P2POp")
     for i, p in enumerate(p2p_op_list):
         if not isinstance(p, P2POp):
             raise InvalidArgumentError(f"batch_isend_irecv: p2p_op_list[{i}] is a {type(p).__name__}, not a P2POp")
-    works: list[Work[Any]] = []
+    works = WorkList()
     try:
         for p in p2p_op_list:
             if p.op is operations.isend:

@@ -377,11 +377,14 @@ class InvalidArgumentTypeError(AiodistError, TypeError):
 # --------------------------------------------------------------------- collectives (appended)
 
 
-class UnsupportedReduceOpError(InvalidArgumentTypeError):
+class UnsupportedReduceOpError(InvalidArgumentTypeError, ValueError):
     """A reduction operator does not apply to an array's dtype (e.g. BXOR on floats).
 
     Raised before any communication. ``.op`` is the operator's name
-    (``"BXOR"``), ``.dtype`` the numpy dtype's name (``"float32"``).
+    (``"BXOR"``), ``.dtype`` the numpy dtype's name (``"float32"``). Also a
+    TypeError, a RuntimeError and a ValueError: torch raises ValueError for some
+    of these (MAX on complex tensors) and RuntimeError for others, and code
+    ported from it catches either.
     """
 
     def __init__(self, message: str, *, op: str, dtype: str) -> None:

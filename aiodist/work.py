@@ -323,7 +323,23 @@ class Work(Generic[T]):
         rec = self._rec
         return rec.finished if rec is not None else self._task.done()
 
-    is_completed = done  # (torch's name)
+    def is_completed(self) -> bool:
+        """torch's name for :meth:`done`; a finished operation that succeeded counts as awaited.
+
+        torch code polls ``req.is_completed()`` and then reads the tensor: that
+        consumed the result. One that failed stays booked as never awaited until
+        its error is looked at (``await``, ``result()``, ``exception()``), so the
+        error is not lost.
+        """
+        if not self.done():
+            return False
+        rec = self._rec
+        if rec is not None:
+            if rec.error is None:
+                self._settle()
+        elif not self._task.cancelled() and self._task.exception() is None:
+            self._settle()
+        return True
 
     def get_future(self) -> Future[T]:
         """A future of the operation's result (or error), resolved when it ends (torch's ``get_future``).

@@ -72,6 +72,8 @@ def test_reduce_into_every_op_and_dtype(op: ReduceOp, dtype: str) -> None:
             check_op_dtype(op, dtype)
         assert info.value.op == op.name and info.value.dtype == np.dtype(dtype).name
         assert isinstance(info.value, TypeError) and isinstance(info.value, AiodistError)
+        # torch raises ValueError (MAX on complex) or RuntimeError (AVG on int): ported code catches either
+        assert isinstance(info.value, ValueError) and isinstance(info.value, RuntimeError)
         assert op.name in str(info.value) and np.dtype(dtype).name in str(info.value)
         with pytest.raises(UnsupportedReduceOpError):
             reduce_into(a.copy(), b, op)

@@ -50,6 +50,31 @@ async def test_batch_isend_irecv_runs_a_ring_over_tcp() -> None:
     assert await run_world(4, ring_with_batch) == [3.0, 0.0, 1.0, 2.0]
 
 
+def test_the_list_batch_isend_irecv_returns_can_be_awaited_as_a_whole() -> None:
+    """The README's rule is "await every operation": ``await dist.batch_isend_irecv(ops)`` waits for all of
+    them and returns the list (before: TypeError, "object list can't be used in 'await' expression"). An error
+    of one is raised once all ended, and none is left un-awaited."""
+    async def main() -> Any:
+        pg = await dist.init_process_group("gloo")
+        r, n = pg.rank, pg.size
+        got = np.zeros(1)
+        ops = [dist.P2POp(dist.irecv, got, (r - 1) % n), dist.P2POp(dist.isend, np.array([float(r)]), (r + 1) % n)]
+        works = await dist.batch_isend_irecv(ops)
+        assert len(works) == 2 and all(w.is_completed() for w in works)
+        bad = np.zeros(2)  # (rank 0 receives a 1-element message into it: a mismatch, raised after the send ended)
+        ops = [dist.P2POp(dist.isend, np.array([1.0]), (r + 1) % n, tag=1),
+               dist.P2POp(dist.irecv, bad if r == 0 else np.zeros(1), (r - 1) % n, tag=1)]
+        try:
+            await dist.batch_isend_irecv(ops)
+            error = None
+        except dist.AiodistError as e:
+            error = type(e).__name__
+        await dist.destroy_process_group()
+        return got[0], error, dist.unawaited_operations()
+
+    assert run4(main) == [(3.0, "CollectiveMismatchError", []), (0.0, None, []), (1.0, None, []), (2.0, None, [])]
+
+
 def test_p2pop_refuses_what_is_not_isend_or_irecv() -> None:
     with pytest.raises(ValueError, match="isend or aiodist.irecv"):
         dist.P2POp(dist.all_reduce, np.ones(1), 1)

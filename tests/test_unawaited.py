@@ -201,3 +201,63 @@ def test_mypy_flags_a_dropped_work_with_unused_awaitable(tmp_path: Path) -> None
                               "--cache-dir", str(tmp_path / "cache")])
     assert status == 1 and 'forgot.py:6: error: Value of type "Work[Any]" must be used  [unused-awaitable]' in out, out
     assert out.count("error:") == 1, out
+
+
+async def test_a_script_that_destroys_its_group_still_fails_for_a_work_it_held_but_never_awaited(tmp_path: Path) -> None:
+    """Before (torch probe): a script's own ``asyncio.run(main())`` that destroyed its group itself ended with
+    only a RuntimeWarning for an operation whose Work it still held (exit 0), while the simulator failed the
+    same program ("main returned: 1 operation ... never awaited"). Now both fail it."""
+    run = await launch_source(
+        tmp_path,
+        """
+        import asyncio
+        import numpy as np
+        import aiodist
+
+        async def main():
+            await aiodist.init_process_group()
+            g = np.ones(4)
+            w = aiodist.all_reduce(g)
+            await asyncio.sleep(0.2)
+            await aiodist.destroy_process_group()
+
+        if __name__ == "__main__":
+            asyncio.run(main())
+        """,
+        2,
+    )
+    blame = run.result.root_cause
+    assert not run.result.ok and blame is not None and blame.kind == "raised", run.logs
+    assert "UnawaitedOperationError" in blame.message and "all_reduce #0 of world (prog.py:9 in main)" in blame.message
+
+
+def test_polling_is_completed_consumes_a_success_and_keeps_a_failure_booked() -> None:
+    """torch code polls ``req.is_completed()`` and then reads the tensor. Before (torch probe): such a Work still
+    counted as never awaited, and the simulator failed the program at its end. A failed one stays booked (its
+    error would be lost otherwise)."""
+    async def main() -> Any:
+        pg = await dist.init_process_group()
+        x = np.zeros(1)
+        if pg.rank == 0:
+            req = dist.irecv(x, src=1)
+            for _ in range(1000):
+                if req.is_completed():
+                    break
+                await asyncio.sleep(0.001)
+            bad = dist.recv(np.zeros(3), src=1, tag=1)  # (a 1-element message: it fails)
+            for _ in range(1000):
+                if bad.is_completed():
+                    break
+                await asyncio.sleep(0.001)
+            left = unawaited_operations()
+            assert isinstance(bad.exception(), dist.CollectiveMismatchError)  # (looked at: no longer booked)
+        else:
+            await dist.send(np.array([5.0]), 0)
+            await dist.send(np.array([1.0]), 0, tag=1)
+            left = []
+        await dist.destroy_process_group()
+        return float(x[0]), [op.split()[0] for op in left]
+
+    res = sim.run(main, world_size=2, seed=0)
+    assert res.ok, res.summary()
+    assert res.rank_results == [(5.0, ["recv"]), (0.0, [])]
