@@ -333,11 +333,7 @@ class Work(Generic[T]):
         """
         if not self.done():
             return False
-        rec = self._rec
-        if rec is not None:
-            if rec.error is None:
-                self._settle()
-        elif not self._task.cancelled() and self._task.exception() is None:
+        if self._succeeded():
             self._settle()
         return True
 
@@ -403,9 +399,12 @@ class Work(Generic[T]):
 
     def is_success(self) -> bool:
         """True when it finished without an error (looking at a finished one counts as awaiting it)."""
-        rec = self._rec
         if self.done():
             self._settle()
+        return self._succeeded()
+
+    def _succeeded(self) -> bool:
+        rec = self._rec
         if rec is not None:
             return rec.finished and rec.error is None
         return self._task.done() and not self._task.cancelled() and self._task.exception() is None

@@ -32,7 +32,7 @@ async def all_to_all(ch: Channel, seq: int, out_list: Sequence[Any], in_list: Se
     CollectiveMismatchError). Cancellation leaves ``out_list`` partly written.
     """
     p = ch.size
-    ins = as_flat_list(in_list, "in_list", count=p, dtype=_dtype_of(in_list), size=None, writable=False)
+    ins = as_flat_list(in_list, "in_list", count=p, dtype=None, size=None, writable=False)
     outs = as_flat_list(out_list, "out_list", count=p, dtype=ins[0].dtype, size=None, writable=True)
     await exchange_blocks(ch, seq, outs, unaliased(ins, outs, in_place=(ch.rank, outs[ch.rank])))
     return list(out_list)
@@ -106,20 +106,6 @@ async def barrier(ch: Channel, seq: int) -> None:
 
 
 # ------------------------------------------------------------------ internals
-
-
-def _dtype_of(arrs: Sequence[Any]) -> np.dtype[Any]:
-    """The dtype of the first array of ``arrs`` (a numpy array, a buffer, a tensor), the one the others must have."""
-    if isinstance(arrs, Sequence) and not isinstance(arrs, np.ndarray) and arrs:
-        first = arrs[0]
-        if isinstance(first, np.ndarray):
-            dtype: np.dtype[Any] = first.dtype
-            return dtype
-        try:  # (a tensor's dtype is torch's, not numpy's: the view says which numpy dtype it is)
-            return as_flat(first, "in_list[0]", writable=False).dtype
-        except (InvalidArrayError, TypeError):
-            pass
-    return np.dtype(np.uint8)  # the list check that follows reports the real problem
 
 
 def _splits(splits: Sequence[int] | None, rows: int, p: int, argument: str) -> list[int]:

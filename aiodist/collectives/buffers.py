@@ -307,9 +307,9 @@ def release(task: Any, *, ok: bool) -> None:
 
 
 def as_flat_list(
-    arrs: Sequence[Any], argument: str, *, count: int, dtype: np.dtype[Any], size: int | None, writable: bool
+    arrs: Sequence[Any], argument: str, *, count: int, dtype: np.dtype[Any] | None, size: int | None, writable: bool
 ) -> list[np.ndarray]:
-    """Validate a list of ``count`` arrays of ``dtype`` (each of ``size`` elements if given)."""
+    """Validate a list of ``count`` arrays of ``dtype`` (None: the first one's; each of ``size`` elements if given)."""
     if isinstance(arrs, np.ndarray) or not isinstance(arrs, Sequence):
         raise InvalidArrayError(f"{argument} must be a list of arrays", argument=argument, reason="type")
     if len(arrs) != count:
@@ -320,6 +320,8 @@ def as_flat_list(
     for i, a in enumerate(arrs):
         name = f"{argument}[{i}]"
         flat = as_flat(a, name, writable=writable)
+        if dtype is None:
+            dtype = flat.dtype
         check_dtype(flat, dtype, name)
         if size is not None:
             check_size(flat, size, name)

@@ -229,9 +229,7 @@ class GroupEngine:
                 try:
                     await self._setup(ch)
                 except BaseException as e:
-                    self.state = State.BROKEN  # (what it mapped is unmapped: the next collective starts afresh)
-                    self.why_broken = f"its setup failed: {type(e).__name__}"
-                    self._close_segments()
+                    self._break(f"its setup failed: {type(e).__name__}")  # (the next collective starts afresh)
                     raise
             if self.state is State.OFF:
                 return False
@@ -430,7 +428,7 @@ class GroupEngine:
             self._break(f"the connection to a member (pid {pid}) ended")
 
     def _break(self, why: str) -> None:
-        if self.state is State.ON:
+        if self.state is State.ON or self.state is State.UNKNOWN:  # (OFF stays off; BROKEN keeps its first why)
             self.state = State.BROKEN
             self.why_broken = why
         self._close_segments()

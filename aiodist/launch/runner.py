@@ -30,22 +30,18 @@ async def _await(aw: Awaitable[Any]) -> Any:
 async def _main_then_finish(aw: Awaitable[Any], *, always: bool = True) -> Any:
     """Await a rank's main, then finish the rank; how it ended is recorded while the loop still runs.
 
-    ``always=False`` (a script's own ``asyncio.run``): the rank's groups are
-    destroyed only if it still has a default group; operations never awaited
-    are an error either way, as in the simulator (before, a script that
+    ``always=False`` (a script's own ``asyncio.run``): its end is not recorded
+    here (the script may go on). Either way the rank is finished: its groups
+    destroyed if it still has them, and operations never awaited an error, as
+    in the simulator (:func:`~aiodist.api.finish_rank`; before, a script that
     destroyed its group itself ended with only a RuntimeWarning for them).
     """
     from ..api import finish_failed_rank, finish_rank
-    from ..context import get_default_group
-    from ..unawaited import raise_if_unawaited
     from . import outcome
 
     try:
         result = await aw
-        if always or get_default_group() is not None:
-            await finish_rank()
-        else:
-            raise_if_unawaited("main returned")
+        await finish_rank()
     except BaseException as exc:
         outcome.rank_ended(exc)
         what = outcome.raised_text(outcome.describe_exception(exc)) if isinstance(exc, Exception) else None
