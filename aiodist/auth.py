@@ -123,15 +123,16 @@ def new_secret() -> str:
 
 
 def read_secret_file(path: str | os.PathLike[str]) -> bytes:
-    """The secret kept in ``path``; refuses a file that other users may read or write."""
+    """The secret kept in ``path``; refuses a file that anyone but its owner may read, write or run."""
     p = os.fspath(path)
     try:
         st = os.stat(p)
     except OSError as e:
         raise SecretFileError(f"secret file {p!r} cannot be read: {e.strerror or e}", path=p) from None
-    if st.st_mode & (stat.S_IROTH | stat.S_IWOTH):
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):  # (as ssh refuses a private key: the owner's alone)
+        who = "every user" if st.st_mode & stat.S_IRWXO else "its group"
         raise SecretFileError(
-            f"secret file {p!r} is readable or writable by every user (mode {stat.S_IMODE(st.st_mode):o}); "
+            f"secret file {p!r} is readable or writable by {who} (mode {stat.S_IMODE(st.st_mode):o}); "
             f"make it private first: chmod 600 {p}",
             path=p,
         )

@@ -104,7 +104,7 @@ def _check_rank(rank: int, world_size: int) -> None:
 class _StoreAccess:
     """How this rank reaches (and, as rank 0, serves) the job's store."""
 
-    secret: bytes | None
+    secret: bytes | None = field(repr=False)  # (never in a repr: a log line or traceback could show it)
     ssl: Any = None  # an aiodist.tls.TLS, an SSLContext usable on both sides, or None
     limits: Any = None  # StoreLimits for the server rank 0 starts
 

@@ -146,7 +146,14 @@ def test_resolve_secret_sources(tmp_path, monkeypatch, caplog):
     f.chmod(0o644)
     with pytest.raises(auth.SecretFileError) as e:
         auth.resolve_secret(environ={"AIODIST_SECRET_FILE": str(f)})
-    assert "chmod 600" in str(e.value)
+    assert "chmod 600" in str(e.value) and "every user" in str(e.value)
+    for mode in (0o640, 0o620, 0o660):  # (before: accepted; a group member could read or replace the secret)
+        f.chmod(mode)
+        with pytest.raises(auth.SecretFileError, match="readable or writable by its group"):
+            auth.resolve_secret(environ={"AIODIST_SECRET_FILE": str(f)})
+    f.chmod(0o400)
+    assert auth.resolve_secret(environ={"AIODIST_SECRET_FILE": str(f)}) == b"filesecret"
+    f.chmod(0o600)
     with caplog.at_level("WARNING"):
         monkeypatch.setattr(auth, "_warned_insecure", False)
         assert auth.resolve_secret(environ={"AIODIST_INSECURE": "1"}) is None
@@ -181,3 +188,12 @@ def test_token_source_is_per_context():
 
     assert contextvars.copy_context().run(seeded) == b"\1\1\1\1"
     assert context._entropy.get() is None  # outside: os.urandom
+
+
+def test_the_records_that_hold_a_secret_never_show_it() -> None:
+    """Before: repr() of these dataclasses printed the secret (a log line or a traceback's locals could show it)."""
+    from aiodist.launch.elastic import _WorkersStore
+    from aiodist.rendezvous import _StoreAccess
+
+    for record in (_StoreAccess(b"TOPSECRET"), _WorkersStore("h", 1, b"TOPSECRET", None, True, 2)):
+        assert "TOPSECRET" not in repr(record) and record.secret == b"TOPSECRET"

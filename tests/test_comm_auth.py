@@ -119,6 +119,26 @@ async def test_frames_are_limited_before_authentication(closing: list[Transport]
         writer.close()
 
 
+DEEP = b"\x91" * 1000 + b"\xc0"  # msgpack: a list nested 1000 deep
+
+
+async def test_a_strangers_deeply_nested_hello_is_refused_in_one_line(closing: list[Transport], caplog: Any) -> None:
+    """Before: formatting its job id raised RecursionError out of the handshake: a traceback logged per
+    connection, without a secret and without a rate limit."""
+    (t,) = await start(1, MemoryStore())
+    closing.append(t)
+    assert t.address is not None
+    hello = b"\x82\xa1t\xa5hello\xa3job" + DEEP
+    for _ in range(3):
+        reader, writer = await asyncio.open_connection(*t.address)
+        writer.write(PREAMBLE + struct.pack("<IQ", len(hello), 0) + hello)
+        await writer.drain()
+        await asyncio.wait_for(reader.read(), 5)  # answered, then closed
+        writer.close()
+    assert not [r for r in caplog.records if r.exc_info or "RecursionError" in r.getMessage()], caplog.text
+    assert t.connected_peers() == []
+
+
 async def test_a_refusal_never_names_this_ranks_job(closing: list[Transport]) -> None:
     store = MemoryStore()
     (current,) = [await Transport.start(rank=0, world_size=2, job_id="secret-job-2", store=store, key_prefix="t/",

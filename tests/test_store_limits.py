@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
+from typing import Any
 
+import msgpack
 import pytest
 
 from aiodist.errors import StoreConnectTimeoutError, StoreRequestError, StoreTimeoutError
 from aiodist.store import StoreServer, TCPStore
 from aiodist.store.limits import StoreLimits
 from aiodist.store.waiters import waiter_cost
+from aiodist.store import protocol as P
+from aiodist.wire import PREAMBLE
 from store_wire import frame, handshake, read_frame
 
 HOST = "127.0.0.1"
+SECRET = b"s" * 32
 
 
 async def until(cond, timeout: float = 5.0) -> None:
@@ -50,21 +56,54 @@ async def test_over_the_connection_limit_clients_wait_and_refusals_are_logged_on
 
 
 async def test_sockets_stuck_in_their_handshake_cannot_crowd_out_real_clients() -> None:
-    async with await StoreServer.start(HOST, 0, max_handshakes=2, handshake_timeout=0.5) as srv:
+    """A new connection over ``max_handshakes`` closes the oldest one still in its handshake. Before, the new
+    one was refused: a flood of silent sockets, renewed as they timed out, kept every genuine client out."""
+    async with await StoreServer.start(HOST, 0, max_handshakes=2, handshake_timeout=30) as srv:
         clients = [await TCPStore.connect(HOST, srv.port, timeout=5) for _ in range(4)]  # authenticated: not counted
         stuck = [await asyncio.open_connection(HOST, srv.port) for _ in range(2)]  # never authenticate
         await until(lambda: srv._admission.handshaking == 2)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        async with await TCPStore.connect(HOST, srv.port, timeout=5) as late:  # busy until the stuck ones time out
+        async with await TCPStore.connect(HOST, srv.port, timeout=5) as late:  # at once, not after 30 s
             assert await late.add("n", 1) == 1
-        assert 0.3 < loop.time() - t0 < 4.0
-        assert srv._admission.refused > 0
+        assert loop.time() - t0 < 3.0
+        assert srv._admission.evicted >= 1 and srv._admission.refused == 0
+        try:  # the oldest was closed (reset) for it
+            assert await asyncio.wait_for(stuck[0][0].read(), 5) == b""
+        except ConnectionResetError:
+            pass
         for c in clients:
             assert await c.add("n", 1) > 1
             await c.close()
         for _, w in stuck:
             w.close()
+        await until(lambda: srv._admission.handshaking == 0 and srv._admission.open == 0)
+
+
+async def test_a_deeply_nested_hello_or_request_is_refused_in_one_line(caplog: Any) -> None:
+    """Before: formatting the peer's value raised RecursionError: a traceback logged per connection (before
+    authentication: by anyone), and after it the connection was dropped with no reply."""
+    deep = b"\x91" * 1000 + b"\xc0"  # msgpack: a list nested 1000 deep
+    async with await StoreServer.start(HOST, 0, secret=SECRET) as srv:
+        for field in (b"\xa1v", b"\xa2op"):
+            hello = b"\x83\xa2op\xa5hello\xa5proto" + msgpack.packb(P.PROTO) + field + deep
+            if field == b"\xa2op":
+                hello = b"\x82\xa5proto" + msgpack.packb(P.PROTO) + field + deep
+            r, w = await asyncio.open_connection(HOST, srv.port)
+            w.write(PREAMBLE + struct.pack("<IQ", len(hello), 0) + hello)
+            await w.drain()
+            assert await asyncio.wait_for(r.read(), 5)  # an error frame, then closed
+            w.close()
+        r, w = await asyncio.open_connection(HOST, srv.port)
+        assert (await handshake(r, w, SECRET)).get("op") == "hello"  # (the welcome) then an authenticated deep op:
+        request = b"\x82\xa2id\x01\xa2op" + deep
+        w.write(struct.pack("<IQ", len(request), 0) + request)
+        head, _ = await read_frame(r)
+        assert head["err"] == P.UNKNOWN_OP and head["id"] == 1, head
+        w.close()
+        async with await TCPStore.connect(HOST, srv.port, secret=SECRET, timeout=5) as c:
+            assert await c.add("n", 1) == 1  # still serving
+    assert not [r for r in caplog.records if r.exc_info or "RecursionError" in r.getMessage()], caplog.text
 
 
 async def test_quotas_refuse_the_writer_with_a_clear_error() -> None:

@@ -377,6 +377,20 @@ async def test_idle_connection_is_closed_but_pinging_client_survives() -> None:
             assert await c.add("alive", 1) == 1
 
 
+async def test_a_forged_tiny_idle_limit_in_the_welcome_does_not_make_the_client_spin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The welcome is not authenticated: a man in the middle set its idle limit to 1e-9 s and the client pinged
+    every 0.25 ns (~50,000 pings a second, a core busy), with no error. Now it pings every 10 ms at most."""
+    real = P.hello_reply
+    monkeypatch.setattr(P, "hello_reply", lambda **kw: {**real(**kw), "idle": 1e-9})
+    async with await StoreServer.start(HOST, 0, idle_timeout=None) as srv:
+        async with await connect(srv) as c:
+            await asyncio.sleep(0.3)
+            assert c._sent < 60, c._sent  # (before: tens of thousands)
+            assert await c.add("alive", 1) == 1
+
+
 async def test_connection_waiting_for_a_key_is_not_idle() -> None:
     async with await StoreServer.start(HOST, 0, idle_timeout=0.2) as srv:
         raw = await Raw.open(srv.port)

@@ -32,10 +32,10 @@ rank's; ``condemned`` (the receiver was declared failed) comes only after.
 
 from __future__ import annotations
 
-import reprlib
 from typing import Any, Final
 
 from ..auth import NONCE, PROOF
+from ..shown import MAX_TEXT as MAX_TEXT, brief as brief, shown as shown  # (re-exported: F.shown)
 
 Header = dict[str, Any]
 
@@ -177,24 +177,6 @@ def heartbeat() -> Header:
 
 
 # ---------------------------------------------------------------------- a peer's fields, looked at safely
-
-MAX_TEXT: Final = 300
-"""Characters kept of a peer's text (a failure's cause, a refusal's reason, a mismatch report) in errors and logs."""
-
-_SHOW = reprlib.Repr()
-_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother = 3, 120, 120
-
-
-def shown(value: Any, limit: int = MAX_TEXT) -> str:
-    """A peer's value as text for an error or a log line: at most ``limit`` characters, whatever its nesting."""
-    text = value if type(value) is str else _SHOW.repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def brief(value: Any) -> str:
-    """A peer's value's repr, cut short (strings to 120 characters, 3 levels of nesting): for ids and keys."""
-    return _SHOW.repr(value)
-
 
 def malformed(h: Header) -> str | None:
     """What makes a peer's frame unusable before anything looks it up: a group id, key or seq of a type

@@ -122,7 +122,7 @@ class DialHandshake:
             # (any ``condemned`` is not believed yet; the reason is shown as what it is, unproven)
             return Outcome(Verdict.REFUSED, f"{F.shown(reason)} (said before it proved the job's secret)")
         if kind != F.CHALLENGE:
-            return self._broken(f"expected a challenge, got {kind!r}")
+            return self._broken(f"expected a challenge, got {F.brief(kind)}")
         try:
             fields = self._auth.answer(h)
         except AuthenticationError:
@@ -150,7 +150,7 @@ class DialHandshake:
             condemned = h.get(F.CONDEMNED)
             return Outcome(Verdict.REFUSED, F.shown(reason), None if condemned is None else F.shown(condemned),
                            gone=bool(h.get(F.GONE)))
-        return self._broken(f"expected welcome, dup or refused, got {kind!r}")
+        return self._broken(f"expected welcome, dup or refused, got {F.brief(kind)}")
 
     def _expect(self, phase: Phase, what: str) -> None:
         if self.phase is not phase:
@@ -213,7 +213,7 @@ class AcceptHandshake:
         assert self._auth is not None and self.peer_rank is not None
         if h.get(F.KIND) != F.ANSWER:
             self.phase = Phase.FAILED
-            raise AuthenticationError(f"rank {self.peer_rank} sent {h.get(F.KIND)!r} instead of its proof",
+            raise AuthenticationError(f"rank {self.peer_rank} sent {F.brief(h.get(F.KIND))} instead of its proof",
                                       reason="bad_proof", peer=f"rank {self.peer_rank}")
         try:
             self._auth.verify(h)
@@ -226,17 +226,17 @@ class AcceptHandshake:
     def _check(self, h: F.Header) -> str | None:
         """Why this rank cannot take a hello (in terms of what the dialer sent), or None."""
         if h.get(F.KIND) != F.HELLO:
-            return f"expected a hello frame, got {h.get(F.KIND)!r}"
+            return f"expected a hello frame, got {F.brief(h.get(F.KIND))}"
         job, rank, world = h.get(F.JOB), h.get(F.RANK), h.get(F.WORLD)
         if job != self.job:
-            return f"wrong job: the connection is for job {job!r}, not this rank's (a rank of an earlier or another job?)"
+            return f"wrong job: the connection is for job {F.brief(job)}, not this rank's (a rank of an earlier or another job?)"
         if world != self.world:
-            return f"world size {world!r} differs from this job's"
+            return f"world size {F.brief(world)} differs from this job's"
         if type(rank) is not int or not 0 <= rank < self.world:
-            return f"rank {rank!r} is out of range for world size {world}"
+            return f"rank {F.brief(rank)} is out of range for world size {world}"
         if rank == self.rank:
             return f"rank {rank} connected to itself (two processes with rank {rank}?)"
         to = h.get(F.TO)
         if to != self.rank:  # (a stale address: another rank listens there now)
-            return f"this is not rank {to!r} (its address in the store is stale?)"
+            return f"this is not rank {F.brief(to)} (its address in the store is stale?)"
         return None

@@ -133,7 +133,7 @@ class _WorkersStore:
 
     host: str
     port: int
-    secret: bytes | None
+    secret: bytes | None = dataclasses.field(repr=False)  # (never in a repr: a log line could show it)
     ssl: Any
     ours: bool  # this node's rank 0 hosts it
     world_size: int

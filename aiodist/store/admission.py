@@ -1,8 +1,9 @@
 """Who gets into the store server: the connection limit and the authenticated handshake.
 
-:class:`Admission` counts open connections against ``max_connections`` and
-logs refusals once per interval (a count of what it did not log one by one,
-never a silent drop). :func:`server_handshake` runs the store's hello
+:class:`Admission` counts open connections against ``max_connections``
+(refusing more) and those in their handshake against ``max_handshakes``
+(closing the oldest for a newer one); it logs refusals and evictions once per
+interval (a count of what it did not log one by one, never a silent drop). :func:`server_handshake` runs the store's hello
 exchange with the mutual authentication of :mod:`aiodist.auth` on a fresh
 connection; :func:`client_handshake` is the client's side. Before a
 connection has authenticated, its frames are limited to
@@ -15,13 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from .. import auth
 from ..context import token_bytes
 from ..ratelog import RateLog
+from ..shown import brief, shown
 from ..errors import ConnectionClosedError, StoreError
 from ..net.base import Connection
+from ..net.gate import HandshakeGate, Ticket
 from . import protocol as P
 from .limits import StoreLimits
 
@@ -29,16 +33,19 @@ log = logging.getLogger("aiodist.store")
 
 
 class Admission:
-    """Connections open at once against ``limits.max_connections``, and those still in their handshake
-    against ``limits.max_handshakes`` (so that unauthenticated sockets cannot crowd out real clients)."""
+    """Connections open at once against ``limits.max_connections`` (a new one over it is refused), and those
+    still in their handshake against ``limits.max_handshakes``: a new one over that closes the oldest one
+    still in its handshake (:class:`~aiodist.net.gate.HandshakeGate`), so that sockets that never
+    authenticate cannot shut real clients out (refusing the new one would: a flood of silent sockets,
+    renewed as they time out, kept every genuine client out)."""
 
     def __init__(self, limits: StoreLimits, address: str) -> None:
         self.limit = limits.max_connections
-        self.handshake_limit = limits.max_handshakes
         self.open = 0
-        self.handshaking = 0
         self.refused = 0
         self._address = address
+        self._gate = HandshakeGate(limits.max_handshakes, f"store server {address}", log,
+                                   interval=limits.log_interval)
         self._busy = RateLog(log, logging.WARNING, limits.log_interval)
         self._refusals = RateLog(log, logging.INFO, limits.log_interval)
         self._cutoffs = RateLog(log, logging.WARNING, limits.log_interval)
@@ -46,31 +53,43 @@ class Admission:
     def __repr__(self) -> str:
         return (
             f"<Admission open={self.open}/{self.limit} handshaking={self.handshaking}/{self.handshake_limit}"
-            f" refused={self.refused}>"
+            f" refused={self.refused} evicted={self.evicted}>"
         )
 
-    def enter(self, peer: str) -> bool:
-        """Count a new connection in (handshaking), or False (over a limit: logged, the caller closes it)."""
+    @property
+    def handshaking(self) -> int:
+        """Connections still in their handshake."""
+        return self._gate.handshaking
+
+    @property
+    def handshake_limit(self) -> int:
+        return self._gate.limit
+
+    @property
+    def evicted(self) -> int:
+        """Connections closed in their handshake to let a newer one in (see the class doc)."""
+        return self._gate.evicted
+
+    def enter(self, peer: str, evict: Callable[[], object]) -> Ticket | None:
+        """Count a new connection in (handshaking; ``evict()`` closes it if a newer one takes its place),
+        or None (over ``max_connections``: logged, the caller closes it). The ticket leaves at
+        :meth:`authenticated` or :meth:`leave`."""
         if self.open >= self.limit:
-            why = f"{self.open} connections are open, the limit (max_connections) is {self.limit}"
-        elif self.handshaking >= self.handshake_limit:
-            why = f"{self.handshaking} connections are in their handshake, the limit (max_handshakes) is {self.handshake_limit}"
-        else:
-            self.open += 1
-            self.handshaking += 1
-            return True
-        self.refused += 1
-        self._busy.event(f"store server {self._address}: refused a connection from {peer}: {why}")
-        return False
+            self.refused += 1
+            self._busy.event(f"store server {self._address}: refused a connection from {peer}: {self.open} "
+                             f"connections are open, the limit (max_connections) is {self.limit}")
+            return None
+        self.open += 1
+        return self._gate.admit(peer, evict)
 
-    def authenticated(self) -> None:
+    def authenticated(self, ticket: Ticket) -> None:
         """A connection finished its handshake."""
-        self.handshaking -= 1
+        ticket.leave()
 
-    def leave(self, *, authenticated: bool) -> None:
+    def leave(self, ticket: Ticket) -> None:
+        """A connection ended (its ticket leaves, if it had not)."""
         self.open -= 1
-        if not authenticated:
-            self.handshaking -= 1
+        ticket.leave()
 
     def unauthenticated(self, peer: str, why: str) -> None:
         """A connection failed the handshake (logged at INFO, rate-limited: a scan must not flood the log)."""
@@ -81,6 +100,7 @@ class Admission:
         self._cutoffs.event(f"store server {self._address}: cut off the client at {peer}: {why}")
 
     def close(self) -> None:
+        self._gate.close()
         self._busy.close()
         self._refusals.close()
         self._cutoffs.close()
@@ -129,12 +149,12 @@ async def client_handshake(conn: Connection, secret: bytes | None, where: str) -
     reply = (await conn.recv()).header
     _raise_error(reply, dialer, where)
     if reply.get("op") != "challenge":
-        raise StoreError(f"{where} is not a compatible store server (it answered the hello with {reply.get('op')!r})")
+        raise StoreError(f"{where} is not a compatible store server (it answered the hello with {brief(reply.get('op'))})")
     await conn.send(P.answer(dialer.answer(reply)))
     reply = (await conn.recv()).header
     _raise_error(reply, dialer, where)
     if reply.get("op") != "hello" or reply.get("proto") != P.PROTO:
-        raise StoreError(f"{where} is not a compatible store server (its welcome is {reply.get('op')!r})")
+        raise StoreError(f"{where} is not a compatible store server (its welcome is {brief(reply.get('op'))})")
     return reply
 
 
@@ -150,7 +170,7 @@ def _raise_error(reply: dict[str, Any], dialer: auth.Dialer, where: str) -> None
         raise dialer.refused()
     if code == P.BUSY:
         raise BusyError(f"the store server at {where} is at its connection limit")
-    raise StoreError(f"{where} refused the store handshake: {reply.get('msg', code)!r}")
+    raise StoreError(f"{where} refused the store handshake: {shown(reply.get('msg', code))!r}")
 
 
 async def send_quietly(conn: Connection, header: dict[str, Any]) -> None:

@@ -80,6 +80,18 @@ timeout, 10 s by default): a connection whose replies vanish is given up and a n
 _Call = tuple["asyncio.Future[tuple[dict[str, Any], memoryview | None]]", float, str, "str | list[str]", float]
 
 
+MIN_PING_INTERVAL = 0.01
+"""Seconds between a client's pings at the least, whatever idle limit the welcome states (the welcome is
+not authenticated: a forged tiny limit must not make the client spin, pinging the server)."""
+
+
+def ping_interval(idle: Any) -> float | None:
+    """How often to ping a server that drops connections silent for ``idle`` seconds (None: never)."""
+    if type(idle) not in (int, float) or not idle > 0 or math.isinf(idle):
+        return None
+    return max(float(idle) / 4, MIN_PING_INTERVAL)
+
+
 class TCPStore(ClientOps):
     """A client of a :class:`~aiodist.store.server.StoreServer`.
 
@@ -108,8 +120,7 @@ class TCPStore(ClientOps):
         self.timeout = timeout
         self._conn = conn
         self._loop = asyncio.get_running_loop()
-        idle = hello.get("idle")
-        self._ping_interval: float | None = float(idle) / 4 if isinstance(idle, (int, float)) and idle > 0 else None
+        self._ping_interval: float | None = ping_interval(hello.get("idle"))
         mk = hello.get("max_key")
         mv = hello.get("max_value")
         self.max_key_bytes: int = mk if type(mk) is int and mk > 0 else DEFAULT_MAX_KEY_BYTES

@@ -41,9 +41,10 @@ class StoreLimits:
     * ``max_connections``: connections open at once, authenticated or not;
       ``max_handshakes``: of those, connections still in their handshake (so
       that sockets that never authenticate cannot crowd out real clients). A
-      connection over either is told the server is busy and closed (the
-      client retries with backoff), and the refusals are logged once per
-      ``log_interval`` seconds.
+      connection over ``max_connections`` is told the server is busy and
+      closed (the client retries with backoff); one over ``max_handshakes``
+      closes the oldest connection still in its handshake. Both are logged
+      once per ``log_interval`` seconds, with a count.
     * ``max_key_bytes`` / ``max_value_bytes``: one key, one value.
     * ``max_frame_bytes``: one request frame once authenticated (``None``:
       two values of the maximum size, a key and 1 MiB of header). Before

@@ -56,6 +56,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from ..errors import StoreRequestError
+from ..shown import brief
 
 PROTO: Final = "aiodist-store"
 VERSION: Final = 2
@@ -126,9 +127,9 @@ def hello_reply(*, idle: float | None, max_key: int, max_value: int) -> dict[str
 def check_hello(header: dict[str, Any]) -> None:
     """Raise :class:`BadMessage` unless ``header`` is a handshake of this protocol version."""
     if header.get("op") != "hello" or header.get("proto") != PROTO:
-        raise BadMessage(f"expected a store handshake, got a frame with op {_short(header.get('op'))}", code=BAD_HANDSHAKE)
+        raise BadMessage(f"expected a store handshake, got a frame with op {brief(header.get('op'))}", code=BAD_HANDSHAKE)
     if header.get("v") != VERSION:
-        raise BadMessage(f"store protocol version {header.get('v')!r} is not supported (this side speaks {VERSION})", code=BAD_HANDSHAKE)
+        raise BadMessage(f"store protocol version {brief(header.get('v'))} is not supported (this side speaks {VERSION})", code=BAD_HANDSHAKE)
 
 
 def error_frame(
@@ -166,11 +167,6 @@ def error_frame(
         if cause is not None:
             h["w"] = cause
     return h
-
-
-def _short(header: Any) -> str:
-    text = repr(header)
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 # ------------------------------------------------------------------ byte values
@@ -251,7 +247,7 @@ def field_timeout(header: dict[str, Any]) -> float | None:
     if t is None:
         return None
     if type(t) not in (int, float) or not t >= 0 or t != t or t == float("inf"):
-        raise BadMessage(f"field 't' (timeout) must be a non-negative number or nil, got {t!r}", request=_rid(header))
+        raise BadMessage(f"field 't' (timeout) must be a non-negative number or nil, got {brief(t)}", request=_rid(header))
     return float(t)
 
 

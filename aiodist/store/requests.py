@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..net.base import Connection
+from ..shown import brief
 from . import protocol as P
 from .state import Failure, Reply, StoreState
 
@@ -113,7 +114,7 @@ class Requests:
                 raise P.BadMessage("unpop needs exactly one value")
             self._dispatch(self.state.queue_unpop(key, values[0]))
             return []
-        raise P.BadMessage(f"unknown op {op!r}", code=P.UNKNOWN_OP, request=_rid(header))
+        raise P.BadMessage(f"unknown op {brief(op)}", code=P.UNKNOWN_OP, request=_rid(header))
 
     # ------------------------------------------------------------ blocking helpers
 

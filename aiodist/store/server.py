@@ -155,10 +155,10 @@ class StoreServer(Requests):
 
     async def _serve(self, conn: Connection) -> None:
         admission = self._admission
-        if not admission.enter(conn.peer):
+        ticket = admission.enter(conn.peer, conn.abort)
+        if ticket is None:
             await send_quietly(conn, P.busy())
             return
-        authenticated = False
         try:
             try:
                 async with asyncio.timeout(self.handshake_timeout):
@@ -168,13 +168,12 @@ class StoreServer(Requests):
                 admission.unauthenticated(conn.peer, f"no complete handshake within {self.handshake_timeout:g}s")
                 return
             except ConnectionClosedError:
-                admission.unauthenticated(conn.peer, "it left during the handshake")
+                admission.unauthenticated(conn.peer, "it left during the handshake (or a newer one took its place)")
                 return
-            authenticated = True
-            admission.authenticated()
+            admission.authenticated(ticket)
             await self._serve_authenticated(conn)
         finally:
-            admission.leave(authenticated=authenticated)
+            admission.leave(ticket)
 
     async def _serve_authenticated(self, conn: Connection) -> None:
         conn.set_max_frame_size(self.limits.frame_bytes)
