@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import tls
-from .arguments import Backend, backend_name, is_backend, optional_seconds
+from .arguments import Backend, backend_name, is_backend, optional_seconds, with_ranks
 from .auth import FROM_ENVIRONMENT, resolve_secret
 from .collectives.ops import ReduceOp
 from .comm import Transport
@@ -401,8 +401,8 @@ def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
     rank = pg.group_rank(global_rank)
     if rank < 0:
         raise InvalidRankError(
-            f"get_group_rank: global rank {global_rank} is not a member of {pg.name} "
-            f"(ranks {list(pg.ranks)})", rank=global_rank, size=pg.size, argument="global_rank",
+            f"get_group_rank: global rank {global_rank} is not a member of {with_ranks(pg.name, pg.ranks)}",
+            rank=global_rank, size=pg.size, argument="global_rank",
         )
     return rank
 

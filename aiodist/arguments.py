@@ -99,7 +99,7 @@ def _local(pg: Any, global_rank: Any, what: str) -> int:
     r: int = pg.group_rank(global_rank)
     if r < 0:
         raise InvalidRankError(
-            f"{what}={global_rank} is not a member of {pg.name} (global ranks {pg.ranks})",
+            f"{what}={global_rank} is not a member of {with_ranks(pg.name, pg.ranks)}",
             rank=global_rank,
             size=pg.size,
             argument=what,
@@ -161,3 +161,8 @@ def backend_name(name: str) -> str:
                 "'cpu:gloo,cuda:nccl'); every backend runs over aiodist's own transport"
             )
     return text
+
+
+def with_ranks(name: str, ranks: Any) -> str:
+    """A group's ``name`` followed by its global ranks, unless the name shows them already (a subgroup's does)."""
+    return name if "(ranks " in name else f"{name} (ranks {list(ranks)})"

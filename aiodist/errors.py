@@ -233,6 +233,21 @@ class CollectiveTimeoutError(TimeoutError, DistBackendError):
         self.unmatched: list[tuple[int, int]] = []
 
 
+class WaitTimeoutError(TimeoutError, AiodistError):
+    """``work.wait(timeout=...)`` gave up waiting: the operation itself goes on (await the Work again).
+
+    torch raises a RuntimeError ("Operation timed out!") there; this is one too, and a
+    TimeoutError. ``.op`` and ``.seq`` name the operation (``.seq`` None for point-to-point),
+    ``.timeout`` is the seconds waited.
+    """
+
+    def __init__(self, message: str, *, op: str, seq: int | None, timeout: float) -> None:
+        super().__init__(message)
+        self.op = op
+        self.seq = seq
+        self.timeout = timeout
+
+
 class CollectiveMismatchError(DistBackendError):
     """Ranks called different collectives at the same sequence number.
 

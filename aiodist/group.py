@@ -171,6 +171,11 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         return GroupNumber(self._comm.size)
 
     @property
+    def group_name(self) -> str:
+        """torch's ``ProcessGroup.group_name``: this group's name (``name``: "world", "group 1 (ranks [...])")."""
+        return self.name
+
+    @property
     def ranks(self) -> list[int]:
         """The global ranks of the members, in group-rank order."""
         return list(self._comm.ranks)

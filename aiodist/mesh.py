@@ -7,7 +7,7 @@ coordinate), ``get_group("dp")`` the group of its column. Like torch, every
 rank creates every group of every dimension (``new_group`` is collective),
 in a fixed order, and keeps the ones it belongs to.
 
-``mesh["dp"]`` (or ``mesh["dp", "tp"]``) is the sub-mesh of this rank's slice
+``mesh["dp"]`` (or ``mesh["dp", "tp"]``, names in the mesh's order) is the sub-mesh of this rank's slice
 along those dimensions, sharing their groups: ``mesh["dp"].get_group()`` is
 ``mesh.get_group("dp")``. ``aiodist.device_mesh`` is the same under torch's
 module name (``torch.distributed.device_mesh``).
@@ -53,13 +53,25 @@ class DeviceMesh:
         dims = [self._dim(n) if isinstance(n, str) else self._named_only(n) for n in wanted]
         if len(set(dims)) != len(dims):
             raise KeyError(f"mesh dimensions {wanted} repeat one")
+        if dims != sorted(dims):  # (torch refuses a transposed slice too)
+            raise KeyError(f"mesh dimensions {wanted} are not in the mesh's order {self.mesh_dim_names}: "
+                           f"name them in that order")
         if self._coordinate is None:
             raise InvalidArgumentError(f"rank {self._rank} is not in this mesh")
         index = tuple(slice(None) if d in dims else self._coordinate[d] for d in range(self.mesh.ndim))
-        kept = [d for d in range(self.mesh.ndim) if d in dims]  # (their order in the mesh)
-        sub = self.mesh[index].transpose([kept.index(d) for d in dims])
+        sub = self.mesh[index]
         sub_names = tuple(self.mesh_dim_names[d] for d in dims) if self.mesh_dim_names else None
         return DeviceMesh(sub, sub_names, [self._groups[d] for d in dims], self._rank, self.device_type)
+
+    def __eq__(self, other: object) -> bool:
+        """The same layout of the same ranks, with the same names, on the same device type (as torch compares)."""
+        if not isinstance(other, DeviceMesh):
+            return NotImplemented
+        return (self.device_type == other.device_type and self.mesh_dim_names == other.mesh_dim_names
+                and self.mesh.shape == other.mesh.shape and bool((self.mesh == other.mesh).all()))
+
+    def __hash__(self) -> int:
+        return hash((self.device_type, self.mesh_dim_names, self.mesh.shape, tuple(self.mesh.ravel().tolist())))
 
     def _named_only(self, name: object) -> int:
         raise KeyError(f"mesh dimensions are indexed by name (mesh_dim_names={self.mesh_dim_names}), not {name!r}")

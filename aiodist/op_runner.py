@@ -51,7 +51,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from . import flight
-from .arguments import seconds
+from .arguments import seconds, with_ranks
 from .comm import GroupComm, OpChannel, Transport
 from .comm.router import Receive
 from .deadline import about_to_resume
@@ -118,8 +118,8 @@ class OpRunner:
             raise GroupError(f"{op} on {self.name}: the process group was destroyed")
         if self.comm.rank < 0:
             raise GroupError(
-                f"{op} on {self.name}: global rank {self.transport.rank} is not a member of this group "
-                f"(ranks {list(self.comm.ranks)})"
+                f"{op} on {with_ranks(self.name, self.comm.ranks)}: global rank {self.transport.rank} is not a member "
+                "of this group"
             )
 
     def timeout_of(self, timeout: Any) -> float:
@@ -142,8 +142,8 @@ class OpRunner:
             self._absent_warned = True
             code, line = call_site(1)
             message = (
-                f"{op} on {self.name}: global rank {self.transport.rank} is not a member of this group "
-                f"(ranks {list(self.comm.ranks)}): it does nothing here (as in torch.distributed); so does every "
+                f"{op} on {with_ranks(self.name, self.comm.ranks)}: global rank {self.transport.rank} is not a member "
+                "of this group: it does nothing here (as in torch.distributed); so does every "
                 "later operation of this rank on the group"
             )
             if code is None:

@@ -154,7 +154,7 @@ async def _local_group(
         missing = [r for r in members if not await w.store.check([f"{prefix}{r}"])]
         transport.unregister_group(gid)
         raise GroupError(
-            f"creating {label} (ranks {members}) timed out after {t:g}s on global rank {transport.rank}: "
+            f"creating {label} timed out after {t:g}s on global rank {transport.rank}: "
             f"ranks {missing} did not create it (every member must make the same call, in the same order)"
         ) from None
     return _made(w, gid, members, t, backend, label)

@@ -51,7 +51,7 @@ from typing import Any, Generic, TypeVar
 
 from .arguments import optional_seconds
 from .collectives.buffers import TASKS as STAGING, UNCLAIMED, claim, register_task, release
-from .errors import GroupError, anew
+from .errors import GroupError, WaitTimeoutError, anew
 from .future import Future
 from .unawaited import MAX_ENTRIES, OVERFLOW, UnawaitedOperationError, call_site, clear_unawaited, ledger, unawaited_operations
 
@@ -267,8 +267,10 @@ class Work(Generic[T]):
         return self._result(rec.value)
 
     async def wait(self, timeout: Any = None) -> T:
-        """Wait for the result; ``timeout`` (seconds or a timedelta) bounds only this wait (TimeoutError), not the operation.
+        """Wait for the result; ``timeout`` (seconds or a timedelta) bounds only this wait, not the operation.
 
+        A wait that times out raises :class:`~aiodist.WaitTimeoutError` (a TimeoutError and a
+        RuntimeError, as torch's "Operation timed out!" is) and leaves the operation running.
         ``await work.wait()`` is ``await work``, except that a cancellation
         coming while a receive is awaited this way withdraws it only if it is not
         the timeout's own (see the module doc).
@@ -277,14 +279,24 @@ class Work(Generic[T]):
         rec = self._rec
         if rec is not None and rec.finished:
             return self._recorded()
+        seconds = optional_seconds(timeout)
         try:
-            async with asyncio.timeout(optional_seconds(timeout)) as cm:
+            async with asyncio.timeout(seconds) as cm:
                 value = await asyncio.shield(self._task)
         except asyncio.CancelledError:
             self._raise_if_operation_cancelled()
             if self._withdraw and not cm.expired():
                 self._withdrawn()
             raise
+        except TimeoutError:
+            if not cm.expired():  # the operation's own (a CollectiveTimeoutError)
+                raise
+            of = "" if self.group is None else f" of {self.group}"
+            seq = "" if self.seq is None else f" (seq {self.seq})"
+            raise WaitTimeoutError(
+                f"waiting for {self.op}{seq}{of} timed out after {seconds:g}s; the operation goes on "
+                "(await the Work again for its result)", op=self.op, seq=self.seq, timeout=float(seconds or 0.0),
+            ) from None
         if rec is None:
             _mark_retrieved(self._task)
         return self._recorded() if rec is not None else self._result(value)
@@ -336,6 +348,21 @@ class Work(Generic[T]):
         if self._succeeded():
             self._settle()
         return True
+
+    def source_rank(self) -> int:
+        """torch's ``Work.source_rank()``: the sender of a finished receive (what awaiting it returns).
+
+        Raises the receive's error if it failed; InvalidStateError while it runs; GroupError for an
+        operation that is not a receive (torch raises there too). Looking at it counts as awaiting it.
+        """
+        if self.op != "recv":
+            raise GroupError(f"source_rank() is for a receive's Work, not {self.op}'s")
+        if not self.done():
+            raise asyncio.InvalidStateError(f"{self.op} is still running: await it first")
+        source: Any = self.result()
+        return int(source)
+
+    _source_rank = source_rank
 
     def get_future(self) -> Future[T]:
         """A future of the operation's result (or error), resolved when it ends (torch's ``get_future``).

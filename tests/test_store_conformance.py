@@ -466,10 +466,25 @@ async def test_wrong_types_raise_type_error_before_sending(handles: Factory) -> 
     with pytest.raises(TypeError):
         await s.wait("abc")  # a str is not a list of keys
     with pytest.raises(TypeError):
-        await s.multi_get([b"k"])  # type: ignore[list-item]
+        await s.multi_get([1])  # type: ignore[list-item]
     with pytest.raises(TypeError):
         await s.queue_push("k", [1])  # type: ignore[arg-type]
     assert await s.check(["k"]) is False
+
+
+async def test_a_bytes_key_is_the_str_it_encodes_as_in_torch(handles: Factory) -> None:
+    """Before: TypeError 'store keys must be str, not bytes' (torch's stores take bytes keys)."""
+    s = await handles()
+    assert s.has_extended_api() is True
+    await s.set(b"k\xc3\xa9", b"v")
+    assert await s.get("ké") == b"v" and await s.get(b"k\xc3\xa9") == b"v"
+    assert await s.add(b"n", 2) == 2 and await s.add("n", 1) == 3
+    assert await s.multi_get([b"k\xc3\xa9", "n"]) == [b"v", b"3"]
+    assert await s.check([b"n"]) is True
+    await s.wait([b"n"], timeout=1)
+    with pytest.raises(ValueError, match="must be UTF-8"):
+        await s.set(b"\xff", b"x")
+    assert await s.delete_key(b"n") is True and await s.check(["n"]) is False
 
 
 async def test_key_and_value_limits(handles: Factory) -> None:

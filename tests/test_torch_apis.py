@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -261,7 +262,10 @@ def test_device_mesh_indexing_by_dimension_name() -> None:
         assert isinstance(mesh, DeviceMesh) and mesh.device_type == "cpu"
         dp, tp = mesh["dp"], mesh["tp"]
         assert dp.get_group() is mesh.get_group("dp") and tp.get_group() is mesh.get_group("tp")
-        both = mesh["tp", "dp"]
+        both = mesh["dp", "tp"]
+        assert both == mesh and mesh["dp"] == dp and hash(mesh["dp"]) == hash(dp) and dp != tp  # (before: identity)
+        with pytest.raises(KeyError, match="not in the mesh's order"):
+            mesh["tp", "dp"]  # torch refuses a transposed slice (before: the transposed mesh)
         x = np.array([float(r)])
         await dist.all_reduce(x, group=dp.get_group())
         with pytest.raises(KeyError):
@@ -270,8 +274,8 @@ def test_device_mesh_indexing_by_dimension_name() -> None:
         return dp.mesh.tolist(), tp.mesh.tolist(), both.mesh.tolist(), x[0]
 
     results = run4(main)
-    assert results[0] == ([0, 2], [0, 1], [[0, 2], [1, 3]], 2.0)
-    assert results[3] == ([1, 3], [2, 3], [[0, 2], [1, 3]], 4.0)
+    assert results[0] == ([0, 2], [0, 1], [[0, 1], [2, 3]], 2.0)
+    assert results[3] == ([1, 3], [2, 3], [[0, 1], [2, 3]], 4.0)
 
 
 def test_launcher_environment_helpers() -> None:
@@ -342,6 +346,64 @@ def test_cancelling_the_awaiter_of_a_receive_withdraws_it_and_a_bounded_wait_doe
     assert run4(main)[1] == (0.0, 1.0, 2.0)
 
 
+def test_a_bounded_wait_that_times_out_is_a_runtime_error_naming_the_operation_which_goes_on() -> None:
+    # Before: a bare builtins.TimeoutError with an empty message (torch: RuntimeError "Operation timed out!"),
+    # missed by a port's ``except RuntimeError:``.
+    async def main() -> Any:
+        await dist.init_process_group("gloo", timeout=10)
+        r = dist.get_rank()
+        if r == 3:
+            await asyncio.sleep(0.5)
+        x = np.ones(1)
+        work = dist.all_reduce(x, async_op=True)
+        caught = None
+        if r != 3:
+            try:
+                await work.wait(timeout=timedelta(seconds=0.1))
+            except RuntimeError as e:
+                assert isinstance(e, TimeoutError) and isinstance(e, dist.WaitTimeoutError), repr(e)
+                assert (e.op, e.seq, e.timeout) == ("all_reduce", 0, 0.1)
+                caught = str(e)
+        await work.wait()  # it went on
+        await dist.destroy_process_group()
+        return caught, float(x[0])
+
+    out = run4(main)
+    assert out[3] == (None, 4.0)
+    for caught, value in out[:3]:
+        assert caught is not None and caught.startswith("waiting for all_reduce (seq 0) of world timed out after 0.1s")
+        assert value == 4.0
+
+
+def test_a_finished_receive_work_tells_its_source_rank_as_torch_does() -> None:
+    # Before: AttributeError (torch: work.source_rank() / work._source_rank() after an any-source irecv).
+    async def main() -> Any:
+        await dist.init_process_group("gloo", timeout=10)
+        r = dist.get_rank()
+        out: Any = None
+        if r == 2:
+            t = np.zeros(1)
+            work = dist.irecv(t)
+            with pytest.raises(asyncio.InvalidStateError):
+                work.source_rank()
+            await dist.barrier()
+            await work.wait()
+            out = (work.source_rank(), work._source_rank(), t[0])
+            other = dist.all_reduce(np.ones(1))
+            await other
+            with pytest.raises(dist.GroupError, match="not all_reduce"):
+                other.source_rank()
+        else:
+            await dist.barrier()
+            if r == 3:
+                await dist.send(np.array([9.0]), 2)
+            await dist.all_reduce(np.ones(1))
+        await dist.destroy_process_group()
+        return out
+
+    assert run4(main)[2] == (3, 3, 9.0)
+
+
 # ------------------------------------------------------------------ what a port from torch passes as it is
 
 
@@ -399,6 +461,7 @@ def test_group_rank_and_size_are_numbers_that_torch_code_can_call() -> None:
         got = (pg.rank(), pg.size(), pg.rank, world.size(), sub.rank(), sub.size(), dist.get_rank(sub), float(x[0]))
         assert all(type(v()) is int for v in (pg.rank, pg.size, sub.rank))
         assert json.dumps([pg.rank, sub.size]) == f"[{pg.rank}, 3]" and f"{sub.rank:>2}" == f"{int(sub.rank):>2}"
+        assert (pg.group_name, sub.group_name) == ("world", "group 1 (ranks [1, 2, 3])")  # (before: AttributeError)
         await dist.destroy_process_group()
         return got
 

@@ -216,6 +216,11 @@ def test_get_group_rank_of_a_non_member_raises_a_value_error_as_in_torch() -> No
         with pytest.raises(ValueError, match="global rank 1 is not a member") as info:
             dist.get_group_rank(sub, 1)
         assert isinstance(info.value, dist.InvalidRankError) and info.value.rank == 1
+        assert str(info.value).count("(ranks [0, 2])") == 1, str(info.value)  # (it was said twice)
+        if dist.get_rank() in (0, 2):
+            with pytest.raises(ValueError, match="dst=1 is not a member") as info:
+                await dist.send(np.ones(1), 1, group=sub)
+            assert str(info.value).count("ranks [0, 2]") == 1, str(info.value)
         await dist.destroy_process_group()
         return ranks
 

@@ -1,6 +1,6 @@
 """What every store offers (:class:`Store`), and argument checks shared by all of them.
 
-Keys are ``str``. Values are ``bytes`` or ``str`` (encoded as UTF-8);
+Keys are ``str`` (``bytes`` in UTF-8 are taken as the str they encode). Values are ``bytes`` or ``str`` (encoded as UTF-8);
 ``bytearray`` and ``memoryview`` are accepted and copied. Anything else raises
 :class:`TypeError` before a request is made.
 """
@@ -31,9 +31,18 @@ def as_value(value: Any) -> bytes:
 
 
 def as_key(key: Any) -> str:
-    """``key`` if it is a str that UTF-8 can encode; else TypeError (not a str) or ValueError (a lone surrogate)."""
+    """``key`` if it is a str that UTF-8 can encode; else TypeError (not a str) or ValueError (a lone surrogate).
+
+    ``bytes`` in UTF-8 are taken as the str they encode (torch takes them too: the same key).
+    """
     if isinstance(key, str):
         return key if key.isascii() else _encodable(key)
+    if type(key) is bytes:
+        try:
+            return key.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidArgumentError(f"a bytes store key must be UTF-8: {key[:64]!r} is not (at index {e.start})") \
+                from None
     raise InvalidArgumentTypeError(f"store keys must be str, not {type(key).__name__}")
 
 
@@ -54,9 +63,7 @@ def as_keys(keys: Any) -> list[str]:
         items = list(keys)
     except TypeError:
         raise InvalidArgumentTypeError(f"expected a sequence of str keys, not {type(keys).__name__}") from None
-    for key in items:
-        as_key(key)
-    return items
+    return [as_key(key) for key in items]
 
 
 AMOUNT_LIMIT = 1 << 63
@@ -106,6 +113,10 @@ class Store(abc.ABC):
     __slots__ = ()  # (implementations may be slotted)
 
     timeout: float
+
+    def has_extended_api(self) -> bool:
+        """torch's ``Store.has_extended_api()``: True, every store here has append, multi_get, multi_set and queues."""
+        return True
 
     def set_timeout(self, timeout: Timeout) -> None:
         """Set the default timeout of blocking calls: seconds or a timedelta (torch's ``set_timeout``)."""
