@@ -64,6 +64,7 @@ from .errors import (
     GroupError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
+    PeerCallFailedError,
     PeerFailureError,
 )
 from .inflight import begin_entry, end_entry
@@ -204,6 +205,8 @@ class OpRunner:
         for r in comm.ranks:
             if r != me:
                 self.transport.report_call_failed(r, comm.gid, seq, text, void=void)  # connects if needed
+        if not void:
+            self.transport.remember_call_failed(comm.gid, seq, text)
 
     def spawn(self, start: Callable[[], Awaitable[T]], *, op: str, withdraw: Receive | None = None) -> Work[T]:
         """Run a point-to-point operation (no sequence number) as a task owned here: ``start()``, called in the task.
@@ -306,6 +309,11 @@ class OpRunner:
                 value = await body(ch, seq, *args)
                 if result is not BODY_RESULT:
                     value = result
+            except PeerFailureError:
+                reported = self._reported(seq)  # (looked up before settle() below forgets it)
+                if reported is None:
+                    raise
+                raise reported from None
             finally:
                 del self.running[seq]  # from here on, the monitor leaves it alone
                 # every operation below the lowest one still running has ended here
@@ -363,7 +371,7 @@ class OpRunner:
             else:
                 return self._group_ended(rec.op)
         elif isinstance(e, PeerFailureError):
-            e = self._voided(rec.op, rec.seq) or e
+            e = self._voided(rec.op, rec.seq) or self._reported(rec.seq) or e
         if isinstance(e, CollectiveMismatchError):
             self.checker.note(e, rec.seq)
         if isinstance(e, (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError)):
@@ -384,6 +392,16 @@ class OpRunner:
         if not isinstance(e, CollectiveMismatchError):
             return None
         return self.comm.restate_mismatch(e, op=op, seq=seq)
+
+    def _reported(self, seq: int) -> BaseException | None:
+        """A member's report that its call at ``seq`` failed there, if one came (in this group's numbering).
+
+        An operation that fails because a peer left (a send to it, a receive from it) is reported as
+        that call's failure instead: the peer most likely left because of it, having learned of it
+        before this rank did (e.g. a rank slow to start ``seq`` sends to a peer already gone).
+        """
+        e = self.transport.router.reported(self.comm.gid, seq)
+        return e if isinstance(e, PeerCallFailedError) else None
 
     def _group_ended(self, op: str) -> GroupError | None:
         """What an operation cancelled because its group ended fails with (None: another cancellation).

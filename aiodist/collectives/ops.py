@@ -17,7 +17,9 @@ Semantics (matching torch.distributed where it defines them):
   for integer types): ``[-7, 7]`` averaged over 2 ranks of zeros gives
   ``[-3, 3]``. (torch's gloo backend refuses integer AVG outright -- checked
   with torch 2.13: "result type Float can't be cast to ... Int" -- so this
-  is an extension, not a divergence.) ``AVG`` on bool is refused.
+  is an extension, not a divergence.) ``AVG`` on bool is refused. The sum
+  is in the array's dtype too: an average that fits may not (float16 ranks
+  of 60000 average to inf, int8 ranks of 100 wrap); average a wider copy.
 
 Integer overflow wraps around silently, as in torch; floating-point overflow
 gives inf without a warning.

@@ -81,7 +81,7 @@ STOPPED: Final = "stopped"
 SEQ: Final = "s"
 TEXT: Final = "m"
 CALLS: Final = "c"
-FOUND: Final = "fb"  # the rank that found a mismatch, when another rank relays its report
+FOUND: Final = "fb"  # the rank that found a mismatch (whose call failed), when another rank relays its report
 VOID: Final = "v"  # a call-failed report voids the operation: messages already here from anyone do not count
 
 MAX_HANDSHAKE_FRAME: Final = 8 * 1024
@@ -144,10 +144,13 @@ def mismatch(group: Any, seq: int, text: str, calls: dict[int, Any], found: int 
     return h
 
 
-def call_failed(group: Any, seq: int, text: str, *, void: bool = False) -> Header:
+def call_failed(group: Any, seq: int, text: str, *, void: bool = False, found: int | None = None) -> Header:
+    """A failed call's report; ``found``: the rank whose call failed, when the sender relays its report."""
     h: Header = {KIND: CALL_FAILED, GROUP: group, SEQ: seq, TEXT: text}
     if void:
         h[VOID] = True
+    if found is not None:
+        h[FOUND] = found
     return h
 
 

@@ -12,6 +12,8 @@ of that operation only; the group stays usable.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from ..errors import CollectiveMismatchError, PeerCallFailedError
 from . import frames as F
 from .router import Receive, Router
@@ -56,17 +58,35 @@ def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
     return None
 
 
-def apply_call_failed(router: Router, reporter: int, h: F.Header) -> str | None:
-    """Void the operation that rank ``reporter``'s call-failed report ``h`` names; the report's fault if it is bad input."""
+def apply_call_failed(router: Router, reporter: int, h: F.Header) -> CallFailure | str | None:
+    """Void the operation that rank ``reporter``'s call-failed report ``h`` names (or relays: ``found``).
+
+    Returns what was applied (a :class:`CallFailure`, for relaying), None for late news of a group
+    destroyed here, or the report's fault if it is bad input (a str).
+    """
     gid, seq = h.get(F.GROUP), h.get(F.SEQ)
     fault = _fault(router, reporter, gid, seq, "a call-failed report")
     if fault is not None or router.destroyed(gid):
         return fault  # (None for late news of a group destroyed here)
-    message = F.shown(h.get(F.TEXT, "its call failed"), MAX_REPORT_TEXT)
+    text = F.shown(h.get(F.TEXT, "its call failed"), MAX_REPORT_TEXT)
+    found = h.get(F.FOUND, reporter)  # (a relay names the rank whose call failed: a member of the group)
+    if type(found) is not int or found < 0 or found == reporter or router.vet(found, gid, seq) is not None:
+        found = reporter
+    where = f"global rank {found}" if found == reporter else f"global rank {found} (relayed by rank {reporter})"
 
     def error(_: Receive) -> BaseException:
-        return PeerCallFailedError(f"the call failed on global rank {reporter}: {message}", global_rank=reporter,
-                                   seq=seq)
+        return PeerCallFailedError(f"the call failed on {where}: {text}", global_rank=found, seq=seq)
 
-    router.fail_seq(gid, seq, None, error, void=h.get(F.VOID) is True)
-    return None
+    void = h.get(F.VOID) is True
+    router.fail_seq(gid, seq, None, error, void=void)
+    return CallFailure(gid, seq, found, text, void)  # type: ignore[arg-type]  # (vet() checked gid and seq)
+
+
+class CallFailure(NamedTuple):
+    """A member's call at ``seq`` of group ``gid`` failed there (rank ``found``, global): what it raised (``text``)."""
+
+    gid: Any
+    seq: int
+    found: int
+    text: str
+    void: bool

@@ -58,6 +58,10 @@ class GroupRegistry:
                 if rank in members:
                     self.break_group(gid, rank)
 
+    def members(self, gid: Any) -> tuple[int, ...] | None:
+        """The global ranks of group ``gid`` (None: not a group here)."""
+        return self._members.get(gid)
+
     def unregister(self, gid: Any) -> None:
         self._members.pop(gid, None)
         self._failures.pop(gid, None)

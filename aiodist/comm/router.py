@@ -306,6 +306,12 @@ class Router:
         ff = self.table.failures.void_since(group, seq)
         return None if ff is None else ff.error()
 
+    def reported(self, group: Any, seq: int) -> BaseException | None:
+        """What another member reported about operation ``seq`` of ``group`` (its call failed there, or did not
+        match), if one did: a fresh error, or None. (Only reports void an operation from every source.)"""
+        factory = self.table.failures.seq.get((group, seq, None))
+        return None if factory is None else factory(None)  # type: ignore[arg-type]  # (reports ignore the receive)
+
     def fail_group(self, group: Any, factory: ErrorFactory) -> None:
         """Fail every receive of ``group`` now and later (the group is broken)."""
         resolve_all(self.table.fail_group(group, factory))

@@ -32,6 +32,9 @@ BYE_TIMEOUT = 2.0
 REPORT_GRACE = 1.0
 """Seconds a mismatch report may take to reach its rank (connecting first if needed)."""
 
+RELAYED_CALL_FAILURES = 8
+"""Failed calls of members (the last ones learned of) a rank passes on to its linked members before its ``bye``."""
+
 DEPARTURE_LOOKUP = 1.0
 """Seconds a rank asks the store, after a dial failed, whether the peer left after a failure (and which)."""
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable
 from typing import Any
 
@@ -53,7 +54,7 @@ from ..net.shmhost import choose_network
 from ..wire import as_byte_view
 from . import frames as F
 from .links import LinkState
-from .mismatch_reports import apply_call_failed, apply_report
+from .mismatch_reports import CallFailure, apply_call_failed, apply_report
 from .peers import DESTROYED, Peer, PeerLinks
 from .registry import GroupRegistry
 from .router import Match, Receive, Router, resolve
@@ -64,6 +65,7 @@ from .settings import (
     HEARTBEAT_MISSES,  # noqa: F401
     MAX_EARLY_BYTES_ENV,
     MAX_EARLY_FRAMES_ENV,
+    RELAYED_CALL_FAILURES,
     REPORT_GRACE,
     env_number,
 )
@@ -83,7 +85,7 @@ class Transport:
     """
 
     __slots__ = ("rank", "world_size", "job_id", "store", "key_prefix", "timeout", "router", "_loop", "_net",
-                 "_groups", "_links", "links", "_peers", "_closed", "_finished", "address")
+                 "_groups", "_links", "links", "_peers", "_closed", "_finished", "_call_failures", "address")
 
     def __init__(
         self,
@@ -121,6 +123,8 @@ class Transport:
         self.links = self._links.links  # the link state machine (read-only use outside)
         self._peers = self._links.peers
         self._closed = False  # no new operations (closing, closed or aborted)
+        # failed calls of members (this rank's too) it learned of, with the groups' members: relayed at close
+        self._call_failures: deque[tuple[CallFailure, tuple[int, ...]]] = deque(maxlen=RELAYED_CALL_FAILURES)
         self._finished = False  # close() ran
         self.address: Address | None = None
 
@@ -197,6 +201,7 @@ class Transport:
             return
         self._finished = True
         self._closed = True
+        self._relay_call_failures()
         await self._links.close()
         self._groups.forget_all()
         for r in self.router.pending():
@@ -388,6 +393,34 @@ class Transport:
         """
         self._report_to(dst, F.call_failed(gid, seq, message, void=void))
 
+    def remember_call_failed(self, gid: Any, seq: int, message: str) -> None:
+        """This rank's own call at ``seq`` of group ``gid`` failed (``message``; reported to the members):
+        passed on again before this rank's ``bye`` (see :meth:`_relay_call_failures`)."""
+        self._remember_call_failure(CallFailure(gid, seq, self.rank, message, False))
+
+    def _remember_call_failure(self, f: CallFailure) -> None:
+        members = self._groups.members(f.gid)
+        if members is not None:
+            self._call_failures.append((f, members))
+
+    def _relay_call_failures(self) -> None:
+        """Before this rank's ``bye``: the failed calls it learned of (the last few) go to the members it is
+        linked with, on the link, ahead of the ``bye``.
+
+        A member whose own call failed on that news and who leaves at once would otherwise be blamed
+        by the members its news had not reached yet: its ``bye`` comes to them first ("left the job")
+        and their part of the operation fails on it, naming the wrong rank. A member the news reached
+        already, or whose group is gone, ignores it.
+        """
+        for f, members in self._call_failures:
+            header = F.call_failed(f.gid, f.seq, f.text, found=None if f.found == self.rank else f.found)
+            for r in members:
+                if r == self.rank or r == f.found:
+                    continue
+                p = self._peers.get(r)
+                if p is not None and p.link.state is _READY:
+                    self._queue_whatever(p.link.conn, header)
+
     def _report_to(self, dst: int, header: Header) -> None:
         if self._closed or dst == self.rank or not 0 <= dst < self.world_size:
             return
@@ -533,10 +566,16 @@ class Transport:
             self._links.do(self.links.bye(p.rank, h.get(F.RANK), h.get(F.HOW), h.get(F.STOPPED)))
         elif kind == F.FAIL:
             self._links.do(self.links.reported(p.rank, h.get(F.RANK), h.get(F.HOW, "?")))
-        elif kind == F.MISMATCH or kind == F.CALL_FAILED:
-            bad = (apply_report if kind == F.MISMATCH else apply_call_failed)(self.router, p.rank, h)
+        elif kind == F.MISMATCH:
+            bad = apply_report(self.router, p.rank, h)
             if bad is not None:
                 self._reject(p, bad)
+        elif kind == F.CALL_FAILED:
+            got = apply_call_failed(self.router, p.rank, h)
+            if isinstance(got, str):
+                self._reject(p, got)
+            elif got is not None and not got.void:
+                self._remember_call_failure(got)
 
     def _malformed(self, p: Peer, h: Header) -> None:
         """Looking ``p``'s frame ``h`` up raised TypeError or RecursionError: its fields are of types no frame
