@@ -16,37 +16,65 @@ module name (``torch.distributed.device_mesh``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from typing import Any
 
 import numpy as np
 
 from .context import get_default_group
 from .current import world
-from .errors import InvalidArgumentError, InvalidArgumentTypeError
+from .errors import GroupError, InvalidArgumentError, InvalidArgumentTypeError
 from .group import ProcessGroup
 
 
 class DeviceMesh:
-    """The ranks of the world as an array (``.mesh``), with one group per dimension for this rank."""
+    """The ranks of the world as an array (``.mesh``), with one group per dimension for this rank.
 
-    def __init__(
-        self,
-        mesh: np.ndarray,
-        dim_names: tuple[str, ...] | None,
-        groups: list[ProcessGroup],
-        rank: int,
-        device_type: str = "cpu",
-    ) -> None:
+    ``await init_device_mesh("cpu", (2, 4), mesh_dim_names=...)`` makes one (ranks row-major);
+    torch's constructor, ``await DeviceMesh("cpu", [[0, 2], [1, 3]], mesh_dim_names=...)``, lays out
+    the ranks as given (each rank of the world once): awaiting it creates the groups, collectively,
+    as ``init_device_mesh`` does. A mesh not awaited has no groups yet (its methods raise).
+    """
+
+    def __init__(self, device_type: str, mesh: Any, *, mesh_dim_names: Sequence[str] | None = None) -> None:
+        layout = np.asarray(mesh)
+        if layout.dtype.kind not in "iu" and layout.size:
+            raise InvalidArgumentTypeError(f"DeviceMesh: the mesh must hold integer ranks, not {layout.dtype}")
+        self.mesh: np.ndarray = layout.astype(np.int64)
+        self.mesh_dim_names: tuple[str, ...] | None = _names(mesh_dim_names, self.mesh.ndim)
+        self.device_type = device_type
+        self._groups: list[ProcessGroup] = []
+        self._rank = -1
+        self._coordinate: tuple[int, ...] | None = None
+        self._made = False
+
+    @classmethod
+    def _of(cls, mesh: np.ndarray, dim_names: tuple[str, ...] | None, groups: list[ProcessGroup], rank: int,
+            device_type: str = "cpu") -> DeviceMesh:
+        """A mesh whose groups exist (``groups``: this rank's, one per dimension)."""
+        self = cls.__new__(cls)
         self.mesh = mesh
         self.mesh_dim_names = dim_names
         self.device_type = device_type
+        self._place(groups, rank)
+        return self
+
+    def _place(self, groups: list[ProcessGroup], rank: int) -> None:
         self._groups = groups
         self._rank = rank
-        where = np.argwhere(mesh == rank)
-        self._coordinate: tuple[int, ...] | None = tuple(int(c) for c in where[0]) if len(where) else None
+        where = np.argwhere(self.mesh == rank)
+        self._coordinate = tuple(int(c) for c in where[0]) if len(where) else None
+        self._made = True
+
+    def __await__(self) -> Generator[Any, None, DeviceMesh]:
+        """torch's constructor form: create the groups of every dimension (every rank must), then the mesh."""
+        if not self._made:
+            yield from _make_groups(self).__await__()
+        return self
 
     def __getitem__(self, names: str | tuple[str, ...]) -> DeviceMesh:
         """The sub-mesh of this rank's slice along the named dimensions (torch's ``mesh["dp"]``, ``mesh["dp", "tp"]``)."""
+        self._check_made()
         wanted = (names,) if isinstance(names, str) else tuple(names)
         if not wanted:
             raise KeyError("name at least one mesh dimension")
@@ -61,7 +89,7 @@ class DeviceMesh:
         index = tuple(slice(None) if d in dims else self._coordinate[d] for d in range(self.mesh.ndim))
         sub = self.mesh[index]
         sub_names = tuple(self.mesh_dim_names[d] for d in dims) if self.mesh_dim_names else None
-        return DeviceMesh(sub, sub_names, [self._groups[d] for d in dims], self._rank, self.device_type)
+        return DeviceMesh._of(sub, sub_names, [self._groups[d] for d in dims], self._rank, self.device_type)
 
     def __eq__(self, other: object) -> bool:
         """The same layout of the same ranks, with the same names, on the same device type (as torch compares)."""
@@ -78,6 +106,7 @@ class DeviceMesh:
 
     def get_rank(self) -> int:
         """This rank's global rank."""
+        self._check_made()
         return self._rank
 
     def __repr__(self) -> str:
@@ -113,19 +142,27 @@ class DeviceMesh:
 
     def get_group(self, mesh_dim: int | str | None = None) -> ProcessGroup:
         """This rank's group along ``mesh_dim`` (name or index)."""
+        self._check_made()
         return self._groups[self._dim(mesh_dim)]
 
+    def _check_made(self) -> None:
+        if not self._made:
+            raise GroupError("this DeviceMesh has no groups yet: await DeviceMesh(...) (it creates them, on every rank)")
+
     def get_all_groups(self) -> list[ProcessGroup]:
+        self._check_made()
         return list(self._groups)
 
     def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
         """This rank's coordinate along ``mesh_dim`` (= its rank in that dimension's group)."""
+        self._check_made()
         if self._coordinate is None:
             raise InvalidArgumentError(f"rank {self._rank} is not in this mesh")
         return self._coordinate[self._dim(mesh_dim)]
 
     def get_coordinate(self) -> tuple[int, ...] | None:
         """This rank's coordinates in the mesh."""
+        self._check_made()
         return self._coordinate
 
 
@@ -162,28 +199,50 @@ async def init_device_mesh(
     shape = (mesh_shape,) if isinstance(mesh_shape, int) else tuple(int(s) for s in mesh_shape)
     if not shape or any(s < 1 for s in shape):
         raise InvalidArgumentError(f"mesh shape {shape} must have positive dimensions")
-    from .api import destroy_process_group
-    from .subgroups import new_group
+    w = await _world()
+    if math.prod(shape) != w.size:
+        raise InvalidArgumentError(f"mesh shape {shape} holds {math.prod(shape)} ranks but the world has {w.size}")
+    return await DeviceMesh(device_type, np.arange(w.size).reshape(shape), mesh_dim_names=mesh_dim_names)
 
-    if get_default_group() is None:  # (as torch does: the TP/FSDP tutorials call it first)
+
+async def _world() -> Any:
+    """The world group; without a default group, ``init_process_group()`` from the environment first, as torch
+    does (the TP/FSDP tutorials make the mesh first)."""
+    if get_default_group() is None:
         from .api import init_process_group
 
         await init_process_group()
-    w = world()
-    if math.prod(shape) != w.size:
-        raise InvalidArgumentError(f"mesh shape {shape} holds {math.prod(shape)} ranks but the world has {w.size}")
-    names: tuple[str, ...] | None = None
-    if mesh_dim_names is not None:
-        names = tuple(mesh_dim_names)
-        if len(names) != len(shape):
-            raise InvalidArgumentError(f"mesh_dim_names {names} must name each of the {len(shape)} dimensions")
-        if len(set(names)) != len(names):
-            raise InvalidArgumentError(f"mesh_dim_names {names} must be unique")
+    return world()
+
+
+def _names(mesh_dim_names: Sequence[str] | None, ndim: int) -> tuple[str, ...] | None:
+    if mesh_dim_names is None:
+        return None
+    names = tuple(mesh_dim_names)
+    if len(names) != ndim:
+        raise InvalidArgumentError(f"mesh_dim_names {names} must name each of the {ndim} dimensions")
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"mesh_dim_names {names} must be unique")
+    return names
+
+
+async def _make_groups(mesh: DeviceMesh) -> None:
+    """Create the group of every slice of every dimension of ``mesh`` (every rank, in the same order) and keep
+    this rank's; the mesh must hold each rank of the world once. Cancellation: as :func:`init_device_mesh`."""
+    from .api import destroy_process_group
+    from .subgroups import new_group
+
+    w = await _world()
+    layout = mesh.mesh
+    if layout.ndim == 0 or sorted(layout.ravel().tolist()) != list(range(w.size)):
+        raise InvalidArgumentError(f"a DeviceMesh must hold each rank of the world ({w.size}) once, got "
+                                   f"{layout.tolist()}")
     me = w.rank
     mine: list[ProcessGroup] = []
-    for dim in range(len(shape)):
+    for dim in range(layout.ndim):
         chosen: ProcessGroup | None = None
-        for ranks in mesh_groups(shape, dim):
+        for row in np.moveaxis(layout, dim, -1).reshape(-1, layout.shape[dim]):
+            ranks = row.tolist()
             g = await new_group(ranks)
             if me in ranks:
                 chosen = g
@@ -191,8 +250,7 @@ async def init_device_mesh(
                 await destroy_process_group(g)
         assert chosen is not None
         mine.append(chosen)
-    mesh = np.arange(w.size).reshape(shape)
-    return DeviceMesh(mesh, names, mine, me, device_type)
+    mesh._place(mine, me)
 
 
 __all__ = ["DeviceMesh", "init_device_mesh", "mesh_groups"]

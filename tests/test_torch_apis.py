@@ -278,6 +278,30 @@ def test_device_mesh_indexing_by_dimension_name() -> None:
     assert results[3] == ([1, 3], [2, 3], [[0, 1], [2, 3]], 4.0)
 
 
+def test_torch_device_mesh_constructor_lays_out_the_ranks_as_given_once_awaited() -> None:
+    # Before: TypeError (unexpected keyword argument 'mesh_dim_names'): torch's DeviceMesh(device_type, mesh).
+    async def main() -> Any:
+        await dist.init_process_group("gloo")
+        r = dist.get_rank()
+        pending = DeviceMesh("cpu", [[0, 2], [1, 3]], mesh_dim_names=("dp", "tp"))
+        with pytest.raises(dist.GroupError, match="await DeviceMesh"):
+            pending.get_group("dp")
+        mesh = await pending
+        assert mesh is pending and mesh.get_rank() == r and mesh.shape == (2, 2)
+        x = np.array([float(r)])
+        await dist.all_reduce(x, group=mesh.get_group("tp"))  # a row: [0, 2] or [1, 3]
+        with pytest.raises(dist.InvalidArgumentError, match="each rank of the world"):
+            await DeviceMesh("cpu", [[0, 1], [1, 3]])
+        with pytest.raises(dist.InvalidArgumentError, match="must name each"):
+            DeviceMesh("cpu", [0, 1, 2, 3], mesh_dim_names=("a", "b"))
+        await dist.destroy_process_group()
+        return mesh["tp"].mesh.tolist(), mesh.get_coordinate(), x[0]
+
+    results = run4(main)
+    assert results[0] == ([0, 2], (0, 0), 2.0) and results[1] == ([1, 3], (1, 0), 4.0)
+    assert results[2] == ([0, 2], (0, 1), 2.0) and results[3] == ([1, 3], (1, 1), 4.0)
+
+
 def test_launcher_environment_helpers() -> None:
     async def main() -> Any:
         return dist.is_torchelastic_launched(), dist.get_node_local_rank(), dist.get_node_local_rank(fallback_rank=9)
