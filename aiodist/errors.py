@@ -248,6 +248,17 @@ class WaitTimeoutError(TimeoutError, AiodistError):
         self.timeout = timeout
 
 
+class CallbackError(AiodistError):
+    """A ``fut.then(callback)`` callback raised something that is not a RuntimeError: the chained future fails
+    with this (a RuntimeError, as torch's does: "Got the following error when running the callback"),
+    caused by it (``.error`` and ``__cause__``). RuntimeErrors (aiodist's own errors among them) are kept as
+    they are."""
+
+    def __init__(self, message: str, *, error: BaseException) -> None:
+        super().__init__(message)
+        self.error = error
+
+
 class CollectiveMismatchError(DistBackendError):
     """Ranks called different collectives at the same sequence number.
 

@@ -10,7 +10,8 @@ torch's shapes, so that a torch program's future code runs as written:
   error, and ``InvalidStateError`` while the operation runs (call it after ``wait()`` or in ``then``).
 - ``await fut.wait()`` -- waits, then returns ``value()`` (torch's ``wait()`` blocks; here you await it).
 - ``fut.then(callback)`` -- a new :class:`Future` resolved with ``callback(fut)``'s return value once
-  ``fut`` is done (or failed with what ``callback`` raised); its ``value()`` is that return value as is.
+  ``fut`` is done (or failed with what ``callback`` raised: a RuntimeError as it is, anything else inside
+  a :class:`~aiodist.errors.CallbackError`, as torch wraps it); its ``value()`` is that return value as is.
   ``callback`` is a plain function called from the event loop, as torch's is called from its thread.
 
 Cancelling a future (or a task awaiting it) does not cancel the operation; a ``then`` future of a
@@ -22,6 +23,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from .errors import CallbackError
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -69,8 +72,12 @@ class Future(asyncio.Future[T]):
                 return
             try:
                 value = callback(self)
-            except Exception as e:  # (the callback's own error: the chained future carries it)
+            except RuntimeError as e:  # (the callback's own error, aiodist's among them: the chained future carries it)
                 chained.set_exception(e)
+            except Exception as e:  # a RuntimeError around it, as torch's (a port's except RuntimeError sees it)
+                wrapped = CallbackError(f"the callback of then() raised {type(e).__name__}: {e}", error=e)
+                wrapped.__cause__ = e
+                chained.set_exception(wrapped)
             else:
                 chained.set_result(value)
 

@@ -53,8 +53,9 @@ def test_an_operations_future_has_torchs_value_wait_and_then() -> None:
         def boom(f: Future[Any]) -> Any:
             raise ValueError("boom")
 
-        with pytest.raises(ValueError, match="boom"):
-            await dist.all_reduce(np.ones(1), async_op=True).get_future().then(boom).wait()
+        with pytest.raises(RuntimeError, match="raised ValueError: boom") as info:  # (before: a bare ValueError,
+            await dist.all_reduce(np.ones(1), async_op=True).get_future().then(boom).wait()  # torch: RuntimeError)
+        assert isinstance(info.value, dist.CallbackError) and isinstance(info.value.__cause__, ValueError)
         late = dist.recv(np.zeros(1), src=(dist.get_rank() + 1) % w, timeout=0.2).get_future()
 
         def handled(f: Future[Any]) -> str:
