@@ -3,9 +3,9 @@
 :class:`Admission` counts open connections against ``max_connections``
 (refusing more) and those in their handshake against ``max_handshakes``
 (closing the oldest for a newer one); it logs refusals and evictions once per
-interval (a count of what it did not log one by one, never a silent drop). :func:`server_handshake` runs the store's hello
-exchange with the mutual authentication of :mod:`aiodist.auth` on a fresh
-connection; :func:`client_handshake` is the client's side. Before a
+interval (a count of what it did not log one by one, never a silent drop).
+:func:`server_handshake` runs the store's hello exchange with the mutual
+authentication of :mod:`aiodist.auth` on a fresh connection; :func:`client_handshake` is the client's side. Before a
 connection has authenticated, its frames are limited to
 :data:`~aiodist.store.limits.PRE_AUTH_MAX_FRAME` bytes (the callers open and
 accept connections with that limit and raise it once the other end proved
