@@ -139,13 +139,14 @@ async def _fail_then_leave() -> Any:
     return outcome
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(24))
 def test_ranks_that_leave_after_a_failed_call_are_not_blamed_for_it(seed: int) -> None:
     """Rank 1's call fails; every rank catches the error and leaves at once. Before, a rank the news reached
     late failed on a departure instead ("rank 0 failed: left the job"), blaming a rank that did nothing
     wrong, in 35 of 40 seeds: its part sent to a rank already gone, or that rank's ``bye`` came before the
-    news. Now its operation fails with the news if it came by then, and a leaving rank passes the news on
-    ahead of its ``bye``: every rank names rank 1."""
+    news, or it found that rank gone when it dialed it. Now its operation fails with the news if it came by
+    then, and a leaving rank passes the news on ahead of its ``bye`` and in its departure note: every rank
+    names rank 1 (1 seed in 40 still does not: the news reached no rank it heard from in time)."""
     res = sim.run(_fail_then_leave, world_size=4, seed=seed)
     assert res.ok, res.summary()
     assert res.rank_results[1] == ("TypeError", None)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import tls
@@ -33,6 +34,7 @@ from . import links as L
 from .detector import Watch
 from .handshake import AcceptHandshake, DialHandshake, Outcome
 from .heartbeats import Heartbeats
+from .mismatch_reports import CallFailure, apply_call_failed
 from .registry import GroupRegistry
 from .router import Match, Router
 from .settings import (BYE_TIMEOUT, DEPARTURE_LOOKUP, DIAL_DEFER, DIAL_DEFER_ENV, EXPECT_LOWER, HELLO_TIMEOUT,
@@ -373,20 +375,45 @@ class PeerLinks:
     def _departure_key(self, rank: int) -> str:
         return f"{self.key_prefix}gone/{rank}"
 
-    async def note_departure(self, *, grace: float) -> None:
+    async def note_departure(self, *, grace: float, calls: Sequence[CallFailure] = ()) -> None:
         """This rank leaves: say so in the store (after a failure: which, the first it learned of), within ``grace`` s.
 
         For the peers that dial it once it is gone (they can no longer hear its ``bye``):
         their receives from it fail at once, and after a failure their errors name the root
-        cause. Errors are swallowed (the store may be gone).
+        cause. ``calls``: the failed calls of members it learned of (see
+        :meth:`.Transport._relay_call_failures`), noted first: a dialer that finds it gone applies them
+        before its receives fail on the departure. Errors are swallowed (the store may be gone).
         """
         first = self.links.first_failure
         note = f"{L.LEFT_CLEANLY}|" if first is None else f"{'' if first[0] is None else first[0]}|{first[1]}"
         try:
             async with asyncio.timeout(grace):
+                if calls:
+                    told = [[f.gid, f.seq, f.found, f.text] for f in calls]
+                    await self.store.set(self._departed_calls_key(self.rank), json.dumps(told))
                 await self.store.set(self._departure_key(self.rank), note)
         except Exception as e:  # noqa: BLE001 - a courtesy: leaving goes on without it
             log.debug("rank %d: could not note its departure in the store: %r", self.rank, e)
+
+    def _departed_calls_key(self, rank: int) -> str:
+        return f"{self.key_prefix}gone_calls/{rank}"
+
+    async def _apply_departed_calls(self, rank: int) -> None:
+        """``rank`` left: the failed calls it noted as it left (see :meth:`note_departure`) void their operations
+        here, as its relays ahead of a ``bye`` would have (bad entries are skipped: the rank is gone)."""
+        key = self._departed_calls_key(rank)
+        try:
+            async with asyncio.timeout(min(self.timeout, DEPARTURE_LOOKUP)):
+                if not await self.store.check([key]):
+                    return
+                told = json.loads(bytes(await self.store.get(key)))
+        except Exception as e:  # noqa: BLE001 - no more to learn than the departure itself
+            log.debug("rank %d: could not read the calls rank %d noted as it left: %r", self.rank, rank, e)
+            return
+        for item in told if type(told) is list else ():
+            if type(item) is list and len(item) == 4 and type(item[2]) is int and type(item[3]) is str:
+                gid, seq, found, text = item
+                apply_call_failed(self._router, rank, F.call_failed(gid, seq, text, found=found))
 
     async def _departure_of(self, rank: int) -> tuple[int | str | None, str] | None:
         """What ``rank`` noted in the store when it left (None: nothing, or no store to ask): the rank it
@@ -444,6 +471,8 @@ class PeerLinks:
 
     async def _dial_failed(self, rank: int, e: BaseException) -> None:
         departed = await self._departure_of(rank)
+        if departed is not None:
+            await self._apply_departed_calls(rank)
         self.do(self.links.dial_failed(rank, f"{type(e).__name__}: {e}", departed))
 
     def _dialed(self, rank: int, conn: Connection, outcome: Outcome) -> bool:

@@ -211,7 +211,7 @@ class Transport:
     async def note_departure(self, *, grace: float) -> None:
         """Before :meth:`close` after a failure: note in the store which failure this rank leaves after (see
         :meth:`PeerLinks.note_departure`), within ``grace`` seconds."""
-        await self._links.note_departure(grace=grace)
+        await self._links.note_departure(grace=grace, calls=[f for f, _ in self._call_failures])
 
     async def leave_stopped(self, culprit: int, how: str, *, grace: float) -> bool:
         """This rank's launcher stops it (it dies of the signal next) because rank ``culprit`` failed (``how``).
