@@ -17,7 +17,11 @@ When ``main`` returns, the rank finishes as a process does: the runtime's
 fails with ``kind="unawaited"`` for operations never awaited), then its
 remaining tasks are cancelled and awaited (as :func:`asyncio.run` does), then
 the process exits: its connections close (reset when they hold data it never
-read), its listeners go away and nothing of it runs again.
+read), its listeners go away and nothing of it runs again. When ``main``
+raises (and the run goes on: ``stop_on_error=False``), the rank first leaves
+as a rank of ``aiodist run`` does, :func:`aiodist.api.finish_failed_rank`:
+its peers and the store learn what failed (its own error, or the earlier
+failure it learned of), so their errors name the root cause.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from aiodist import inflight
-from aiodist.api import finish_rank
+from aiodist.api import finish_failed_rank, finish_rank
 from aiodist.context import new_rank_scope, rank_environ, rank_scope, set_network, set_rank_environ, set_token_source
 from aiodist.errors import CollectiveTimeoutError, UnawaitedOperationError, innermost
 
@@ -243,7 +247,8 @@ class Simulation(FaultActions):
             inc.state = "finishing"
             inc.result = task.result()
             self.returned[inc.rank] = self.loop.time()
-        self._exit(inc, normal=inc.state == "finishing")
+        self._exit(inc, normal=inc.state == "finishing",
+                   error=None if task.cancelled() else task.exception())
 
     def _raised(self, inc: _Incarnation, exc: BaseException) -> bool:
         """The program of ``inc`` raised ``exc``, which ends it: its failure. True when that stops the run."""
@@ -262,10 +267,11 @@ class Simulation(FaultActions):
             return True
         return False
 
-    def _exit(self, inc: _Incarnation, *, normal: bool) -> None:
-        """The process ends as asyncio.run ends: (finish_rank after a normal return,) cancel what is left, exit."""
-        inc.exiting = self.loop.create_task(self._finish(inc, normal=normal), name=f"sim-rank{inc.rank}-exit",
-                                            context=inc.ctx)
+    def _exit(self, inc: _Incarnation, *, normal: bool, error: BaseException | None = None) -> None:
+        """The process ends as asyncio.run ends under ``aiodist run``: finish_rank after a normal return,
+        finish_failed_rank after ``error`` (the peers learn what failed), then cancel what is left, exit."""
+        inc.exiting = self.loop.create_task(self._finish(inc, normal=normal, error=error),
+                                            name=f"sim-rank{inc.rank}-exit", context=inc.ctx)
         inc.exiting.add_done_callback(lambda t, inc=inc: self._exited(inc, t), context=self.kernel)
 
     def _ended_by(self, lane: int, kind: type[BaseException]) -> _Incarnation | None:
@@ -296,7 +302,7 @@ class Simulation(FaultActions):
                 self.returned[inc.rank] = self.loop.time()
             elif self._raised(inc, exc):
                 return True
-            self._exit(inc, normal=False)
+            self._exit(inc, normal=False, error=None if exc.code in (None, 0) else exc)
         return True
 
     def _keyboard_interrupt(self, lane: int, exc: KeyboardInterrupt) -> bool:
@@ -337,9 +343,11 @@ class Simulation(FaultActions):
             return
         self._maybe_finish()
 
-    async def _finish(self, inc: _Incarnation, *, normal: bool) -> Failure | None:
+    async def _finish(self, inc: _Incarnation, *, normal: bool, error: BaseException | None = None) -> Failure | None:
         failure = None
-        if normal:
+        if error is not None:  # (as the launcher does: see aiodist.launch.runner)
+            await finish_failed_rank(error)
+        elif normal:
             try:
                 await finish_rank()
             except UnawaitedOperationError as e:

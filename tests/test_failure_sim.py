@@ -236,3 +236,27 @@ def test_a_rank_that_dials_a_rank_gone_after_a_failure_learns_which_from_the_sto
                   stop_on_error=False, explore=False)
     assert "rank 3 failed" in res.rank_results[1], res.rank_results
     assert "rank 1 failed: left the job after rank 3 failed: connection lost" in res.rank_results[2], res.rank_results
+
+
+async def _raises_without_leaving() -> Any:
+    await dist.init_process_group(timeout=20)
+    if dist.get_rank() == 2:
+        await asyncio.sleep(0.01)
+        raise ValueError("rank 2's own bug")  # (no destroy_process_group: the process just ends)
+    try:
+        await dist.all_reduce(np.ones(2))
+    except PeerFailureError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_rank_whose_main_raises_leaves_as_under_aiodist_run_saying_what_failed(seed: int) -> None:
+    """Under ``aiodist run`` a rank whose main raises leaves saying what failed (finish_failed_rank): its peers'
+    errors read "rank 2 failed: left the job after: raised ValueError: ...". The simulator only dropped the
+    process's connections: its peers read "connection lost" or "unreachable (connection refused)"."""
+    res = sim.run(_raises_without_leaving, world_size=4, seed=seed, stop_on_error=False)
+    assert [f.rank for f in res.failures if f.kind == "exception"] == [2], res.summary()
+    said = [r for i, r in enumerate(res.rank_results) if i != 2]
+    assert all("raised ValueError: rank 2's own bug" in s for s in said), said
+    assert sim.run(_raises_without_leaving, world_size=4, seed=seed, stop_on_error=False).digest == res.digest
