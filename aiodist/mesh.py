@@ -167,10 +167,14 @@ class DeviceMesh:
 
 
 def mesh_groups(shape: Sequence[int], dim: int) -> list[list[int]]:
-    """The rank lists of dimension ``dim``'s groups, in the order every rank creates them."""
-    mesh = np.arange(math.prod(shape)).reshape(tuple(shape))
-    moved = np.moveaxis(mesh, dim, -1).reshape(-1, shape[dim])
-    return [row.tolist() for row in moved]
+    """The rank lists of dimension ``dim``'s groups of a row-major mesh of ``shape``, in the order every rank
+    creates them."""
+    return _slices(np.arange(math.prod(shape)).reshape(tuple(shape)), dim)
+
+
+def _slices(layout: np.ndarray, dim: int) -> list[list[int]]:
+    """The rank lists of dimension ``dim``'s groups of the mesh ``layout``, in the order every rank creates them."""
+    return [row.tolist() for row in np.moveaxis(layout, dim, -1).reshape(-1, layout.shape[dim])]
 
 
 async def init_device_mesh(
@@ -241,8 +245,7 @@ async def _make_groups(mesh: DeviceMesh) -> None:
     mine: list[ProcessGroup] = []
     for dim in range(layout.ndim):
         chosen: ProcessGroup | None = None
-        for row in np.moveaxis(layout, dim, -1).reshape(-1, layout.shape[dim]):
-            ranks = row.tolist()
+        for ranks in _slices(layout, dim):
             g = await new_group(ranks)
             if me in ranks:
                 chosen = g

@@ -29,6 +29,15 @@ def _fault(router: Router, reporter: int, gid: object, seq: object, what: str) -
     return None if bad is None else f"{what} with {bad}"
 
 
+def _origin(router: Router, reporter: int, h: F.Header, gid: object, seq: object) -> int:
+    """The rank a report is about: the one a relay names (``found``: the rank that found the mismatch, or whose
+    call failed; a member of the group), else ``reporter`` itself."""
+    found = h.get(F.FOUND, reporter)
+    if type(found) is not int or found < 0 or found == reporter or router.vet(found, gid, seq) is not None:
+        return reporter
+    return found
+
+
 def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
     """Void what rank ``reporter``'s mismatch report ``h`` names; the report's fault if it is bad input."""
     gid, seq = h.get(F.GROUP), h.get(F.SEQ)
@@ -40,9 +49,7 @@ def apply_report(router: Router, reporter: int, h: F.Header) -> str | None:
     except (TypeError, ValueError):
         return f"a malformed mismatch report (calls {F.shown(h.get(F.CALLS))})"
     message = F.shown(h.get(F.TEXT, "collective mismatch"), MAX_REPORT_TEXT)
-    found = h.get(F.FOUND, reporter)  # (a relay names the rank that found it: a member of the group)
-    if type(found) is not int or found < 0 or found == reporter or router.vet(found, gid, seq) is not None:
-        found = reporter
+    found = _origin(router, reporter, h, gid, seq)
     by = f"rank {found}" if found == reporter else f"rank {found} (relayed by rank {reporter})"
 
     def error() -> BaseException:
@@ -69,9 +76,7 @@ def apply_call_failed(router: Router, reporter: int, h: F.Header) -> CallFailure
     if fault is not None or router.destroyed(gid):
         return fault  # (None for late news of a group destroyed here)
     text = F.shown(h.get(F.TEXT, "its call failed"), MAX_REPORT_TEXT)
-    found = h.get(F.FOUND, reporter)  # (a relay names the rank whose call failed: a member of the group)
-    if type(found) is not int or found < 0 or found == reporter or router.vet(found, gid, seq) is not None:
-        found = reporter
+    found = _origin(router, reporter, h, gid, seq)
     where = f"global rank {found}" if found == reporter else f"global rank {found} (relayed by rank {reporter})"
 
     def error(_: Receive) -> BaseException:

@@ -401,12 +401,9 @@ class PeerLinks:
     async def _apply_departed_calls(self, rank: int) -> None:
         """``rank`` left: the failed calls it noted as it left (see :meth:`note_departure`) void their operations
         here, as its relays ahead of a ``bye`` would have (bad entries are skipped: the rank is gone)."""
-        key = self._departed_calls_key(rank)
         try:
-            async with asyncio.timeout(min(self.timeout, DEPARTURE_LOOKUP)):
-                if not await self.store.check([key]):
-                    return
-                told = json.loads(bytes(await self.store.get(key)))
+            raw = await self._noted(self._departed_calls_key(rank))
+            told = None if raw is None else json.loads(raw)
         except Exception as e:  # noqa: BLE001 - no more to learn than the departure itself
             log.debug("rank %d: could not read the calls rank %d noted as it left: %r", self.rank, rank, e)
             return
@@ -415,19 +412,25 @@ class PeerLinks:
                 gid, seq, found, text = item
                 apply_call_failed(self._router, rank, F.call_failed(gid, seq, text, found=found))
 
+    async def _noted(self, key: str) -> bytes | None:
+        """What a departed rank noted under ``key`` in the store (None: nothing), within
+        :data:`.settings.DEPARTURE_LOOKUP` s; the store's error if it fails."""
+        async with asyncio.timeout(min(self.timeout, DEPARTURE_LOOKUP)):
+            if not await self.store.check([key]):
+                return None
+            return bytes(await self.store.get(key))
+
     async def _departure_of(self, rank: int) -> tuple[int | str | None, str] | None:
         """What ``rank`` noted in the store when it left (None: nothing, or no store to ask): the rank it
         blamed and how, or ``(LEFT_CLEANLY, "")``. If ``rank`` hosted the store and left after a failure,
         the store said so to its clients as it closed: that is the note."""
-        key = self._departure_key(rank)
         try:
-            async with asyncio.timeout(min(self.timeout, DEPARTURE_LOOKUP)):
-                if not await self.store.check([key]):
-                    return None
-                raw = bytes(await self.store.get(key)).decode(errors="replace")
+            note = await self._noted(self._departure_key(rank))
         except Exception as e:  # noqa: BLE001 - the store failed us too: no more to say than the dial's error
             return _left_as_host(e, rank)
-        culprit, _, how = raw.partition("|")
+        if note is None:
+            return None
+        culprit, _, how = note.decode(errors="replace").partition("|")
         if culprit == L.LEFT_CLEANLY:
             return L.LEFT_CLEANLY, ""
         return (int(culprit) if culprit.isdigit() else None), how
