@@ -143,6 +143,14 @@ class StoreTimeoutError(TimeoutError, StoreError):
             super().__init__(f"store {op} of key(s) {self.keys!r} timed out after {timeout:g}s: the store did not answer")
 
 
+class QueueEmptyError(StoreError):
+    """``queue_pop(key, block=False)`` found queue ``.key`` empty (torch's ``QueueEmptyError``, a store error)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"queue_pop(block=False): queue {key!r} is empty")
+
+
 # --------------------------------------------------------------------- groups
 
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+import aiodist
 from aiodist.errors import (
     AiodistError,
     ConnectionClosedError,
@@ -391,6 +392,31 @@ async def test_queue_fifo_and_len(handles: Factory) -> None:
     assert await s.queue_len("q") == 5
     assert [await s.queue_pop("q") for _ in range(5)] == [b"0", b"1", b"2", b"3", b"4"]
     assert await s.queue_len("q") == 0
+
+
+async def test_a_non_blocking_pop_takes_the_oldest_or_raises_queue_empty_at_once_as_torchs(handles: Factory) -> None:
+    """torch's ``queue_pop(key, block=False)`` (positional too): QueueEmptyError, a store error, when empty.
+
+    Before, ``queue_pop("q", False)`` was a TypeError (the timeout is keyword-only) and torch's error was missing.
+    """
+    a, b = await handles(), await handles()
+    t0 = asyncio.get_running_loop().time()
+    with pytest.raises(aiodist.QueueEmptyError) as info:
+        await a.queue_pop("nb", False)
+    assert info.value.key == "nb" and isinstance(info.value, aiodist.DistStoreError)
+    assert isinstance(info.value, RuntimeError) and "empty" in str(info.value)
+    assert asyncio.get_running_loop().time() - t0 < 1.0  # (at once, not after the store's default timeout)
+    await b.queue_push("nb", b"one")
+    await b.queue_push("nb", b"two")
+    assert await a.queue_pop("nb", False) == b"one"
+    assert await a.queue_pop("nb", block=False) == b"two"
+    with pytest.raises(aiodist.QueueEmptyError):
+        await a.queue_pop("nb", block=False)
+    with pytest.raises(aiodist.InvalidArgumentTypeError, match="keyword-only"):
+        await a.queue_pop("nb", 5)  # type: ignore[arg-type]
+    await b.queue_push("nb", b"three")  # (nothing lost or reordered by the refused calls)
+    assert await a.queue_pop("nb") == b"three"
+    assert await a.queue_len("nb") == 0
 
 
 async def test_queue_push_wakes_exactly_one_waiter_in_fifo_order(handles: Factory) -> None:

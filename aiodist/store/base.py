@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..arguments import seconds
-from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError, QueueEmptyError, StoreTimeoutError
 
 Value = bytes | str | bytearray | memoryview
 
@@ -175,8 +175,13 @@ class Store(abc.ABC):
         """Push ``value`` on queue ``key``; wakes exactly one waiting ``queue_pop``."""
 
     @abc.abstractmethod
-    async def queue_pop(self, key: str, *, timeout: float | None = None) -> bytes:
-        """Pop the oldest value of queue ``key``, waiting for one."""
+    async def queue_pop(self, key: str, block: bool = True, *, timeout: Timeout = None) -> bytes:
+        """Pop the oldest value of queue ``key``, waiting for one.
+
+        ``block=False`` (torch's form, positional too): do not wait, raise
+        :class:`~aiodist.errors.QueueEmptyError` if the queue is empty
+        (implementations call :func:`pop_now`).
+        """
 
     @abc.abstractmethod
     async def queue_len(self, key: str) -> int:
@@ -191,3 +196,22 @@ class Store(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def pop_now(store: Store, key: str, block: Any) -> bytes:
+    """``store.queue_pop(key, block=False)``: the oldest value, or :class:`QueueEmptyError` at once if there is none.
+
+    A pop with a timeout of 0: the store looks once. A store that does not
+    answer in time still raises :class:`StoreTimeoutError` (not a verdict on
+    the queue).
+    """
+    if type(block) is not bool:
+        raise InvalidArgumentTypeError(
+            f"queue_pop's block must be a bool, got {type(block).__name__} (the timeout is keyword-only: timeout=...)"
+        )
+    try:
+        return await store.queue_pop(key, timeout=0)
+    except StoreTimeoutError as e:
+        if not e.waiting:
+            raise
+        raise QueueEmptyError(key) from None

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError, ProtocolError, StoreRequestError, StoreTimeoutError
 from ..inflight import waiting_in
 from . import protocol as P
-from .base import AMOUNT_LIMIT, Store, Timeout, Value, as_amount, as_key, as_keys, as_timeout, as_value
+from .base import AMOUNT_LIMIT, Store, Timeout, Value, as_amount, as_key, as_keys, as_timeout, as_value, pop_now
 from .state import KEY_TOO_LARGE, VALUE_TOO_LARGE
 
 _MAX_KEYS_BYTES = 512 * 1024
@@ -257,7 +257,9 @@ class ClientOps(Store):
         if "err" in r:
             raise self._failed(r, "queue_push", key, self.timeout)
 
-    async def queue_pop(self, key: str, *, timeout: float | None = None) -> bytes:
+    async def queue_pop(self, key: str, block: bool = True, *, timeout: Timeout = None) -> bytes:
+        if block is not True:
+            return await pop_now(self, key, block)
         if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "queue_pop")
         t = as_timeout(timeout, self.timeout)

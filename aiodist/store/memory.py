@@ -18,7 +18,7 @@ from ..errors import (
     StoreTimeoutError,
 )
 from ..inflight import waiting_in
-from .base import Store, Timeout, Value, as_amount, as_key, as_keys, as_timeout, as_value
+from .base import Store, Timeout, Value, as_amount, as_key, as_keys, as_timeout, as_value, pop_now
 from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Reply, StoreState
 
 _ME = 0  # the state machine's client id for this store's callers
@@ -176,7 +176,9 @@ class MemoryStore(Store):
     async def queue_push(self, key: str, value: Value) -> None:
         self._now("queue_push", self.state.queue_push, as_key(key), as_value(value))
 
-    async def queue_pop(self, key: str, *, timeout: float | None = None) -> bytes:
+    async def queue_pop(self, key: str, block: bool = True, *, timeout: Timeout = None) -> bytes:
+        if block is not True:
+            return await pop_now(self, key, block)
         key = as_key(key)
         return await self._blocking("queue_pop", [key], timeout, self.state.queue_pop, key)  # type: ignore[no-any-return]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import InvalidArgumentTypeError
-from .base import Store, Timeout, Value, as_key, as_keys
+from .base import Store, Timeout, Value, as_key, as_keys, pop_now
 
 
 class PrefixStore(Store):
@@ -92,7 +92,9 @@ class PrefixStore(Store):
     async def queue_push(self, key: str, value: Value) -> None:
         await self.store.queue_push(self._k(key), value)
 
-    async def queue_pop(self, key: str, *, timeout: float | None = None) -> bytes:
+    async def queue_pop(self, key: str, block: bool = True, *, timeout: Timeout = None) -> bytes:
+        if block is not True:
+            return await pop_now(self, key, block)
         return await self.store.queue_pop(self._k(key), timeout=timeout)
 
     async def queue_len(self, key: str) -> int:
