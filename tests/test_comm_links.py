@@ -425,6 +425,43 @@ def test_a_bye_after_a_failure_names_the_root_cause_and_is_passed_on() -> None:
     del c1
 
 
+def test_a_dial_awaiting_its_verdict_gets_the_bye_too() -> None:
+    """The acceptor holds the connection as its link once it checked our answer: a rank that leaves while its
+    verdict is on the way must say bye there too, or the acceptor sees its new link drop without a word
+    ("connection lost") and blames the leaving rank. Before, only links that were up on this side got it."""
+    m = Links(1, 5, dial_defer=0)
+    c2 = ready(m, 2)
+    m.need(3)  # (dialing: the answer is sent, the welcome not here yet)
+    m.reported(2, 4, "unreachable (connection refused)")
+    answered = Conn()
+    acts = m.close(answered=[answered])
+    farewell = F.bye((4, "unreachable (connection refused)"))
+    assert sent(acts, F.BYE) == [(c2, farewell), (answered, farewell)]
+    m2 = Links(1, 5, dial_defer=0)
+    assert sent(m2.close(bye=False, answered=[Conn()]), F.BYE) == []  # (an abort says nothing anywhere)
+
+
+def test_a_failure_report_carries_the_root_cause_and_the_receiver_names_it() -> None:
+    """Rank 2 learned that rank 1 left after rank 4 failed; its report of rank 1 says so (``root``). Before, the
+    report carried text only: the receiver's `.culprit` was None and its own bye passed on "after rank 1
+    failed: left the job after rank 4 failed", so the ranks that heard it named rank 1."""
+    b = Links(3, 5, dial_defer=0)
+    b1, b2 = ready(b, 1), ready(b, 2)
+    notice = F.fail(1, "left the job after rank 4 failed: connection lost", (4, "connection lost"))
+    assert notice[F.ROOT] == [4, "connection lost"]
+    acts = b.reported(2, 1, notice[F.HOW], notice[F.ROOT])
+    err = b.peer_error(1)
+    assert err.culprit == 4 and err.cause == "connection lost" and b.first_failure == (4, "connection lost")
+    told = F.fail(1, notice[F.HOW], (4, "connection lost"))
+    assert sent(acts, F.FAIL) == [(b1, told), (b2, told)]  # (rank 1 itself, and passed on: with the root)
+    assert sent(b.close(), F.BYE) == [(b2, F.bye((4, "connection lost")))]  # (the root, not rank 1)
+    c = Links(3, 5, dial_defer=0)
+    ready(c, 1)
+    for bad in ([9, "x"], [3, "x"], [1, "x"], "4", [4], None):  # (unchecked input: names nobody)
+        c.reported(2, 1, "left the job after: ?", bad)
+    assert c.peer_error(1).culprit is None and c.first_failure == (1, "left the job after: ?")
+
+
 def test_a_bye_says_nothing_of_a_failure_when_there_was_none_and_its_fields_are_checked() -> None:
     m = Links(0, 6, dial_defer=0)
     c = {r: ready(m, r) for r in range(1, 6)}
@@ -459,12 +496,32 @@ def test_a_dial_to_a_rank_that_left_after_a_failure_names_the_root_cause() -> No
     m.need(1)
     acts = m.dial_failed(1, "ConnectionLost: connection refused", (4, "connection lost"))
     assert str(m.peer_error(1)) == "rank 1 failed: left the job after rank 4 failed: connection lost"
-    assert sent(acts, F.FAIL) == [(c3, F.fail(1, "left the job after rank 4 failed: connection lost"))]
+    assert sent(acts, F.FAIL) == [(c3, F.fail(1, "left the job after rank 4 failed: connection lost", (4, "connection lost")))]
     assert m.first_failure == (4, "connection lost")  # (the root: what a bye of this rank passes on)
     m2 = Links(2, 5, dial_defer=0)
     m2.need(1)
     m2.dial_failed(1, "ConnectionLost: connection refused", ("x", None))  # (unchecked input: names nobody)
     assert str(m2.peer_error(1)) == "rank 1 failed: left the job after: unknown"
+
+
+def test_a_dial_to_a_rank_whose_note_is_lost_with_the_store_names_the_failure_the_store_closed_after() -> None:
+    """Rank 1 is unreachable and its departure note cannot be read: the store closed, its host (rank 0)
+    having left after rank 4 failed. That failure is the likely reason rank 1 is gone too: named, and noted
+    as the root cause. Before, the error said only "unreachable" (the demo's crash run: 2 of 59 survivors
+    blamed an innocent rank)."""
+    m = Links(2, 5, dial_defer=0)
+    m.need(1)
+    m.dial_failed(1, "ConnectionLost: connection refused", None, store_gone=(0, 4, "connection lost"))
+    err = m.peer_error(1)
+    assert str(err) == ("rank 1 failed: unreachable (ConnectionLost: connection refused); the store closed as its "
+                        "host, rank 0, left the job after rank 4 failed: connection lost")
+    assert err.rank == 1 and err.culprit == 4 and err.cause == "connection lost"
+    assert m.first_failure == (4, "connection lost")
+    m2 = Links(2, 5, dial_defer=0)
+    m2.need(1)
+    m2.dial_failed(1, "ConnectionLost: connection refused", None, store_gone=(0, 9, "x"))  # (unchecked: nobody)
+    assert str(m2.peer_error(1)) == "rank 1 failed: unreachable (ConnectionLost: connection refused)"
+    assert m2.peer_error(1).culprit is None
 
 
 def test_abort_closes_without_bye() -> None:

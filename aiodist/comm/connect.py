@@ -134,6 +134,12 @@ class Dialing(Shake):
         conn.set_frame_handler(self.on_frame)
         _send(conn, hs.hello())
 
+    @property
+    def answered(self) -> bool:
+        """This dialer sent its proof and awaits the verdict: the acceptor may already hold the connection as
+        its link."""
+        return not self.over and self.hs is not None and self.hs.phase is Phase.AUTHENTICATING
+
     def on_frame(self, frame: Frame) -> None:
         hs = self.hs
         assert hs is not None  # (no frame comes here after the verdict: the link's handler, or closed)

@@ -20,7 +20,8 @@ the simulator have their own protocols). A frame is a msgpack map (see
       bye   {t, how?, rank?, stopped?}           this rank leaves the job (its group was destroyed); after a
                                                  failure: the first one it learned of (``how``; whose: ``rank``);
                                                  ``stopped``: its launcher stopped it for that failure
-      fail  {t, rank, how}                       rank ``rank`` failed (``how``); may name the receiver
+      fail  {t, rank, how, root?}                rank ``rank`` failed (``how``); may name the receiver;
+                                                 ``root``: [rank, how] of the failure it left after, if known
       x     {t, g, s: seq, m: message, c: [[global rank, call], ...]}   collective mismatch report
       xf    {t, g, s: seq, m: message}          the sender's call at ``seq`` failed there (it raised: ``m``)
 
@@ -78,6 +79,7 @@ SKIP: Final = "skip"
 # failure and mismatch reports
 HOW: Final = "how"
 STOPPED: Final = "stopped"
+ROOT: Final = "root"
 SEQ: Final = "s"
 TEXT: Final = "m"
 CALLS: Final = "c"
@@ -131,9 +133,12 @@ def refused(reason: str | None = None, condemned: str | None = None, *, gone: bo
     return h
 
 
-def fail(rank: int, how: str) -> Header:
-    """Rank ``rank`` failed (sent to the others, and to ``rank`` itself so it can blame itself)."""
-    return {KIND: FAIL, RANK: rank, HOW: how}
+def fail(rank: int, how: str, root: tuple[int, str] | None = None) -> Header:
+    """Rank ``rank`` failed (sent to the others, and to ``rank`` itself so it can blame itself); ``root``: the
+    rank whose failure it left after and how, when the sender knows (so that the others name the root cause)."""
+    if root is None:
+        return {KIND: FAIL, RANK: rank, HOW: how}
+    return {KIND: FAIL, RANK: rank, HOW: how, ROOT: [root[0], root[1]]}
 
 
 def mismatch(group: Any, seq: int, text: str, calls: dict[int, Any], found: int | None = None) -> Header:

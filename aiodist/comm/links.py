@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import EvictedError, GroupError, PeerFailureError, PeerRefusedError
@@ -282,13 +282,16 @@ class Links:
             self.first_failure = (culprit, how[:MAX_HOW])
         return [Wake(rank, PeerFailureError(how, rank=culprit, how=how))]
 
-    def dial_failed(self, rank: int, detail: str, departed: tuple[Any, Any] | None = None) -> Actions:
+    def dial_failed(
+        self, rank: int, detail: str, departed: tuple[Any, Any] | None = None, *, store_gone: tuple[Any, Any, Any] | None = None
+    ) -> Actions:
         """Connecting to ``rank``, or its handshake, failed (refused, timed out, broke): it is unreachable.
 
         ``departed``: what ``rank`` left in the store when it left the job: after a failure
         (the rank and how, unchecked), that is how it failed; ``(LEFT_CLEANLY, "")``: it left
         cleanly (as a ``bye`` says), also when the dial was only speculative: a receive from it
-        can then never complete.
+        can then never complete. ``store_gone``: no note could be read, the store having closed
+        as its host left the job after a failure: ``(host, culprit, how)`` as the store said (unchecked).
         """
         link = self._links[rank]
         if link.state is not _DIALING:
@@ -300,7 +303,7 @@ class Links:
             return []
         if departed is not None:
             return self._fail(link, self._left_after(link, *departed))
-        return self._fail(link, f"unreachable ({detail})")
+        return self._fail(link, f"unreachable ({detail}){self._likely_cause(link, store_gone)}")
 
     def dial_unauthentic(self, rank: int, detail: str) -> Actions:
         """The other end did not prove the job's secret, or refused our proof: no link, and no gossip
@@ -478,6 +481,25 @@ class Links:
             return f"{lead}: {cause}"
         return f"{lead} {'this rank' if root == self.rank else f'rank {root}'} failed: {cause}"
 
+    def _likely_cause(self, link: Link, store_gone: tuple[Any, Any, Any] | None) -> str:
+        """What to add to ``link``'s "unreachable" when its rank's departure note could not be read because
+        the store closed as its host left the job after rank ``culprit``'s failure: that failure, the likely
+        reason ``link``'s rank is gone too, noted as the root cause (on the link and as this rank's first
+        failure) as a departure note's would be. Empty when the store named no rank of the job."""
+        if store_gone is None:
+            return ""
+        host, after, how = store_gone
+        if not (type(after) is int and 0 <= after < self.world_size):
+            return ""
+        cause = str(how)[:MAX_HOW] if how is not None else "unknown"
+        if after != self.rank:
+            link.culprit, link.cause = after, cause
+            if self.first_failure is None and not self.closing:
+                self.first_failure = (after, cause)
+        who = "this rank" if after == self.rank else f"rank {after}"
+        by = f"its host, rank {host}," if type(host) is int else "its host"
+        return f"; the store closed as {by} left the job after {who} failed: {cause}"
+
     def silent(self, rank: int, how: str) -> Actions:
         """The failure detector heard nothing from ``rank`` for too long: fail it, telling it first
         (a stopped rank that resumes then learns that it was declared failed)."""
@@ -486,16 +508,32 @@ class Links:
             return []
         return self._fail(link, how, tell_it=True)
 
-    def reported(self, reporter: int, rank: Any, cause: Any) -> Actions:
+    def reported(self, reporter: int, rank: Any, cause: Any, root: Any = None) -> Actions:
         """``reporter`` says ``rank`` failed (``cause``, cut to :data:`MAX_HOW` characters); about this rank:
-        it was declared failed."""
+        it was declared failed. ``root``: ``[rank, how]`` of the failure ``rank`` left after, as the reporter
+        knew it (unchecked): noted as the root cause, as ``rank``'s own ``bye`` would have said it."""
         if type(rank) is not int or not 0 <= rank < self.world_size:
             return []
         cause = F.shown(cause, MAX_HOW)  # (unchecked input: it goes into errors, logs and on to every peer)
         if rank == self.rank:
             return self._condemn(f"rank {reporter} reports: {cause}")
         link = self.link(rank)
+        if link.state not in TERMINAL:
+            self._root_of(link, root)
         return self._fail(link, f"reported by rank {reporter}: {cause}", cause=cause, close=False)
+
+    def _root_of(self, link: Link, root: Any) -> None:
+        """A report's ``root`` (``[rank, how]``, unchecked): the failure ``link``'s rank left after, noted as the
+        root cause (on the link, and as this rank's first failure). A malformed one, or one naming ``link``'s
+        rank or this rank, is ignored (the report still counts)."""
+        if type(root) is not list or len(root) != 2:
+            return
+        after, how = root
+        if type(after) is not int or not 0 <= after < self.world_size or after in (self.rank, link.rank):
+            return
+        link.culprit, link.cause = after, F.shown(how, MAX_HOW) if type(how) is str else "unknown"
+        if self.first_failure is None and not self.closing and self.condemned is None:
+            self.first_failure = (after, link.cause)
 
     def bad_input(self, rank: int, why: str) -> Actions:
         """``rank`` sent something impossible: fail it, tell it why and close its connection (once)."""
@@ -553,7 +591,7 @@ class Links:
         if was is _READY:
             acts.append(Unwatch(link.rank))
         conn = link.conn
-        notice = F.fail(link.rank, cause or how)
+        notice = F.fail(link.rank, cause or how, None if link.culprit is None else (link.culprit, link.cause or "unknown"))
         if conn is not None:
             if close:
                 link.conn = None
@@ -599,14 +637,20 @@ class Links:
 
     # ------------------------------------------------------------------ this rank ends
 
-    def close(self, *, bye: bool = True) -> Actions:
-        """This rank leaves: ``bye`` on every live link (not after :meth:`abort`), then close them all."""
+    def close(self, *, bye: bool = True, answered: Sequence[Any] = ()) -> Actions:
+        """This rank leaves: ``bye`` on every live link (not after :meth:`abort`), then close them all.
+
+        ``answered``: the connections of this rank's dials that sent their proof and await the verdict (their
+        owners close them): the acceptor may already hold one as its link, and would see it drop without a
+        word, so they get the ``bye`` too (an acceptor that did not take the connection never reads it).
+        """
         orderly = bye and not self.closing
         self.closing = True
         acts: Actions = []
         if orderly:
             farewell = F.bye(self.first_failure, stopped=self.stopped)
             acts += [Send(link.conn, farewell) for link in self._links.values() if link.state is _READY]
+            acts += [Send(conn, farewell) for conn in answered]
         destroyed = GroupError("the process group was destroyed")
         for link in self._links.values():
             if link.state is _DEFERRED:

@@ -78,7 +78,7 @@ class PeerLinks:
 
     __slots__ = ("rank", "world_size", "job_id", "store", "key_prefix", "timeout", "links", "peers", "_net", "_secret",
                  "_ssl", "_router", "_groups", "_on_frame", "_on_payload", "_loop", "heartbeats", "_listener",
-                 "_published", "_tasks", "_reports", "_unauthentic", "_gate")
+                 "_published", "_tasks", "_reports", "_unauthentic", "_gate", "_dialing")
 
     def __init__(
         self,
@@ -118,6 +118,7 @@ class PeerLinks:
         self._tasks: dict[asyncio.Task[Any], None] = {}
         self._reports: dict[asyncio.Task[Any], None] = {}  # (spawned with now=True: close() lets them finish first)
         self._unauthentic = 0  # connections refused for not proving the secret (the first one is logged)
+        self._dialing: dict[connect.Dialing, None] = {}  # (dials in their handshake: see _say_bye)
         if max_handshakes is None:
             max_handshakes = env_number(MAX_HANDSHAKES_ENV, DEFAULT_MAX_HANDSHAKES, int, zero_ok=False)
         self._gate = HandshakeGate(max_handshakes, f"rank {rank}'s listener", log,  # (see _accept)
@@ -184,7 +185,7 @@ class PeerLinks:
     def _say_bye(self) -> A.Actions:
         """``bye`` to every live link, closing them; stop expecting anyone, stop the heartbeats, stop listening.
         Returns the actions done (the caller waits for their ``Close``s)."""
-        actions = self.links.close()
+        actions = self.links.close(answered=[shake.conn for shake in self._dialing if shake.answered])
         self.do(actions)
         self._stop_expecting()
         self.heartbeats.stop()
@@ -420,20 +421,25 @@ class PeerLinks:
                 return None
             return bytes(await self.store.get(key))
 
-    async def _departure_of(self, rank: int) -> tuple[int | str | None, str] | None:
+    async def _departure_of(self, rank: int) -> tuple[tuple[int | str | None, str] | None, tuple[Any, Any, Any] | None]:
         """What ``rank`` noted in the store when it left (None: nothing, or no store to ask): the rank it
         blamed and how, or ``(LEFT_CLEANLY, "")``. If ``rank`` hosted the store and left after a failure,
-        the store said so to its clients as it closed: that is the note."""
+        the store said so to its clients as it closed: that is the note. Second: when there is no note to
+        read because the store closed as its (other) host left after a failure, what it said: host, culprit,
+        how (else None)."""
         try:
             note = await self._noted(self._departure_key(rank))
         except Exception as e:  # noqa: BLE001 - the store failed us too: no more to say than the dial's error
-            return _left_as_host(e, rank)
+            departed = _left_as_host(e, rank)
+            if departed is None and isinstance(e, StoreConnectionLost) and e.culprit is not None:
+                return None, (e.host_rank, e.culprit, e.cause)
+            return departed, None
         if note is None:
-            return None
+            return None, None
         culprit, _, how = note.decode(errors="replace").partition("|")
         if culprit == L.LEFT_CLEANLY:
-            return L.LEFT_CLEANLY, ""
-        return (int(culprit) if culprit.isdigit() else None), how
+            return (L.LEFT_CLEANLY, ""), None
+        return ((int(culprit) if culprit.isdigit() else None), how), None
 
     def _nonce(self) -> bytes:
         return token_bytes(NONCE_BYTES) if self._secret is not None else b""
@@ -462,7 +468,11 @@ class PeerLinks:
             return
         shake = connect.Dialing(conn, hs, timeout, self._loop, self._dialed)  # (the handshake: frame by frame)
         del hs  # (the shake keeps it until the verdict only)
-        end = await self._serve(conn, shake)
+        self._dialing[shake] = None
+        try:
+            end = await self._serve(conn, shake)
+        finally:
+            del self._dialing[shake]
         if shake.over and shake.error is None:
             return  # (the acceptor's verdict was taken: the connection was the link, or it was closed)
         error = shake.error if shake.error is not None else end
@@ -473,10 +483,10 @@ class PeerLinks:
             await self._dial_failed(rank, error)
 
     async def _dial_failed(self, rank: int, e: BaseException) -> None:
-        departed = await self._departure_of(rank)
+        departed, store_gone = await self._departure_of(rank)
         if departed is not None:
             await self._apply_departed_calls(rank)
-        self.do(self.links.dial_failed(rank, f"{type(e).__name__}: {e}", departed))
+        self.do(self.links.dial_failed(rank, f"{type(e).__name__}: {e}", departed, store_gone=store_gone))
 
     def _dialed(self, rank: int, conn: Connection, outcome: Outcome) -> bool:
         """The acceptor's verdict on our dial (in the frame's delivery): True if ``conn`` became the link."""

@@ -565,7 +565,7 @@ class Transport:
         if kind == F.BYE:
             self._links.do(self.links.bye(p.rank, h.get(F.RANK), h.get(F.HOW), h.get(F.STOPPED)))
         elif kind == F.FAIL:
-            self._links.do(self.links.reported(p.rank, h.get(F.RANK), h.get(F.HOW, "?")))
+            self._links.do(self.links.reported(p.rank, h.get(F.RANK), h.get(F.HOW, "?"), h.get(F.ROOT)))
         elif kind == F.MISMATCH:
             bad = apply_report(self.router, p.rank, h)
             if bad is not None:
