@@ -90,7 +90,7 @@ from ..comm.channel import GroupComm, OpChannel
 from ..errors import GroupError
 from ..net.shmhost import host_id, is_real_network, uses_shared_memory
 from ..net import shmpeer
-from ..net.shmseg import PEERS, Segment, SegmentRef, SharedMemoryError
+from ..net.shmseg import PEERS, Segment, SegmentRef, SharedMemoryError, still_held
 from ..shared import locate
 from .intranode_fence import CONTROL_BYTES, Fence, abandon, epoch_at
 
@@ -305,8 +305,17 @@ class GroupEngine:
             raise SharedMemoryError(f"a shared array of {count} x {dtype} at {offset!r} does not fit {ref}")
         seg = self._attached.get(ref)
         if seg is None:
+            self._drop_freed()
             seg = self._attached[ref] = Segment.attach(ref)
         return seg.array(dtype, offset, count)
+
+    def _drop_freed(self) -> None:
+        """Unmap the peers' arrays that their owners have freed since they were mapped here (the owner closed
+        the descriptor: its memory lived on only through this mapping, a descriptor or two here, until the
+        group's end). Done before each new mapping: a loop that allocates a new shared array per step keeps
+        one generation mapped, not all of them."""
+        for ref in [ref for ref in self._attached if not still_held(ref)]:
+            self._attached.pop(ref).close()
 
     # ------------------------------------------------------------------ rounds and messages
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import AiodistError
 
-__all__ = ["SharedMemoryError", "SegmentRef", "Segment", "create_memory", "PeerWatch", "PEERS", "PAGE"]
+__all__ = ["SharedMemoryError", "SegmentRef", "Segment", "create_memory", "still_held", "PeerWatch", "PEERS", "PAGE"]
 
 PAGE = mmap.PAGESIZE
 _WORD = struct.Struct("=q")
@@ -88,6 +88,15 @@ def create_memory(nbytes: int, *, name: str) -> tuple[SegmentRef, mmap.mmap]:
         os.close(fd)
         raise SharedMemoryError(f"cannot create {size} bytes of shared memory: {e}", reason="create") from None
     return SegmentRef(os.getpid(), fd, ino, size), mapping
+
+
+def still_held(ref: SegmentRef) -> bool:
+    """Whether ``ref``'s owner still holds the segment (its descriptor is still that file): False once it closed
+    it (the array was freed: nothing of the owner's reaches it any more) or died, or cannot be asked."""
+    try:
+        return os.stat(f"/proc/{ref.pid}/fd/{ref.fd}").st_ino == ref.ino
+    except OSError:
+        return False
 
 
 class Segment:
