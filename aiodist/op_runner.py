@@ -52,6 +52,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from . import flight
 from .arguments import seconds, with_ranks
+from .buffer_order import HeldArrays, arrays_of, wait_for_earlier
 from .comm import GroupComm, OpChannel, Transport
 from .comm.router import Receive
 from .deadline import about_to_resume
@@ -88,7 +89,7 @@ class OpRunner:
     """
 
     __slots__ = ("comm", "transport", "name", "checker", "timeout", "seq", "destroyed", "aborted", "tasks", "running",
-                 "monitor", "_monitor_at", "_dumped", "_absent_warned")
+                 "monitor", "_monitor_at", "_dumped", "_absent_warned", "held")
 
     def __init__(self, comm: GroupComm, checker: MismatchChecker, *, timeout: float) -> None:
         self.comm = comm
@@ -101,6 +102,7 @@ class OpRunner:
         self.aborted = False
         self.tasks: dict[asyncio.Future[Any], None] = {}
         self.running: dict[int, OpRecord] = {}  # collectives in flight, by seq (in seq order)
+        self.held = HeldArrays()  # their arrays: a new collective on overlapping memory waits (buffer_order)
         self.monitor: asyncio.TimerHandle | None = None
         self._monitor_at = math.inf
         self._dumped = False
@@ -171,7 +173,8 @@ class OpRunner:
 
         The operation's result is ``result``, or what ``body`` returns if none is given.
         Started eagerly: an operation that never waits (a broadcast root) is finished
-        when this returns.
+        when this returns. One whose arrays overlap those of an earlier collective of the
+        group still in flight starts once that one ended (see :mod:`aiodist.buffer_order`).
         """
         if self.aborted or self.destroyed or self.comm.rank < 0:
             self.check_usable(op)  # raises
@@ -180,9 +183,11 @@ class OpRunner:
         self.seq += 1
         rec = OpRecord(op, seq, sig)
         loop = asyncio.get_running_loop()
-        task, _ = start_eager(self._run(rec, body, args, result, t, loop), loop)
+        arrays = arrays_of(args)
+        task, _ = start_eager(self._run(rec, body, args, result, t, loop, self.held.earlier(arrays)), loop)
         if not rec.finished:
             self.tasks[task] = None  # (_run forgets it as it ends)
+            self.held.hold(seq, arrays, task)  # (and releases it)
         return Work(task, op=op, seq=seq, record=rec, group=self.name)
 
     def refused(self, op: str, e: BaseException) -> None:
@@ -272,8 +277,11 @@ class OpRunner:
         result: Any,
         timeout: float,
         loop: asyncio.AbstractEventLoop,
+        earlier: tuple[asyncio.Future[Any], ...] = (),
     ) -> None:
         """Run one collective; its outcome goes to ``rec`` (see :mod:`aiodist.work`), not to the task.
+
+        ``earlier``: the collectives in flight on overlapping arrays: the body starts once they ended.
 
         The task returns None, or is cancelled (and then ``rec`` holds the
         CancelledError). One coroutine from start to end: every step of the
@@ -306,6 +314,8 @@ class OpRunner:
             if due < self._monitor_at:
                 self._arm_monitor(due)
             try:
+                if earlier:
+                    await wait_for_earlier(earlier)
                 value = await body(ch, seq, *args)
                 if result is not BODY_RESULT:
                     value = result
@@ -316,6 +326,7 @@ class OpRunner:
                 raise reported from None
             finally:
                 del self.running[seq]  # from here on, the monitor leaves it alone
+                self.held.release(seq)
                 # every operation below the lowest one still running has ended here
                 hit = self.transport.router.settle(comm.gid, seq, sig, comm.members, next(iter(self.running), self.seq))
             if hit is not None:
