@@ -108,6 +108,10 @@ class LaneControl:
     def lane_paused(self, lane: int) -> bool:
         return lane in self._paused
 
+    def paused_until(self, lane: int) -> float | None:
+        """When ``lane`` resumes, if it is paused (else None)."""
+        return self._resume_at.get(lane) if lane in self._paused else None
+
     def block_lane(self, lane: int, seconds: float) -> float:
         """A blocking call of ``seconds`` in the running step of ``lane`` (``time.sleep``); when it ends.
 

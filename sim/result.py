@@ -36,6 +36,9 @@ class Failure:
     where: dict[int, str] = field(default_factory=dict)
     location: str = ""
     """For an exception: the program's own innermost line it came through (file:line in function)."""
+    paused: dict[int, float] = field(default_factory=dict)
+    """Ranks still running that were paused when the run ended (a Pause fault, or exploration's): when each was
+    to resume. Such a rank is not waiting in its operations: it is stopped (their replies may be there)."""
     cycle: list[int] = field(default_factory=list)
     """For an operation of the world that timed out: ranks that each waited for the next when it did (the first
     is this failure's rank, and the last too), e.g. ``[2, 0, 1, 2]``: a deadlock the timeout ended. Else empty."""
@@ -56,7 +59,7 @@ class Failure:
             loc = f"  ({_display_path(self.where[r])})" if r in self.where else ""
             described.append((r, f"{desc}{loc}"))
         if len(described) <= self.MAX_RANK_LINES:
-            lines += [f"    rank {r} blocked in: {text}" for r, text in described]
+            lines += [f"    rank {r} {self._state(r)} {text}" for r, text in described]
         else:  # a big run: one line per distinct place (when each rank started waiting aside), with its ranks
             places: dict[str, list[int]] = {}
             starts: dict[str, list[float]] = {}
@@ -64,6 +67,7 @@ class Failure:
                 ops = self.blocked.get(r) or []
                 desc = "; ".join(_describe_op(op, timeless=True) for op in ops) or "no aiodist operation"
                 text = f"{desc}  ({_display_path(self.where[r])})" if r in self.where else desc
+                text = f"{self._state(r)} {text}"  # (paused ranks on lines of their own: stopped, not waiting)
                 places.setdefault(text, []).append(r)
                 first = ops[0].get("start") if ops else None  # (when it started waiting in its first operation)
                 starts.setdefault(text, []).extend([float(first)] if isinstance(first, (int, float)) else [])
@@ -72,8 +76,15 @@ class Failure:
                 t = starts[text]
                 since = "" if not t else f" [since t={min(t):.6f}s]" if min(t) == max(t) else \
                     f" [since t={min(t):.6f}-{max(t):.6f}s]"
-                lines.append(f"    {who} blocked in: {text}{since}")
+                lines.append(f"    {who} {text}{since}")
         return "\n".join(lines)
+
+    def _state(self, rank: int) -> str:
+        """How rank ``rank`` is in its operations: blocked, or stopped by a pause (which may not be the
+        operations' fault: their replies may have come)."""
+        if rank in self.paused:
+            return f"paused (until t={self.paused[rank]:.6f}s) in:"
+        return "blocked in:"
 
     MAX_RANK_LINES = 16
     """Beyond this many blocked ranks, ranks blocked in the same place share one line."""

@@ -418,9 +418,12 @@ class Simulation(FaultActions):
 
     # -- reporting -------------------------------------------------------------------
 
-    def blocked(self) -> tuple[dict[int, list[dict[str, Any]]], dict[int, str]]:
+    def blocked(self) -> tuple[dict[int, list[dict[str, Any]]], dict[int, str], dict[int, float]]:
+        """What the ranks still running are in: their operations, their innermost await location, and for those
+        paused, when they resume."""
         ops: dict[int, list[dict[str, Any]]] = {}
         where: dict[int, str] = {}
+        paused: dict[int, float] = {}
         for inc in self.current:
             if inc is None or not inc.alive:
                 continue
@@ -428,7 +431,10 @@ class Simulation(FaultActions):
             loc = _await_location(inc.task if inc.state == "running" else inc.exiting)
             if loc:
                 where[inc.rank] = loc if inc.state == "running" else f"finishing: {loc}"
-        return ops, where
+            until = self.loop.paused_until(self.hosts[inc.rank].lane)
+            if until is not None:
+                paused[inc.rank] = until
+        return ops, where, paused
 
     def run(self) -> Result:
         with self.globals:
@@ -447,20 +453,20 @@ class Simulation(FaultActions):
             stopped = self.loop.run_until_idle_or_stopped()
             idle = not stopped
         except SimTimeLimitError as e:
-            ops, where = self.blocked()
+            ops, where, paused = self.blocked()
             self.failures.append(Failure("time_limit", None, str(e), time=self.loop.time(), blocked=ops,
-                                         where=where))
+                                         where=where, paused=paused))
         if idle and any(inc is not None and inc.alive for inc in self.current):
-            ops, where = self.blocked()
+            ops, where, paused = self.blocked()
             self.failures.append(Failure(
                 "deadlock", None,
                 f"deadlock: nothing is ready and no timer is pending, ranks {sorted(ops)} still running",
-                time=self.loop.time(), blocked=ops, where=where))
+                time=self.loop.time(), blocked=ops, where=where, paused=paused))
         elif self.failures and self.stop_on_error and any(
                 inc is not None and inc.alive for inc in self.current):
-            ops, where = self.blocked()
+            ops, where, paused = self.blocked()
             last = self.failures[-1]
-            last.blocked, last.where = ops, where
+            last.blocked, last.where, last.paused = ops, where, paused
             timed_out = self._timed_out.get(len(self.failures) - 1)
             if timed_out is not None:  # a world operation timed out: did the ranks wait for each other in a ring?
                 last.cycle = wait_cycle(timed_out[0], timed_out[1], ops)

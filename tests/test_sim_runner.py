@@ -236,4 +236,27 @@ def test_a_rank_waiting_for_a_quick_store_call_is_reported_in_it() -> None:
         assert [(op["op"], op["key"], op["state"]) for op in blocked[r]] == [("store.add", "x", "running")]
         assert 0.4 <= blocked[r][0]["start"] < 0.41
     assert "rank 2 blocked in: store.add(key='x'" in str(res.failures[0])
-    assert "rank 0 blocked in: no aiodist operation" in str(res.failures[0])  # (asleep: paused in its sleep)
+    # Rank 0 is not blocked: it is stopped (before, the report said "rank 0 blocked in: ...", as of the others).
+    assert res.failures[0].paused == {0: pytest.approx(5.3)}
+    assert "rank 0 paused (until t=5.300000s) in: no aiodist operation" in str(res.failures[0])
+
+
+async def _frozen_after_its_reply() -> None:
+    pg = await aiodist.init_process_group(timeout=60)
+    if pg.rank == 1:
+        for _ in range(100):
+            await pg.store.add("ticks", 1)  # answered at once; then the rank is frozen here
+            await asyncio.sleep(0.01)
+    else:
+        await asyncio.sleep(0.5)
+        raise RuntimeError("rank 0 gives up")
+
+
+def test_a_paused_rank_is_reported_paused_not_blocked_in_its_operation() -> None:
+    """Before (blind probe): "rank 1 blocked in: store.add(key='ticks', ...)" though the store had answered and
+    rank 1 was stopped by a pause until t=2.09: the report blamed the store."""
+    res = sim.run(_frozen_after_its_reply, world_size=2, seed=0, explore=False,
+                  faults=[sim.Pause(1, at=0.3, duration=2.0)])
+    (failure,) = res.failures
+    assert failure.paused == {1: pytest.approx(2.3)}
+    assert "rank 1 paused (until t=2.300000s) in: " in str(failure) and "rank 1 blocked" not in str(failure)
