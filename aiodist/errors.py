@@ -128,16 +128,23 @@ class StoreTimeoutError(TimeoutError, StoreError):
     ``.keys`` names the key(s) of the call, ``.timeout`` the seconds waited;
     ``.waiting``: the call waited for its key(s) to be set (``get``, ``wait``...);
     otherwise the store did not answer in time (a stopped or overloaded server).
-    The connection stays usable afterwards.
+    ``.missing``: of several keys, those that did not exist when it timed out (as
+    the store said; None: not known). The connection stays usable afterwards.
     """
 
-    def __init__(self, keys: Sequence[str], timeout: float, op: str = "wait", *, waiting: bool = True) -> None:
+    def __init__(self, keys: Sequence[str], timeout: float, op: str = "wait", *, waiting: bool = True,
+                 missing: Sequence[str] | None = None) -> None:
         self.keys = list(keys)
         self.key = self.keys[0] if len(self.keys) == 1 else None
         self.timeout = timeout
         self.op = op
         self.waiting = waiting
-        if waiting:
+        self.missing = list(missing) if missing is not None else None
+        if waiting and self.missing is not None and len(self.keys) > 1:
+            shown = self.missing if len(self.missing) <= 8 else f"{self.missing[:8]!r} and {len(self.missing) - 8} more"
+            super().__init__(f"store {op} timed out after {timeout:g}s waiting for key(s) {self.keys!r}: missing "
+                             f"{shown}")
+        elif waiting:
             super().__init__(f"store {op} timed out after {timeout:g}s waiting for key(s) {self.keys!r}")
         else:
             super().__init__(f"store {op} of key(s) {self.keys!r} timed out after {timeout:g}s: the store did not answer")

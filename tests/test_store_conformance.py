@@ -266,6 +266,30 @@ async def test_wait_timeout_names_keys(handles: Factory) -> None:
     assert info.value.op == "wait"
 
 
+async def test_a_timeout_of_several_keys_says_which_were_missing(handles: Factory) -> None:
+    """Before (blind probe): "waiting for key(s) ['done/2', 'done/3', 'disp/exit']" though done/2 existed; past
+    8 keys the missing ones could be cut off the message altogether."""
+    s = await handles()
+    await s.set("have", b"x")
+    await s.queue_push("queued", b"x")  # (a non-empty queue exists, for wait)
+    with pytest.raises(StoreTimeoutError) as info:
+        await s.wait(["have", "gone", "queued", "late"], timeout=0.1)
+    assert info.value.missing is not None
+    assert [k.rsplit("/", 1)[-1] for k in info.value.missing] == ["gone", "late"]
+    assert "missing [" in str(info.value) and "gone'" in str(info.value).rpartition("missing")[2]
+    with pytest.raises(StoreTimeoutError) as info:
+        await s.multi_get(["nokey", "have"], timeout=0.1)
+    assert [k.rsplit("/", 1)[-1] for k in info.value.missing or []] == ["nokey"]
+    many = [f"k{i}" for i in range(20)]
+    await s.multi_set(many[:19], [b"v"] * 19)
+    with pytest.raises(StoreTimeoutError) as info:
+        await s.wait(many, timeout=0.1)
+    assert [k.rsplit("/", 1)[-1] for k in info.value.missing or []] == ["k19"]
+    with pytest.raises(StoreTimeoutError) as info:
+        await s.get("alone", timeout=0.05)
+    assert info.value.missing is None  # (one key: it is the one missing)
+
+
 async def test_timeouts_in_torchs_form_a_timedelta_and_a_positional_wait_timeout(handles: Factory) -> None:
     # Before: TypeError for both (torch's ``store.wait(keys, timedelta(...))``).
     s = await handles()

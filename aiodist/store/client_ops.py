@@ -55,7 +55,11 @@ class ClientOps(Store):
 
     def _failed(self, h: dict[str, Any], op: str, keys: str | list[str], timeout: float) -> Exception:
         if h.get("err") == P.TIMEOUT:
-            return StoreTimeoutError(_keylist(keys), timeout, op)
+            missing = h.get("missing")  # (what the server says: kept only if well-formed, and among the keys)
+            asked = _keylist(keys)
+            if type(missing) is not list or not all(type(k) is str and k in asked for k in missing):
+                missing = None
+            return StoreTimeoutError(asked, timeout, op, missing=missing)
         return P.reply_error(h, op)
 
     # A reply of the wrong shape (a broken server, or traffic altered on the path): ProtocolError, and the

@@ -107,7 +107,8 @@ class MemoryStore(Store):
             if fut.done() and not fut.cancelled():  # the value arrived as the clock ran out: keep it
                 return _unwrap(fut.result(), op)
             self.state.cancel(_ME, rid)
-            raise StoreTimeoutError(keys, t, op) from None
+            missing = self.state.missing_keys(keys, values_only=op == "multi_get")[:8] if len(keys) > 1 else None
+            raise StoreTimeoutError(keys, t, op, missing=missing) from None
         except asyncio.CancelledError:
             self._waiting.pop(rid, None)
             if not self.state.cancel(_ME, rid) and op == "queue_pop" and fut.done() and not fut.cancelled():

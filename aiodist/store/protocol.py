@@ -143,10 +143,12 @@ def error_frame(
     culprit: int | None = None,
     host: int | None = None,
     cause: str | None = None,
+    missing: list[str] | None = None,
 ) -> dict[str, Any]:
     """A refusal: answering request ``request`` or, without one, the connection as a whole.
 
     ``limit``/``maximum``: the server limit that refused it and its value (fields ``limit``, ``max``);
+    ``missing``: a timeout's keys that did not exist (several keys asked for; at most 8 given).
     A closing notice's ``host`` (field ``h``): the rank hosting the store, which leaves the job after the
     failure of rank ``culprit`` (``r``; None: unknown), described as ``cause`` (``w``).
     """
@@ -157,6 +159,8 @@ def error_frame(
         h["op"] = "error"
     if key is not None:
         h["key"] = key
+    if missing is not None:
+        h["missing"] = missing
     if limit is not None:
         h["limit"] = limit
         h["max"] = maximum

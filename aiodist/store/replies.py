@@ -32,6 +32,7 @@ class Failure(NamedTuple):
     key: str | None = None
     limit: str | None = None
     maximum: int | None = None
+    missing: list[str] | None = None  # (a timeout of several keys: those that did not exist)
 
 
 class Reply(NamedTuple):

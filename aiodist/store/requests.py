@@ -140,7 +140,8 @@ class Requests:
             # (at most 8 keys: a reply the size of the request would not count against max_outbox_bytes)
             shown = repr(keys) if len(keys) <= 8 else f"{keys[:8]!r} and {len(keys) - 8} more"
             msg = f"{op} timed out after {timeout:g}s waiting for key(s) {shown}"
-            session_reply = Reply(session.cid, rid, None, _timeout_failure(msg, keys))
+            missing = self.state.missing_keys(keys, values_only=op == "multi_get")[:8] if len(keys) > 1 else None
+            session_reply = Reply(session.cid, rid, None, _timeout_failure(msg, keys, missing))
             self._post(session_reply)
 
     # ------------------------------------------------------------ op handlers
@@ -232,5 +233,5 @@ def _rid(header: dict[str, Any]) -> int | None:
     return rid if type(rid) is int else None
 
 
-def _timeout_failure(message: str, keys: list[str]) -> Failure:
-    return Failure(P.TIMEOUT, message, keys[0] if len(keys) == 1 else None)
+def _timeout_failure(message: str, keys: list[str], missing: list[str] | None = None) -> Failure:
+    return Failure(P.TIMEOUT, message, keys[0] if len(keys) == 1 else None, missing=missing)

@@ -333,7 +333,8 @@ class StoreServer(Requests):
                 timer.cancel()
         if r.failure is not None:
             f = r.failure
-            return P.error_frame(f.code, f.message, request=r.request, key=f.key, limit=f.limit, maximum=f.maximum), None
+            return P.error_frame(f.code, f.message, request=r.request, key=f.key, limit=f.limit, maximum=f.maximum,
+                                 missing=f.missing), None
         value = r.value
         kind = type(value)
         if kind is bytes:

@@ -82,6 +82,13 @@ class Waiters:
         q = self._queues.get(key)
         return bool(q)
 
+    def missing_keys(self, keys: Sequence[str], *, values_only: bool) -> list[str]:
+        """Which of ``keys`` do not exist (``values_only``: as ``multi_get`` sees them: a queue is not a value),
+        in order: what a blocking call that timed out was still waiting for."""
+        if values_only:
+            return [k for k in keys if k not in self._values]
+        return [k for k in keys if not self._exists(k)]
+
     def _first_missing(self, w: _Waiter) -> str | None:
         values = self._values
         if w.kind == _WAIT:
