@@ -11,6 +11,7 @@ waits on.
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import os
 import sysconfig
@@ -38,6 +39,10 @@ def _await_location(task: Any) -> str:
         nxt = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) or getattr(coro, "ag_await", None)
         if nxt is not None and type(nxt).__name__ in _ASYNC_GEN_STEPS:
             nxt = _driven_generator(frame)  # (the step hides its generator: the frame that awaits it holds it)
+        else:
+            task = _awaited_task(nxt)
+            if task is not None:  # (awaiting a task: where that task waits)
+                nxt = task.get_coro()
         if nxt is None or not (hasattr(nxt, "cr_frame") or hasattr(nxt, "gi_frame") or hasattr(nxt, "ag_frame")):
             break
         coro = nxt
@@ -45,6 +50,19 @@ def _await_location(task: Any) -> str:
 
 
 _ASYNC_GEN_STEPS = ("async_generator_asend", "async_generator_athrow")
+
+
+def _awaited_task(step: Any) -> asyncio.Task[Any] | None:
+    """The task a coroutine waits for when it awaits one (``await task``, or a ``gather`` of which one
+    task is still running), else None. (``await`` on a future leaves only the future's iterator in
+    ``cr_await``; the garbage collector's view of it gives the future.)"""
+    if step is None or type(step).__name__ not in ("FutureIter", "_asyncio.FutureIter"):
+        return None
+    fut = next((r for r in gc.get_referents(step) if isinstance(r, asyncio.Future)), None)
+    if fut is not None and not isinstance(fut, asyncio.Task):
+        running = [c for c in getattr(fut, "_children", ()) if isinstance(c, asyncio.Task) and not c.done()]
+        fut = running[0] if len(running) == 1 else None
+    return fut if isinstance(fut, asyncio.Task) and not fut.done() else None
 
 
 def _driven_generator(frame: Any) -> Any:

@@ -260,3 +260,25 @@ def test_a_paused_rank_is_reported_paused_not_blocked_in_its_operation() -> None
     (failure,) = res.failures
     assert failure.paused == {1: pytest.approx(2.3)}
     assert "rank 1 paused (until t=2.300000s) in: " in str(failure) and "rank 1 blocked" not in str(failure)
+
+
+async def _service(store: Any) -> None:
+    await store.wait(["never"], timeout=30)  # the line the report must name
+
+
+async def _awaits_its_service() -> None:
+    pg = await aiodist.init_process_group(timeout=60)
+    if pg.rank == 1:
+        task = asyncio.ensure_future(_service(pg.store))
+        await task
+    else:
+        await asyncio.sleep(0.1)
+        raise RuntimeError("rank 0 gives up")
+
+
+def test_a_rank_awaiting_a_task_is_located_where_that_task_waits() -> None:
+    """Before (blind probe): the report named the main task's `await task` line, not the line of the call
+    that blocked (in the task it awaited)."""
+    res = sim.run(_awaits_its_service, world_size=2, seed=0, explore=False)
+    (failure,) = res.failures
+    assert failure.where[1].endswith("in _service") and "test_sim_runner.py" in failure.where[1], failure.where
