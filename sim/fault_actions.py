@@ -36,7 +36,7 @@ class FaultActions:
     current: list[_Incarnation | None]
     restarts: dict[int, int]
     pending_restarts: dict[int, int]
-    _starting: set[int]
+    _starting: dict[int, float]
     _ended: int
     watches: Watches
     faults: list[Fault]
@@ -109,11 +109,11 @@ class FaultActions:
         if not counted:
             self.pending_restarts[ref] = self.pending_restarts.get(ref, 0) + 1
         self.crash_rank(ref, "Restart fault")
-        self._starting.add(ref)
+        self._starting[ref] = self.loop.time() + delay
         self.after(delay, lambda: self.restart_rank(ref))
 
     def restart_rank(self, rank: int) -> None:
-        self._starting.discard(rank)
+        self._starting.pop(rank, None)
         self.pending_restarts[rank] -= 1
         inc = self.current[rank]
         others = [o for o in self.current if o is not None and o.rank != rank]

@@ -39,6 +39,8 @@ class Failure:
     paused: dict[int, float] = field(default_factory=dict)
     """Ranks still running that were paused when the run ended (a Pause fault, or exploration's): when each was
     to resume. Such a rank is not waiting in its operations: it is stopped (their replies may be there)."""
+    restarting: dict[int, float] = field(default_factory=dict)
+    """Ranks down when the run ended, between a Restart fault's crash and the restart: when each was to start."""
     cycle: list[int] = field(default_factory=list)
     """For an operation of the world that timed out: ranks that each waited for the next when it did (the first
     is this failure's rank, and the last too), e.g. ``[2, 0, 1, 2]``: a deadlock the timeout ended. Else empty."""
@@ -52,6 +54,8 @@ class Failure:
             ring = " -> ".join(f"rank {r}" for r in self.cycle)
             lines.append(f"    waits in a ring when it timed out: {ring} (each waited for the next: a deadlock, unless "
                          "a task of theirs in no operation was about to send)")
+        lines += [f"    rank {r} down: crashed by a restart fault, to start again at t={t:.6f}s"
+                  for r, t in self.restarting.items()]
         described: list[tuple[int, str]] = []
         for r in sorted(set(self.blocked) | set(self.where)):
             ops = self.blocked.get(r) or []

@@ -138,7 +138,7 @@ class Simulation(FaultActions):
         self.current: list[_Incarnation | None] = [None] * world_size
         self.restarts: dict[int, int] = {}
         self.pending_restarts: dict[int, int] = {}
-        self._starting: set[int] = set()  # ranks whose restart's start is due
+        self._starting: dict[int, float] = {}  # ranks whose restart's start is due: when
         self.failures: list[Failure] = []
         self.returned: dict[int, float] = {}  # rank -> when its main last returned (virtual time)
         self._started = 0  # incarnations started ...
@@ -436,6 +436,10 @@ class Simulation(FaultActions):
                 paused[inc.rank] = until
         return ops, where, paused
 
+    def restarting(self) -> dict[int, float]:
+        """Ranks down, their restart due (a Restart fault's delay): when each starts again."""
+        return {r: self._starting[r] for r in sorted(self._starting)}
+
     def run(self) -> Result:
         with self.globals:
             if self.globals.torch is not None:  # (else the loop's own create_task, one frame less per task)
@@ -455,18 +459,18 @@ class Simulation(FaultActions):
         except SimTimeLimitError as e:
             ops, where, paused = self.blocked()
             self.failures.append(Failure("time_limit", None, str(e), time=self.loop.time(), blocked=ops,
-                                         where=where, paused=paused))
+                                         where=where, paused=paused, restarting=self.restarting()))
         if idle and any(inc is not None and inc.alive for inc in self.current):
             ops, where, paused = self.blocked()
             self.failures.append(Failure(
                 "deadlock", None,
                 f"deadlock: nothing is ready and no timer is pending, ranks {sorted(ops)} still running",
-                time=self.loop.time(), blocked=ops, where=where, paused=paused))
+                time=self.loop.time(), blocked=ops, where=where, paused=paused, restarting=self.restarting()))
         elif self.failures and self.stop_on_error and any(
                 inc is not None and inc.alive for inc in self.current):
             ops, where, paused = self.blocked()
             last = self.failures[-1]
-            last.blocked, last.where, last.paused = ops, where, paused
+            last.blocked, last.where, last.paused, last.restarting = ops, where, paused, self.restarting()
             timed_out = self._timed_out.get(len(self.failures) - 1)
             if timed_out is not None:  # a world operation timed out: did the ranks wait for each other in a ring?
                 last.cycle = wait_cycle(timed_out[0], timed_out[1], ops)

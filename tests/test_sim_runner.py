@@ -282,3 +282,21 @@ def test_a_rank_awaiting_a_task_is_located_where_that_task_waits() -> None:
     res = sim.run(_awaits_its_service, world_size=2, seed=0, explore=False)
     (failure,) = res.failures
     assert failure.where[1].endswith("in _service") and "test_sim_runner.py" in failure.where[1], failure.where
+
+
+async def _gives_up_while_rank_1_restarts() -> None:
+    await aiodist.init_process_group(timeout=60)
+    if aiodist.get_rank() == 0:
+        await asyncio.sleep(0.2)
+        raise RuntimeError("rank 0 gives up")
+    await asyncio.sleep(5)
+
+
+def test_a_rank_down_between_a_restart_faults_crash_and_its_restart_is_reported() -> None:
+    """Before (blind probe): a rank down mid-restart when the run failed was in no line of the report (only in
+    the faults line), as if it did not exist."""
+    res = sim.run(_gives_up_while_rank_1_restarts, world_size=3, seed=0, explore=False,
+                  faults=[sim.Restart(1, at=0.1, delay=1.0)])
+    (failure,) = [f for f in res.failures if f.kind == "exception"]
+    assert failure.restarting == {1: pytest.approx(1.1)}
+    assert "rank 1 down: crashed by a restart fault, to start again at t=1.100000s" in str(failure)
