@@ -21,6 +21,7 @@ the same group cannot deadlock.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,43 +44,84 @@ def arrays_of(args: Sequence[Any]) -> tuple[np.ndarray, ...]:
     return tuple(out)
 
 
-def _overlap(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> bool:
-    for x in a:
-        for y in b:
-            if np.may_share_memory(x, y):
-                try:
-                    if np.shares_memory(x, y, max_work=_MAX_WORK):  # type: ignore[arg-type]  # (a bound: documented, not in the stubs)
-                        return True
-                except RuntimeError:  # (numpy's TooHardError: the bound was reached)
-                    return True
-    return False
+def _span(a: np.ndarray) -> tuple[int, int]:
+    """The bytes ``a`` touches, as ``[lo, hi)`` addresses (a non-empty array)."""
+    data: int = a.__array_interface__["data"][0]
+    if a.flags.c_contiguous:
+        return data, data + a.nbytes
+    lo = hi = data
+    for n, stride in zip(a.shape, a.strides):
+        extent = (n - 1) * stride
+        if extent < 0:
+            lo += extent
+        else:
+            hi += extent
+    return lo, hi + a.itemsize
+
+
+def _shares(x: np.ndarray, y: np.ndarray) -> bool:
+    try:
+        return bool(np.shares_memory(x, y, max_work=_MAX_WORK))  # type: ignore[arg-type]  # (a bound: documented, not in the stubs)
+    except RuntimeError:  # (numpy's TooHardError: the bound was reached)
+        return True
 
 
 class HeldArrays:
-    """The arrays of a group's collectives in flight on this rank, by sequence number."""
+    """The arrays of a group's collectives in flight on this rank, by sequence number.
 
-    __slots__ = ("_held",)
+    Their spans of memory are kept sorted, so that finding those a new array may overlap takes a bisection,
+    not a look at every array in flight (a step that issues hundreds of bucket all_reduces at once).
+    """
+
+    __slots__ = ("_held", "_spans", "_widest")
 
     def __init__(self) -> None:
-        self._held: dict[int, tuple[tuple[np.ndarray, ...], asyncio.Future[Any]]] = {}
+        self._held: dict[int, tuple[tuple[np.ndarray, ...], tuple[tuple[int, int], ...], asyncio.Future[Any]]] = {}
+        self._spans: list[tuple[int, int, int]] = []  # (lo, hi, seq), sorted
+        self._widest = 0  # the widest span held since the last time none was (bounds the bisection's reach)
 
     def __repr__(self) -> str:
         return f"<HeldArrays seqs={list(self._held)}>"
 
     def earlier(self, arrays: tuple[np.ndarray, ...]) -> tuple[asyncio.Future[Any], ...]:
         """The collectives in flight whose arrays overlap ``arrays``: the new one waits for them to end."""
-        if not arrays or not self._held:
+        if not arrays or not self._spans:
             return ()
-        return tuple(task for held, task in self._held.values() if _overlap(arrays, held))
+        spans = self._spans
+        found: dict[int, None] = {}
+        for x in arrays:
+            if x.size == 0:
+                continue
+            lo, hi = _span(x)
+            first = bisect.bisect_left(spans, (lo - self._widest,))
+            last = bisect.bisect_left(spans, (hi,))
+            for k in range(first, last):
+                held_lo, held_hi, seq = spans[k]
+                if held_hi > lo and seq not in found and any(_shares(x, y) for y in self._held[seq][0]):
+                    found[seq] = None
+        return tuple(self._held[seq][2] for seq in sorted(found))
 
     def hold(self, seq: int, arrays: tuple[np.ndarray, ...], task: asyncio.Future[Any]) -> None:
         """Collective ``seq`` (run by ``task``) is in flight on ``arrays``."""
-        if arrays:
-            self._held[seq] = (arrays, task)
+        arrays = tuple(a for a in arrays if a.size)
+        if not arrays:
+            return
+        spans = tuple(_span(a) for a in arrays)
+        self._held[seq] = (arrays, spans, task)
+        for lo, hi in spans:
+            bisect.insort(self._spans, (lo, hi, seq))
+            self._widest = max(self._widest, hi - lo)
 
     def release(self, seq: int) -> None:
         """Collective ``seq`` ended (idempotent)."""
-        self._held.pop(seq, None)
+        held = self._held.pop(seq, None)
+        if held is None:
+            return
+        for lo, hi in held[1]:
+            k = bisect.bisect_left(self._spans, (lo, hi, seq))
+            del self._spans[k]
+        if not self._spans:
+            self._widest = 0
 
 
 async def wait_for_earlier(earlier: tuple[asyncio.Future[Any], ...]) -> None:
