@@ -238,3 +238,27 @@ async def test_ranks_that_never_join_are_given_up_after_the_rdzv_timeout(tmp_pat
     assert "root cause: ranks 2, 3 did not join the rendezvous within --rdzv-timeout 6s (ranks 0, 1 waited" in text
     assert sorted(ln.split("RESULT ", 1)[1].split() for ln in text.splitlines() if "RESULT" in ln) == [
         ["0", "4", "1"], ["1", "4", "1"], ["2", "4", "1"], ["3", "4", "1"]], text
+
+
+FAILS_IN_ROUND_0 = '''
+import os, sys, aiodist
+async def main():
+    await aiodist.init_process_group(timeout=30)
+    print("MAX", os.environ["AIODIST_RESTART_COUNT"], os.environ["TORCHELASTIC_MAX_RESTARTS"],
+          os.environ["AIODIST_MAX_RESTARTS"], flush=True)
+    if os.environ["AIODIST_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+        sys.exit(3)
+    await aiodist.destroy_process_group()
+'''
+
+
+async def test_the_ranks_see_the_agents_max_restarts_in_every_round(tmp_path: Path) -> None:
+    # Before: TORCHELASTIC_MAX_RESTARTS was 0 in round 0 and 1 after one restart (each round is a launch
+    # with max_restarts=0, plus the restarts so far), whatever --max-restarts said.
+    prog = tmp_path / "prog.py"
+    prog.write_text(FAILS_IN_ROUND_0)
+    [(code, out)] = await _agents(1, ["--nnodes", "1:2", "--rdzv-last-call", "0.2", "--master-port", str(_port()),
+                                      "--max-restarts", "2", "-n", "2", str(prog)])
+    assert code == 0, out
+    seen = sorted(ln.split("MAX ", 1)[1].split() for ln in out.splitlines() if "MAX " in ln)
+    assert seen == [["0", "2", "2"], ["0", "2", "2"], ["1", "2", "2"], ["1", "2", "2"]], out

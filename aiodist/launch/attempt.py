@@ -195,6 +195,7 @@ class Attempt:
         base = os.environ if cfg.env is None else cfg.env
         pipe = subprocess.PIPE if cfg.prefix_output else None
         hook = _parent_death_hook()
+        max_restarts = cfg.max_restarts if cfg.reported_max_restarts is None else cfg.reported_max_restarts
         for local_rank in range(cfg.nproc_per_node):
             env = merged_env(
                 base,
@@ -206,7 +207,7 @@ class Attempt:
                     master_addr=cfg.master_addr,
                     master_port=self._master_port,
                     restart_count=self.index + cfg.restart_base,
-                    max_restarts=cfg.max_restarts + cfg.restart_base,
+                    max_restarts=max_restarts,
                     run_id=cfg.run_id,
                     role=cfg.role,
                 ),

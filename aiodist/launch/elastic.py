@@ -301,6 +301,7 @@ async def launch_elastic(
             say(f"round {r.round}: node {r.rank} of {r.world_size} (workers' store {host}:{port})")
             cfg = dataclasses.replace(config, nnodes=r.world_size, node_rank=r.rank, master_addr=host,
                                       master_port=int(port), max_restarts=0, restart_base=restarts,
+                                      reported_max_restarts=config.max_restarts,
                                       on_failure="stop" if config.on_failure == "restart" else config.on_failure)
             watch = RoundWatch(store, prefix, round=r.round, rank=r.rank, participants=r.participants,
                                nproc_per_node=config.nproc_per_node)

@@ -43,6 +43,9 @@ class LaunchConfig:
     restart_base: int = 0
     """Restarts that happened before this launch (the elastic agent's earlier rounds): added to the
     restart count the ranks see."""
+    reported_max_restarts: int | None = None
+    """The TORCHELASTIC_MAX_RESTARTS / AIODIST_MAX_RESTARTS the ranks see; ``None``: ``max_restarts``. (The
+    elastic agent runs each round as a launch that never restarts, under its own ``--max-restarts``.)"""
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -51,7 +54,7 @@ class LaunchConfig:
             raise ValueError("nproc_per_node and nnodes must be >= 1")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank must be in [0, {self.nnodes}), got {self.node_rank}")
-        if self.max_restarts < 0:
+        if self.max_restarts < 0 or (self.reported_max_restarts or 0) < 0:
             raise ValueError("max_restarts must be >= 0")
         if self.on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, not {self.on_failure!r}")
