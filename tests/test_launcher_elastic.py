@@ -262,3 +262,52 @@ async def test_the_ranks_see_the_agents_max_restarts_in_every_round(tmp_path: Pa
     assert code == 0, out
     seen = sorted(ln.split("MAX ", 1)[1].split() for ln in out.splitlines() if "MAX " in ln)
     assert seen == [["0", "2", "2"], ["0", "2", "2"], ["1", "2", "2"], ["1", "2", "2"]], out
+
+
+async def test_too_few_nodes_end_the_agent_with_an_error_not_a_traceback(tmp_path: Path) -> None:
+    # Before: an uncaught RendezvousTimeoutError (a traceback through asyncio.run) after --rdzv-timeout.
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROG)
+    [(code, out)] = await _agents(1, ["--nnodes", "2:3", "--rdzv-timeout", "2", "--master-port", str(_port()),
+                                      "-n", "1", str(prog)])
+    assert code == 1 and "Traceback" not in out, out
+    [error] = [ln for ln in out.splitlines() if ln.startswith("aiodist run: error: ")]
+    assert "no complete round formed with this node" in error and "within --rdzv-timeout 2s" in error, out
+    assert "Start the other nodes" in error and "--nnodes 2:3" in error, out
+
+
+SLOW = '''
+import asyncio, aiodist
+async def main():
+    await aiodist.init_process_group(timeout=30)
+    await asyncio.sleep(3)
+    await aiodist.destroy_process_group()
+'''
+
+
+async def test_a_node_waiting_for_a_round_when_the_host_finishes_ends_with_an_error_not_a_traceback(
+        tmp_path: Path) -> None:
+    # The host's round (of 1 node) formed before the second node came: it waits for a next round, until the
+    # host finishes and closes the store. Before: an uncaught StoreConnectionLost traceback.
+    prog = tmp_path / "prog.py"
+    prog.write_text(SLOW)
+    args = ["--nnodes", "1:2", "--rdzv-last-call", "0.2", "--master-port", str(_port()), "-n", "1", str(prog)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    host = await asyncio.create_subprocess_exec(sys.executable, "-m", "aiodist", "run", *args, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        assert host.stdout is not None
+        async with asyncio.timeout(20):
+            while b"round 0: node 0 of 1" not in await host.stdout.readline():
+                pass
+        [(code, out)] = await _agents(1, args)
+        async with asyncio.timeout(20):
+            host_out = (await host.communicate())[0].decode()
+    finally:
+        if host.returncode is None:
+            host.kill()
+            await host.wait()
+    assert host.returncode == 0, host_out
+    assert code == 1 and "Traceback" not in out, out
+    [error] = [ln for ln in out.splitlines() if ln.startswith("aiodist run: error: ")]
+    assert error.startswith("aiodist run: error: the job finished on the other nodes without this node"), out

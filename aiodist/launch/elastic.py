@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import socket
@@ -49,6 +50,7 @@ from ..auth import resolve_secret
 from ..elastic import ElasticRendezvous
 from ..errors import LaunchError, StoreConnectionLost
 from .outcome import Blame
+from .rdzv_failure import rendezvous_errors
 from .round_watch import FINISHED, HOST_FINISHED, HOST_KEY, HOST_LEFT, RoundWatch, describe_ranks, say_goodbye
 from .supervisor import LaunchConfig, LaunchResult, free_port, launch
 
@@ -285,19 +287,23 @@ async def launch_elastic(
     node_id = f"{socket.gethostname()}:{os.getpid()}"
     prefix = f"aiodist/elastic/{config.run_id}/"
     restarts = 0
+    joining = functools.partial(rendezvous_errors, where=f"{config.master_addr}:{config.master_port}",
+                                nnodes=f"{min_nodes}:{max_nodes}", rdzv_timeout=rdzv_timeout)
     try:
-        store, server = await _rendezvous_store(config.master_addr, config.master_port, rdzv_timeout, *access)
-        if server is not None:
-            await store.set(f"{prefix}{HOST_KEY}", node_id.encode())
+        with joining():
+            store, server = await _rendezvous_store(config.master_addr, config.master_port, rdzv_timeout, *access)
+            if server is not None:
+                await store.set(f"{prefix}{HOST_KEY}", node_id.encode())
         while True:
             rdzv = ElasticRendezvous(store, node_id, min_nodes=min_nodes, max_nodes=max_nodes, last_call=last_call,
                                      timeout=rdzv_timeout, prefix=prefix)
-            r = await rdzv.next_round()
-            key = f"{prefix}workers/{r.round}"
-            if r.rank == 0:
-                host = _worker_host(config.master_addr)
-                await store.set(key, f"{host}|{free_port(host)}".encode())
-            host, _, port = bytes(await store.get(key, timeout=rdzv_timeout)).decode().rpartition("|")
+            with joining():
+                r = await rdzv.next_round()
+                key = f"{prefix}workers/{r.round}"
+                if r.rank == 0:
+                    host = _worker_host(config.master_addr)
+                    await store.set(key, f"{host}|{free_port(host)}".encode())
+                host, _, port = bytes(await store.get(key, timeout=rdzv_timeout)).decode().rpartition("|")
             say(f"round {r.round}: node {r.rank} of {r.world_size} (workers' store {host}:{port})")
             cfg = dataclasses.replace(config, nnodes=r.world_size, node_rank=r.rank, master_addr=host,
                                       master_port=int(port), max_restarts=0, restart_base=restarts,
