@@ -13,7 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from aiodist.launch.stopped import describe
+from test_launcher_run import _alive
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,3 +66,52 @@ def test_the_line_names_the_oldest_operations_first_and_counts_the_rest() -> Non
         "store.get key=k (for 7.5s); send peer=1 (for 7.0s); send peer=1 (for 7.0s); and 2 more")
     assert describe("0", "SIGTERM", entries[:1], None) == "rank 0: stopped by SIGTERM while waiting in recv group=world peer=0 tag=0"
     assert describe("0", "SIGTERM", [], 1.0) is None  # waiting in nothing: nothing said
+
+
+
+STOPPABLE = '''
+import os, signal, subprocess, sys, time
+def stopped(signum, frame):
+    print("got", signal.Signals(signum).name, flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+child = subprocess.Popen(["sleep", "1000"])
+print("ready", child.pid, os.environ["AIODIST_STATUS_DIR"], flush=True)
+time.sleep(60)
+'''
+
+
+@pytest.mark.parametrize("signame", ["SIGHUP", "SIGQUIT"])
+def test_sighup_and_sigquit_stop_the_job_as_sigterm_does(tmp_path: Path, signame: str) -> None:
+    # Before: the launcher died of the signal at once (129, 131); its ranks were SIGKILLed (parent-death signal)
+    # without a word (a rank says where it waited on SIGTERM), the processes they started ran on, and its
+    # status dir (/tmp/aiodist-run-*) was left behind.
+    signum = getattr(signal, signame)
+    (tmp_path / "prog.py").write_text(STOPPABLE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "aiodist", "run", "-n", "2", "prog.py"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children: list[int] = []
+    try:
+        assert proc.stdout is not None
+        status_dirs = set()
+        for _ in range(2):  # (bounded by the test's timeout below)
+            _, child, status_dir = proc.stdout.readline().split()[-3:]
+            children.append(int(child))
+            status_dirs.add(status_dir)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        alive = [pid for pid in children if _alive(pid)]
+        for pid in alive:
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signum, err
+    assert "[rank0]: got SIGTERM" in out and "[rank1]: got SIGTERM" in out, (out, err)
+    assert f"received {signame}; stopped 2 rank(s)" in err, err
+    assert not alive  # the processes the ranks started were stopped with them
+    [status_dir] = status_dirs
+    assert not os.path.exists(os.path.dirname(status_dir))
+

@@ -21,7 +21,7 @@ store (:mod:`aiodist.launch.round_watch`: their heartbeats, the goodbye a
 leaving agent writes, the round moving on): a node lost at any moment, even
 before its workers joined the workers' rendezvous, fails the round on every
 node at once (their workers would wait for the lost ones until their own
-timeout), and they rejoin without it. SIGTERM/SIGINT while an agent is between
+timeout), and they rejoin without it. SIGTERM/SIGINT/SIGHUP/SIGQUIT while an agent is between
 jobs make it leave with a goodbye too. Ranks that are all there but do not all
 join their rendezvous within ``--rdzv-timeout`` of the first fail the round
 the same way.
@@ -52,7 +52,7 @@ from ..errors import LaunchError, StoreConnectionLost
 from .outcome import Blame
 from .rdzv_failure import rendezvous_errors
 from .round_watch import FINISHED, HOST_FINISHED, HOST_KEY, HOST_LEFT, RoundWatch, describe_ranks, say_goodbye
-from .supervisor import LaunchConfig, LaunchResult, free_port, launch
+from .supervisor import STOP_SIGNALS, LaunchConfig, LaunchResult, free_port, launch
 
 
 def parse_nnodes(raw: str | int) -> tuple[int, int]:
@@ -95,7 +95,7 @@ def _worker_host(master_addr: str) -> str:
 
 
 class _AgentSignals:
-    """SIGINT/SIGTERM while the agent is between jobs (joining a round): stop it, so that it says goodbye.
+    """A stopping signal (STOP_SIGNALS) while the agent is between jobs (joining a round): stop it, saying goodbye.
 
     While a job runs, :func:`launch` handles them (it forwards them to the ranks and returns), and removes
     its handlers afterwards: :meth:`install` puts this one back.
@@ -111,7 +111,7 @@ class _AgentSignals:
         if not self.enabled:
             return
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self._on_signal, signum)
             if signum not in self._installed:
                 self._installed.append(signum)

@@ -16,8 +16,9 @@ restart count incremented in TORCHELASTIC_RESTART_COUNT /
 AIODIST_RESTART_COUNT); ``"continue"`` lets the survivors run to their end and
 reports every failure then.
 
-SIGINT and SIGTERM sent to the launcher are forwarded to the ranks, which are
-then stopped the same way; a second signal during that kills them at once.
+SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to the launcher stop the ranks the same
+way (SIGINT is forwarded as it is, the others as SIGTERM) and the launcher exits
+with 128 + the signal; a second signal during that kills them at once.
 Each rank runs in a process group of its own, so a Ctrl-C at the terminal
 reaches the launcher only and each rank gets the forwarded signal exactly
 once, and signals reach the processes a rank started too. On Linux a rank also
@@ -47,11 +48,21 @@ from .job import LaunchConfig, LaunchResult, RankExit
 from .outcome import Blame
 from .status import launcher_exit_code
 
-__all__ = ["LaunchConfig", "LaunchResult", "RankExit", "launch", "free_port"]
+__all__ = ["LaunchConfig", "LaunchResult", "RankExit", "STOP_SIGNALS", "forwarded_signal", "launch", "free_port"]
 
 TIMEOUT_EXIT_CODE = 124  # as timeout(1)
 BLAME_WAIT = 3.0
 """Seconds the launcher waits, after the first failure, for the record of the rank that started it."""
+STOP_SIGNALS: tuple[int, ...] = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name))
+"""The signals that stop the job (torchrun's): the launcher stops the ranks and exits with 128 + the signal."""
+
+
+def forwarded_signal(signum: int) -> int:
+    """What the ranks get when the launcher received ``signum``: SIGINT as it is (KeyboardInterrupt in the ranks),
+    SIGTERM for the others (a rank says what it waited in on SIGTERM; SIGQUIT would dump a core, SIGHUP say nothing)."""
+    return signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -95,7 +106,7 @@ async def launch(
     ``stdout``/``stderr`` receive the prefixed output of the ranks (default:
     the launcher's own), ``log`` the launcher's messages (default: stderr,
     prefixed ``aiodist run:``). With ``handle_signals`` (main thread only)
-    SIGINT and SIGTERM are forwarded to the ranks for the duration of the call.
+    :data:`STOP_SIGNALS` stop the ranks for the duration of the call (see :func:`forwarded_signal`).
 
     Cancellation: the ranks still running are stopped (SIGTERM, then SIGKILL)
     before the cancellation propagates; no child process outlives the call.
@@ -116,7 +127,7 @@ async def launch(
         events.put_nowait(Signalled(signum))
 
     if handle_signals and threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, on_signal, signum)
             state.handlers.append(signum)
     timer = loop.call_later(config.timeout, events.put_nowait, TimedOut()) if config.timeout else None
@@ -182,7 +193,7 @@ async def _run_attempts(
                     if others:
                         say(f"stopping the other {others} running rank(s)")
         finally:
-            forwarded = outcome.signum if isinstance(outcome, Signalled) else signal.SIGTERM
+            forwarded = forwarded_signal(outcome.signum) if isinstance(outcome, Signalled) else signal.SIGTERM
             await attempt.stop(forwarded, reason=reason)
             state.attempt = None
         if outcome is None:
