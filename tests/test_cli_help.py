@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from aiodist.cli import build_parser
-from aiodist.launch.cli import configure_parser, ignored_options, resolve_options
+from aiodist.launch.cli import configure_parser, ignored_options, ranked_by_rendezvous, resolve_options
 from aiodist.launch.conventions import DEFAULT_NPROC, rank_tag
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +84,23 @@ def test_port_0_means_any_free_port_on_one_node_as_in_torchrun() -> None:
     assert _run_args("--master-port", "0").master_port is None
     with pytest.raises(ValueError, match="one node only"):
         _run_args("--nnodes", "2", "--master-port", "0")
+
+
+def test_an_rdzv_endpoint_without_a_port_means_port_29400_as_in_torchrun() -> None:
+    # Before: --rdzv-endpoint h0 set no port (a free port on one node; with several nodes: "needs a master port").
+    assert (_run_args("--rdzv-endpoint", "h0").master_addr, _run_args("--rdzv-endpoint", "h0").master_port) == (
+        "h0", 29400)
+    assert _run_args("--rdzv-endpoint", "h0", "--master-port", "5").master_port == 5
+
+
+def test_several_nodes_without_a_node_rank_are_ranked_by_the_rendezvous() -> None:
+    assert ranked_by_rendezvous(_run_args("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h0"), 2)
+    assert ranked_by_rendezvous(_run_args("--nnodes", "2:2", "--master-port", "5"), 2)
+    assert not ranked_by_rendezvous(_run_args("--nnodes", "2", "--node-rank", "0", "--master-port", "5"), 2)
+    assert not ranked_by_rendezvous(_run_args("--nnodes", "2", "--rdzv-backend", "static", "--master-port", "5"), 2)
+    assert not ranked_by_rendezvous(_run_args(), 1)
+    out = _aiodist("run", "--nnodes", "2", "-n", "1", __file__)  # (not started)
+    assert out.returncode == 2 and "--nnodes 2 without --node-rank needs --master-port PORT" in out.stderr, out.stderr
 
 
 def test_torchrun_options_that_change_nothing_here_are_accepted_and_named_in_a_warning() -> None:

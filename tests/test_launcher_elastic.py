@@ -311,3 +311,19 @@ async def test_a_node_waiting_for_a_round_when_the_host_finishes_ends_with_an_er
     assert code == 1 and "Traceback" not in out, out
     [error] = [ln for ln in out.splitlines() if ln.startswith("aiodist run: error: ")]
     assert error.startswith("aiodist run: error: the job finished on the other nodes without this node"), out
+
+
+@pytest.mark.parametrize("nnodes", ["2", "2:2"])
+async def test_nodes_started_alike_without_a_node_rank_get_their_ranks_from_the_rendezvous(
+        tmp_path: Path, nnodes: str) -> None:
+    # torchrun's quickstart form, the same command on every node. Before: both launchers were node 0 ("rank 1
+    # joined rendezvous round 0 twice", "could not start the store server ... Address already in use").
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROG)
+    res = await _agents(2, ["--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-id", "J", "--rdzv-backend", "c10d",
+                            "--rdzv-endpoint", f"127.0.0.1:{_port()}", str(prog)], delays=[0.0, 0.5])
+    text = "\n".join(o for _, o in res)
+    assert [code for code, _ in res] == [0, 0], text[-4000:]
+    assert "round 0: node 0 of 2" in res[0][1] and "round 0: node 1 of 2" in res[1][1], text[-4000:]
+    lines = [ln.split("RESULT ", 1)[1].split() for ln in text.splitlines() if "RESULT" in ln]
+    assert sorted(f[0] for f in lines) == ["0", "1", "2", "3"] and {(f[1], f[4]) for f in lines} == {("4", "4")}, text

@@ -13,7 +13,8 @@ from .conventions import DEFAULT_NPROC
 from .security import add_security_options, job_environment
 from .supervisor import LaunchConfig, launch
 
-__all__ = ["add_cli", "configure_parser", "build_command", "resolve_options", "run_command", "main"]
+__all__ = ["add_cli", "configure_parser", "build_command", "ranked_by_rendezvous", "resolve_options", "run_command",
+           "main"]
 
 _DESCRIPTION = f"""\
 Run a program as N ranks on this node (like torchrun --nproc-per-node N; N
@@ -33,9 +34,14 @@ operations never awaited are an error.
 
 torchrun's flags are accepted: --standalone, --nproc-per-node, --nnodes,
 --node-rank, --master-addr/--master-port, --rdzv-backend/--rdzv-endpoint/
---rdzv-id/--rdzv-conf, --max-restarts (with dashes or underscores)."""
+--rdzv-id/--rdzv-conf, --max-restarts (with dashes or underscores). With
+--nnodes N > 1 and no --node-rank, the nodes get their ranks in a rendezvous
+at --master-addr:--master-port (or --rdzv-endpoint), in the order they join,
+as with torchrun's c10d rendezvous."""
 
 _ON_FAILURE = ("stop", "restart", "continue")
+DEFAULT_RDZV_PORT = 29400
+"""The port of ``--rdzv-endpoint HOST`` (torchrun's)."""
 
 
 def _nnodes_arg(raw: str) -> int | tuple[int, int]:
@@ -114,8 +120,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nnodes", type=_nnodes_arg, default=1, metavar="N|MIN:MAX",
                         help="number of nodes (default: 1); MIN:MAX: elastic, the nodes meet in rounds at "
                              "--master-addr:--master-port (see aiodist.launch.elastic)")
-    parser.add_argument(*_flags("--node-rank"), dest="node_rank", type=int, default=0,
-                        help="this node's rank among the nodes (default: 0)")
+    parser.add_argument(*_flags("--node-rank"), dest="node_rank", type=int, default=None,
+                        help="this node's rank among the nodes (default: 0 with one node; with --nnodes N > 1, the "
+                             "order in which the nodes join the rendezvous at --master-addr:--master-port, as "
+                             "with torchrun's c10d rendezvous; with --rdzv-backend static, 0)")
     parser.add_argument(*_flags("--master-addr"), dest="master_addr", default=None, metavar="HOST",
                         help="address of rank 0's node, where the rendezvous store runs (default: 127.0.0.1)")
     parser.add_argument(*_flags("--master-port"), dest="master_port", type=int, default=None, metavar="PORT",
@@ -128,7 +136,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="torchrun's rendezvous backend: c10d or static are accepted (aiodist's own "
                              "rendezvous runs either way)")
     parser.add_argument(*_flags("--rdzv-endpoint"), dest="rdzv_endpoint", default=None, metavar="HOST[:PORT]",
-                        help="the rendezvous store's address: the same as --master-addr HOST --master-port PORT")
+                        help="the rendezvous store's address: the same as --master-addr HOST --master-port PORT "
+                             f"(PORT: {DEFAULT_RDZV_PORT} if not given, as in torchrun)")
     parser.add_argument(*_flags("--rdzv-id"), dest="rdzv_id", default=None, metavar="ID",
                         help="job id: the same as --run-id")
     parser.add_argument(*_flags("--rdzv-conf"), dest="rdzv_conf", type=_rdzv_conf_arg, default={},
@@ -187,6 +196,8 @@ def resolve_options(args: argparse.Namespace) -> argparse.Namespace:
         if args.master_addr is not None and args.master_addr != host:
             raise ValueError(f"--rdzv-endpoint {args.rdzv_endpoint} and --master-addr {args.master_addr} disagree")
         args.master_addr = host.strip("[]") or None
+        if not port and args.master_port is None:
+            args.master_port = DEFAULT_RDZV_PORT
         if port:
             try:
                 p = int(port)
@@ -230,6 +241,16 @@ def resolve_options(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(f"--max-restarts {args.max_restarts} restarts the job: it contradicts --on-failure "
                          f"{args.on_failure}")
     return args
+
+
+def ranked_by_rendezvous(args: argparse.Namespace, nnodes: int) -> bool:
+    """Does this node of a job of ``nnodes`` get its node rank from the rendezvous (as with torchrun's c10d)?
+
+    Yes when there are several nodes and ``--node-rank`` was not given (unless ``--rdzv-backend static``, whose
+    node rank is 0 by default, as in torchrun): the job runs as an elastic one of exactly ``nnodes`` nodes, the
+    nodes ranked in the order they join. An explicit ``--node-rank`` keeps the static job.
+    """
+    return nnodes > 1 and args.node_rank is None and args.rdzv_backend != "static"
 
 
 def add_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -276,7 +297,11 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"aiodist run: ignoring torchrun's {', '.join(skipped)} (see `aiodist run --help`)", file=sys.stderr)
         min_nodes, max_nodes = parse_nnodes(args.nnodes) if isinstance(args.nnodes, str) else (
             args.nnodes if isinstance(args.nnodes, tuple) else (args.nnodes, args.nnodes))
-        elastic = min_nodes != max_nodes
+        elastic = min_nodes != max_nodes or ranked_by_rendezvous(args, max_nodes)
+        if elastic and args.master_port is None:
+            how = "--nnodes MIN:MAX" if min_nodes != max_nodes else f"--nnodes {max_nodes} without --node-rank"
+            raise ValueError(f"{how} needs --master-port PORT or --rdzv-endpoint HOST[:PORT]: the nodes meet in a "
+                             f"rendezvous store there (the same on every node; the first node started hosts it)")
         env = job_environment(os.environ, secret_file=args.secret_file, insecure=args.insecure,
                               store_limits=args.store_limits, single_node=not elastic and min_nodes == 1,
                               tls_files=(args.tls_cert, args.tls_key, args.tls_ca))
@@ -284,7 +309,7 @@ def run_command(args: argparse.Namespace) -> int:
             command=build_command(args.program, args.program_args, module=args.module),
             nproc_per_node=args.nproc_per_node,
             nnodes=1 if elastic else min_nodes,
-            node_rank=0 if elastic else args.node_rank,
+            node_rank=0 if elastic else args.node_rank or 0,
             master_addr=args.master_addr,
             master_port=args.master_port,
             max_restarts=args.max_restarts,
