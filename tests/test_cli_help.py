@@ -98,8 +98,11 @@ def test_several_nodes_without_a_node_rank_are_ranked_by_the_rendezvous() -> Non
     assert ranked_by_rendezvous(_run_args("--nnodes", "2:2", "--master-port", "5"), 2)
     assert not ranked_by_rendezvous(_run_args("--nnodes", "2", "--node-rank", "0", "--master-port", "5"), 2)
     assert not ranked_by_rendezvous(_run_args("--nnodes", "2", "--rdzv-backend", "static", "--master-port", "5"), 2)
+    # torchrun's default backend is static: without --rdzv-backend c10d, a node without --node-rank is node 0
+    # (a job whose other nodes give --node-rank 1... keeps working)
+    assert not ranked_by_rendezvous(_run_args("--nnodes", "2", "--master-port", "5"), 2)
     assert not ranked_by_rendezvous(_run_args(), 1)
-    out = _aiodist("run", "--nnodes", "2", "-n", "1", __file__)  # (not started)
+    out = _aiodist("run", "--nnodes", "2", "--rdzv-backend", "c10d", "-n", "1", __file__)  # (not started)
     assert out.returncode == 2 and "--nnodes 2 without --node-rank needs --master-port PORT" in out.stderr, out.stderr
 
 

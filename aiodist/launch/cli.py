@@ -35,9 +35,9 @@ operations never awaited are an error.
 torchrun's flags are accepted: --standalone, --nproc-per-node, --nnodes,
 --node-rank, --master-addr/--master-port, --rdzv-backend/--rdzv-endpoint/
 --rdzv-id/--rdzv-conf, --max-restarts (with dashes or underscores). With
---nnodes N > 1 and no --node-rank, the nodes get their ranks in a rendezvous
-at --master-addr:--master-port (or --rdzv-endpoint), in the order they join,
-as with torchrun's c10d rendezvous."""
+--rdzv-backend c10d, --nnodes N > 1 and no --node-rank, the nodes get their
+ranks in a rendezvous at --rdzv-endpoint (or --master-addr:--master-port), in
+the order they join, as with torchrun's c10d rendezvous."""
 
 _ON_FAILURE = ("stop", "restart", "continue")
 DEFAULT_RDZV_PORT = 29400
@@ -121,9 +121,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="number of nodes (default: 1); MIN:MAX: elastic, the nodes meet in rounds at "
                              "--master-addr:--master-port (see aiodist.launch.elastic)")
     parser.add_argument(*_flags("--node-rank"), dest="node_rank", type=int, default=None,
-                        help="this node's rank among the nodes (default: 0 with one node; with --nnodes N > 1, the "
-                             "order in which the nodes join the rendezvous at --master-addr:--master-port, as "
-                             "with torchrun's c10d rendezvous; with --rdzv-backend static, 0)")
+                        help="this node's rank among the nodes (default: 0; with --rdzv-backend c10d or --nnodes "
+                             "MIN:MAX and several nodes, the order in which the nodes join the rendezvous at "
+                             "--master-addr:--master-port, as with torchrun's c10d rendezvous)")
     parser.add_argument(*_flags("--master-addr"), dest="master_addr", default=None, metavar="HOST",
                         help="address of rank 0's node, where the rendezvous store runs (default: 127.0.0.1)")
     parser.add_argument(*_flags("--master-port"), dest="master_port", type=int, default=None, metavar="PORT",
@@ -246,11 +246,14 @@ def resolve_options(args: argparse.Namespace) -> argparse.Namespace:
 def ranked_by_rendezvous(args: argparse.Namespace, nnodes: int) -> bool:
     """Does this node of a job of ``nnodes`` get its node rank from the rendezvous (as with torchrun's c10d)?
 
-    Yes when there are several nodes and ``--node-rank`` was not given (unless ``--rdzv-backend static``, whose
-    node rank is 0 by default, as in torchrun): the job runs as an elastic one of exactly ``nnodes`` nodes, the
-    nodes ranked in the order they join. An explicit ``--node-rank`` keeps the static job.
+    Yes when there are several nodes, ``--node-rank`` was not given, and the rendezvous is torchrun's c10d
+    (``--rdzv-backend c10d``, or ``--nnodes MIN:MAX`` written out, even with MIN = MAX): the job runs as an
+    elastic one of exactly ``nnodes`` nodes, ranked in the order they join. Otherwise the job is static, as
+    torchrun's default backend (static) has it: ``--node-rank`` (default 0) says which node this is.
     """
-    return nnodes > 1 and args.node_rank is None and args.rdzv_backend != "static"
+    if nnodes <= 1 or args.node_rank is not None or args.rdzv_backend == "static":
+        return False
+    return args.rdzv_backend == "c10d" or isinstance(args.nnodes, tuple)
 
 
 def add_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
