@@ -150,3 +150,19 @@ def test_the_stop_reason_goes_from_the_launcher_to_the_ranks(tmp_path: Path, mon
     assert stop_reason() == (3, "raised ValueError: boom (p.py:2)")
     killed = root_cause([(1, -9)], {})
     assert killed is not None and killed.cause == "was killed by signal SIGKILL (9)"
+
+
+def test_ranks_of_another_node_that_never_joined_are_said_to_have_never_joined() -> None:
+    """Before (launcher probe): with the other node never started, node 0's launcher said "rank 2 (on another
+    node) failed or left; ranks 0, 1 lost it in rendezvous": nothing had failed or been lost, it never came."""
+    from aiodist.errors import RendezvousTimeoutError
+
+    rec = describe_exception(RendezvousTimeoutError("rendezvous round 0 timed out: ranks [2, 3] did not join",
+                                                    missing=[2, 3], timeout=20.0))
+    assert (rec["blames"], rec["op"], rec["cause"]) == (2, "rendezvous",
+                                                         "never joined the rendezvous (ranks 2, 3 missing after 20s)")
+    blame = root_cause([(0, 1), (1, 1)], {0: rec, 1: rec}, local={0, 1})
+    assert blame is not None and blame.rank == 2
+    assert blame.message == ("rank 2 (on another node) never joined the rendezvous (ranks 2, 3 missing after 20s); "
+                             "ranks 0, 1 waited for it: is that node started, with the same --master-addr/--master-port "
+                             "(or --rdzv-endpoint)?")

@@ -101,7 +101,8 @@ def _blamed(exc: BaseException) -> tuple[int | None, str | None, str | None]:
         if isinstance(e, PeerCallFailedError):  # (the call failed on that rank: its error is the cause)
             return (e.global_rank if isinstance(e.global_rank, int) else -1), None, None
         if isinstance(e, RendezvousTimeoutError) and e.missing:  # (waited for a rank that never joined)
-            return e.missing[0], "rendezvous", None
+            missing = f"rank {e.missing[0]}" if len(e.missing) == 1 else f"ranks {_ranges(e.missing)}"
+            return e.missing[0], RENDEZVOUS_OP, f"never joined the rendezvous ({missing} missing after {e.timeout:.3g}s)"
         if isinstance(e, (StoreConnectionLost, AbortedError)):
             return -1, None, None
         e = e.__cause__ or e.__context__
@@ -292,6 +293,10 @@ def root_cause(
             cause = next((str(records[r]["cause"]) for r in sorted(votes[culprit])
                           if records[r].get("cause") and records[r].get("blames") == culprit), None)
             what = _predicate(cause) if cause else "failed or left"  # (how its peers were told it failed, if they were)
+            if ops == [RENDEZVOUS_OP] and cause and cause.startswith("never "):  # (it never came: nothing was lost)
+                return Blame(culprit, "unknown", f"rank {culprit} (on another node) {what}; {who} {_ranges(waiting)} "
+                                                 "waited for it: is that node started, with the same "
+                                                 "--master-addr/--master-port (or --rdzv-endpoint)?", cause)
             return Blame(culprit, "unknown", f"rank {culprit} (on another node) {what}; {who} "
                                              f"{_ranges(waiting)} lost it{where}", cause)
         if rec is None and dict(exits).get(culprit) == 0:  # exited 0 without a record: os._exit(0), say
@@ -327,7 +332,9 @@ def root_cause(
 _CUT_OFF = "sent bad input: "
 """How a rank's record says its peers closed its connection for what it sent (see ``Links.bad_input``)."""
 
-_VERBS = ("raised ", "was ", "exited ", "failed ", "left ", "stopped ")
+_VERBS = ("raised ", "was ", "exited ", "failed ", "left ", "stopped ", "never ")
+RENDEZVOUS_OP = "rendezvous"
+"""The operation a rank's record names when it waited in the rendezvous for ranks that never joined."""
 
 
 def _predicate(cause: str) -> str:
