@@ -372,14 +372,14 @@ async def abort(group: ProcessGroup | None = None) -> None:
 
 
 def get_rank(group: ProcessGroup | None = None) -> int:
-    """This rank's number in ``group`` (default: the world); -1 if not a member."""
-    return _group(group).rank
+    """This rank's number in ``group`` (default: the world); -1 if not a member. A plain int, as torch's."""
+    return int(_group(group).rank)
 
 
 def get_world_size(group: ProcessGroup | None = None) -> int:
     """The number of ranks in ``group`` (default: the world); -1 on a rank that is not a member (as in torch)."""
     pg = _group(group)
-    return pg.size if pg.rank >= 0 else -1
+    return int(pg.size) if pg.rank >= 0 else -1
 
 
 def get_process_group_ranks(group: ProcessGroup | None = None) -> list[int]:

@@ -55,13 +55,20 @@ class GroupNumber(int):
 
     ``pg.rank``/``pg.size`` are aiodist's attributes; torch code calls them
     (``process_group.size()`` in a DDP communication hook). Either way the
-    value is the number: it compares, hashes, formats and serializes as an int.
+    value is the number: it compares, hashes, formats and serializes as an int,
+    and in numpy arithmetic it is a plain Python int (``grad / pg.size`` keeps
+    ``grad``'s dtype: numpy would make an int subclass an int64, and a float32
+    array float64).
     """
 
     __slots__ = ()
 
     def __call__(self) -> int:
         return int(self)
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        inputs = tuple(int(x) if isinstance(x, GroupNumber) else x for x in inputs)
+        return getattr(ufunc, method)(*inputs, **kwargs)
 
 _DRIVERS: dict[str, Callable[..., Awaitable[Any]]] = {}
 

@@ -471,6 +471,29 @@ def test_gather_object_fills_the_first_entries_of_a_longer_list_on_the_destinati
     assert results[0] is None and results[2] is None
 
 
+def test_ranks_and_sizes_keep_an_arrays_dtype_in_numpy_arithmetic_as_torchs_ints_do() -> None:
+    """Before (porting probe): get_rank(), get_world_size(), pg.rank and pg.size were an int subclass, which
+    numpy 2 promotes as an int64: a pipeline stage's ``x * 2 + rank`` became float64 (its send then mismatched
+    the next stage's float32 receive), ``grad / world_size`` float64, an int16 histogram int64."""
+    async def main() -> Any:
+        pg = await dist.init_process_group("gloo")
+        r, p = dist.get_rank(), dist.get_world_size()
+        assert type(r) is int and type(p) is int
+        x = np.ones(4, np.float32)
+        h = np.arange(3, dtype=np.int16)
+        f16 = np.ones(2, np.float16)
+        got = [(x * 2 + r).dtype, (x / p).dtype, (h + r).dtype, (x * pg.rank + pg.size).dtype, (f16 / pg.size()).dtype,
+               (pg.rank * h).dtype, np.maximum(h, pg.rank).dtype]
+        x /= pg.size
+        assert x.dtype == np.float32 and float(x[0]) == 1 / p
+        await dist.destroy_process_group()
+        return [str(d) for d in got]
+
+    res = sim.run(main, world_size=2, seed=0)
+    assert res.ok, res.summary()
+    assert res.rank_results[1] == ["float32", "float32", "int16", "float32", "float16", "int16", "int16"]
+
+
 def test_group_rank_and_size_are_numbers_that_torch_code_can_call() -> None:
     """torch code calls ``process_group.rank()`` / ``.size()`` (a DDP communication hook does); aiodist's
     ``pg.rank`` / ``pg.size`` are the numbers. Both forms give the same int. Before: TypeError, 'int' object
