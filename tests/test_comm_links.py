@@ -462,6 +462,25 @@ def test_a_failure_report_carries_the_root_cause_and_the_receiver_names_it() -> 
     assert c.peer_error(1).culprit is None and c.first_failure == (1, "left the job after: ?")
 
 
+def test_a_bye_or_a_store_farewell_whose_how_is_nested_deep_is_shown_bounded() -> None:
+    """Before (security probe): a peer with the secret sent a bye whose ``how`` was a list nested 1000 deep:
+    ``str(how)`` raised RecursionError after the link was marked left, its watch was never removed, the
+    heartbeat timer died on it, and the receiving rank -- innocent -- was declared failed by the others."""
+    deep: Any = []
+    for _ in range(1000):
+        deep = [deep]
+    m = Links(0, 5, dial_defer=0)
+    c1, c2 = ready(m, 1), ready(m, 2)
+    acts = m.bye(1, 4, deep)
+    assert Unwatch(1) in acts and FailReceives(1) in acts
+    text = str(m.peer_error(1))
+    assert text.startswith("rank 1 failed: left the job after rank 4 failed: [[[[") and len(text) < 400
+    m.need(3)
+    m.dial_failed(3, "ConnectionLost: refused", None, store_gone=(0, 4, deep))
+    assert len(str(m.peer_error(3))) < 500
+    del c1, c2
+
+
 def test_a_bye_says_nothing_of_a_failure_when_there_was_none_and_its_fields_are_checked() -> None:
     m = Links(0, 6, dial_defer=0)
     c = {r: ready(m, r) for r in range(1, 6)}

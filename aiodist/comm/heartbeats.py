@@ -77,7 +77,8 @@ class Heartbeats:
             self._timer = None
 
     def _progress(self, rank: int) -> int | None:
-        return self._conn_of(rank).progress  # type: ignore[no-any-return]
+        conn = self._conn_of(rank)  # (None: the link lost its connection and its watch is on its way out)
+        return None if conn is None else conn.progress
 
     def _check(self, due: float) -> None:
         self._timer = None
@@ -87,8 +88,11 @@ class Heartbeats:
         now = self._loop.time()
         beats, silent = det.check(now, due, self._progress)
         for rank in beats:
+            conn = self._conn_of(rank)
+            if conn is None:
+                continue
             try:
-                self._conn_of(rank).try_send(_HEARTBEAT)
+                conn.try_send(_HEARTBEAT)
             except ConnectionClosedError:
                 pass
         for rank, how in silent:

@@ -147,6 +147,14 @@ class Link:
 # --------------------------------------------------------------------------- the machine
 
 
+def _text(how: Any) -> str:
+    """A failure's description as a peer (or the store) gave it (unchecked): at most :data:`MAX_HOW` characters
+    of a string; any other value shown as text, bounded whatever its nesting ("unknown" for None)."""
+    if type(how) is str:
+        return how[:MAX_HOW]
+    return "unknown" if how is None else F.shown(how, MAX_HOW)
+
+
 class Links:
     """The links of rank ``rank`` of a ``world_size``-rank job (see the module doc)."""
 
@@ -471,7 +479,7 @@ class Links:
         rank = link.rank
         named = type(after) is int and 0 <= after < self.world_size
         root = after if named and after != rank else None
-        cause = str(how)[:MAX_HOW] if how is not None else "unknown"
+        cause = _text(how)
         if named and after != self.rank:  # (this rank's own failure is not a root cause it learned of)
             link.culprit, link.cause = after, cause
         if self.first_failure is None and not self.closing and not (named and after == self.rank):
@@ -491,7 +499,7 @@ class Links:
         host, after, how = store_gone
         if not (type(after) is int and 0 <= after < self.world_size):
             return ""
-        cause = str(how)[:MAX_HOW] if how is not None else "unknown"
+        cause = _text(how)
         if after != self.rank:
             link.culprit, link.cause = after, cause
             if self.first_failure is None and not self.closing:
