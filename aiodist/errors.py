@@ -140,14 +140,19 @@ class StoreTimeoutError(TimeoutError, StoreError):
         self.op = op
         self.waiting = waiting
         self.missing = list(missing) if missing is not None else None
+        keys_ = _some(self.keys)
         if waiting and self.missing is not None and len(self.keys) > 1:
-            shown = self.missing if len(self.missing) <= 8 else f"{self.missing[:8]!r} and {len(self.missing) - 8} more"
-            super().__init__(f"store {op} timed out after {timeout:g}s waiting for key(s) {self.keys!r}: missing "
-                             f"{shown}")
+            super().__init__(f"store {op} timed out after {timeout:g}s waiting for key(s) {keys_}: missing "
+                             f"{_some(self.missing)}")
         elif waiting:
-            super().__init__(f"store {op} timed out after {timeout:g}s waiting for key(s) {self.keys!r}")
+            super().__init__(f"store {op} timed out after {timeout:g}s waiting for key(s) {keys_}")
         else:
-            super().__init__(f"store {op} of key(s) {self.keys!r} timed out after {timeout:g}s: the store did not answer")
+            super().__init__(f"store {op} of key(s) {keys_} timed out after {timeout:g}s: the store did not answer")
+
+
+def _some(keys: list[str]) -> str:
+    """At most 8 of ``keys``, and how many more (a wait on 20,000 keys made a 260 kB message)."""
+    return repr(keys) if len(keys) <= 8 else f"{keys[:8]!r} and {len(keys) - 8} more"
 
 
 class QueueEmptyError(StoreError):

@@ -163,3 +163,81 @@ async def test_closing_a_client_with_calls_waiting_for_room_logs_no_unretrieved_
         gc.collect()
         await asyncio.sleep(0)
     assert "never retrieved" not in caplog.text, caplog.text
+
+
+@contextlib.asynccontextmanager
+async def scripted_server(reply: Any) -> AsyncIterator[int]:
+    """A store server that completes the handshake, then answers each request with ``reply(request)``."""
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        acceptor = auth.Acceptor(auth.resolve_secret(), purpose="store", binding=P.AUTH_BINDING, nonce=os.urandom(32))
+        w.write(PREAMBLE)
+        assert await r.readexactly(8) == PREAMBLE
+        w.write(frame(P.challenge(acceptor.challenge((await read_frame(r))[0]))))
+        acceptor.verify((await read_frame(r))[0])
+        w.write(frame(P.hello_reply(idle=None, max_key=8192, max_value=64 << 20)))
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                request, _ = await read_frame(r, timeout=3600)
+                if request.get("op") not in ("ping", "cancel"):
+                    w.write(frame(reply(request)))
+
+    server = await asyncio.start_server(serve, HOST, 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+async def test_a_timeouts_missing_keys_are_checked_without_stalling_the_loop() -> None:
+    """Before (security probe): the client checked a timeout reply's 'missing' list against the keys asked in
+    len(asked) x len(missing) steps: a wait on 20,000 keys answered with 95,000 names stalled the loop 17 s;
+    and the message named all 20,000 keys (260 kB). Now: at most 8 names, among the keys asked, or none."""
+    many = [f"key{i:06d}" for i in range(20_000)]
+    lists = iter([[many[-1]] * 95_000, [7, "x"], ["nope"], [many[3], many[-1]]])
+
+    def reply(request: dict[str, Any]) -> dict[str, Any]:
+        return P.error_frame(P.TIMEOUT, "timed out", request=request["id"], missing=next(lists))
+
+    async with scripted_server(reply) as port:
+        c = await TCPStore.connect(HOST, port, timeout=5)
+        loop = asyncio.get_running_loop()
+        for expected in (None, None, None, [many[3], many[-1]]):
+            t0 = loop.time()
+            with pytest.raises(StoreTimeoutError) as info:
+                await c.wait(many, timeout=0.01)
+            assert loop.time() - t0 < 1.0 and info.value.missing == expected
+            assert len(str(info.value)) < 600 and "and 19992 more" in str(info.value)
+        await c.close()
+
+
+async def test_a_non_blocking_pop_waits_for_the_stores_answer_however_slow() -> None:
+    """Before (security probe): queue_pop(key, block=False) on a store answering after 0.2 s raised
+    QueueEmptyError for a queue holding items: the client's own deadline (a 0 timeout's 50 ms grace) expired
+    first and was taken for the store's "empty"."""
+    from aiodist.errors import QueueEmptyError
+    from aiodist.store.protocol import pack_values
+
+    answers = iter(["item", "empty"])
+
+    def reply(request: dict[str, Any]) -> dict[str, Any]:
+        assert request["op"] == "queue_pop" and request["t"] == 0.0
+        if next(answers) == "empty":
+            return P.error_frame(P.TIMEOUT, "timed out", request=request["id"], key=request["k"])
+        h: dict[str, Any] = {"id": request["id"]}
+        assert not pack_values(h, (b"item0",))  # (a small value rides in the header)
+        return h
+
+    async with scripted_server(reply) as port:
+        c = await TCPStore.connect(HOST, port, timeout=5)
+        original = c._conn.send_nowait
+
+        def late(header: Any, payload: Any = None) -> bool:  # (the store's answers come 0.2 s late)
+            asyncio.get_running_loop().call_later(0.2, original, header, payload)
+            return True
+
+        c._conn.send_nowait = late  # type: ignore[method-assign]
+        assert await c.queue_pop("q", False) == b"item0"
+        with pytest.raises(QueueEmptyError):
+            await c.queue_pop("q", block=False)
+        await c.close()

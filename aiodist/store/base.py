@@ -198,17 +198,21 @@ class Store(abc.ABC):
         await self.close()
 
 
-async def pop_now(store: Store, key: str, block: Any) -> bytes:
-    """``store.queue_pop(key, block=False)``: the oldest value, or :class:`QueueEmptyError` at once if there is none.
-
-    A pop with a timeout of 0: the store looks once. A store that does not
-    answer in time still raises :class:`StoreTimeoutError` (not a verdict on
-    the queue).
-    """
+def as_block(block: Any) -> bool:
+    """``queue_pop``'s ``block`` (torch's positional second argument): a bool, or InvalidArgumentTypeError."""
     if type(block) is not bool:
         raise InvalidArgumentTypeError(
             f"queue_pop's block must be a bool, got {type(block).__name__} (the timeout is keyword-only: timeout=...)"
         )
+    return block
+
+
+async def pop_now(store: Store, key: str, block: Any) -> bytes:
+    """``store.queue_pop(key, block=False)`` for a store that answers at once (in-process): the oldest value, or
+    :class:`QueueEmptyError` if there is none (a pop with a timeout of 0: the store looks once). (The TCP
+    client has its own: its server's answer may take longer than a blocking call's grace.)
+    """
+    as_block(block)
     try:
         return await store.queue_pop(key, timeout=0)
     except StoreTimeoutError as e:

@@ -15,10 +15,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgumentError, InvalidArgumentTypeError, ProtocolError, StoreRequestError, StoreTimeoutError
+from ..errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ProtocolError,
+    QueueEmptyError,
+    StoreRequestError,
+    StoreTimeoutError,
+)
 from ..inflight import waiting_in
 from . import protocol as P
-from .base import AMOUNT_LIMIT, Store, Timeout, Value, as_amount, as_key, as_keys, as_timeout, as_value, pop_now
+from .base import AMOUNT_LIMIT, Store, Timeout, Value, as_amount, as_block, as_key, as_keys, as_timeout, as_value
 from .state import KEY_TOO_LARGE, VALUE_TOO_LARGE
 
 _MAX_KEYS_BYTES = 512 * 1024
@@ -55,9 +62,10 @@ class ClientOps(Store):
 
     def _failed(self, h: dict[str, Any], op: str, keys: str | list[str], timeout: float) -> Exception:
         if h.get("err") == P.TIMEOUT:
-            missing = h.get("missing")  # (what the server says: kept only if well-formed, and among the keys)
+            missing = h.get("missing")  # (what the server says: kept only if well-formed: at most 8 of the keys)
             asked = _keylist(keys)
-            if type(missing) is not list or not all(type(k) is str and k in asked for k in missing):
+            if type(missing) is not list or len(missing) > min(8, len(asked)) or not all(
+                    type(k) is str for k in missing) or not set(missing) <= set(asked):
                 missing = None
             return StoreTimeoutError(asked, timeout, op, missing=missing)
         return P.reply_error(h, op)
@@ -263,7 +271,7 @@ class ClientOps(Store):
 
     async def queue_pop(self, key: str, block: bool = True, *, timeout: Timeout = None) -> bytes:
         if block is not True:
-            return await pop_now(self, key, block)
+            return await self._pop_now(key, as_block(block))
         if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "queue_pop")
         t = as_timeout(timeout, self.timeout)
@@ -271,6 +279,19 @@ class ClientOps(Store):
             r, payload = await self._call({"op": "queue_pop", "k": key, "t": t}, None, "queue_pop", key, t)
         if "err" in r:
             raise self._failed(r, "queue_pop", key, t)
+        return self._value(r, payload, "queue_pop")
+
+    async def _pop_now(self, key: str, _: bool) -> bytes:
+        """``queue_pop(key, block=False)``: the server looks once (a timeout of 0) and its answer is waited for
+        as any request's (the store's timeout): only the server's own "empty" is a QueueEmptyError, not a
+        reply slower than a blocking call's grace."""
+        if type(key) is not str or len(key) > self._short_key or not key.isascii():
+            key = self._check_key(key, "queue_pop")
+        r, payload = await self._call({"op": "queue_pop", "k": key, "t": 0.0}, None, "queue_pop", key, self.timeout)
+        if "err" in r:
+            if r.get("err") == P.TIMEOUT:
+                raise QueueEmptyError(key)
+            raise self._failed(r, "queue_pop", key, 0.0)
         return self._value(r, payload, "queue_pop")
 
     async def queue_len(self, key: str) -> int:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..errors import InvalidArgumentTypeError
-from .base import Store, Timeout, Value, as_key, as_keys, pop_now
+from ..errors import InvalidArgumentTypeError, QueueEmptyError
+from .base import Store, Timeout, Value, as_block, as_key, as_keys
 
 
 class PrefixStore(Store):
@@ -93,8 +93,11 @@ class PrefixStore(Store):
         await self.store.queue_push(self._k(key), value)
 
     async def queue_pop(self, key: str, block: bool = True, *, timeout: Timeout = None) -> bytes:
-        if block is not True:
-            return await pop_now(self, key, block)
+        if block is not True:  # (the store's own non-blocking pop; the error names this store's key)
+            try:
+                return await self.store.queue_pop(self._k(key), as_block(block))
+            except QueueEmptyError:
+                raise QueueEmptyError(key) from None
         return await self.store.queue_pop(self._k(key), timeout=timeout)
 
     async def queue_len(self, key: str) -> int:
