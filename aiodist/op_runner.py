@@ -53,6 +53,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 from . import flight
 from .arguments import seconds, with_ranks
 from .buffer_order import HeldArrays, arrays_of, wait_for_earlier
+from .collectives.buffers import callers_memory, restage
 from .comm import GroupComm, OpChannel, Transport
 from .comm.router import Receive
 from .deadline import about_to_resume
@@ -183,7 +184,7 @@ class OpRunner:
         self.seq += 1
         rec = OpRecord(op, seq, sig)
         loop = asyncio.get_running_loop()
-        arrays = arrays_of(args)
+        arrays = callers_memory(arrays_of(args))  # (a staging copy stands for the caller's strided array)
         task, _ = start_eager(self._run(rec, body, args, result, t, loop, self.held.earlier(arrays)), loop)
         if not rec.finished:
             self.tasks[task] = None  # (_run forgets it as it ends)
@@ -316,6 +317,7 @@ class OpRunner:
             try:
                 if earlier:
                     await wait_for_earlier(earlier)
+                    restage(me)  # (copies of strided arrays were taken at the call: take them again now)
                 value = await body(ch, seq, *args)
                 if result is not BODY_RESULT:
                     value = result

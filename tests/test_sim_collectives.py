@@ -205,3 +205,45 @@ def test_collectives_in_flight_on_overlapping_arrays_run_in_call_order(seed: int
     res = sim.run(_in_flight_on_the_same_memory, world_size=4, seed=seed)
     assert res.ok, res.summary()
     assert res.rank_results == [(True, True, True)] * 4, res.rank_results
+
+
+async def _in_flight_on_strided_memory() -> Any:
+    """As above, on arrays that are staged (copied to contiguous memory for the operation)."""
+    pg = await api.init_process_group(timeout=60)
+    r, p = pg.rank, pg.size
+    f = np.arange(8, dtype=np.float64) + 1 + r
+    h1 = api.all_reduce(f[::2])  # (strided: staged)
+    h2 = api.all_reduce(f[0:4], op=api.ReduceOp.PRODUCT)  # (contiguous, overlapping f[0] and f[2])
+    await asyncio.gather(h2, h1)
+    fo = np.asfortranarray(np.arange(6, dtype=np.int64).reshape(2, 3) + r)
+    h3, h4 = api.all_reduce(fo), api.all_reduce(fo, op=api.ReduceOp.MAX)  # (Fortran order: staged, twice)
+    g = np.full(6, float(r))
+    h5 = api.broadcast(g, src=1)
+    h6 = api.all_reduce(g[::2])  # (reads the broadcast's result)
+    await asyncio.gather(h4, h3, h6, h5)
+    return f.tolist(), fo.tolist(), g.tolist()
+
+
+def _strided_expected(p: int) -> tuple[list[float], list[list[int]], list[float]]:
+    f = [np.arange(8, dtype=np.float64) + 1 + r for r in range(p)]
+    total = sum(x[::2] for x in f)  # the first all_reduce, then the product over f[0:4] as it left it
+    mine = [x.copy() for x in f]
+    for x in mine:
+        x[::2] = total
+    prod = np.prod([x[0:4] for x in mine], axis=0)
+    fo_sum = sum(np.arange(6).reshape(2, 3) + r for r in range(p))
+    return ([*prod, *mine[0][4:]], fo_sum.tolist(), [float(p) if i % 2 == 0 else 1.0 for i in range(6)])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_collectives_in_flight_on_overlapping_strided_arrays_run_in_call_order(seed: int) -> None:
+    """Before (porting probe): the order looked at the staging copy of a strided or Fortran-order array, not at
+    the caller's memory, and the copy was taken at the call, before the earlier collective wrote: the ranks
+    disagreed (f = [36, ..., 840, ...] on one, [0, ..., 84, ...] on another), a Fortran-order array reduced twice
+    lost the first result."""
+    res = sim.run(_in_flight_on_strided_memory, world_size=3, seed=seed)
+    assert res.ok, res.summary()
+    f, fo, g = _strided_expected(3)
+    for r, (got_f, got_fo, got_g) in enumerate(res.rank_results):
+        assert got_fo == fo and got_g == g, r
+        assert got_f[:4] == f[:4], (r, got_f)

@@ -40,7 +40,8 @@ import numpy as np
 from ..eager import running_task
 from ..errors import InvalidArrayError
 
-__all__ = ["as_flat", "as_flat_list", "byte_view", "check_own_chunk", "unaliased", "claim", "register_task", "release", "EMPTY_OUT", "TASKS", "UNCLAIMED"]
+__all__ = ["as_flat", "as_flat_list", "byte_view", "check_own_chunk", "unaliased", "claim", "register_task", "release",
+           "callers_memory", "restage", "EMPTY_OUT", "TASKS", "UNCLAIMED"]
 
 EMPTY_OUT = memoryview(bytearray())
 """A writable zero-byte buffer, for receiving empty (barrier) messages."""
@@ -293,6 +294,23 @@ def claim(task: Any) -> list[_Staged] | None:
 def register_task(task: Any) -> None:
     """Copies made inside ``task`` from now on belong to it (a point-to-point operation stages in its task)."""
     TASKS.setdefault(task, [])
+
+
+def callers_memory(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """``arrays`` (of an operation being started) with each staging copy made for it replaced by the caller's
+    memory it copies: what the operation reads and writes, as far as other operations are concerned."""
+    if not UNCLAIMED:
+        return arrays
+    sources = {id(st.flat): st.view for st in UNCLAIMED}  # (looked up, never iterated)
+    return tuple(sources.get(id(a), a) for a in arrays)
+
+
+def restage(task: Any) -> None:
+    """The operation of ``task`` starts later than it was called (it waited for an earlier one on the same
+    memory, see :mod:`aiodist.buffer_order`): its staging copies take the callers' objects as they are now,
+    as they would have had it started now."""
+    for st in TASKS.get(task, ()):
+        np.copyto(st.flat.reshape(st.view.shape), st.view)
 
 
 def release(task: Any, *, ok: bool) -> None:
