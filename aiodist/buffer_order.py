@@ -15,19 +15,26 @@ the arrays count as overlapping).
 
 Every member orders its own collectives the same way (they are called in
 the same order on every member), so waiting for an earlier collective of
-the same group cannot deadlock.
+the same group cannot deadlock. Collectives of different groups are not
+ordered (two ranks may call them in different orders: waiting could
+deadlock); one on memory that a collective of another group of the same
+rank still works on is warned of instead (:func:`elsewhere`), once per
+pair of groups.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["HeldArrays", "arrays_of", "wait_for_earlier"]
+from .context import rank_scope
+
+__all__ = ["HeldArrays", "arrays_of", "elsewhere", "register", "wait_for_earlier"]
 
 _MAX_WORK = 1000
 """numpy.shares_memory's bound on the work of deciding an overlap (strided views); past it: overlapping."""
@@ -73,20 +80,29 @@ class HeldArrays:
     not a look at every array in flight (a step that issues hundreds of bucket all_reduces at once).
     """
 
-    __slots__ = ("_held", "_spans", "_widest")
+    __slots__ = ("name", "_held", "_spans", "_widest", "_ops", "__weakref__")
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "") -> None:
+        self.name = name  # (the group's, for warnings)
         self._held: dict[int, tuple[tuple[np.ndarray, ...], tuple[tuple[int, int], ...], asyncio.Future[Any]]] = {}
         self._spans: list[tuple[int, int, int]] = []  # (lo, hi, seq), sorted
         self._widest = 0  # the widest span held since the last time none was (bounds the bisection's reach)
+        self._ops: dict[int, str] = {}  # seq -> the operation's name
 
     def __repr__(self) -> str:
-        return f"<HeldArrays seqs={list(self._held)}>"
+        return f"<HeldArrays {self.name} seqs={list(self._held)}>"
+
+    def describe(self, seq: int) -> str:
+        return f"{self._ops.get(seq, 'a collective')} (seq {seq}) of {self.name}"
 
     def earlier(self, arrays: tuple[np.ndarray, ...]) -> tuple[asyncio.Future[Any], ...]:
         """The collectives in flight whose arrays overlap ``arrays``: the new one waits for them to end."""
+        return tuple(self._held[seq][2] for seq in self.overlapping(arrays))
+
+    def overlapping(self, arrays: tuple[np.ndarray, ...]) -> list[int]:
+        """The sequence numbers of the collectives in flight whose arrays overlap ``arrays``, in order."""
         if not arrays or not self._spans:
-            return ()
+            return []
         spans = self._spans
         found: dict[int, None] = {}
         for x in arrays:
@@ -99,15 +115,16 @@ class HeldArrays:
                 held_lo, held_hi, seq = spans[k]
                 if held_hi > lo and seq not in found and any(_shares(x, y) for y in self._held[seq][0]):
                     found[seq] = None
-        return tuple(self._held[seq][2] for seq in sorted(found))
+        return sorted(found)
 
-    def hold(self, seq: int, arrays: tuple[np.ndarray, ...], task: asyncio.Future[Any]) -> None:
-        """Collective ``seq`` (run by ``task``) is in flight on ``arrays``."""
+    def hold(self, seq: int, arrays: tuple[np.ndarray, ...], task: asyncio.Future[Any], op: str = "") -> None:
+        """Collective ``seq`` (``op``, run by ``task``) is in flight on ``arrays``."""
         arrays = tuple(a for a in arrays if a.size)
         if not arrays:
             return
         spans = tuple(_span(a) for a in arrays)
         self._held[seq] = (arrays, spans, task)
+        self._ops[seq] = op
         for lo, hi in spans:
             bisect.insort(self._spans, (lo, hi, seq))
             self._widest = max(self._widest, hi - lo)
@@ -117,11 +134,39 @@ class HeldArrays:
         held = self._held.pop(seq, None)
         if held is None:
             return
+        del self._ops[seq]
         for lo, hi in held[1]:
             k = bisect.bisect_left(self._spans, (lo, hi, seq))
             del self._spans[k]
         if not self._spans:
             self._widest = 0
+
+
+def register(held: HeldArrays) -> None:
+    """``held`` is a group's of the calling rank (see :func:`elsewhere`)."""
+    _rank_groups().append(weakref.ref(held))
+
+
+def _rank_groups() -> list[weakref.ref[HeldArrays]]:
+    groups: list[weakref.ref[HeldArrays]] = rank_scope().setdefault("buffer_order", [])
+    return groups
+
+
+def elsewhere(held: HeldArrays, arrays: tuple[np.ndarray, ...]) -> tuple[HeldArrays, int] | None:
+    """A collective of another group of this rank, still in flight, whose arrays overlap ``arrays`` (not
+    waited for: see the module doc), as (its group's arrays, its seq); None if there is none."""
+    if not arrays:
+        return None
+    refs = _rank_groups()
+    for ref in list(refs):
+        other = ref()
+        if other is None:
+            refs.remove(ref)
+        elif other is not held and other._spans:
+            seqs = other.overlapping(arrays)
+            if seqs:
+                return other, seqs[0]
+    return None
 
 
 async def wait_for_earlier(earlier: tuple[asyncio.Future[Any], ...]) -> None:

@@ -52,7 +52,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from . import flight
 from .arguments import seconds, with_ranks
-from .buffer_order import HeldArrays, arrays_of, wait_for_earlier
+from .buffer_order import HeldArrays, arrays_of, elsewhere, register, wait_for_earlier
 from .collectives.buffers import callers_memory, restage
 from .comm import GroupComm, OpChannel, Transport
 from .comm.router import Receive
@@ -90,7 +90,7 @@ class OpRunner:
     """
 
     __slots__ = ("comm", "transport", "name", "checker", "timeout", "seq", "destroyed", "aborted", "tasks", "running",
-                 "monitor", "_monitor_at", "_dumped", "_absent_warned", "held")
+                 "monitor", "_monitor_at", "_dumped", "_absent_warned", "held", "_warned_overlap")
 
     def __init__(self, comm: GroupComm, checker: MismatchChecker, *, timeout: float) -> None:
         self.comm = comm
@@ -103,7 +103,9 @@ class OpRunner:
         self.aborted = False
         self.tasks: dict[asyncio.Future[Any], None] = {}
         self.running: dict[int, OpRecord] = {}  # collectives in flight, by seq (in seq order)
-        self.held = HeldArrays()  # their arrays: a new collective on overlapping memory waits (buffer_order)
+        self.held = HeldArrays(comm.name)  # their arrays: a new collective on overlapping memory waits (buffer_order)
+        register(self.held)
+        self._warned_overlap: dict[str, None] = {}  # the other groups warned of (buffer_order.elsewhere)
         self.monitor: asyncio.TimerHandle | None = None
         self._monitor_at = math.inf
         self._dumped = False
@@ -185,11 +187,31 @@ class OpRunner:
         rec = OpRecord(op, seq, sig)
         loop = asyncio.get_running_loop()
         arrays = callers_memory(arrays_of(args))  # (a staging copy stands for the caller's strided array)
+        if arrays:
+            self._warn_overlap(op, arrays)
         task, _ = start_eager(self._run(rec, body, args, result, t, loop, self.held.earlier(arrays)), loop)
         if not rec.finished:
             self.tasks[task] = None  # (_run forgets it as it ends)
-            self.held.hold(seq, arrays, task)  # (and releases it)
+            self.held.hold(seq, arrays, task, op)  # (and releases it)
         return Work(task, op=op, seq=seq, record=rec, group=self.name)
+
+    def _warn_overlap(self, op: str, arrays: tuple[Any, ...]) -> None:
+        """A RuntimeWarning (once per other group) if ``arrays`` overlap those of a collective of another group
+        of this rank still in flight: those are not ordered (see :mod:`aiodist.buffer_order`)."""
+        found = elsewhere(self.held, arrays)
+        if found is None or found[0].name in self._warned_overlap:
+            return
+        other, seq = found
+        self._warned_overlap[other.name] = None
+        code, line = call_site(2)
+        message = (f"{op} on {self.name} uses memory that {other.describe(seq)}, still in flight, uses too: "
+                   "collectives of different groups do not wait for each other (those of one group run in call "
+                   "order), so both read and write it at once; await the first before starting the second")
+        if code is None:
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+        else:
+            module = os.path.splitext(os.path.basename(code.co_filename))[0]
+            warnings.warn_explicit(message, RuntimeWarning, code.co_filename, line, module=module)
 
     def refused(self, op: str, e: BaseException) -> None:
         """A call of ``op`` raised ``e`` here before it started (its arguments): it takes its sequence number

@@ -247,3 +247,31 @@ def test_collectives_in_flight_on_overlapping_strided_arrays_run_in_call_order(s
     for r, (got_f, got_fo, got_g) in enumerate(res.rank_results):
         assert got_fo == fo and got_g == g, r
         assert got_f[:4] == f[:4], (r, got_f)
+
+
+async def _two_groups_on_one_array() -> Any:
+    pg = await api.init_process_group(timeout=60)
+    sub = await api.new_group(list(range(pg.size)))
+    x = np.ones(8)
+    for _ in range(2):
+        h1 = api.all_reduce(x)
+        h2 = api.all_reduce(x, group=sub)  # (another group: not ordered after h1)
+        await asyncio.gather(h1, h2)
+    y = np.ones(8)
+    await asyncio.gather(api.all_reduce(y[:4]), api.all_reduce(y[4:], group=sub))  # (separate memory: no warning)
+    await api.destroy_process_group()
+
+
+def test_a_collective_on_memory_another_groups_collective_still_uses_is_warned_of_once() -> None:
+    """Collectives of different groups are not ordered (ranks may call them in different orders: waiting could
+    deadlock). Before (porting probe), two in flight on one array gave each rank a different answer silently."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = sim.run(_two_groups_on_one_array, world_size=2, seed=0)
+    assert res.ok, res.summary()
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "still in flight" in str(w.message)]
+    assert len(said) == 2, said  # (once per rank: the second step is not warned again)
+    assert said[0].startswith("all_reduce on group 1 (ranks [0, 1]) uses memory that all_reduce (seq 0) of world")
+    assert all(w.filename == __file__ for w in caught if "still in flight" in str(w.message))
