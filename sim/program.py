@@ -63,6 +63,12 @@ class ProgramMain:
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                 return self._module()
+        except Exception as e:
+            sys.stderr.write(out.getvalue())
+            e.add_note(f"(raised while the simulator ran {self.path.name}'s top level, as an import, to find "
+                       f"{self.name}(): code there runs outside any rank -- a module-level `asyncio.run(main())` or "
+                       "`aiodist.run(main())` needs `if __name__ == \"__main__\":` in front of it)")
+            raise
         except BaseException:
             sys.stderr.write(out.getvalue())
             raise

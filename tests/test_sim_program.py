@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import sim
 from sim.cli import load_main
 
@@ -124,3 +126,15 @@ def main():
     assert not res.ok and "main() returned int, not an awaitable" in res.failures[0].message, res.summary()
     returns_coroutine = "import asyncio\n\ndef main():\n    return asyncio.sleep(0, result=7)\n"
     assert _program(tmp_path, returns_coroutine).rank_results == [7, 7, 7]
+
+
+def test_a_program_that_runs_its_job_at_import_is_told_to_guard_it(tmp_path: Path) -> None:
+    """Before (porting probe): a port ending with a module-level ``asyncio.run(main())`` (it runs under
+    ``aiodist run``) failed in the simulator with only "environment variable RANK is not set"."""
+    (tmp_path / "prog.py").write_text(
+        "import asyncio\nimport aiodist\n\nasync def main():\n    await aiodist.init_process_group()\n\n"
+        "asyncio.run(main())\n")
+    with pytest.raises(Exception) as info:
+        load_main(str(tmp_path / "prog.py"))
+    notes = "".join(getattr(info.value, "__notes__", []))
+    assert "prog.py's top level" in notes and 'if __name__ == "__main__":' in notes, notes
