@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 from aiodist import inflight
 from aiodist.api import finish_failed_rank, finish_rank
+from aiodist.launch.outcome import describe_exception, raised_text
 from aiodist.context import new_rank_scope, rank_environ, rank_scope, set_network, set_rank_environ, set_token_source
 from aiodist.errors import CollectiveTimeoutError, UnawaitedOperationError, innermost
 
@@ -345,8 +346,9 @@ class Simulation(FaultActions):
 
     async def _finish(self, inc: _Incarnation, *, normal: bool, error: BaseException | None = None) -> Failure | None:
         failure = None
-        if error is not None:  # (as the launcher does: see aiodist.launch.runner)
-            await finish_failed_rank(error)
+        if error is not None:  # (as the launcher does, naming the program's line: see aiodist.launch.runner)
+            what = raised_text(describe_exception(error)) if isinstance(error, Exception) else None
+            await finish_failed_rank(error, what=what)
         elif normal:
             try:
                 await finish_rank()

@@ -259,6 +259,8 @@ def test_a_rank_whose_main_raises_leaves_as_under_aiodist_run_saying_what_failed
     assert [f.rank for f in res.failures if f.kind == "exception"] == [2], res.summary()
     said = [r for i, r in enumerate(res.rank_results) if i != 2]
     assert all("raised ValueError: rank 2's own bug" in s for s in said), said
+    # with the program's line, as the launcher says it (before: without it, in the simulator only)
+    assert all("rank 2's own bug (test_failure_sim.py:" in s for s in said), said
     assert sim.run(_raises_without_leaving, world_size=4, seed=seed, stop_on_error=False).digest == res.digest
 
 
