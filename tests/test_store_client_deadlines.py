@@ -23,17 +23,22 @@ HOST = "127.0.0.1"
 BIG = b"x" * (8 << 20)
 
 
+async def handshake(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    """The server's side of the store handshake (the job's secret, as the client has it)."""
+    acceptor = auth.Acceptor(auth.resolve_secret(), purpose="store", binding=P.AUTH_BINDING, nonce=os.urandom(32))
+    w.write(PREAMBLE)
+    assert await r.readexactly(8) == PREAMBLE
+    w.write(frame(P.challenge(acceptor.challenge((await read_frame(r))[0]))))
+    acceptor.verify((await read_frame(r))[0])
+    w.write(frame(P.hello_reply(idle=None, max_key=8192, max_value=64 << 20)))
+
+
 @contextlib.asynccontextmanager
 async def deaf_server() -> AsyncIterator[int]:
     """A store server that completes the handshake, then never reads again (hung or stopped); yields its port."""
 
     async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        acceptor = auth.Acceptor(auth.resolve_secret(), purpose="store", binding=P.AUTH_BINDING, nonce=os.urandom(32))
-        w.write(PREAMBLE)
-        assert await r.readexactly(8) == PREAMBLE
-        w.write(frame(P.challenge(acceptor.challenge((await read_frame(r))[0]))))
-        acceptor.verify((await read_frame(r))[0])
-        w.write(frame(P.hello_reply(idle=None, max_key=8192, max_value=64 << 20)))
+        await handshake(r, w)
         await asyncio.sleep(3600)  # the stream pauses reading once ~128 KiB wait unread
 
     server = await asyncio.start_server(serve, HOST, 0)
@@ -170,12 +175,7 @@ async def scripted_server(reply: Any) -> AsyncIterator[int]:
     """A store server that completes the handshake, then answers each request with ``reply(request)``."""
 
     async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        acceptor = auth.Acceptor(auth.resolve_secret(), purpose="store", binding=P.AUTH_BINDING, nonce=os.urandom(32))
-        w.write(PREAMBLE)
-        assert await r.readexactly(8) == PREAMBLE
-        w.write(frame(P.challenge(acceptor.challenge((await read_frame(r))[0]))))
-        acceptor.verify((await read_frame(r))[0])
-        w.write(frame(P.hello_reply(idle=None, max_key=8192, max_value=64 << 20)))
+        await handshake(r, w)
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
                 request, _ = await read_frame(r, timeout=3600)
