@@ -115,3 +115,45 @@ def test_sighup_and_sigquit_stop_the_job_as_sigterm_does(tmp_path: Path, signame
     [status_dir] = status_dirs
     assert not os.path.exists(os.path.dirname(status_dir))
 
+
+
+def test_the_run_directory_of_a_launcher_killed_by_sigkill_is_removed_by_the_next_launcher(tmp_path: Path) -> None:
+    """Before (shm and launcher probes): a launcher killed with SIGKILL left /tmp/aiodist-run-*/attempt0 behind
+    for good (59 of them here). The next launcher of this user removes those whose launcher is gone."""
+    from aiodist.launch.rundirs import PID_FILE, sweep_stale
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp_path / "prog.py").write_text(STOPPABLE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "aiodist", "run", "-n", "1", "prog.py"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = 0
+    try:
+        assert proc.stdout is not None
+        _, pid, status_dir = proc.stdout.readline().split()[-3:]
+        child = int(pid)
+        run_dir = os.path.dirname(status_dir)
+        assert os.path.dirname(run_dir) == str(tmp) and os.path.exists(os.path.join(run_dir, PID_FILE))
+        proc.kill()  # SIGKILL: nothing of the launcher runs again (its rank dies of the parent-death signal)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if child and _alive(child):
+            os.kill(child, signal.SIGKILL)
+    assert os.path.exists(run_dir)  # (left behind)
+    alive = tmp / "aiodist-run-alive"  # a live launcher's (this process'), and one made by an older version
+    alive.mkdir()
+    (alive / PID_FILE).write_text(f"{os.getpid()} {os.stat('/proc/self/ns/pid').st_ino}\n")
+    (tmp / "aiodist-run-old").mkdir()
+    other_ns = tmp / "aiodist-run-elsewhere"  # (a pid of another pid namespace says nothing here)
+    other_ns.mkdir()
+    (other_ns / PID_FILE).write_text("999999 1\n")
+    (tmp_path / "noop.py").write_text("print('done')\n")
+    out = subprocess.run([sys.executable, "-m", "aiodist", "run", "-n", "1", "noop.py"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert not os.path.exists(run_dir), out.stderr
+    assert alive.exists() and (tmp / "aiodist-run-old").exists() and other_ns.exists()
+    assert sweep_stale(str(tmp)) == []

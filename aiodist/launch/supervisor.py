@@ -36,7 +36,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from typing import BinaryIO
 from ..errors import LaunchError
 from .attempt import Attempt, Event, Exited, Signalled, Sink, TimedOut
 from .job import LaunchConfig, LaunchResult, RankExit
+from .rundirs import make_run_dir, sweep_stale
 from .outcome import Blame
 from .status import launcher_exit_code
 
@@ -131,7 +131,8 @@ async def launch(
             loop.add_signal_handler(signum, on_signal, signum)
             state.handlers.append(signum)
     timer = loop.call_later(config.timeout, events.put_nowait, TimedOut()) if config.timeout else None
-    status = tempfile.TemporaryDirectory(prefix="aiodist-run-")
+    sweep_stale()  # (the run directories of launchers killed before they could remove theirs)
+    status = make_run_dir()
     try:
         return await _run_attempts(config, events=events, state=state, out=out, err=err, say=say,
                                    status_root=status.name)
