@@ -26,18 +26,47 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import enum
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from .collectives.buffers import memory_view
 from .context import rank_scope
 
-__all__ = ["HeldArrays", "arrays_of", "elsewhere", "register", "wait_for_earlier"]
+__all__ = ["HeldArrays", "arrays_of", "elsewhere", "memory_of", "register", "wait_for_earlier"]
 
 _MAX_WORK = 1000
 """numpy.shares_memory's bound on the work of deciding an overlap (strided views); past it: overlapping."""
+
+
+def memory_of(objects: Sequence[Any], *, depth: int = 4) -> tuple[np.ndarray, ...]:
+    """The memory a collective's caller handed it: numpy views of the arrays, buffers (``memoryview``,
+    ``bytearray``) and CPU tensors among ``objects``, in lists and tuples up to ``depth`` levels (the
+    coalesced operations' lists of lists). Other values (ranks, ops, ``None``) are skipped."""
+    out: list[np.ndarray] = []
+    _walk(objects, depth, out)
+    return tuple(out)
+
+
+_NOT_MEMORY = (int, float, complex, str, bytes, enum.Enum)
+
+
+def _walk(obj: Any, level: int, out: list[np.ndarray]) -> None:
+    """(:func:`memory_of`'s; a function of the module: a nested one calling itself would be a reference cycle
+    holding the arrays until the garbage collector's next pass, and shared arrays' memory with them)"""
+    if isinstance(obj, np.ndarray):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        if level > 0:
+            for item in obj:
+                _walk(item, level - 1, out)
+    elif obj is not None and not isinstance(obj, _NOT_MEMORY):
+        view = memory_view(obj)
+        if view is not None:
+            out.append(view)
 
 
 def arrays_of(args: Sequence[Any]) -> tuple[np.ndarray, ...]:
@@ -91,6 +120,10 @@ class HeldArrays:
 
     def __repr__(self) -> str:
         return f"<HeldArrays {self.name} seqs={list(self._held)}>"
+
+    def task(self, seq: int) -> asyncio.Future[Any]:
+        """The task of collective ``seq`` (held)."""
+        return self._held[seq][2]
 
     def describe(self, seq: int) -> str:
         return f"{self._ops.get(seq, 'a collective')} (seq {seq}) of {self.name}"
@@ -152,11 +185,12 @@ def _rank_groups() -> list[weakref.ref[HeldArrays]]:
     return groups
 
 
-def elsewhere(held: HeldArrays, arrays: tuple[np.ndarray, ...]) -> tuple[HeldArrays, int] | None:
-    """A collective of another group of this rank, still in flight, whose arrays overlap ``arrays`` (not
-    waited for: see the module doc), as (its group's arrays, its seq); None if there is none."""
+def elsewhere(held: HeldArrays, arrays: tuple[np.ndarray, ...]) -> list[tuple[HeldArrays, int]]:
+    """The collectives of other groups of this rank, still in flight, whose arrays overlap ``arrays`` (not
+    waited for: see the module doc): (that group's arrays, the first such seq), per group."""
+    found: list[tuple[HeldArrays, int]] = []
     if not arrays:
-        return None
+        return found
     refs = _rank_groups()
     for ref in list(refs):
         other = ref()
@@ -165,8 +199,8 @@ def elsewhere(held: HeldArrays, arrays: tuple[np.ndarray, ...]) -> tuple[HeldArr
         elif other is not held and other._spans:
             seqs = other.overlapping(arrays)
             if seqs:
-                return other, seqs[0]
-    return None
+                found.append((other, seqs[0]))
+    return found
 
 
 async def wait_for_earlier(earlier: tuple[asyncio.Future[Any], ...]) -> None:

@@ -70,6 +70,19 @@ class GroupNumber(int):
         inputs = tuple(int(x) if isinstance(x, GroupNumber) else x for x in inputs)
         return getattr(ufunc, method)(*inputs, **kwargs)
 
+def _scaled(op: PremulSum, flat: Any, *, in_place: bool, then: Callable[[Any], tuple[Any, ...]]
+            ) -> Callable[[], tuple[Any, ...]]:
+    """A collective's ``prepare`` (see OpRunner.collective) that scales ``flat`` by ``op``'s factor when the
+    operation starts (in place, or a copy) and makes its arguments with ``then``; refuses now what it cannot
+    scale."""
+    premultiply(op, flat[:0], in_place=False)
+
+    def prepare() -> tuple[Any, ...]:
+        return then(premultiply(op, flat, in_place=in_place))
+
+    return prepare
+
+
 _DRIVERS: dict[str, Callable[..., Awaitable[Any]]] = {}
 
 
@@ -227,9 +240,10 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("all_reduce", x)
         flat = as_flat(x, "x", writable=True)
         rop, what = reduction(op, flat)
-        if type(op) is PremulSum:
-            premultiply(op, flat, in_place=True)
         sig = f"all_reduce {what} n={flat.size}"
+        if type(op) is PremulSum:  # (scaled in place when the operation starts: see OpRunner.collective)
+            return self._runner.collective("all_reduce", sig, all_reduce_flat, (), timeout, result=x,
+                                           prepare=_scaled(op, flat, in_place=True, then=lambda s: (s, rop)))
         return self._runner.collective("all_reduce", sig, all_reduce_flat, (flat, rop), timeout, result=x)
 
     @in_step
@@ -250,12 +264,13 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         root = self._check_peer(dst, "dst")
         flat = as_flat(x, "x", writable=self._comm.rank == root)
         rop, what = reduction(op, flat)
-        arg = x
-        if type(op) is PremulSum:  # (in place on the root, whose x takes the result; a scaled copy elsewhere)
-            scaled = premultiply(op, flat, in_place=self._comm.rank == root)
-            arg = x if self._comm.rank == root else scaled
         sig = f"reduce dst={root} {what} n={flat.size}"
-        return self._runner.collective("reduce", sig, _driver("reduce"), (arg, root, rop), timeout, result=x)
+        if type(op) is PremulSum:  # (in place on the root, whose x takes the result; a scaled copy elsewhere)
+            on_root = self._comm.rank == root
+            return self._runner.collective(
+                "reduce", sig, _driver("reduce"), (), timeout, result=x,
+                prepare=_scaled(op, flat, in_place=on_root, then=lambda s: (x if on_root else s, root, rop)))
+        return self._runner.collective("reduce", sig, _driver("reduce"), (x, root, rop), timeout, result=x)
 
     @in_step
     def all_gather(self, out_list: Sequence[Any], x: Any, *, timeout: float | None = None) -> Work[Any]:
@@ -342,9 +357,16 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         # rank (the signature lists the sizes, so ranks that disagree mismatch) and out that of in_list[rank].
         sizes = self._check_list(in_list, "in_list", oflat, size=None, writable=False)
         check_own_chunk(oflat, sizes, self._comm.rank)
-        if type(op) is PremulSum:  # scaled copies: the inputs are the caller's
-            in_list = [premultiply(op, as_flat(a, "in_list", writable=False), in_place=False) for a in in_list]
         sig = f"reduce_scatter {what} {chunk_sizes(sizes)}"
+        if type(op) is PremulSum:  # scaled copies (when the operation starts): the inputs are the caller's
+            flats = [as_flat(a, "in_list", writable=False) for a in in_list]
+            premultiply(op, flats[0][:0], in_place=False)  # (refused now if it cannot scale)
+
+            def scaled_list() -> tuple[Any, ...]:
+                return out, [premultiply(op, f, in_place=False) for f in flats], rop
+
+            return self._runner.collective("reduce_scatter", sig, _driver("reduce_scatter"), (), timeout, result=out,
+                                           prepare=scaled_list)
         return self._runner.collective(
             "reduce_scatter", sig, _driver("reduce_scatter"), (out, in_list, rop), timeout, result=out
         )
@@ -357,14 +379,18 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         oflat = as_flat(out, "out", writable=True)
         flat = as_flat(x, "x", writable=False)
         rop, what = reduction(op, oflat)
-        if type(op) is PremulSum:  # a scaled copy: the input is the caller's
-            x = flat = premultiply(op, flat, in_place=False)
+        if type(op) is PremulSum:
+            premultiply(op, flat[:0], in_place=False)  # (refused now if it cannot scale; its dtype as scaled)
         self._check_same_dtype(flat, oflat, "x")
         if flat.size != oflat.size * self._comm.size:
             raise InvalidArrayError(
                 f"x has {flat.size} elements, expected {self._comm.size} x {oflat.size}", argument="x", reason="size"
             )
         sig = f"reduce_scatter_tensor {what} n={oflat.size}"
+        if type(op) is PremulSum:  # a scaled copy (when the operation starts): the input is the caller's
+            return self._runner.collective(
+                "reduce_scatter_tensor", sig, _driver("reduce_scatter_tensor"), (), timeout, result=out,
+                prepare=_scaled(op, flat, in_place=False, then=lambda s: (out, s, rop)))
         return self._runner.collective(
             "reduce_scatter_tensor", sig, _driver("reduce_scatter_tensor"), (out, x, rop), timeout, result=out
         )
@@ -399,9 +425,15 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
             return self._runner.absent("all_to_all_single", out)
         # validated (splits too: one size per rank) and cut now (errors before a sequence number is taken); the task only exchanges
         as_flat(out, "out", writable=True)  # a non-contiguous out is staged here, and copied back by the Work
-        outs, ins = single_blocks(out, x, self._comm.size, output_split_sizes, input_split_sizes, rank=self._comm.rank, arg="x")
-        sig = f"all_to_all_single {dtype_name(ins[0].dtype)}"
-        return self._runner.collective("all_to_all_single", sig, exchange_blocks, (outs, ins), timeout, result=out)
+        p, me = self._comm.size, self._comm.rank
+
+        def blocks() -> tuple[Any, ...]:  # (x may be out: its blocks are read as they are when the operation starts)
+            return single_blocks(out, x, p, output_split_sizes, input_split_sizes, rank=me, arg="x")
+
+        first = blocks()  # (validated now)
+        sig = f"all_to_all_single {dtype_name(first[1][0].dtype)}"
+        return self._runner.collective("all_to_all_single", sig, exchange_blocks, first, timeout, result=out,
+                                       prepare=blocks)
 
     @in_step
     def barrier(self, *, timeout: float | None = None) -> Work[None]:

@@ -52,7 +52,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from . import flight
 from .arguments import seconds, with_ranks
-from .buffer_order import HeldArrays, arrays_of, elsewhere, register, wait_for_earlier
+from .buffer_order import HeldArrays, arrays_of, elsewhere, memory_of, register, wait_for_earlier
 from .collectives.buffers import callers_memory, restage
 from .comm import GroupComm, OpChannel, Transport
 from .comm.router import Receive
@@ -90,7 +90,7 @@ class OpRunner:
     """
 
     __slots__ = ("comm", "transport", "name", "checker", "timeout", "seq", "destroyed", "aborted", "tasks", "running",
-                 "monitor", "_monitor_at", "_dumped", "_absent_warned", "held", "_warned_overlap")
+                 "monitor", "_monitor_at", "_dumped", "_absent_warned", "held", "_warned_overlap", "touching")
 
     def __init__(self, comm: GroupComm, checker: MismatchChecker, *, timeout: float) -> None:
         self.comm = comm
@@ -106,6 +106,7 @@ class OpRunner:
         self.held = HeldArrays(comm.name)  # their arrays: a new collective on overlapping memory waits (buffer_order)
         register(self.held)
         self._warned_overlap: dict[str, None] = {}  # the other groups warned of (buffer_order.elsewhere)
+        self.touching: tuple[Any, ...] | None = None  # what the group method being called was given (in_step)
         self.monitor: asyncio.TimerHandle | None = None
         self._monitor_at = math.inf
         self._dumped = False
@@ -171,13 +172,18 @@ class OpRunner:
         args: tuple[Any, ...],
         timeout: float | None,
         result: Any = BODY_RESULT,
+        prepare: Callable[[], tuple[Any, ...]] | None = None,
     ) -> Work[Any]:
         """Take the next sequence number now and start ``body(channel, seq, *args)`` as a task.
 
         The operation's result is ``result``, or what ``body`` returns if none is given.
         Started eagerly: an operation that never waits (a broadcast root) is finished
-        when this returns. One whose arrays overlap those of an earlier collective of the
-        group still in flight starts once that one ended (see :mod:`aiodist.buffer_order`).
+        when this returns. One whose memory overlaps that of an earlier collective of the
+        group still in flight starts once that one ended (see :mod:`aiodist.buffer_order`):
+        its memory is what the group method was called with (:func:`in_step` notes it),
+        else the arrays in ``args``. ``prepare``: what makes ``args`` from the caller's
+        arrays as they are when the operation starts (copies, scaling): for an operation that
+        waits, called when it starts; else now, unless ``args`` were made already.
         """
         if self.aborted or self.destroyed or self.comm.rank < 0:
             self.check_usable(op)  # raises
@@ -186,10 +192,18 @@ class OpRunner:
         self.seq += 1
         rec = OpRecord(op, seq, sig)
         loop = asyncio.get_running_loop()
-        arrays = callers_memory(arrays_of(args))  # (a staging copy stands for the caller's strided array)
+        touched = self.touching
+        # (the caller's memory; a staging copy stands for the caller's strided array)
+        arrays = memory_of(touched) if touched is not None else callers_memory(arrays_of(args))
         if arrays:
             self._warn_overlap(op, arrays)
-        task, _ = start_eager(self._run(rec, body, args, result, t, loop, self.held.earlier(arrays)), loop)
+        seqs = self.held.overlapping(arrays)
+        earlier = tuple(self.held.task(s) for s in seqs)
+        if earlier:
+            rec.after = ", ".join(self.held.describe(s) for s in seqs)
+        if prepare is not None and not earlier:
+            args, prepare = args or prepare(), None
+        task, _ = start_eager(self._run(rec, body, args, result, t, loop, earlier, prepare), loop)
         if not rec.finished:
             self.tasks[task] = None  # (_run forgets it as it ends)
             self.held.hold(seq, arrays, task, op)  # (and releases it)
@@ -198,20 +212,19 @@ class OpRunner:
     def _warn_overlap(self, op: str, arrays: tuple[Any, ...]) -> None:
         """A RuntimeWarning (once per other group) if ``arrays`` overlap those of a collective of another group
         of this rank still in flight: those are not ordered (see :mod:`aiodist.buffer_order`)."""
-        found = elsewhere(self.held, arrays)
-        if found is None or found[0].name in self._warned_overlap:
-            return
-        other, seq = found
-        self._warned_overlap[other.name] = None
-        code, line = call_site(2)
-        message = (f"{op} on {self.name} uses memory that {other.describe(seq)}, still in flight, uses too: "
-                   "collectives of different groups do not wait for each other (those of one group run in call "
-                   "order), so both read and write it at once; await the first before starting the second")
-        if code is None:
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
-        else:
-            module = os.path.splitext(os.path.basename(code.co_filename))[0]
-            warnings.warn_explicit(message, RuntimeWarning, code.co_filename, line, module=module)
+        for other, seq in elsewhere(self.held, arrays):
+            if other.name in self._warned_overlap:
+                continue
+            self._warned_overlap[other.name] = None
+            code, line = call_site(2)
+            message = (f"{op} on {self.name} uses memory that {other.describe(seq)}, still in flight, uses too: "
+                       "collectives of different groups do not wait for each other (those of one group run in call "
+                       "order), so both read and write it at once; await the first before starting the second")
+            if code is None:
+                warnings.warn(message, RuntimeWarning, stacklevel=4)
+            else:
+                module = os.path.splitext(os.path.basename(code.co_filename))[0]
+                warnings.warn_explicit(message, RuntimeWarning, code.co_filename, line, module=module)
 
     def refused(self, op: str, e: BaseException) -> None:
         """A call of ``op`` raised ``e`` here before it started (its arguments): it takes its sequence number
@@ -301,6 +314,7 @@ class OpRunner:
         timeout: float,
         loop: asyncio.AbstractEventLoop,
         earlier: tuple[asyncio.Future[Any], ...] = (),
+        prepare: Callable[[], tuple[Any, ...]] | None = None,
     ) -> None:
         """Run one collective; its outcome goes to ``rec`` (see :mod:`aiodist.work`), not to the task.
 
@@ -339,7 +353,10 @@ class OpRunner:
             try:
                 if earlier:
                     await wait_for_earlier(earlier)
+                    rec.after = ""
                     restage(me)  # (copies of strided arrays were taken at the call: take them again now)
+                    if prepare is not None:
+                        args = prepare()
                 value = await body(ch, seq, *args)
                 if result is not BODY_RESULT:
                     value = result
@@ -398,7 +415,7 @@ class OpRunner:
         if isinstance(e, asyncio.CancelledError):
             check = rec.check
             if rec.expired and ch is not None and me.uncancel() == 0:  # only the monitor cancelled it
-                e = self._timed_out(rec.op, rec.seq, ch, timeout)
+                e = self._timed_out(rec.op, rec.seq, ch, timeout, after=rec.after)
             elif check is not None and check.found is not None and not self.destroyed:
                 me.uncancel()  # the cancellation was the checker's, not a caller's
                 self.checker.note(check.found, rec.seq)
@@ -455,9 +472,10 @@ class OpRunner:
             self._dumped = True
             flight.dump(f"{type(e).__name__}: {e}", rank=self.transport.rank, world_size=self.transport.world_size)
 
-    def _timed_out(self, op: str, seq: int, ch: OpChannel, timeout: float) -> CollectiveTimeoutError:
+    def _timed_out(self, op: str, seq: int, ch: OpChannel, timeout: float, *, after: str = "") -> CollectiveTimeoutError:
         waiting = ch.waiting_for()
-        who = ", ".join(f"rank {r} (global {self.comm.ranks[r]})" for r in waiting) or "nobody (stuck locally)"
+        who = ", ".join(f"rank {r} (global {self.comm.ranks[r]})" for r in waiting) or (
+            f"{after} to end first (the same memory; it had not started)" if after else "nobody (stuck locally)")
         me = self.comm.rank
         here = f"rank {me}" if self.comm.ranks[me] == me else f"rank {me} (global {self.comm.ranks[me]})"
         return CollectiveTimeoutError(
@@ -560,13 +578,20 @@ def in_step(method: Callable[Concatenate[G, P], T]) -> Callable[Concatenate[G, P
 
     op = method.__name__
 
+    objects = "object" not in op  # (object collectives pickle what they are given at the call)
+
     @functools.wraps(method)
     def call(self: G, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        runner = self._runner
+        if objects:  # (the caller's memory, for the order of collectives on it: see OpRunner.collective)
+            runner.touching = (args, tuple(kwargs.values()))
         try:
             return method(self, *args, **kwargs)
         except (ValueError, TypeError) as e:
-            self._runner.refused(op, e)
+            runner.refused(op, e)
             raise
+        finally:
+            runner.touching = None
 
     return call
 

@@ -68,7 +68,8 @@ class OpRecord:
     fingerprint check; ``waiters`` are the futures of tasks awaiting it.
     """
 
-    __slots__ = ("op", "seq", "sig", "task", "start", "deadline", "expired", "check", "waiters", "finished", "value", "error")
+    __slots__ = ("op", "seq", "sig", "task", "start", "deadline", "expired", "check", "waiters", "finished", "value", "error",
+                 "after")
 
     def __init__(self, op: str, seq: int, sig: str) -> None:
         self.op = op
@@ -83,6 +84,7 @@ class OpRecord:
         self.finished = False
         self.value: Any = None
         self.error: BaseException | None = None
+        self.after = ""  # the earlier collectives on the same memory it waits for to start (buffer_order)
 
     def __repr__(self) -> str:
         state = "running" if not self.finished else "failed" if self.error is not None else "done"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import numpy as np
 import pytest
 
+import aiodist
 import sim
 from aiodist import api
 from aiodist.errors import AiodistError
@@ -275,3 +277,68 @@ def test_a_collective_on_memory_another_groups_collective_still_uses_is_warned_o
     assert len(said) == 2, said  # (once per rank: the second step is not warned again)
     assert said[0].startswith("all_reduce on group 1 (ranks [0, 1]) uses memory that all_reduce (seq 0) of world")
     assert all(w.filename == __file__ for w in caught if "still in flight" in str(w.message))
+
+
+async def _pairs(concurrent: bool) -> Any:
+    """Pairs of collectives on shared memory, in flight together (``concurrent``) or awaited one by one."""
+    pg = await api.init_process_group(timeout=60)
+    r, p = pg.rank, pg.size
+
+    async def both(first: Any, second: Any) -> None:
+        if concurrent:
+            w1, w2 = first(), second()
+            await asyncio.gather(w2, w1)
+        else:
+            await first()
+            await second()
+
+    out: list[Any] = []
+    x = np.full(2 * p, float(r + 1))  # in-place all_to_all_single reads x as the all_reduce left it
+    await both(lambda: api.all_reduce(x), lambda: api.all_to_all_single(x, x))
+    out.append(x.tolist())
+    y = np.full(4, float(r + 1))  # PREMUL_SUM scales y when it starts, not at the call
+    await both(lambda: api.all_reduce(y, op=api.ReduceOp.MAX),
+               lambda: api.all_reduce(y, op=aiodist._make_nccl_premul_sum(-1.0)))
+    out.append(y.tolist())
+    z = np.full(4, float(r))  # a memoryview of z: the same memory
+    await both(lambda: api.all_reduce(z), lambda: api.broadcast(memoryview(z), src=1))
+    out.append(z.tolist())
+    buf = np.ones(4 * p)  # the coalesced gather's outputs are in lists of lists
+    await both(lambda: api.all_reduce(buf),
+               lambda: api.all_gather_coalesced([[buf[4 * i:4 * (i + 1)]] for i in range(p)], [np.full(4, 10.0 + r)]))
+    out.append(buf.tolist())
+    f = np.ones(4 * p)  # a strided out, then the array it is a view of
+    await both(lambda: api.all_to_all_single(f[::2], np.full(2 * p, 100.0 + r)), lambda: api.all_reduce(f))
+    out.append(f.tolist())
+    await api.destroy_process_group()
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_collectives_in_flight_on_shared_memory_whatever_form_it_is_given_in_run_in_call_order(seed: int) -> None:
+    """Before (ordering probe), each pair below gave other answers in flight than awaited one by one, and
+    ranks disagreed: an in-place all_to_all_single and PREMUL_SUM took their input at the call (a copy, a
+    scaling in place while the earlier collective ran); a memoryview (or a tensor), a coalesced list of
+    lists and the blocks of a strided out were not seen as the caller's memory at all."""
+    together = sim.run(functools.partial(_pairs, True), world_size=3, seed=seed)
+    apart = sim.run(functools.partial(_pairs, False), world_size=3, seed=seed)
+    assert together.ok and apart.ok, together.summary() + apart.summary()
+    assert together.rank_results == apart.rank_results
+
+
+async def _waits_behind_a_late_one() -> Any:
+    await api.init_process_group(timeout=60)
+    x = np.ones(4)
+    if api.get_rank() == 1:
+        await asyncio.sleep(5)  # (late: the first all_reduce cannot end before)
+    h1 = api.all_reduce(x)
+    h2 = api.all_reduce(x, timeout=1)  # waits for h1 (the same memory) and times out meanwhile
+    _, second = await asyncio.gather(h1, h2, return_exceptions=True)
+    return str(second)
+
+
+def test_a_collective_that_times_out_waiting_for_an_earlier_one_on_its_memory_says_so() -> None:
+    """Before (ordering probe): 'still waiting for nobody (stuck locally)'."""
+    res = sim.run(_waits_behind_a_late_one, world_size=2, seed=0, stop_on_error=False)
+    said = res.rank_results[0]
+    assert "still waiting for all_reduce (seq 0) of world to end first" in said, said

@@ -41,7 +41,7 @@ from ..eager import running_task
 from ..errors import InvalidArrayError
 
 __all__ = ["as_flat", "as_flat_list", "byte_view", "check_own_chunk", "unaliased", "claim", "register_task", "release",
-           "callers_memory", "restage", "EMPTY_OUT", "TASKS", "UNCLAIMED"]
+           "callers_memory", "memory_view", "restage", "EMPTY_OUT", "TASKS", "UNCLAIMED"]
 
 EMPTY_OUT = memoryview(bytearray())
 """A writable zero-byte buffer, for receiving empty (barrier) messages."""
@@ -110,6 +110,14 @@ def _shared_view(obj: Any, argument: str) -> np.ndarray:
     raise InvalidArrayError(
         f"{argument} must be a numpy array or a buffer, not {type(obj).__name__}", argument=argument, reason="type"
     )
+
+
+def memory_view(obj: Any) -> np.ndarray | None:
+    """A numpy view of ``obj``'s memory as :func:`as_flat` would take it (a buffer, a CPU tensor), or None."""
+    try:
+        return _shared_view(obj, "x")
+    except (InvalidArrayError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def _tensor_view(t: Any, argument: str) -> np.ndarray:
