@@ -8,10 +8,12 @@ get some mix of the two, a different one on each rank. So a collective
 whose arrays overlap those of an earlier one of its group still in flight
 starts only once that one ended (whatever its outcome), which is the order
 torch's stream-ordered backends give. Collectives on separate memory still
-run at once. Only numpy arrays are looked at (the arguments, and the arrays
-in a list or tuple argument); overlap is decided by
-:func:`numpy.shares_memory`, within a bounded amount of work (past it,
-the arrays count as overlapping).
+run at once. The memory looked at is what the group method was called with
+(:func:`memory_of`: arrays, buffers, CPU tensors, in lists of lists); for
+the object collectives, whose objects are not walked (there may be very
+many), the numpy arrays among their arguments and in their lists
+(:func:`arrays_of`). Overlap is decided by :func:`numpy.shares_memory`,
+within a bounded amount of work (past it, the arrays count as overlapping).
 
 Every member orders its own collectives the same way (they are called in
 the same order on every member), so waiting for an earlier collective of

@@ -11,6 +11,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from .shown import first_few
+
 
 class AiodistError(RuntimeError):
     """Base class of every error aiodist raises on purpose.
@@ -140,19 +142,14 @@ class StoreTimeoutError(TimeoutError, StoreError):
         self.op = op
         self.waiting = waiting
         self.missing = list(missing) if missing is not None else None
-        keys_ = _some(self.keys)
+        keys_ = first_few(self.keys)
         if waiting and self.missing is not None and len(self.keys) > 1:
             super().__init__(f"store {op} timed out after {timeout:g}s waiting for key(s) {keys_}: missing "
-                             f"{_some(self.missing)}")
+                             f"{first_few(self.missing)}")
         elif waiting:
             super().__init__(f"store {op} timed out after {timeout:g}s waiting for key(s) {keys_}")
         else:
             super().__init__(f"store {op} of key(s) {keys_} timed out after {timeout:g}s: the store did not answer")
-
-
-def _some(keys: list[str]) -> str:
-    """At most 8 of ``keys``, and how many more (a wait on 20,000 keys made a 260 kB message)."""
-    return repr(keys) if len(keys) <= 8 else f"{keys[:8]!r} and {len(keys) - 8} more"
 
 
 class QueueEmptyError(StoreError):

@@ -70,6 +70,7 @@ class GroupNumber(int):
         inputs = tuple(int(x) if isinstance(x, GroupNumber) else x for x in inputs)
         return getattr(ufunc, method)(*inputs, **kwargs)
 
+
 def _scaled(op: PremulSum, flat: Any, *, in_place: bool, then: Callable[[Any], tuple[Any, ...]]
             ) -> Callable[[], tuple[Any, ...]]:
     """A collective's ``prepare`` (see OpRunner.collective) that scales ``flat`` by ``op``'s factor when the

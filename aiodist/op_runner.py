@@ -578,12 +578,12 @@ def in_step(method: Callable[Concatenate[G, P], T]) -> Callable[Concatenate[G, P
 
     op = method.__name__
 
-    objects = "object" not in op  # (object collectives pickle what they are given at the call)
+    walked = "object" not in op  # (an object collective's objects, maybe very many, are not walked: see buffer_order)
 
     @functools.wraps(method)
     def call(self: G, /, *args: P.args, **kwargs: P.kwargs) -> T:
         runner = self._runner
-        if objects:  # (the caller's memory, for the order of collectives on it: see OpRunner.collective)
+        if walked:  # (the caller's memory, for the order of collectives on it: see OpRunner.collective)
             runner.touching = (args, tuple(kwargs.values()))
         try:
             return method(self, *args, **kwargs)

@@ -23,6 +23,12 @@ def shown(value: Any, limit: int = MAX_TEXT) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
+def first_few(items: list[str], limit: int = 8) -> str:
+    """The repr of at most ``limit`` of ``items``, and how many more (keys of a call: a wait on 20,000 keys made
+    a 260 kB message)."""
+    return repr(items) if len(items) <= limit else f"{items[:limit]!r} and {len(items) - limit} more"
+
+
 def brief(value: Any) -> str:
     """A peer's value's repr, cut short (strings to 120 characters, 3 levels of nesting): for ids and keys."""
     return _SHOW.repr(value)

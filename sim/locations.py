@@ -56,7 +56,7 @@ def _awaited_task(step: Any) -> asyncio.Task[Any] | None:
     """The task a coroutine waits for when it awaits one (``await task``, or a ``gather`` of which one
     task is still running), else None. (``await`` on a future leaves only the future's iterator in
     ``cr_await``; the garbage collector's view of it gives the future.)"""
-    if step is None or type(step).__name__ not in ("FutureIter", "_asyncio.FutureIter"):
+    if step is None or type(step).__name__ != "FutureIter":
         return None
     fut = next((r for r in gc.get_referents(step) if isinstance(r, asyncio.Future)), None)
     if fut is not None and not isinstance(fut, asyncio.Task):

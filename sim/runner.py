@@ -420,9 +420,11 @@ class Simulation(FaultActions):
 
     # -- reporting -------------------------------------------------------------------
 
-    def blocked(self) -> tuple[dict[int, list[dict[str, Any]]], dict[int, str], dict[int, float]]:
-        """What the ranks still running are in: their operations, their innermost await location, and for those
-        paused, when they resume."""
+    def at_end(self) -> dict[str, Any]:
+        """What the ranks are in as the run ends, as a :class:`Failure`'s fields: the operations of those still
+        running (``blocked``), their innermost await location (``where``), when those paused resume
+        (``paused``), when those down between a restart fault's crash and its restart start again
+        (``restarting``)."""
         ops: dict[int, list[dict[str, Any]]] = {}
         where: dict[int, str] = {}
         paused: dict[int, float] = {}
@@ -436,11 +438,8 @@ class Simulation(FaultActions):
             until = self.loop.paused_until(self.hosts[inc.rank].lane)
             if until is not None:
                 paused[inc.rank] = until
-        return ops, where, paused
-
-    def restarting(self) -> dict[int, float]:
-        """Ranks down, their restart due (a Restart fault's delay): when each starts again."""
-        return {r: self._starting[r] for r in sorted(self._starting)}
+        restarting = {r: self._starting[r] for r in sorted(self._starting)}
+        return {"blocked": ops, "where": where, "paused": paused, "restarting": restarting}
 
     def run(self) -> Result:
         with self.globals:
@@ -459,23 +458,21 @@ class Simulation(FaultActions):
             stopped = self.loop.run_until_idle_or_stopped()
             idle = not stopped
         except SimTimeLimitError as e:
-            ops, where, paused = self.blocked()
-            self.failures.append(Failure("time_limit", None, str(e), time=self.loop.time(), blocked=ops,
-                                         where=where, paused=paused, restarting=self.restarting()))
+            self.failures.append(Failure("time_limit", None, str(e), time=self.loop.time(), **self.at_end()))
         if idle and any(inc is not None and inc.alive for inc in self.current):
-            ops, where, paused = self.blocked()
+            state = self.at_end()
             self.failures.append(Failure(
                 "deadlock", None,
-                f"deadlock: nothing is ready and no timer is pending, ranks {sorted(ops)} still running",
-                time=self.loop.time(), blocked=ops, where=where, paused=paused, restarting=self.restarting()))
+                f"deadlock: nothing is ready and no timer is pending, ranks {sorted(state['blocked'])} still running",
+                time=self.loop.time(), **state))
         elif self.failures and self.stop_on_error and any(
                 inc is not None and inc.alive for inc in self.current):
-            ops, where, paused = self.blocked()
             last = self.failures[-1]
-            last.blocked, last.where, last.paused, last.restarting = ops, where, paused, self.restarting()
+            for name, value in self.at_end().items():
+                setattr(last, name, value)
             timed_out = self._timed_out.get(len(self.failures) - 1)
             if timed_out is not None:  # a world operation timed out: did the ranks wait for each other in a ring?
-                last.cycle = wait_cycle(timed_out[0], timed_out[1], ops)
+                last.cycle = wait_cycle(timed_out[0], timed_out[1], last.blocked)
         now = self.loop.time()
         self.tracer.emit(now, "end", "sim", detail=f"{len(self.failures)} failure(s)")
         results = [inc.result if inc is not None else None for inc in self.current]

@@ -180,7 +180,7 @@ class Store(abc.ABC):
 
         ``block=False`` (torch's form, positional too): do not wait, raise
         :class:`~aiodist.errors.QueueEmptyError` if the queue is empty
-        (implementations call :func:`pop_now`).
+        (:func:`as_block` checks it; :func:`pop_now` does it for a store that answers at once).
         """
 
     @abc.abstractmethod

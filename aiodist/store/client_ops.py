@@ -271,7 +271,8 @@ class ClientOps(Store):
 
     async def queue_pop(self, key: str, block: bool = True, *, timeout: Timeout = None) -> bytes:
         if block is not True:
-            return await self._pop_now(key, as_block(block))
+            as_block(block)
+            return await self._pop_now(key)
         if type(key) is not str or len(key) > self._short_key or not key.isascii():
             key = self._check_key(key, "queue_pop")
         t = as_timeout(timeout, self.timeout)
@@ -281,7 +282,7 @@ class ClientOps(Store):
             raise self._failed(r, "queue_pop", key, t)
         return self._value(r, payload, "queue_pop")
 
-    async def _pop_now(self, key: str, _: bool) -> bytes:
+    async def _pop_now(self, key: str) -> bytes:
         """``queue_pop(key, block=False)``: the server looks once (a timeout of 0) and its answer is waited for
         as any request's (the store's timeout): only the server's own "empty" is a QueueEmptyError, not a
         reply slower than a blocking call's grace."""

@@ -107,8 +107,7 @@ class MemoryStore(Store):
             if fut.done() and not fut.cancelled():  # the value arrived as the clock ran out: keep it
                 return _unwrap(fut.result(), op)
             self.state.cancel(_ME, rid)
-            missing = self.state.missing_keys(keys, values_only=op == "multi_get")[:8] if len(keys) > 1 else None
-            raise StoreTimeoutError(keys, t, op, missing=missing) from None
+            raise StoreTimeoutError(keys, t, op, missing=self.state.missing_of(op, keys)) from None
         except asyncio.CancelledError:
             self._waiting.pop(rid, None)
             if not self.state.cancel(_ME, rid) and op == "queue_pop" and fut.done() and not fut.cancelled():

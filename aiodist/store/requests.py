@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..net.base import Connection
-from ..shown import brief
+from ..shown import brief, first_few
 from . import protocol as P
 from .state import Failure, Reply, StoreState
 
@@ -138,10 +138,8 @@ class Requests:
         session.timers.pop(rid, None)
         if self.state.cancel(session.cid, rid):
             # (at most 8 keys: a reply the size of the request would not count against max_outbox_bytes)
-            shown = repr(keys) if len(keys) <= 8 else f"{keys[:8]!r} and {len(keys) - 8} more"
-            msg = f"{op} timed out after {timeout:g}s waiting for key(s) {shown}"
-            missing = self.state.missing_keys(keys, values_only=op == "multi_get")[:8] if len(keys) > 1 else None
-            session_reply = Reply(session.cid, rid, None, _timeout_failure(msg, keys, missing))
+            msg = f"{op} timed out after {timeout:g}s waiting for key(s) {first_few(keys)}"
+            session_reply = Reply(session.cid, rid, None, _timeout_failure(msg, keys, self.state.missing_of(op, keys)))
             self._post(session_reply)
 
     # ------------------------------------------------------------ op handlers

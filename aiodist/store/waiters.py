@@ -82,12 +82,14 @@ class Waiters:
         q = self._queues.get(key)
         return bool(q)
 
-    def missing_keys(self, keys: Sequence[str], *, values_only: bool) -> list[str]:
-        """Which of ``keys`` do not exist (``values_only``: as ``multi_get`` sees them: a queue is not a value),
-        in order: what a blocking call that timed out was still waiting for."""
-        if values_only:
-            return [k for k in keys if k not in self._values]
-        return [k for k in keys if not self._exists(k)]
+    def missing_of(self, op: str, keys: Sequence[str]) -> list[str] | None:
+        """What blocking call ``op`` on several ``keys`` that timed out was still waiting for: the first 8 of
+        them that do not exist (as ``op`` sees them: for ``multi_get`` a queue is no value); None for one key."""
+        if len(keys) <= 1:
+            return None
+        if op == "multi_get":
+            return [k for k in keys if k not in self._values][:8]
+        return [k for k in keys if not self._exists(k)][:8]
 
     def _first_missing(self, w: _Waiter) -> str | None:
         values = self._values
