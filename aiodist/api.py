@@ -447,6 +447,31 @@ def is_backend_available(backend: str) -> bool:
     return isinstance(backend, str) and backend.strip().lower() in ("gloo", "aiodist")
 
 
+_DEVICE_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl", "mps": "gloo"}
+"""torch's ``Backend.default_device_backend_map``: the backend name torch picks per device type."""
+
+
+def get_default_backend_for_device(device: Any) -> str:
+    """The backend name torch uses for ``device`` (``"cpu"``, ``"cuda:0"``, a ``torch.device``): ``"gloo"`` for CPU.
+
+    Only a name, for ``init_process_group(backend=...)``: every backend runs over aiodist's own
+    transport. ValueError for a device type torch has no default backend for, as torch.
+    """
+    kind = getattr(device, "type", device)  # (a torch.device has .type)
+    if not isinstance(kind, str):
+        raise TypeError(f"get_default_backend_for_device: device must be a str or a torch.device, not "
+                        f"{type(device).__name__}")
+    backend = _DEVICE_BACKENDS.get(kind.split(":", 1)[0].strip().lower())
+    if backend is None:
+        raise ValueError(f"Default backend not registered for device : {device}")
+    return backend
+
+
+def supports_complex(op: Any) -> bool:
+    """Whether reduction ``op`` is defined on complex numbers (torch's ``supports_complex``): not MAX, MIN, PRODUCT or bitwise."""
+    return op not in (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+
+
 def get_pg_count() -> int:
     """How many process groups this rank has: the default group and the groups made since (0 before init)."""
     return len(_registry())
@@ -506,8 +531,8 @@ __all__ = [
     "get_group_rank", "get_node_local_rank", "get_process_group_ranks", "get_rank", "get_world_size",
     "init_process_group", "is_available", "is_backend_available", "is_gloo_available", "is_initialized",
     "is_mpi_available", "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "is_xccl_available",
-    "default_pg_timeout", "get_pg_count", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
-    "split_group", *_OPERATIONS,
+    "default_pg_timeout", "get_default_backend_for_device", "get_pg_count", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+    "split_group", "supports_complex", *_OPERATIONS,
 ]
 
 

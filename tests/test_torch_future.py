@@ -183,6 +183,32 @@ def test_pg_count_backends_default_timeout_and_single_collectives() -> None:
     assert not dist.is_ucc_available() and not dist.is_xccl_available()
 
 
+def test_the_backend_a_tutorial_picks_for_its_device_initialises_the_group() -> None:
+    """torch's tutorials write ``init_process_group(backend=dist.get_default_backend_for_device(device))``."""
+
+    class Device:  # (a torch.device's shape: its kind in ``.type``)
+        type = "cpu"
+
+    async def main() -> Any:
+        await dist.init_process_group(backend=dist.get_default_backend_for_device(Device()))
+        backend = dist.get_backend()
+        x = np.ones(2, dtype=np.complex128) * (1 + 1j)
+        if dist.supports_complex(dist.ReduceOp.SUM):
+            await dist.all_reduce(x)
+        await dist.destroy_process_group()
+        return backend, x.tolist()
+
+    assert run4(main) == [("gloo", [4 + 4j, 4 + 4j])] * 4
+    assert [dist.get_default_backend_for_device(d) for d in ("cpu", "cuda:1", "mps")] == ["gloo", "nccl", "gloo"]
+    with pytest.raises(ValueError, match="meta"):
+        dist.get_default_backend_for_device("meta")
+    with pytest.raises(TypeError):
+        dist.get_default_backend_for_device(3)
+    assert [dist.supports_complex(op) for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX,
+                                                   dist.ReduceOp.PRODUCT, dist.ReduceOp.BXOR)] == [
+        True, True, False, False, False]
+
+
 def test_every_error_class_can_be_raised_anew_keeping_its_message() -> None:
     """An ended connection raises its kept error anew (``errors.anew``); the launcher pickles errors."""
     import inspect
