@@ -84,3 +84,50 @@ async def test_waiting_for_earlier_operations_does_not_cancel_them() -> None:
     assert not first.done()
     ev.set()
     await first
+
+
+def test_columns_of_a_matrix_in_flight_are_told_apart_by_where_in_a_row_they_lie() -> None:
+    m = np.zeros((16, 40), np.float32)
+    h, t = held(*[(j, (m[:, j],)) for j in range(40)])
+    assert h.earlier((m[:, 7],)) == (t[7],)
+    assert h.earlier((m[:, 6:9],)) == (t[6], t[7], t[8])  # (a block of columns)
+    assert h.earlier((m[:, 6:9].T,)) == (t[6], t[7], t[8])  # (the same bytes, dimensions swapped)
+    assert h.earlier((m[2, 38:],)) == (t[38], t[39])  # (a piece of a row: another period)
+    assert h.earlier((m[::-1, 39],)) == (t[39],)  # (negative strides)
+    assert h.earlier((np.zeros(3),)) == ()
+    h.release(7)
+    assert h.earlier((m[:, 7],)) == () and h.earlier((m,)) == tuple(t[j] for j in range(40) if j != 7)
+    for j in range(40):
+        h.release(j)
+    assert h.earlier((m,)) == () and not h and h._lattices == {}
+
+
+def test_which_views_overlap_agrees_with_numpy_on_random_views() -> None:
+    """Every view the bisections rule out shares no memory (exact numpy), and every one they keep does."""
+    rng = np.random.default_rng(7)
+    base = np.zeros((12, 10, 6), np.int16)
+
+    def view() -> np.ndarray:
+        v = base
+        for axis in range(3):
+            n = v.shape[axis]
+            start, stop = sorted(int(i) for i in rng.integers(0, n + 1, 2))
+            step = int(rng.integers(1, 4)) * (1 if rng.random() < 0.7 else -1)
+            index = [slice(None)] * 3
+            index[axis] = slice(start, stop, step) if step > 0 else slice(stop - 1 if stop else None, start - 1 if start else None, step)
+            v = v[tuple(index)]
+        if rng.random() < 0.3:
+            v = v.transpose(tuple(int(i) for i in rng.permutation(3)))
+        if rng.random() < 0.2 and v.ndim == 3:
+            v = v[:, int(rng.integers(0, v.shape[1])) if v.shape[1] else slice(None)]
+        return v
+
+    for _ in range(40):
+        views = [view() for _ in range(30)]
+        h = HeldArrays()
+        for seq, v in enumerate(views):
+            h.hold(seq, (v,), Task(f"op{seq}"))
+        for _ in range(20):
+            x = view()
+            want = [seq for seq, v in enumerate(views) if x.size and v.size and np.shares_memory(x, v)]
+            assert h.overlapping((x,)) == want, (x.shape, x.strides)
