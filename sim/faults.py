@@ -134,8 +134,11 @@ class Restart:
     """Crash ``rank`` at ``at`` (or when ``on`` fires) and start its main again ``delay`` later.
 
     The new incarnation sees TORCHELASTIC_RESTART_COUNT / AIODIST_RESTART_COUNT
-    one higher, a fresh rank scope, and none of the old process's state. (A
-    restarted ``"store"`` host starts an empty store.)
+    one higher, a fresh rank scope, and none of the old process's state: its
+    own environment, generators, pid and connections, and, for a program file
+    run by ``python -m sim run``, the file's module run afresh (a ``main``
+    given to :func:`sim.run` keeps its module's globals: see the README's
+    known limits). (A restarted ``"store"`` host starts an empty store.)
     """
 
     rank: HostRef

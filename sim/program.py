@@ -16,7 +16,9 @@ or reads from the environment is the same in every replay), registers it
 under the module's name (pickled objects of its classes resolve to it) and
 calls that module's ``main``; the other ranks of the run call the same
 module's. Within one run the module is shared by the virtual ranks, as the
-README's known limits say.
+README's known limits say, except by a restarted rank: its new process runs
+the file afresh, so what the old one kept in module globals is gone (its
+classes stay the run's: see :meth:`ProgramMain._module`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import CodeType, ModuleType
 from typing import Any
+
+from .process import current_process
 
 __all__ = ["RUN", "ProgramMain"]
 
@@ -73,12 +77,25 @@ class ProgramMain:
             sys.stderr.write(out.getvalue())
             raise
 
-    def _module(self) -> ModuleType:
+    def _module(self, shared: ModuleType | None = None) -> ModuleType:
+        """The file run in a new module, registered in ``sys.modules`` (pickled objects of its classes
+        resolve to it) -- unless ``shared`` is given: the module of a restarted rank, run afresh as a new
+        process runs it (what the old process kept in the module's globals is gone), not registered, and
+        with ``shared``'s classes (the module the other ranks run) in place of its own, so that objects
+        pickled from or to that rank, and ``isinstance`` checks on objects others sent, see one class per
+        name (their methods read ``shared``'s globals)."""
         spec = importlib.util.spec_from_file_location(self.module_name, self.path)
         assert spec is not None
         module = importlib.util.module_from_spec(spec)
-        sys.modules[self.module_name] = module
+        if shared is None:
+            sys.modules[self.module_name] = module
         exec(self._code, module.__dict__)  # noqa: S102 - the user's program, as `python prog.py` would run it
+        if shared is not None:
+            for key, value in list(module.__dict__.items()):
+                if isinstance(value, type) and value.__module__ == self.module_name:
+                    kept = getattr(shared, key, None)
+                    if isinstance(kept, type) and kept.__qualname__ == value.__qualname__:
+                        setattr(module, key, kept)
         return module
 
     def function(self, module: ModuleType) -> Callable[..., Awaitable[Any]] | None:
@@ -94,6 +111,10 @@ class ProgramMain:
             module = self._modules.get(run)  # type: ignore[assignment]
             if module is None:
                 module = self._modules[run] = self._module()
+            else:
+                process = current_process()
+                if process is not None and process.incarnation > 0:  # a restarted rank: a new process
+                    module = self._module(shared=module)
         fn = self.function(module)
         if fn is None:
             raise TypeError(f"{self.path} has no {self.name}() in this run (its top level removed it)")
@@ -101,3 +122,4 @@ class ProgramMain:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ProgramMain, (self.path, self.name))
+

@@ -138,3 +138,46 @@ def test_a_program_that_runs_its_job_at_import_is_told_to_guard_it(tmp_path: Pat
         load_main(str(tmp_path / "prog.py"))
     notes = "".join(getattr(info.value, "__notes__", []))
     assert "prog.py's top level" in notes and 'if __name__ == "__main__":' in notes, notes
+
+
+RESTARTED = '''
+import asyncio
+import dataclasses
+import os
+import pickle
+
+import aiodist
+
+DONE = {}  # rank -> progress kept in the process's memory only: a restarted process starts without it
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+
+
+async def main():
+    rank = int(os.environ["RANK"])
+    incarnation = int(os.environ["AIODIST_RESTART_COUNT"])
+    store = await aiodist.TCPStore.connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout=30)
+    if rank == 0:
+        await store.set("point", pickle.dumps(Point(7)))
+    seen = list(DONE.get(rank, []))  # (the module is shared by the virtual ranks of a run: keyed by rank)
+    DONE.setdefault(rank, []).append(incarnation)
+    sent = pickle.loads(await store.get("point"))
+    mine = pickle.loads(pickle.dumps(Point(rank)))  # (this process's class pickles, and is the one others send)
+    await asyncio.sleep(0.2)
+    return seen, isinstance(sent, Point) and sent == Point(7), isinstance(mine, Point)
+'''
+
+
+def test_a_restarted_rank_runs_the_program_file_afresh_losing_its_module_globals(tmp_path: Path) -> None:
+    """A restarted process does not see what its previous one kept in module globals (probe: it did, which hid
+    restart-amnesia bugs whose progress lives in a module-level dict); the program's classes stay one per name."""
+    (tmp_path / "prog.py").write_text(RESTARTED)
+    main = load_main(str(tmp_path / "prog.py"))
+    res = sim.run(main, world_size=2, seed=0, store_host="separate", faults=[sim.Restart(1, at=0.1)])
+    assert res.ok, res.summary()
+    assert res.rank_results[0] == ([], True, True)
+    assert res.rank_results[1] == ([], True, True), "the restarted rank saw its previous process's DONE"
+    assert res.restarts == {1: 1}
