@@ -130,10 +130,11 @@ class OpRunner:
             )
 
     def timeout_of(self, timeout: Any) -> float:
-        """An operation's timeout: ``timeout`` (seconds or a timedelta, > 0), or the group's default if None."""
+        """An operation's timeout: ``timeout`` (seconds or a timedelta, >= 0: 0 is a deadline reached already, as
+        in a retry loop's ``deadline - now``), or the group's default if None."""
         t = self.timeout if timeout is None else seconds(timeout, "timeout")
-        if not t > 0:
-            raise InvalidArgumentError(f"timeout must be > 0, got {timeout!r}")
+        if not t >= 0:
+            raise InvalidArgumentError(f"timeout must be >= 0, got {timeout!r}")
         return t
 
     def absent(self, op: str, result: Any = None) -> Work[Any]:
