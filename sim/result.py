@@ -134,7 +134,8 @@ def _span(a: int, b: int) -> str:
 
 def _describe_op(op: Mapping[str, Any], *, timeless: bool = False) -> str:
     """``barrier(seq=0, group='world', start=0.65, ...)``; ``timeless``: without when it started."""
-    rest = ", ".join(f"{k}={v!r}" for k, v in op.items() if k != "op" and not (timeless and k == "start"))
+    rest = ", ".join(f"{k}={v:.9g}" if k == "start" and isinstance(v, float) else f"{k}={v!r}"
+                     for k, v in op.items() if k != "op" and not (timeless and k == "start"))
     return f"{op.get('op', '?')}({rest})"
 
 

@@ -89,6 +89,12 @@ def test_ranks_that_started_waiting_at_different_times_in_the_same_place_share_a
     ]
 
 
+def test_when_a_rank_started_waiting_is_shown_to_nine_digits() -> None:
+    # Before: repr, 17 digits ('start=0.40822581900721816').
+    f = Failure("deadlock", None, "deadlock", blocked={1: [{"op": "barrier", "seq": 0, "start": 0.40822581900721816}]})
+    assert str(f).splitlines()[1] == "    rank 1 blocked in: barrier(seq=0, start=0.408225819)"
+
+
 def test_ranks_text() -> None:
     assert _ranks_text([]) == ""
     assert _ranks_text([5]) == "5"
