@@ -19,7 +19,8 @@ that is on draws a few faults (:data:`MOST`):
   (40%) and latency tail (20%) on top, no cut outlasts the detector: a
   program written for partitions survives them;
 * ``pause``: a rank stops for longer than the failure detector tolerates (its
-  peers declare it failed);
+  peers linked to it declare it failed: an operation of theirs that needs it
+  fails; a program that only uses the store meanwhile sees a slow rank);
 * ``clog``: one link holds its messages for a while: from 0.05 s up to twice
   the silence the detector tolerates (unlike partitions, a clog may outlast
   it: the peers on that link may then declare each other failed);
