@@ -2,10 +2,13 @@
 
 An :class:`Attempt` starts each local rank (in a process group of its own,
 killed with the launcher on Linux) with its environment, copies its stdout
-and stderr line by line with a ``[rankN]: `` prefix, reports each exit on
-the job's event queue, settles the root cause of a failure from the ranks'
-end records (:mod:`aiodist.launch.outcome`), and stops the ranks still
-running (a signal, then SIGKILL after the grace period).
+and stderr line by line with a ``[rankN]: `` prefix (to the launcher's
+writers, :mod:`aiodist.launch.output`, which pause its pipes while the
+launcher's reader lags behind), reports each exit on the job's event queue,
+settles the root cause of a failure from the ranks' end records
+(:mod:`aiodist.launch.outcome`), and stops the ranks still running (a
+signal, then SIGKILL after the grace period; a rank being stopped is never
+paused, so that a stalled reader cannot keep it from exiting).
 
 Process management, not protocol code: asyncio subprocesses and the
 wall-clock event loop directly.
@@ -14,7 +17,6 @@ wall-clock event loop directly.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import os
 import signal
@@ -24,15 +26,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import BinaryIO
 
 from . import outcome as outcomes
 from .env import merged_env, rank_env
 from .job import LaunchConfig, RankExit
 from .outcome import Blame
+from .output import StreamWriter
 from .prefix import LinePrefixer, rank_prefix
 
-_DRAIN_TIMEOUT = 2.0  # output still buffered in a dead rank's pipes
+_DRAIN_TIMEOUT = 2.0  # output still buffered in a dead rank's pipes (while the launcher's output moves: longer)
+_DRAIN_LIMIT = 60.0  # ... but no longer than this
 _KILL_WAIT = 5.0  # after SIGKILL
 _POLL = 0.05  # how often the ranks' end records are read while waiting for them
 
@@ -83,35 +86,22 @@ def _parent_death_hook() -> Callable[[], None] | None:
     return hook
 
 
-class Sink:
-    """A binary output stream that keeps accepting (and dropping) data once it broke."""
-
-    def __init__(self, stream: BinaryIO) -> None:
-        self._stream = stream
-        self._broken = False
-
-    def write(self, data: bytes) -> None:
-        if self._broken or not data:
-            return
-        try:
-            self._stream.write(data)
-            self._stream.flush()
-        except (OSError, ValueError):
-            self._broken = True
-
-
 class _RankProtocol(asyncio.SubprocessProtocol):
-    """Receives one rank's output (prefixed line by line into the sinks) and its exit.
+    """Receives one rank's output (prefixed line by line into the writers) and its exit.
 
     ``exited`` resolves with the exit status as soon as the rank is reaped;
     ``closed`` once its pipes are closed too (a process the rank left behind
     may hold them open indefinitely, so nothing waits on it unbounded).
+    Its pipes are attached to the writers (backpressure pauses them) until
+    :meth:`release`.
     """
 
-    def __init__(self, rank: int, out: Sink, err: Sink) -> None:
+    def __init__(self, rank: int, out: StreamWriter, err: StreamWriter) -> None:
         loop = asyncio.get_running_loop()
-        self._sinks = {1: out, 2: err}
+        self._writers = {1: out, 2: err}
         self._prefixers = {1: LinePrefixer(rank_prefix(rank)), 2: LinePrefixer(rank_prefix(rank))}
+        self._pipes: dict[int, asyncio.ReadTransport] = {}
+        self._released = False
         self._transport: asyncio.SubprocessTransport | None = None
         self.exited: asyncio.Future[int] = loop.create_future()
         self.closed: asyncio.Future[None] = loop.create_future()
@@ -119,18 +109,46 @@ class _RankProtocol(asyncio.SubprocessProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.SubprocessTransport)
         self._transport = transport
+        for fd, writer in self._writers.items():
+            pipe = transport.get_pipe_transport(fd)
+            if isinstance(pipe, asyncio.ReadTransport) and not self._released:
+                self._pipes[fd] = pipe
+                writer.attach(pipe)
+
+    def release(self) -> None:
+        """No more backpressure: the rank is being stopped, its pipes are read to their end.
+
+        What it prints while the launcher's reader lags more than
+        :data:`~aiodist.launch.output.DROP_ABOVE` bytes behind is dropped.
+        """
+        self._released = True
+        for fd, pipe in self._pipes.items():
+            self._writers[fd].detach(pipe)
+        self._pipes.clear()
+
+    def output_mark(self) -> tuple[int, int]:
+        """Bytes written out so far to the two streams (changes while the launcher's readers read)."""
+        return self._writers[1].written, self._writers[2].written
+
+    def throttled(self) -> bool:
+        """Is a pipe of this rank paused by backpressure?"""
+        return any(self._writers[fd].paused for fd in self._pipes)
 
     def pipe_data_received(self, fd: int, data: bytes | str) -> None:
-        if fd in self._sinks:
-            self._sinks[fd].write(self._prefixers[fd].feed(bytes(data) if isinstance(data, bytes) else data.encode()))
+        if fd in self._writers:
+            chunk = self._prefixers[fd].feed(bytes(data) if isinstance(data, bytes) else data.encode())
+            self._writers[fd].write(chunk, may_drop=self._released)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        pipe = self._pipes.pop(fd, None)
+        if pipe is not None:
+            self._writers[fd].detach(pipe)
         self.flush(fd)
 
     def flush(self, fd: int) -> None:
         """Write out the unfinished last line of ``fd``, if any."""
-        if fd in self._sinks:
-            self._sinks[fd].write(self._prefixers[fd].flush())
+        if fd in self._writers:
+            self._writers[fd].write(self._prefixers[fd].flush(), may_drop=self._released)
 
     def process_exited(self) -> None:
         assert self._transport is not None
@@ -139,6 +157,7 @@ class _RankProtocol(asyncio.SubprocessProtocol):
             self.exited.set_result(returncode)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.release()
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -167,8 +186,8 @@ class Attempt:
         index: int,
         master_port: int,
         events: asyncio.Queue[Event],
-        out: Sink,
-        err: Sink,
+        out: StreamWriter,
+        err: StreamWriter,
         status_dir: str,
     ) -> None:
         self._config = config
@@ -238,9 +257,7 @@ class Attempt:
             # Wall-clock, as the ranks' end records are: a rank that died without one (SIGKILL) is placed
             # among them by when its exit was seen, not after all of them.
             self._exit_times[self._rank(started.local_rank)] = time.time()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_DRAIN_TIMEOUT):
-                    await asyncio.shield(protocol.closed)
+            await self._drain(protocol)
         finally:
             protocol.flush(1)
             protocol.flush(2)
@@ -249,6 +266,27 @@ class Attempt:
                          returncode=returncode)
         self._exits.append((ended, not self.stopping))
         self._events.put_nowait(Exited(self.index, ended))
+
+    @staticmethod
+    async def _drain(protocol: _RankProtocol) -> None:
+        """Wait (bounded) for the end of a rank's pipes after its exit.
+
+        Up to :data:`_DRAIN_TIMEOUT` s; longer (up to :data:`_DRAIN_LIMIT` s)
+        while its pipes are paused by backpressure and the launcher's output
+        still moves (a slow reader). A reader that stalls ends the wait.
+        """
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while True:
+            mark = protocol.output_mark()
+            try:
+                async with asyncio.timeout(_DRAIN_TIMEOUT):
+                    await asyncio.shield(protocol.closed)
+                return
+            except TimeoutError:
+                if (not protocol.throttled() or protocol.output_mark() == mark
+                        or loop.time() - start >= _DRAIN_LIMIT):
+                    return
 
     async def wait(self, *, all_ranks: bool = False) -> Event | None:
         """Wait until every rank succeeded (``None``), one failed (its ``Exited``), or a signal/timeout event.
@@ -358,6 +396,8 @@ class Attempt:
         bounded wait); the watcher tasks are done afterwards.
         """
         self.stopping = True
+        for r in self._ranks:
+            r.protocol.release()  # (a rank blocked writing to a stalled reader must be able to exit)
         if any(r.returncode is None for r in self._ranks):
             if self._config.nnodes > 1:
                 outcomes.write_stop_reason(self.status_dir, reason)

@@ -2,7 +2,9 @@
 
 One *attempt* (:mod:`aiodist.launch.attempt`) starts every local rank with its environment
 (:func:`aiodist.launch.env.rank_env`), copies each rank's stdout and stderr to
-the launcher's own, line by line with a ``[rankN]: `` prefix, and waits. The
+the launcher's own, line by line with a ``[rankN]: `` prefix (written by
+threads of their own, :mod:`aiodist.launch.output`: a reader that stops
+reading blocks the ranks' ``print``, never the launcher), and waits. The
 first rank that exits non-zero or is killed by a signal fails the attempt.
 The launcher then names the *root cause*, not merely the first rank to exit:
 each rank records how it ended (:mod:`aiodist.launch.outcome`: its own
@@ -42,10 +44,11 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from ..errors import LaunchError
-from .attempt import Attempt, Event, Exited, Signalled, Sink, TimedOut
+from .attempt import Attempt, Event, Exited, Signalled, TimedOut
 from .job import LaunchConfig, LaunchResult, RankExit
 from .rundirs import make_run_dir, sweep_stale
 from .outcome import Blame
+from .output import Outputs, StreamWriter
 from .status import launcher_exit_code
 
 __all__ = ["LaunchConfig", "LaunchResult", "RankExit", "STOP_SIGNALS", "forwarded_signal", "launch", "free_port"]
@@ -89,8 +92,16 @@ class _JobState:
     handlers: list[int] = field(default_factory=list)
 
 
-def _default_log(message: str) -> None:
-    print(f"aiodist run: {message}", file=sys.stderr, flush=True)
+EXIT_FLUSH: dict[str, float] = {"idle": 5.0}
+"""At the end of a launch, the output still waiting is written as long as its reader reads; once it has read
+nothing for this long, the rest is dropped (see :meth:`~aiodist.launch.output.StreamWriter.close`)."""
+ABORT_FLUSH: dict[str, float] = {"idle": 1.0, "limit": 2.0}
+"""The same after a stop signal or a cancellation: a short wait."""
+
+
+def _writer_log(writer: StreamWriter) -> Callable[[str], None]:
+    """The launcher's messages (``aiodist run: ...``), on the same path as the ranks' stderr: never blocking."""
+    return lambda message: writer.write(f"aiodist run: {message}\n".encode(errors="backslashreplace"))
 
 
 async def launch(
@@ -105,15 +116,21 @@ async def launch(
 
     ``stdout``/``stderr`` receive the prefixed output of the ranks (default:
     the launcher's own), ``log`` the launcher's messages (default: stderr,
-    prefixed ``aiodist run:``). With ``handle_signals`` (main thread only)
+    prefixed ``aiodist run:``). These streams are written by threads of their
+    own (:mod:`aiodist.launch.output`): a reader that stops reading pauses the
+    ranks' output (they block in ``print``) but not the launcher. On return,
+    the output still waiting has been written, or dropped once its reader read
+    nothing for :data:`EXIT_FLUSH` (:data:`ABORT_FLUSH` after a stop signal or
+    a cancellation) seconds. With ``handle_signals`` (main thread only)
     :data:`STOP_SIGNALS` stop the ranks for the duration of the call (see :func:`forwarded_signal`).
 
     Cancellation: the ranks still running are stopped (SIGTERM, then SIGKILL)
     before the cancellation propagates; no child process outlives the call.
     """
-    out = Sink(stdout if stdout is not None else sys.stdout.buffer)
-    err = Sink(stderr if stderr is not None else sys.stderr.buffer)
-    say = log if log is not None else _default_log
+    outputs = Outputs()
+    out = outputs.writer(stdout if stdout is not None else sys.stdout.buffer, "stdout")
+    err = outputs.writer(stderr if stderr is not None else sys.stderr.buffer, "stderr")
+    say = log if log is not None else _writer_log(outputs.writer(sys.stderr.buffer, "stderr"))
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
     state = _JobState()
@@ -126,20 +143,30 @@ async def launch(
         state.signal = signum
         events.put_nowait(Signalled(signum))
 
-    if handle_signals and threading.current_thread() is threading.main_thread():
-        for signum in STOP_SIGNALS:
-            loop.add_signal_handler(signum, on_signal, signum)
-            state.handlers.append(signum)
-    timer = loop.call_later(config.timeout, events.put_nowait, TimedOut()) if config.timeout else None
-    sweep_stale()  # (the run directories of launchers killed before they could remove theirs)
-    status = make_run_dir()
+    timer: asyncio.TimerHandle | None = None
+    aborted = False
     try:
-        return await _run_attempts(config, events=events, state=state, out=out, err=err, say=say,
-                                   status_root=status.name)
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                loop.add_signal_handler(signum, on_signal, signum)
+                state.handlers.append(signum)
+        timer = loop.call_later(config.timeout, events.put_nowait, TimedOut()) if config.timeout else None
+        sweep_stale()  # (the run directories of launchers killed before they could remove theirs)
+        status = make_run_dir()
+        try:
+            result = await _run_attempts(config, events=events, state=state, out=out, err=err, say=say,
+                                         status_root=status.name)
+            aborted = result.signal is not None
+            return result
+        except asyncio.CancelledError:
+            aborted = True
+            raise
+        finally:
+            status.cleanup()
     finally:
-        status.cleanup()
         if timer is not None:
             timer.cancel()
+        await outputs.close(**(ABORT_FLUSH if aborted else EXIT_FLUSH))
         for handled in state.handlers:
             loop.remove_signal_handler(handled)
 
@@ -149,8 +176,8 @@ async def _run_attempts(
     *,
     events: asyncio.Queue[Event],
     state: _JobState,
-    out: Sink,
-    err: Sink,
+    out: StreamWriter,
+    err: StreamWriter,
     say: Callable[[str], None],
     status_root: str,
 ) -> LaunchResult:
