@@ -319,6 +319,22 @@ async def test_set_timeout_sets_the_default_of_blocking_calls_as_in_torch(handle
         s.set_timeout(-1)
 
 
+async def test_an_infinite_timeout_waits_and_the_store_stays_usable(handles: Factory) -> None:
+    # Before, over TCP: the client took math.inf, the server refused it as a malformed request and closed
+    # the connection (every later call: StoreConnectionLost; one rank's call broke the whole job).
+    s, other = await handles(), await handles()
+    waiting = await soon(s.get("later", timeout=float("inf")), via=s)
+    await other.set("later", b"x")
+    assert await asyncio.wait_for(waiting, 5) == b"x"
+    s.set_timeout(float("inf"))
+    waiting = await soon(s.wait(["later2"]), via=s)
+    await other.set("later2", b"y")
+    await asyncio.wait_for(waiting, 5)
+    assert await s.get("later2") == b"y"
+    with pytest.raises(ValueError):
+        await s.get("later", timeout=float("nan"))
+
+
 async def test_wait_needs_keys_to_exist_together(handles: Factory) -> None:
     a, b = await handles(), await handles()
     task = await soon(a.wait(["x", "y"], timeout=5), a)

@@ -18,6 +18,7 @@ import aiodist.store.client as client_mod
 from aiodist import auth
 from aiodist.errors import (
     ConnectionClosedError,
+    InvalidArgumentError,
     StoreConnectionLost,
     StoreConnectTimeoutError,
     StoreRequestError,
@@ -694,3 +695,17 @@ async def test_a_call_with_a_timeout_of_zero_gets_what_is_there(server: StoreSer
             await c.get("absent", timeout=0.001)
     finally:
         await c.close()
+
+
+async def test_connect_takes_an_infinite_timeout_as_the_default_of_blocking_calls() -> None:
+    # Before: accepted, then the first blocking call sent it and lost the connection.
+    server = await StoreServer.start("127.0.0.1", 0)
+    try:
+        store = await TCPStore.connect("127.0.0.1", server.port, timeout=float("inf"))
+        await store.set("k", b"v")
+        assert await store.get("k") == b"v" and await store.get("k") == b"v"
+        await store.close()
+        with pytest.raises(InvalidArgumentError):
+            await TCPStore.connect("127.0.0.1", server.port, timeout=0)
+    finally:
+        await server.close()

@@ -89,14 +89,19 @@ Timeout = float | datetime.timedelta | None
 """A blocking call's timeout: seconds, a timedelta (torch's form), or None (the store's default)."""
 
 
+LONGEST = 10 * 365 * 86400.0
+"""What an infinite timeout waits, in seconds (ten years): a finite deadline every store understands."""
+
+
 def as_timeout(timeout: Any, default: float) -> float:
-    """The timeout to use: ``default`` for None, else a non-negative number of seconds (or a timedelta, torch's form)."""
+    """The timeout to use: ``default`` for None, else a non-negative number of seconds (or a timedelta, torch's
+    form); ``math.inf`` waits :data:`LONGEST`."""
     if timeout is None:
         return default
     timeout = seconds(timeout)
     if not timeout >= 0:
         raise InvalidArgumentError(f"timeout must be >= 0, got {timeout!r}")
-    return float(timeout)
+    return min(float(timeout), LONGEST)
 
 
 class Store(abc.ABC):

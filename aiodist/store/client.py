@@ -37,6 +37,7 @@ from ..errors import (
     ConnectionClosedError,
     ConnectionClosedLocally,
     ConnectionLost,
+    InvalidArgumentError,
     ProtocolError,
     StoreConnectionLost,
     StoreConnectTimeoutError,
@@ -46,6 +47,7 @@ from ..net.base import Connection, Frame
 from ..wire import DEFAULT_MAX_FRAME_SIZE
 from . import protocol as P
 from .admission import BusyError, client_handshake
+from .base import as_timeout
 from .client_ops import REQUEST_TOO_LARGE as REQUEST_TOO_LARGE
 from .client_ops import REGISTERED_CALLS, ClientOps, _keylist
 from .limits import PRE_AUTH_MAX_FRAME
@@ -172,8 +174,9 @@ class TCPStore(ClientOps):
         what answers is not a compatible store server.
         Cancellation leaves nothing behind (a half-open connection is closed).
         """
+        timeout = as_timeout(timeout, 300.0)
         if not timeout > 0:
-            raise ValueError(f"timeout must be > 0, got {timeout!r}")
+            raise InvalidArgumentError(f"timeout must be > 0, got {timeout!r}")
         key = auth.resolve_secret(secret)
         context = tls.client_side(ssl)
         loop = asyncio.get_running_loop()
