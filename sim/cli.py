@@ -81,15 +81,18 @@ def load_main(path: str) -> Callable[..., Awaitable[Any]]:
 def parse_latency(spec: str) -> LatencyModel:
     """``0.0001`` | ``const:X`` | ``uniform:LO:HI`` | ``exp:MEAN[:MIN]`` (seconds)."""
     kind, _, rest = spec.partition(":")
-    if not rest:
-        return Constant(float(spec))
-    args = [float(x) for x in rest.split(":")]
-    if kind == "const":
-        return Constant(args[0])
-    if kind == "uniform":
-        return Uniform(args[0], args[1])
-    if kind == "exp":
-        return Exponential(args[0], args[1] if len(args) > 1 else 0.0)
+    try:
+        if not rest:
+            return Constant(float(spec))
+        args = [float(x) for x in rest.split(":")]
+        if kind == "const":
+            return Constant(args[0])
+        if kind == "uniform":
+            return Uniform(args[0], args[1])
+        if kind == "exp":
+            return Exponential(args[0], args[1] if len(args) > 1 else 0.0)
+    except (ValueError, IndexError) as e:
+        raise argparse.ArgumentTypeError(f"bad latency {spec!r}: {e}") from None
     raise argparse.ArgumentTypeError(f"unknown latency model {spec!r}")
 
 
@@ -289,6 +292,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
         raise UsageError("--seed-timeout limits each seed of a sweep (--seeds); a single run stops with Ctrl-C")
     if ns.trace:
         writable_dir_of(ns.trace, "--trace")
+    try:
+        _network(ns)  # (a setting no network has: said now, not as a traceback of the first run)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     main = load_main(ns.program)
     if ns.seeds is None:
         keep = bool(ns.trace or ns.check_determinism or ns.dump_events)

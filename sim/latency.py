@@ -7,8 +7,16 @@ it adds a rare long delay on top of whichever model a link has.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
+
+
+def _seconds(model: object, **values: float) -> None:
+    """ValueError unless every one of ``values`` is a finite number of seconds >= 0."""
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{type(model).__name__}: {name} must be a finite number of seconds >= 0, got {v!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +24,9 @@ class Constant:
     """Always ``value`` seconds."""
 
     value: float
+
+    def __post_init__(self) -> None:
+        _seconds(self, value=self.value)
 
     def sample(self, rng: random.Random) -> float:
         return self.value
@@ -32,6 +43,11 @@ class Uniform:
     low: float
     high: float
 
+    def __post_init__(self) -> None:
+        _seconds(self, low=self.low, high=self.high)
+        if self.low > self.high:
+            raise ValueError(f"Uniform needs low <= high, got {self!r}")
+
     def sample(self, rng: random.Random) -> float:
         return self.low + (self.high - self.low) * rng.random()
 
@@ -46,6 +62,9 @@ class Exponential:
 
     mean_extra: float
     minimum: float = 0.0
+
+    def __post_init__(self) -> None:
+        _seconds(self, mean_extra=self.mean_extra, minimum=self.minimum)
 
     def sample(self, rng: random.Random) -> float:
         return self.minimum + rng.expovariate(1.0 / self.mean_extra) if self.mean_extra > 0 else self.minimum
@@ -77,7 +96,8 @@ class Tail:
     """At most this many seconds of extra delay in all (then no more tails): None, no bound."""
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.p <= 1.0 or not 0.0 < self.low <= self.high or (self.budget is not None and self.budget < 0):
+        if (not 0.0 <= self.p <= 1.0 or not 0.0 < self.low <= self.high or not math.isfinite(self.high)
+                or (self.budget is not None and not self.budget >= 0)):
             raise ValueError(f"Tail needs 0 <= p <= 1, 0 < low <= high and budget >= 0, got {self!r}")
 
     def to_cli(self) -> str:

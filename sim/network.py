@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -81,6 +82,24 @@ class Network:
     max_unread_frames: int | None = 4096
     socket_buffer: int | None = 4 * 1024 * 1024
 
+    def __post_init__(self) -> None:
+        """ValueError for a setting no network has (a NaN latency made the clock stop advancing: the run spun)."""
+        _latency("latency", self.latency)
+        for link, lat in self.links.items():
+            _latency(f"links[{link!r}]", lat)
+        if self.tail is not None and not isinstance(self.tail, Tail):
+            raise ValueError(f"Network: tail must be a sim.latency.Tail or None, got {self.tail!r}")
+        _positive("bandwidth", self.bandwidth, none_ok=True)
+        _positive("retransmit_timeout", self.retransmit_timeout, none_ok=True)
+        for link, factor in self.slow.items():
+            _positive(f"slow[{link!r}]", factor)
+        if not _number(self.overhead) or self.overhead < 0:
+            raise ValueError(f"Network: overhead must be a finite number of seconds >= 0, got {self.overhead!r}")
+        for name, least in (("max_unread_frames", 1), ("socket_buffer", 0)):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < least):
+                raise ValueError(f"Network: {name} must be an integer >= {least} or None, got {v!r}")
+
     @classmethod
     def ideal(cls, *, alpha: float, bandwidth: float | None) -> Network:
         """The textbook alpha-beta network: constant latency, no overhead, no contention."""
@@ -90,6 +109,25 @@ class Network:
     def fixed(cls, latency: float = 1e-4) -> Network:
         """Constant latency, infinite bandwidth: the same timing for every seed (with ``explore=False``)."""
         return cls(latency=Constant(latency), bandwidth=None)
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _latency(name: str, value: object) -> None:
+    if isinstance(value, (Constant, Uniform, Exponential)):
+        return  # (they check their own numbers)
+    if not _number(value) or value < 0:  # type: ignore[operator]
+        raise ValueError(f"Network: {name} must be a finite number of seconds >= 0 or a latency model "
+                         f"(Constant, Uniform, Exponential), got {value!r}")
+
+
+def _positive(name: str, value: object, *, none_ok: bool = False) -> None:
+    if value is None and none_ok:
+        return
+    if not _number(value) or not value > 0:  # type: ignore[operator]
+        raise ValueError(f"Network: {name} must be a finite number > 0{' or None' if none_ok else ''}, got {value!r}")
 
 
 __all__ = ["Network", "Fabric", "Host", "HostNetwork", "SimConnection", "SimListener", "Constant", "Uniform",

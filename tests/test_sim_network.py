@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sim_pair import PORT, dial, rank, serve_once
 
 import sim
+from sim.latency import Constant, Exponential, Uniform
 from aiodist.context import current_network, getenv
 from aiodist.errors import ConnectionLost
 from aiodist.inflight import waiting_in
 from aiodist.net.base import Connection
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def ok(result: sim.Result) -> sim.Result:
     result.raise_on_failure()
@@ -253,3 +261,26 @@ def test_a_reader_that_keeps_up_never_blocks_the_sender() -> None:
 
     net = sim.Network(latency=1e-4, max_unread_frames=16, socket_buffer=8192)
     assert ok(sim.run(main, world_size=2, network=net)).rank_results[0] == 4096 * 1000
+
+
+@pytest.mark.parametrize("settings", [
+    lambda: {"latency": float("nan")}, lambda: {"latency": -1e-3}, lambda: {"latency": Constant(float("inf"))},
+    lambda: {"latency": Uniform(2e-4, 1e-4)}, lambda: {"latency": Exponential(float("nan"))},
+    lambda: {"links": {(0, 1): float("nan")}}, lambda: {"bandwidth": 0}, lambda: {"bandwidth": -5.0},
+    lambda: {"bandwidth": float("nan")}, lambda: {"overhead": -1.0}, lambda: {"slow": {(0, 1): 0.0}},
+    lambda: {"retransmit_timeout": 0}, lambda: {"max_unread_frames": 0}, lambda: {"socket_buffer": -1},
+])
+def test_a_network_setting_no_network_has_is_refused_when_made(settings: Any) -> None:
+    # Before: all accepted; a NaN latency made the clock stop advancing and sim.run spun forever (time_limit
+    # never reached), the others gave runs that "passed" with negative or infinite delays.
+    with pytest.raises(ValueError, match="must be|needs"):
+        sim.Network(**settings())
+
+
+def test_the_cli_says_what_is_wrong_with_a_network_setting(tmp_path: Path) -> None:
+    (tmp_path / "p.py").write_text("async def main():\n    return 1\n")
+    for flags, said in ((["--latency", "nan"], "bad latency 'nan'"), (["--bandwidth", "-5"], "bandwidth must be"),
+                        (["--overhead", "nan"], "overhead must be")):
+        proc = subprocess.run([sys.executable, "-m", "sim", "run", "-n", "2", *flags, str(tmp_path / "p.py")],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
