@@ -154,11 +154,14 @@ class DeviceMesh:
         return list(self._groups)
 
     def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
-        """This rank's coordinate along ``mesh_dim`` (= its rank in that dimension's group)."""
+        """This rank's rank in its group along ``mesh_dim``, as torch's: the order in which that group's
+        collectives place the ranks (an ``all_gather`` over it puts this rank's part at this index). Its
+        coordinate along ``mesh_dim`` is the same unless the mesh lists that dimension's ranks out of order
+        (``[[3, 0], [1, 2]]``: groups keep their ranks sorted, as ``new_group`` does)."""
         self._check_made()
         if self._coordinate is None:
             raise InvalidArgumentError(f"rank {self._rank} is not in this mesh")
-        return self._coordinate[self._dim(mesh_dim)]
+        return int(self._groups[self._dim(mesh_dim)].rank)
 
     def get_coordinate(self) -> tuple[int, ...] | None:
         """This rank's coordinates in the mesh."""

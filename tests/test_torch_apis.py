@@ -302,6 +302,27 @@ def test_torch_device_mesh_constructor_lays_out_the_ranks_as_given_once_awaited(
     assert results[2] == ([0, 2], (0, 1), 2.0) and results[3] == ([1, 3], (1, 1), 4.0)
 
 
+def test_a_mesh_listing_ranks_out_of_order_gives_local_ranks_in_its_groups_order() -> None:
+    # Before: get_local_rank was the coordinate in the mesh, while the dimension's group keeps its ranks sorted:
+    # with [[3, 0], [1, 2]], shards picked by local rank came back from all_gather over the group in the
+    # wrong order, on every rank (differential probe 19 against torch, whose get_local_rank is the group rank).
+    async def main() -> Any:
+        await dist.init_process_group("gloo")
+        mesh = await DeviceMesh("cpu", [[3, 0], [1, 2]], mesh_dim_names=("dp", "tp"))
+        tp = mesh["tp"].get_group()
+        local = mesh.get_local_rank("tp")
+        full = np.arange(4, dtype=np.float32)
+        out = np.zeros(4, dtype=np.float32)
+        await dist.all_gather_into_tensor(out, full[2 * local:2 * local + 2].copy(), group=tp)
+        await dist.destroy_process_group()
+        return local, int(tp.rank), mesh.get_coordinate(), out.tolist()
+
+    results = run4(main)
+    assert [r[0] for r in results] == [r[1] for r in results] == [0, 0, 1, 1]
+    assert [r[2] for r in results] == [(0, 1), (1, 0), (1, 1), (0, 0)]  # (the coordinates stay the mesh's)
+    assert all(r[3] == [0.0, 1.0, 2.0, 3.0] for r in results)
+
+
 def test_launcher_environment_helpers() -> None:
     async def main() -> Any:
         return dist.is_torchelastic_launched(), dist.get_node_local_rank(), dist.get_node_local_rank(fallback_rank=9)
