@@ -78,6 +78,7 @@ if TYPE_CHECKING:
         CollectiveTimeoutError,
         WaitTimeoutError,
         ConnectionClosedError,
+        ListenError,
         DistBackendError,
         DistError,
         DistNetworkError,
@@ -113,6 +114,7 @@ if TYPE_CHECKING:
     from .eventloop import run
     from .group import ProcessGroup
     from .work import Work
+    from .auth import AuthenticationError
     from .errors import OutsideLoopError, UnawaitedOperationError
     from .unawaited import clear_unawaited, unawaited_operations
     from .mesh import DeviceMesh, init_device_mesh
@@ -124,6 +126,7 @@ if TYPE_CHECKING:
 # what needs only a part of it (the launcher's bootstrap of every rank, the CLI).
 _LAZY: dict[str, str] = {
     "AbortedError": "aiodist.errors",
+    "AuthenticationError": "aiodist.auth",
     "Backend": "aiodist.arguments",
     "GroupMember": "aiodist.group_member",
     "P2POp": "aiodist.batch_p2p",
@@ -152,6 +155,7 @@ _LAZY: dict[str, str] = {
     "ConnectionClosedError": "aiodist.errors",
     "ConnectionClosedLocally": "aiodist.errors",
     "ConnectionLost": "aiodist.errors",
+    "ListenError": "aiodist.errors",
     "EvictedError": "aiodist.errors",
     "DeviceMesh": "aiodist.mesh",
     "ElasticRendezvous": "aiodist.elastic",
@@ -316,6 +320,7 @@ __all__ = [
     "ConnectionClosedError",
     "ConnectionClosedLocally",
     "ConnectionLost",
+    "ListenError",
     "DeviceMesh",
     "EvictedError",
     "FrameTooLargeError",
@@ -406,6 +411,7 @@ __all__ = [
     "DistBackendError",
     "DistError",
     "DistNetworkError",
+    "AuthenticationError",
     "DistStoreError",
     "HashStore",
 ]

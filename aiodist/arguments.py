@@ -53,6 +53,16 @@ def seconds(timeout: Any, what: str = "timeout") -> float:
     )
 
 
+def port_number(port: Any, what: str, *, any_free: bool) -> int:
+    """``port`` checked: an int in 1..65535, or 0 too when ``any_free`` (listening: the OS picks a free one)."""
+    if isinstance(port, bool) or not isinstance(port, numbers.Integral):
+        raise InvalidArgumentTypeError(f"{what}: port must be an int, not {type(port).__name__}")
+    low, number = (0 if any_free else 1), int(port)
+    if not low <= number <= 65535:
+        raise InvalidArgumentError(f"{what}: port must be in {low}..65535, got {number}")
+    return number
+
+
 def optional_seconds(timeout: Any, what: str = "timeout") -> float | None:
     return None if timeout is None else seconds(timeout, what)
 

@@ -10,7 +10,7 @@ import asyncio
 from typing import Any
 
 from .context import get_default_group, rank_scope
-from .errors import GroupError, OutsideLoopError
+from .errors import GroupError, InvalidArgumentTypeError, OutsideLoopError
 from .group import ProcessGroup
 
 _GROUPS = "aiodist_groups"
@@ -34,7 +34,7 @@ def group_of(group: Any) -> ProcessGroup:
     if group is None:
         return world()
     if not isinstance(group, ProcessGroup):
-        raise TypeError(f"group must be a ProcessGroup, not {type(group).__name__}")
+        raise InvalidArgumentTypeError(f"group must be a ProcessGroup, not {type(group).__name__}")
     return group
 
 

@@ -56,6 +56,15 @@ class ConnectionClosedError(ConnectionError, DistNetworkError):
     """Base class: the connection can no longer carry frames."""
 
 
+class ListenError(OSError, DistNetworkError):
+    """Could not listen on an address: already in use, not one of this machine's, or refused by the OS
+    (an ``OSError``, as the socket's own error is). ``.address``: (host, port)."""
+
+    def __init__(self, message: str, *, address: tuple[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.address = address
+
+
 class ConnectionClosedLocally(ConnectionClosedError):
     """This side closed the connection (your code called ``close()``)."""
 

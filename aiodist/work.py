@@ -51,7 +51,7 @@ from typing import Any, Generic, TypeVar
 
 from .arguments import optional_seconds
 from .collectives.buffers import TASKS as STAGING, UNCLAIMED, claim, register_task, release
-from .errors import GroupError, WaitTimeoutError, anew
+from .errors import GroupError, InvalidArgumentError, WaitTimeoutError, anew
 from .future import Future
 from .unawaited import MAX_ENTRIES, OVERFLOW, UnawaitedOperationError, call_site, clear_unawaited, ledger, unawaited_operations
 
@@ -282,6 +282,8 @@ class Work(Generic[T]):
         if rec is not None and rec.finished:
             return self._recorded()
         seconds = optional_seconds(timeout)
+        if seconds is not None and not seconds >= 0:
+            raise InvalidArgumentError(f"wait: timeout must be >= 0 or None, got {timeout!r}")
         try:
             async with asyncio.timeout(seconds) as cm:
                 value = await asyncio.shield(self._task)

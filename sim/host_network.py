@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from aiodist.errors import ConnectionClosedError, ConnectionLost
+from aiodist.errors import ConnectionClosedError, ConnectionLost, ListenError
 from aiodist.net.base import Address, Connection, ConnectionHandler, Listener
 from aiodist.net.base import Network as _SeamNetwork
 from aiodist.wire import DEFAULT_MAX_FRAME_SIZE
@@ -151,7 +151,7 @@ class HostNetwork(_SeamNetwork):
                 hint = (f" (the store's own host: the simulator serves the store there and the ranks see "
                         f"TORCHELASTIC_USE_AGENT_STORE=True; a program that starts its own store server should not "
                         f"then, as under torchrun's agent store)")
-            raise ConnectionLost(f"cannot listen on {host}:{port}: not an address of {h.name}{hint}")
+            raise ListenError(f"cannot listen on {host}:{port}: not an address of {h.name}{hint}", address=(host, port))
         port = int(port)
         if port == 0:
             while h.next_port in h.listeners:
@@ -159,7 +159,7 @@ class HostNetwork(_SeamNetwork):
             port = h.next_port
             h.next_port += 1
         if port in h.listeners:
-            raise ConnectionLost(f"cannot listen on {host}:{port}: address already in use")
+            raise ListenError(f"cannot listen on {host}:{port}: address already in use", address=(host, port))
         listener = SimListener(links.loop, h, (str(host) or h.name, port), handler,
                                max_frame_size or DEFAULT_MAX_FRAME_SIZE, fabric.handler_errors)
         h.listeners[port] = listener

@@ -50,3 +50,43 @@ async def test_bad_arguments_are_aiodist_errors_and_value_or_type_errors() -> No
         await pg.barrier()  # (the refused calls above took their sequence numbers on both ranks alike)
 
     await run_world(2, body)
+
+
+async def test_a_group_that_is_not_a_group_a_negative_wait_and_bad_ports_are_aiodist_errors() -> None:
+    # Before: group="world" a plain TypeError; work.wait(timeout=-1) taken as 0; TCPStore.connect(port=70000) an
+    # OverflowError from asyncio; StoreServer.start(port=70000) listened on another port; a port in use was a
+    # ConnectionLost ("the peer broke the connection"); AuthenticationError was not exported (docs probe 19).
+    async def body(pg: Any) -> None:
+        x = np.ones(2)
+        _raises(TypeError, lambda: dist.all_reduce(x, group="world"))
+        _raises(TypeError, lambda: dist.get_world_size(group=5))
+        if pg.rank == 0:
+            work = pg.irecv(np.zeros(1), src=1, tag=9)
+            with pytest.raises(ValueError) as info:
+                await work.wait(timeout=-1)
+            assert isinstance(info.value, aiodist.AiodistError)
+        else:
+            await pg.send(np.ones(1), dst=0, tag=9)
+        if pg.rank == 0:
+            assert await work == 1
+        await pg.barrier()
+
+    await run_world(2, body)
+    for port in (70000, -1, 0):
+        with pytest.raises(ValueError) as info:
+            await aiodist.TCPStore.connect("127.0.0.1", port, timeout=1)
+        assert isinstance(info.value, aiodist.AiodistError)
+    with pytest.raises(TypeError):
+        await aiodist.StoreServer.start(host="127.0.0.1", port="29500")  # type: ignore[arg-type]
+    for port in (70000, -1):
+        with pytest.raises(ValueError):
+            await aiodist.StoreServer.start(host="127.0.0.1", port=port)
+    server = await aiodist.StoreServer.start(host="127.0.0.1", port=0)
+    try:
+        with pytest.raises(aiodist.ListenError, match="in use") as busy:
+            await aiodist.StoreServer.start(host="127.0.0.1", port=server.port)
+        assert isinstance(busy.value, OSError) and busy.value.address == ("127.0.0.1", server.port)
+        assert not isinstance(busy.value, aiodist.ConnectionLost)
+    finally:
+        await server.close()
+    assert issubclass(aiodist.AuthenticationError, aiodist.AiodistError)

@@ -13,7 +13,7 @@ import socket
 import ssl as _ssl
 from typing import Any
 
-from ..errors import ConnectionClosedError, ConnectionLost
+from ..errors import ConnectionClosedError, ConnectionLost, ListenError
 from ..rankenv import getenv
 from ..wire import DEFAULT_MAX_FRAME_SIZE
 from .accept import listen_socket
@@ -181,7 +181,7 @@ class TCPNetwork(Network):
             server = await listen_socket(host, port, factory, ssl=ssl, ssl_handshake_timeout=handshake_timeout,
                                          max_handshakes=max_handshakes)
         except OSError as e:
-            raise ConnectionLost(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+            raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}", address=(host, port)) from None
         listener._server = server  # type: ignore[assignment]  # an AcceptLoop: close, wait_closed, sockets
         sockname = server.sockets[0].getsockname()
         listener._address = (host or sockname[0], sockname[1])

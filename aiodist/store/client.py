@@ -32,6 +32,7 @@ from collections import deque
 from typing import Any
 
 from .. import auth, inflight, tls
+from ..arguments import port_number
 from ..context import current_network
 from ..errors import (
     ConnectionClosedError,
@@ -174,6 +175,7 @@ class TCPStore(ClientOps):
         what answers is not a compatible store server.
         Cancellation leaves nothing behind (a half-open connection is closed).
         """
+        port = port_number(port, "TCPStore.connect", any_free=False)
         timeout = as_timeout(timeout, 300.0)
         if not timeout > 0:
             raise InvalidArgumentError(f"timeout must be > 0, got {timeout!r}")

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from .. import auth, tls
+from ..arguments import port_number
 from ..context import current_network
 from ..errors import ConnectionClosedError, ConnectionLost
 from ..net.base import Connection, Listener
@@ -88,6 +89,7 @@ class StoreServer(Requests):
         ``None`` switches one off where allowed) set the limits (see
         :class:`~aiodist.store.limits.StoreLimits`).
         """
+        port = port_number(port, "StoreServer.start", any_free=True)
         limits = (limits or StoreLimits()).replace(**options)
         server = cls(limits=limits, secret=auth.resolve_secret(secret))
         server._listener = await current_network().listen(
