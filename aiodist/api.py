@@ -27,7 +27,8 @@ from .comm import Transport
 from .comm.channel import rank_table
 from .context import get_default_group, getenv, set_default_group
 from .current import group_of as _group, registry as _registry, world as _world
-from .errors import CollectiveMismatchError, GroupError, InvalidRankError, RendezvousError
+from .errors import (CollectiveMismatchError, GroupError, InvalidArgumentError, InvalidArgumentTypeError, InvalidRankError,
+                     RendezvousError)
 from .file_init import FileStore, open_file_store
 from .group import WORLD_GROUP_ID, ProcessGroup
 from .net.shmhost import transport_mode
@@ -459,11 +460,11 @@ def get_default_backend_for_device(device: Any) -> str:
     """
     kind = getattr(device, "type", device)  # (a torch.device has .type)
     if not isinstance(kind, str):
-        raise TypeError(f"get_default_backend_for_device: device must be a str or a torch.device, not "
+        raise InvalidArgumentTypeError(f"get_default_backend_for_device: device must be a str or a torch.device, not "
                         f"{type(device).__name__}")
     backend = _DEVICE_BACKENDS.get(kind.split(":", 1)[0].strip().lower())
     if backend is None:
-        raise ValueError(f"Default backend not registered for device : {device}")
+        raise InvalidArgumentError(f"Default backend not registered for device : {device}")
     return backend
 
 
