@@ -9,7 +9,7 @@ import weakref
 import numpy as np
 import pytest
 
-from aiodist.errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost
+from aiodist.errors import ConnectionClosedError, ConnectionClosedLocally, ConnectionLost, ListenError
 from aiodist.net.base import Connection, Network
 from net_conformance.harness import Impl, connected, recv_all
 
@@ -171,7 +171,7 @@ def test_aborting_after_close_resets_at_once(impl: Impl) -> None:
     impl.run(body, max_unread_frames=4)
 
 
-def test_connecting_to_a_closed_port_or_binding_a_taken_one_is_connection_lost(impl: Impl) -> None:
+def test_connecting_to_a_closed_port_is_connection_lost_binding_a_taken_one_a_listen_error(impl: Impl) -> None:
     async def body(net: Network) -> None:
         async def idle(conn: Connection) -> None:
             await asyncio.sleep(10)
@@ -179,8 +179,9 @@ def test_connecting_to_a_closed_port_or_binding_a_taken_one_is_connection_lost(i
         lis = await net.listen(("127.0.0.1", 0), idle)
         address = lis.address
         assert address[1] != 0
-        with pytest.raises(ConnectionLost):
+        with pytest.raises(ListenError) as taken:  # (not ConnectionLost: no peer broke anything)
             await net.listen(("127.0.0.1", address[1]), idle)
+        assert isinstance(taken.value, OSError) and taken.value.address == ("127.0.0.1", address[1])
         await lis.aclose()
         with pytest.raises(ConnectionLost, match="could not connect"):
             await net.connect(address, timeout=5)
