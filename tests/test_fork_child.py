@@ -2,7 +2,7 @@
 
 Three ranks run an all_reduce loop; rank 1 has forked a child that only
 sleeps (as a torch ``DataLoader`` worker with the fork start method does),
-then is SIGKILLed. The survivors must name it within a second: the kernel
+then is SIGKILLed. The survivors must name it well within the heartbeats' 3 s: the kernel
 ends its connections at once when nothing else holds them. Before
 (:mod:`aiodist.net.fork`), the child held copies of every socket, no end of
 stream came, and the survivors learned of the death only from the missing
@@ -79,7 +79,9 @@ async def test_a_killed_rank_whose_forked_child_lives_on_is_named_at_once(transp
             # (or, on shared memory, the other survivor gave up on the victim's death first and fenced this
             # rank off its array: PeerAbandonedError, a consequence, as fast)
             assert (ev["type"] == "PeerFailureError" and ev["rank"] == VICTIM) or ev["type"] == "PeerAbandonedError", ev
-            assert ev["raised"] - t_fault < 1.0, (r, ev["raised"] - t_fault, ev["msg"])
+            # (well under the heartbeats' 3 s, which is what the child's copies of the sockets left before; on
+            # a loaded 2-core machine the survivors have taken up to ~1.2 s to get there)
+            assert ev["raised"] - t_fault < 2.0, (r, ev["raised"] - t_fault, ev["msg"])
     finally:
         if child is not None:
             try:
