@@ -27,8 +27,14 @@ from .comm import Transport
 from .comm.channel import rank_table
 from .context import get_default_group, getenv, set_default_group
 from .current import group_of as _group, registry as _registry, world as _world
-from .errors import (CollectiveMismatchError, GroupError, InvalidArgumentError, InvalidArgumentTypeError, InvalidRankError,
-                     RendezvousError)
+from .errors import (
+    CollectiveMismatchError,
+    GroupError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    InvalidRankError,
+    RendezvousError,
+)
 from .file_init import FileStore, open_file_store
 from .group import WORLD_GROUP_ID, ProcessGroup
 from .net.shmhost import transport_mode
@@ -469,7 +475,8 @@ def get_default_backend_for_device(device: Any) -> str:
 
 
 def supports_complex(op: Any) -> bool:
-    """Whether reduction ``op`` is defined on complex numbers (torch's ``supports_complex``): not MAX, MIN, PRODUCT or bitwise."""
+    """Whether reduction ``op`` is defined on complex numbers (torch's ``supports_complex``): not MAX, MIN,
+    PRODUCT or the bitwise ones."""
     return op not in (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
@@ -532,7 +539,8 @@ __all__ = [
     "get_group_rank", "get_node_local_rank", "get_process_group_ranks", "get_rank", "get_world_size",
     "init_process_group", "is_available", "is_backend_available", "is_gloo_available", "is_initialized",
     "is_mpi_available", "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "is_xccl_available",
-    "default_pg_timeout", "get_default_backend_for_device", "get_pg_count", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+    "default_pg_timeout", "get_default_backend_for_device", "get_pg_count", "new_group", "new_subgroups",
+    "new_subgroups_by_enumeration",
     "split_group", "supports_complex", *_OPERATIONS,
 ]
 

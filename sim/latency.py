@@ -12,10 +12,15 @@ import random
 from dataclasses import dataclass
 
 
+def finite(v: object) -> bool:
+    """Whether ``v`` is a finite real number (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _seconds(model: object, **values: float) -> None:
     """ValueError unless every one of ``values`` is a finite number of seconds >= 0."""
     for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        if not finite(v) or v < 0:
             raise ValueError(f"{type(model).__name__}: {name} must be a finite number of seconds >= 0, got {v!r}")
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from aiodist.wire import DEFAULT_MAX_FRAME_SIZE
 
 from .endpoints import SimConnection, _connected, _fail_future
 from .host_network import LOCAL_NAMES, HostNetwork, SimListener
-from .latency import Constant, Exponential, LatencyModel, Tail, Uniform
+from .latency import Constant, Exponential, LatencyModel, Tail, Uniform, finite
 from .links import Host, Links, Stream
 
 if TYPE_CHECKING:
@@ -93,7 +92,7 @@ class Network:
         _positive("retransmit_timeout", self.retransmit_timeout, none_ok=True)
         for link, factor in self.slow.items():
             _positive(f"slow[{link!r}]", factor)
-        if not _number(self.overhead) or self.overhead < 0:
+        if not finite(self.overhead) or self.overhead < 0:
             raise ValueError(f"Network: overhead must be a finite number of seconds >= 0, got {self.overhead!r}")
         for name, least in (("max_unread_frames", 1), ("socket_buffer", 0)):
             v = getattr(self, name)
@@ -111,14 +110,10 @@ class Network:
         return cls(latency=Constant(latency), bandwidth=None)
 
 
-def _number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _latency(name: str, value: object) -> None:
-    if isinstance(value, (Constant, Uniform, Exponential)):
-        return  # (they check their own numbers)
-    if not _number(value) or value < 0:  # type: ignore[operator]
+    if isinstance(value, LatencyModel):
+        return  # (the models check their own numbers)
+    if not finite(value) or value < 0:  # type: ignore[operator]
         raise ValueError(f"Network: {name} must be a finite number of seconds >= 0 or a latency model "
                          f"(Constant, Uniform, Exponential), got {value!r}")
 
@@ -126,7 +121,7 @@ def _latency(name: str, value: object) -> None:
 def _positive(name: str, value: object, *, none_ok: bool = False) -> None:
     if value is None and none_ok:
         return
-    if not _number(value) or not value > 0:  # type: ignore[operator]
+    if not finite(value) or not value > 0:  # type: ignore[operator]
         raise ValueError(f"Network: {name} must be a finite number > 0{' or None' if none_ok else ''}, got {value!r}")
 
 
