@@ -29,7 +29,15 @@ operation fails at once with :class:`~aiodist.errors.PeerCallFailedError`,
 and the members stay in step (the group remains usable). So is a call that
 timed out here: a member that comes to it later fails too, rather than
 completing with the contributions that were waiting for it (the ranks would
-disagree on whether the collective happened).
+disagree on whether the collective happened). Likewise the operations a
+member failed when it declared a rank failed are named in its notice to
+that rank (see :mod:`aiodist.comm.mismatch_reports`). Such news voids an
+operation whose every message came with it, before the operation's task
+resumed; an operation that returned already stays completed. A rank whose
+loop ran late past a heartbeat interval (stopped, or blocked: its peers may
+have declared it failed) reads what came meanwhile before an operation
+starts and before it completes, so that news waiting unread (it was
+declared failed; the operations that voids) is heard before it acts.
 
 An operation on a group this rank is not a member of does nothing: its
 Work is finished at once (:meth:`OpRunner.absent`, torch's semantics), and
@@ -334,6 +342,8 @@ class OpRunner:
         comm = self.comm
         hit: tuple[int, str] | None = None
         try:
+            if self.transport.stalled():  # (what came meanwhile is read first: see the module doc)
+                await asyncio.sleep(0)
             failure = self.transport.group_failure(comm.gid)
             if failure is not None:
                 raise self._broken(failure, op, seq)
@@ -359,6 +369,11 @@ class OpRunner:
                     if prepare is not None:
                         args = prepare()
                 value = await body(ch, seq, *args)
+                if self.transport.stalled():  # (what came meanwhile is read first: see the module doc)
+                    await asyncio.sleep(0)
+                void = self.transport.router.void_error(comm.gid, seq)
+                if void is not None:  # (news that came with its last messages: see the module doc)
+                    raise comm.localize(void, op=op, seq=seq) if isinstance(void, PeerFailureError) else void
                 if result is not BODY_RESULT:
                     value = result
             except PeerFailureError:

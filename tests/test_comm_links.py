@@ -20,6 +20,7 @@ from aiodist.comm.actions import (
     FailReceives,
     Install,
     Log,
+    NameFailedOps,
     Release,
     Send,
     StartTimer,
@@ -360,6 +361,10 @@ def test_a_silent_peer_is_told_before_it_is_hung_up_on() -> None:
     acts = m.silent(1, "hung or unreachable: heard nothing for 3.0s")
     notice = Send(c1, F.fail(1, "hung or unreachable: heard nothing for 3.0s"))
     assert acts.index(notice) < acts.index(Close(c1))
+    # Before it, the driver names in the notice (the same dict) the operations this failure voids here.
+    named = next(a for a in acts if isinstance(a, NameFailedOps))
+    assert named.rank == 1 and acts.index(named) < acts.index(notice)
+    assert all(a.header is named.notice for a in acts if isinstance(a, Send) and a.header.get(F.KIND) == F.FAIL)
 
 
 def test_a_report_about_this_rank_condemns_it_and_later_failures_blame_it_too() -> None:
@@ -656,7 +661,7 @@ def test_every_input_in_every_state_goes_where_the_diagram_says(state: LinkState
         assert after is state  # terminal states are final
     for a in acts:
         assert type(a) in (BreakGroups, CancelTimer, Close, Dial, FailReceives, Install, Log, Release, Send,
-                           StartTimer, Unwatch, Wake, Watch)
+                           StartTimer, Unwatch, NameFailedOps, Wake, Watch)
     link = m.get(rank)
     assert link is not None
     mine = [a for a in acts if getattr(a, "rank", rank) == rank]

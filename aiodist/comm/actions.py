@@ -92,6 +92,17 @@ class BreakGroups(Action):
 
 
 @dataclass(frozen=True, slots=True)
+class NameFailedOps(Action):
+    """Name in ``notice`` (a failure notice about ``rank``, sent next) this rank's collectives that the
+    failure fails here: those with a receive waiting in a group containing ``rank`` (the groups break
+    next). The ranks it reaches void them too -- ``rank`` itself above all, should it resume after a pause
+    and find their messages."""
+
+    rank: int
+    notice: Header
+
+
+@dataclass(frozen=True, slots=True)
 class Watch(Action):
     """Start watching ``rank``'s heartbeats."""
 

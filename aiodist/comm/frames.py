@@ -85,6 +85,7 @@ TEXT: Final = "m"
 CALLS: Final = "c"
 FOUND: Final = "fb"  # the rank that found a mismatch (whose call failed), when another rank relays its report
 VOID: Final = "v"  # a call-failed report voids the operation: messages already here from anyone do not count
+VOIDS: Final = "vo"  # a failure notice: [[group, seq], ...] its failure failed at the sender (void where it comes)
 
 MAX_HANDSHAKE_FRAME: Final = 8 * 1024
 """Bytes a frame may have before the link has authenticated (a hello is ~200)."""

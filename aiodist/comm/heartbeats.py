@@ -23,7 +23,7 @@ _HEARTBEAT = F.heartbeat()
 class Heartbeats:
     """``conn_of(rank)``: the link's connection; ``on_silent(rank, how)``: the detector declared it failed."""
 
-    __slots__ = ("_loop", "_conn_of", "_on_silent", "config", "_detector", "_timer", "_stopped")
+    __slots__ = ("_loop", "_conn_of", "_on_silent", "config", "_detector", "_timer", "_due", "_late_until", "_stopped")
 
     def __init__(
         self,
@@ -37,6 +37,8 @@ class Heartbeats:
         self.config = heartbeat_from_env()  # (interval, misses) or None: off
         self._detector: FailureDetector | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0  # when the timer is due
+        self._late_until = -1.0  # the check ran late: the loop was stalled (see stalled())
         self._stopped = False
 
     def __repr__(self) -> str:
@@ -59,8 +61,18 @@ class Heartbeats:
             self._detector = FailureDetector(*self.config)
         self._detector.watch(w)
         if self._timer is None:
-            due = self._loop.time() + self._detector.interval
+            self._due = due = self._loop.time() + self._detector.interval
             self._timer = self._loop.call_at(due, self._check, due)
+
+    def stalled(self) -> bool:
+        """Whether this rank's loop runs late: its check (and the heartbeats it sends) was due more than an
+        interval ago, or ran that late less than an interval ago. The process was stopped, or its loop
+        blocked (a long computation or GC pause): its peers may have declared it failed meanwhile, and
+        their news may still be unread."""
+        if self._timer is None:
+            return False
+        now = self._loop.time()
+        return now < self._late_until or now > self._due + self._detector.interval  # type: ignore[union-attr]
 
     def unwatch(self, rank: int) -> None:
         if self._detector is not None:
@@ -86,6 +98,8 @@ class Heartbeats:
         if det is None:
             return
         now = self._loop.time()
+        if now > due + det.interval:
+            self._late_until = now + det.interval
         beats, silent = det.check(now, due, self._progress)
         for rank in beats:
             conn = self._conn_of(rank)
@@ -98,5 +112,5 @@ class Heartbeats:
         for rank, how in silent:
             self._on_silent(rank, how)
         if det.watching() and not self._stopped:
-            due = now + det.interval
+            self._due = due = now + det.interval
             self._timer = self._loop.call_at(due, self._check, due)

@@ -67,6 +67,7 @@ from .actions import (
     FailReceives,
     Install,
     Log,
+    NameFailedOps,
     Release,
     Send,
     StartTimer,
@@ -600,6 +601,8 @@ class Links:
             acts.append(Unwatch(link.rank))
         conn = link.conn
         notice = F.fail(link.rank, cause or how, None if link.culprit is None else (link.culprit, link.cause or "unknown"))
+        if not self.closing:  # (the operations this failure fails here: named in the notice)
+            acts.append(NameFailedOps(link.rank, notice))
         if conn is not None:
             if close:
                 link.conn = None

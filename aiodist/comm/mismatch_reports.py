@@ -1,4 +1,4 @@
-"""A collective mismatch, or a failed call, reported by another rank: what it voids here (pure, on the router).
+"""A collective mismatch, a failed call, or a peer's failure reported by another rank: what it voids here (pure, on the router).
 
 A rank that finds its call at sequence number ``seq`` of a group does not
 match a peer's tells every member (a ``x`` frame, see :mod:`.frames`); each
@@ -8,10 +8,16 @@ the group, so nobody waits for a message that will never come.
 A rank whose call at ``seq`` raised there (bad arguments, an object it could
 not pickle) tells every member too (a ``xf`` frame): each fails its receives
 of that operation only; the group stays usable.
+
+A rank that declares a peer failed names, in the failure notice it sends
+(to that peer first), the operations of the peer's groups it had in flight:
+they fail there even where every message they need came, so a peer that was
+only paused and resumes does not complete a collective its members failed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..errors import CollectiveMismatchError, PeerCallFailedError
@@ -85,6 +91,30 @@ def apply_call_failed(router: Router, reporter: int, h: F.Header) -> CallFailure
     void = h.get(F.VOID) is True
     router.fail_seq(gid, seq, None, error, void=void)
     return CallFailure(gid, seq, found, text, void)  # type: ignore[arg-type]  # (vet() checked gid and seq)
+
+
+def apply_voids(router: Router, reporter: int, accused: Any, voids: Any,
+                error: Callable[[int], BaseException]) -> str | None:
+    """Void the operations rank ``reporter`` failed on rank ``accused``'s failure, which its failure notice
+    names (``voids``: ``[[group, seq], ...]``): they fail here too, even where every message they need came --
+    on ``accused`` itself above all, resumed after a pause and finding their messages (``error(accused)``:
+    the error they fail with). Returns the notice's fault if it is bad input (a str); a group destroyed
+    here, or one ``accused`` is not a member of, is skipped."""
+    if type(accused) is not int or accused < 0:
+        return None  # (the notice itself is ignored: see Links.reported)
+    if type(voids) is not list:
+        return f"a failure notice naming operations in a {type(voids).__name__} ({F.shown(voids)})"
+    factory: Callable[[Receive], BaseException] = lambda r: error(accused)
+    for item in voids:
+        if type(item) is not list or len(item) != 2:
+            return f"a failure notice naming an operation as {F.shown(item)}"
+        gid, seq = item
+        fault = _fault(router, reporter, gid, seq, "a failure notice naming an operation")
+        if fault is not None:
+            return fault
+        if not router.destroyed(gid) and router.vet(accused, gid, seq) is None:
+            router.fail_seq(gid, seq, None, factory, void=True)
+    return None
 
 
 class CallFailure(NamedTuple):

@@ -315,6 +315,12 @@ class PeerLinks:
     def _break_groups(self, a: A.BreakGroups) -> None:
         self._groups.break_containing(a.rank, every=a.rank == self.rank)
 
+    def _name_failed_ops(self, a: A.NameFailedOps) -> None:
+        members = self._groups.members
+        ops = self._router.waiting_ops(lambda gid: a.rank in (members(gid) or ()))
+        if ops:
+            a.notice[F.VOIDS] = [[gid, seq] for gid, seq in ops]
+
     def _wake(self, a: A.Wake) -> None:
         p = self.peers[a.rank]
         waiters, p.waiters = p.waiters, None
@@ -343,6 +349,7 @@ class PeerLinks:
         A.Release: lambda self, a: a.conn.release_senders(),
         A.FailReceives: lambda self, a: self._fail_receives(a.rank),
         A.BreakGroups: _break_groups,
+        A.NameFailedOps: _name_failed_ops,
         A.Wake: _wake,
         A.Install: _install,
         A.Watch: lambda self, a: self.heartbeats.watch(self.peers[a.rank].watch),

@@ -306,6 +306,22 @@ class Router:
         ff = self.table.failures.void_since(group, seq)
         return None if ff is None else ff.error()
 
+    def void_error(self, group: Any, seq: int) -> BaseException | None:
+        """Why operation ``seq`` of ``group`` is void here even where every message it needs came (a member
+        timed out of it, or failed it on a peer's failure and said so), or None: a fresh error."""
+        void = self.table.failures.void
+        factory = void.get((group, seq)) if void else None
+        return None if factory is None else factory(None)  # type: ignore[arg-type]  # (they ignore the receive)
+
+    def waiting_ops(self, member: Callable[[Any], bool]) -> list[tuple[Any, int]]:
+        """The collectives (group, seq) with a receive waiting here, in the groups for which ``member(group)``
+        is true, oldest first (breaking those groups fails every one of them)."""
+        ops: dict[tuple[Any, int], None] = {}
+        for r in self.table.pending():
+            if r.tag is None and r.key and type(r.key[0]) is int and (r.group, r.key[0]) not in ops and member(r.group):
+                ops[(r.group, r.key[0])] = None
+        return list(ops)
+
     def reported(self, group: Any, seq: int) -> BaseException | None:
         """What another member reported about operation ``seq`` of ``group`` (its call failed there, or did not
         match), if one did: a fresh error, or None. (Only reports void an operation from every source.)"""

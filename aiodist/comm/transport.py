@@ -54,7 +54,7 @@ from ..net.shmhost import choose_network
 from ..wire import as_byte_view
 from . import frames as F
 from .links import LinkState
-from .mismatch_reports import CallFailure, apply_call_failed, apply_report
+from .mismatch_reports import CallFailure, apply_call_failed, apply_report, apply_voids
 from .peers import DESTROYED, Peer, PeerLinks
 from .registry import GroupRegistry
 from .router import Match, Receive, Router, resolve
@@ -273,6 +273,10 @@ class Transport:
 
     def unregister_group(self, gid: Any) -> None:
         self._groups.unregister(gid)
+
+    def stalled(self) -> bool:
+        """Whether this rank's loop runs late past a heartbeat interval (see :meth:`.heartbeats.Heartbeats.stalled`)."""
+        return self._links.heartbeats.stalled()
 
     def group_failure(self, gid: Any) -> PeerFailureError | None:
         """The failure that broke group ``gid``, if one did."""
@@ -566,6 +570,11 @@ class Transport:
             self._links.do(self.links.bye(p.rank, h.get(F.RANK), h.get(F.HOW), h.get(F.STOPPED)))
         elif kind == F.FAIL:
             self._links.do(self.links.reported(p.rank, h.get(F.RANK), h.get(F.HOW, "?"), h.get(F.ROOT)))
+            voids = h.get(F.VOIDS)  # (after the news: what they fail with names the failure)
+            if voids is not None:
+                bad = apply_voids(self.router, p.rank, h.get(F.RANK), voids, self.peer_error)
+                if bad is not None:
+                    self._reject(p, bad)
         elif kind == F.MISMATCH:
             bad = apply_report(self.router, p.rank, h)
             if bad is not None:
