@@ -175,7 +175,7 @@ class ObjectOperations(_GroupParts):
             raise InvalidArgumentTypeError(f"object_list must be a list, not {type(object_list).__name__}")
         receive, posted = p2p.recv_message(self._comm, peer, tag, PICKLE, timeout=self._runner.timeout_of(timeout))
 
-        async def unpack() -> int:
+        async def unpack() -> tuple[int, list[Any]]:
             sender: int
             sender, payload = await receive()
             try:
@@ -189,10 +189,16 @@ class ObjectOperations(_GroupParts):
                     f"rank {self._comm.rank} receives into a list of {len(object_list)}",
                     calls={sender: f"send_object_list(len={len(objs)})", self._comm.rank: f"recv_object_list(len={len(object_list)})"},
                 )
+            return sender, objs
+
+        def fill(got: tuple[int, list[Any]]) -> int:
+            # When the awaiter takes the result, not when the message came: an awaiter cancelled in between
+            # gives the message back to the next receive (see Work) and leaves its list as it was.
+            sender, objs = got
             object_list[:] = objs
             return sender
 
-        return self._runner.spawn(unpack, op="recv_object_list", withdraw=posted)
+        return self._runner.spawn(unpack, op="recv_object_list", withdraw=posted).then(fill)
 
     def _p2p_peer(self, peer: Any, what: str, op: str) -> int | None:
         if peer is None and what == "src":

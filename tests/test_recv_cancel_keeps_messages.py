@@ -30,7 +30,7 @@ from aiodist.comm.admission import Budgets
 from aiodist.comm.failures import Failures
 from aiodist.comm.p2p_routing import P2PTable
 from aiodist.comm.receives import Completion, Delivery, Match, Receive
-from conftest import aiodist_run_source, sim_run_source
+from conftest import aiodist_run_source, run_ranks, sim_run_source
 
 POLL = '''
 import asyncio, os, random
@@ -359,3 +359,52 @@ def test_a_buffer_reused_after_its_receive_was_cancelled_mid_payload_is_not_what
     assert run.returncode == 0, run.stdout + run.stderr
     line = next(ln for ln in run.stdout.splitlines() if "RESULT" in ln)
     assert "y_wrong=0 x_written=0" in line, line
+
+
+
+async def test_a_recv_object_list_whose_awaiter_is_cancelled_after_its_message_came_leaves_its_list_alone() -> None:
+    """Cancellation probe: the list was filled when the message came (unpickled in the operation's task), and
+    the message went back to the next receive when the awaiter was cancelled before it resumed: the program
+    saw message k both in the cancelled call's list and in the next one's. Now the list is filled when the
+    awaiter takes the result: a cancelled one leaves it as it was, and the next receive gets the message.
+    (Real loop, one process: the awaiter resumes loop passes after the operation ended, and the poller sees it.)"""
+
+    async def rank(r: int) -> Any:
+        await dist.init_process_group(timeout=20)
+        try:
+            if r == 0:
+                for k in range(3):
+                    await dist.send_object_list([k, "payload"], dst=1)
+                await dist.barrier()
+                return None
+            caught, lists = 0, []
+            for _ in range(3):
+                mine = [None, None]
+                work = dist.recv_object_list(mine, src=0)
+                awaiter = asyncio.ensure_future(work.wait())
+                for _ in range(100_000):  # (bounded) until the operation ended, its awaiter not resumed yet
+                    if work.done():
+                        break
+                    await asyncio.sleep(0)
+                if not awaiter.done():
+                    awaiter.cancel()
+                    try:
+                        await awaiter
+                    except asyncio.CancelledError:
+                        caught += 1
+                lists.append((caught, mine))
+            got = [mine[0] for _, mine in lists if mine != [None, None]]
+            for _ in range(3 - len(got)):  # the rest (given back, or still to come)
+                nxt: list[Any] = [None, None]
+                await dist.recv_object_list(nxt, src=0)
+                got.append(nxt[0])
+            await dist.barrier()
+            return caught, lists, got
+        finally:
+            await dist.destroy_process_group()
+
+    _, (caught, lists, got) = await run_ranks(2, rank)
+    assert caught >= 1, lists  # (the window was hit)
+    assert got == [0, 1, 2], lists  # every message once, in order
+    cancelled = [mine for (n, mine), before in zip(lists, [0] + [n for n, _ in lists]) if n > before]
+    assert cancelled and all(mine == [None, None] for mine in cancelled), lists  # (a cancelled call's list untouched)
