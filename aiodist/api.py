@@ -192,34 +192,45 @@ async def init_process_group(
     pg.local_world_size = rdzv.local_world_size
     pg.job_id = rdzv.job_id
 
+    done: dict[str, None] = {}  # the steps of a teardown whose run was cancelled (the next run resumes it)
+
     async def teardown() -> None:
+        # A second run (the first was cancelled: see ProcessGroup.destroy) waits for nobody and does not
+        # leave the store round again; every close is idempotent.
+        resumed = "started" in done
+        done["started"] = None
         # before close(): then every peer looks gone; an aborted transport waits for nobody either
         aborted = world_transport.closed
         broken = bool(world_transport.failed_peers()) or aborted
-        if not aborted:  # (after a failure: peers that dial this rank once it is gone learn which)
+        if not aborted and not resumed:  # (after a failure: peers that dial this rank once it is gone learn which)
             await world_transport.note_departure(grace=STORE_GOODBYE_GRACE)
         await world_transport.close()
         # Keep the store up for the others until they leave too, unless the job is broken
         # (a failed rank never leaves: waiting would only delay this rank's error).
-        wait = 0.0 if broken else min(timeout, STORE_LEAVE_WAIT)
+        wait = 0.0 if broken or resumed else min(timeout, STORE_LEAVE_WAIT)
         # (each goodbye to the store is bounded: see rendezvous.leave)
-        if found is not None:  # (file://: the store this rank found or hosts, and the file)
+        if found is not None and "found" not in done:  # (file://: the store this rank found or hosts, and the file)
             await found.close(rdzv.key_prefix, rdzv.world_size, wait=wait)
+            done["found"] = None
         if rdzv.server is not None:
             server = rdzv.server
-            await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=wait, alone=lambda: server.clients <= 1)
+            if not resumed:
+                await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=wait,
+                            alone=lambda: server.clients <= 1)
             if broken:  # the others' store calls fail now: say why, so that they name the cause
                 first = world_transport.links.first_failure
                 await rdzv.server.close(reason=_store_farewell(rdzv.rank, first), host=rdzv.rank,
                                         culprit=first[0] if first is not None else None,
                                         cause=first[1] if first is not None else None)
-        elif rdzv.owned:
+        elif rdzv.owned and not resumed:
             await leave(rdzv.store, rdzv.key_prefix, rdzv.world_size, wait=0)
-        for close in reversed(rdzv.owned):
+        while rdzv.owned:
+            close = rdzv.owned[-1]
             try:
                 await close()
             except Exception as e:  # the job is over for this rank: what is left to close is not its concern
                 log.debug("rank %d: closing %r at the end of the job failed: %r", rdzv.rank, close, e)
+            rdzv.owned.pop()
 
     pg._on_destroy.append(teardown)
     _registry().clear()
@@ -253,6 +264,11 @@ async def destroy_process_group(group: ProcessGroup | None = None) -> None:
     of this rank were never awaited and their Works are gone (so they never
     will be), raises :class:`~aiodist.work.UnawaitedOperationError` naming
     them (the groups are destroyed all the same).
+
+    Cancellation: the groups are destroyed (no operation starts any more),
+    but connections and the store server may still be open; the next
+    ``destroy_process_group()`` or :func:`abort` closes what is left, waiting
+    for nobody, after which ``init_process_group`` can start a new job.
     """
     world = get_default_group()
     if group is None or group is world:

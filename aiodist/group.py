@@ -156,6 +156,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         self._runner = OpRunner(self._comm, self._checker, timeout=float(timeout))
         # Set by the rendezvous for the world group: what destroy() must close.
         self._on_destroy: list[Callable[[], Awaitable[None]]] = []
+        self._torn_down = False  # destroy() got to its end (a cancelled one did not: the next one resumes it)
         self.backend = "gloo"  # what get_backend() reports (init_process_group(backend=...) / new_group(backend=...))
 
     def __repr__(self) -> str:
@@ -549,16 +550,20 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
         """Cancel and await this group's operations, then release what it owns.
 
         Operations still running fail with GroupError for their awaiters.
-        Idempotent.
+        Idempotent. Cancellation: the group is destroyed (no operation starts
+        any more) but what it owns may still be open (connections, the store
+        server the world's rank 0 hosts); the next :meth:`destroy` or
+        :meth:`abort` releases the rest, without waiting for the other ranks.
         """
-        if self._runner.destroyed:
+        if self._torn_down:
             return
         await self._runner.close(aborted=False)
         intranode.release(self._comm)
         self._transport.unregister_group(self.group_id)
-        for fn in reversed(self._on_destroy):
-            await fn()
-        self._on_destroy.clear()
+        while self._on_destroy:  # (a hook whose run was cancelled runs again: they resume where they stopped)
+            await self._on_destroy[-1]()
+            self._on_destroy.pop()
+        self._torn_down = True
 
 
 MONITORED_GRACE = 1.0

@@ -135,10 +135,10 @@ async def _open_store(
         owned.append(server.close)
     try:
         store = await TCPStore.connect(host, port, timeout=timeout, secret=access.secret, ssl=tls.client_side(access.ssl))
-    except (TimeoutError, StoreError, ConnectionError, auth.AuthenticationError) as e:
+    except BaseException as e:  # (a cancellation too: the server this call started goes with it)
         for close in reversed(owned):
             await close()
-        if isinstance(e, auth.AuthenticationError):
+        if isinstance(e, auth.AuthenticationError) or not isinstance(e, (TimeoutError, StoreError, ConnectionError)):
             raise  # as it is: the job's secret differs between the ranks (or the store is not the job's)
         raise RendezvousError(f"rank {rank} could not reach the store at {host}:{port}: {e}") from None
     owned.insert(0, store.close)

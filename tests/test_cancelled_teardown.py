@@ -1,0 +1,100 @@
+"""A cancelled destroy_process_group() or init_process_group() leaves nothing open for good (cancellation probe).
+
+Before: a cancelled ``destroy_process_group()`` marked the groups destroyed before its first await, so a
+second one (or ``abort()``) returned at once and closed nothing: rank 0's store server kept listening on
+MASTER_PORT (a new ``init_process_group`` there failed with "address already in use" and the other ranks
+waited out their rendezvous timeout on the orphaned store), its listener and store tasks ran on, and
+Python warned of unclosed sockets at exit. ``finish_rank`` takes that path on a slow exit (a timeout
+around the destroy, then ``abort()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiodist as dist
+from conftest import run_ranks
+
+
+@pytest.mark.parametrize("then", ["destroy", "abort"])
+async def test_a_cancelled_destroy_is_finished_by_the_next_destroy_or_abort(then: str) -> None:
+    async def rank(r: int) -> Any:
+        await dist.init_process_group(timeout=20)
+        x = np.ones(2)
+        await dist.all_reduce(x)
+        t = asyncio.ensure_future(dist.destroy_process_group())
+        await asyncio.sleep(0)  # (it started)
+        t.cancel()
+        try:
+            await t
+        except asyncio.CancelledError:
+            pass
+        if then == "destroy":
+            await dist.destroy_process_group()
+        else:
+            await dist.abort()
+        assert not dist.is_initialized()
+        # the same job again in this process, on the same MASTER_PORT: rank 0 can host the store again
+        await dist.init_process_group(timeout=20)
+        y = np.full(2, float(r + 1))
+        await dist.all_reduce(y)
+        await dist.destroy_process_group()
+        return y.tolist()
+
+    assert await run_ranks(3, rank, timeout=60) == [[6.0, 6.0]] * 3
+
+
+async def test_a_cancelled_destroy_leaves_no_task_running_once_finished() -> None:
+    before = len(asyncio.all_tasks())
+
+    async def rank(r: int) -> Any:
+        await dist.init_process_group(timeout=20)
+        await dist.barrier()
+        t = asyncio.ensure_future(dist.destroy_process_group())
+        await asyncio.sleep(0)
+        t.cancel()
+        try:
+            await t
+        except asyncio.CancelledError:
+            pass
+        await dist.destroy_process_group()
+
+    await run_ranks(2, rank, timeout=60)
+    for _ in range(20):  # (bounded) tasks that were cancelled end in a loop pass or two
+        await asyncio.sleep(0)
+    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert len(left) <= before - 1, left
+
+
+@pytest.mark.parametrize("after", [0, 1, 3])
+async def test_rank_0_can_init_again_after_cancelling_its_init(after: int) -> None:
+    """Rank 0 cancels its init_process_group right after it started (``after`` loop passes), then inits again:
+    before, the store server it had started kept listening (its peers' connections kept it up) and the
+    second init failed with "address already in use"."""
+
+    async def rank(r: int) -> Any:
+        if r == 0:
+            t = asyncio.ensure_future(dist.init_process_group(timeout=20))
+            for _ in range(after + 1):
+                await asyncio.sleep(0)
+            t.cancel()
+            try:
+                await t
+            except asyncio.CancelledError:
+                pass
+            else:  # (it won the race: nothing to retry)
+                await dist.destroy_process_group()
+            await asyncio.sleep(0.3)
+        else:
+            await asyncio.sleep(0.1)
+        await dist.init_process_group(timeout=20)
+        y = np.full(2, float(r + 1))
+        await dist.all_reduce(y)
+        await dist.destroy_process_group()
+        return y.tolist()
+
+    assert await run_ranks(3, rank, timeout=60) == [[6.0, 6.0]] * 3
