@@ -130,7 +130,7 @@ FAULT_FLAGS: list[tuple[str, Callable[[str], Any], str]] = [
     ("--restart", parse_restart, "RANK@WHEN[+DELAY]: kill a rank and start it again"),
     ("--pause", parse_pause, "RANK@WHEN+SECONDS: stop a rank (SIGSTOP) for a while"),
     ("--partition", parse_partition, "A,B/C,D@START[:HEAL] | A,B/C,D@WHEN+SECONDS: cut hosts A,B from C,D"),
-    ("--one-way-partition", lambda s: parse_partition(s, one_way=True), "A/B@START[:HEAL]: cut A->B only"),
+    ("--one-way-partition", lambda s: parse_partition(s, one_way=True), "A/B@START[:HEAL]: cut A->B only (B->A stalls after 0.2 s: its acknowledgements are cut)"),
     ("--clog", parse_clog, "SRC-DST@START:END | SRC-DST@WHEN+SECONDS: hold messages on one link"),
     ("--straggler", parse_straggler, "RANKxFACTOR[@WHEN[+SECONDS]]: slow a rank down"),
     ("--reset", parse_reset, "A-B@WHEN: reset connections between two hosts"),

@@ -265,15 +265,25 @@ class CrashStore:
 
 
 class Block:
-    """A partition or clog in force: which directions it cuts, whether TCP gives up behind it."""
+    """A partition or clog in force: which directions it cuts, whether TCP gives up behind it.
+
+    ``stalled``: per stream flowing against a one-way partition, when it stops
+    (see :meth:`stalls`; kept by :class:`sim.links.Links`).
+    """
 
     def __init__(self, a: frozenset[str], b: frozenset[str], one_way: bool, breaks: bool, label: str) -> None:
         self.a, self.b, self.one_way, self.breaks, self.label = a, b, one_way, breaks, label
+        self.stalled: dict[int, float] = {}
 
     def blocks(self, src: str, dst: str) -> bool:
         if src in self.a and dst in self.b:
             return True
         return not self.one_way and src in self.b and dst in self.a
+
+    def stalls(self, src: str, dst: str) -> bool:
+        """Whether a connection's ``src -> dst`` direction runs against this one-way partition: the cut drops
+        the acknowledgements of its data, so TCP soon stops sending it too (a clog delays, drops nothing)."""
+        return self.one_way and self.breaks and src in self.b and dst in self.a
 
     def __repr__(self) -> str:
         return self.label
@@ -298,10 +308,14 @@ def _span_cli(at: float | None, on: Trigger | None, own: HostRef, until: float |
 class Partition:
     """From ``at`` (or when ``on`` fires) until ``heal_at`` / for ``duration`` (neither: for good), ``a`` cannot reach ``b``.
 
-    ``one_way``: only a -> b is cut. Messages on live connections are held in
+    ``one_way``: only a -> b is cut: b's data reaches a, but a's
+    acknowledgements of it are lost, so on a connection between them b
+    stops sending :data:`sim.links.ACK_STALL` s after its first frame under
+    the cut (TCP waits for them after its retransmission timeout) and what it
+    sends from then on is held too. Messages on live connections are held in
     order (TCP retransmits) and delivered on heal; held longer than the
     network's ``retransmit_timeout`` they break the connection. Connects
-    across the cut wait likewise.
+    across the cut wait likewise, either way.
     """
 
     a: tuple[HostRef, ...]

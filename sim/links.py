@@ -24,7 +24,10 @@ The model (all times virtual):
   not scaled by the straggler factor).
 * Blocks (partitions, clogs) hold a stream's frames in order until released;
   one that breaks TCP gives up after ``retransmit_timeout`` (the sending end
-  sees ConnectionLost, the receiving end a reset once the link heals).
+  sees ConnectionLost, the receiving end a reset once the link heals). A
+  one-way partition also holds the streams flowing against it from
+  :data:`ACK_STALL` after their first frame under it on: their
+  acknowledgements are cut.
 """
 
 from __future__ import annotations
@@ -117,12 +120,22 @@ class Stream:
         return f"<Stream #{self.id} {self.src.name}->{self.dst.name}{' held' if self.held is not None else ''}>"
 
 
+ACK_STALL = 0.2
+"""Seconds a stream flowing against a one-way partition still flows after its first frame under it: the
+cut drops the acknowledgements of its data, and TCP's sender, once its retransmission timeout expires
+(200 ms at least on Linux), sends nothing new before they come. (Where one rank's heartbeats or
+messages still reached the others forever, a one-way cut evicted the rank that stopped hearing them.)"""
+
+
 class Block(Protocol):
     """A partition or clog in force: which directions it cuts, whether TCP gives up behind it."""
 
     breaks: bool
+    stalled: dict[int, float]  # stream id -> when it stops, for the streams that run against it
 
     def blocks(self, src: str, dst: str) -> bool: ...
+
+    def stalls(self, src: str, dst: str) -> bool: ...
 
 
 def book(busy: list[float], arrive: float, need: float, now: float) -> float:
@@ -252,6 +265,17 @@ class Links:
                 return b
         return None
 
+    def stream_blocked(self, stream: Stream, depart: float) -> Block | None:
+        """The block holding a frame that leaves on ``stream`` at ``depart``: one that cuts its direction,
+        or a one-way partition it runs against, from :data:`ACK_STALL` after its first frame under it."""
+        src, dst = stream.src.name, stream.dst.name
+        for b in self.blocks:
+            if b.blocks(src, dst):
+                return b
+            if b.stalls(src, dst) and depart >= b.stalled.setdefault(stream.id, depart + ACK_STALL):
+                return b
+        return None
+
     def add_block(self, block: Block) -> None:
         self.blocks.append(block)
 
@@ -270,7 +294,7 @@ class Links:
             if stream.held is None:
                 del self._holding[sid]
                 continue
-            if stream.vanished or self.blocked(stream.src, stream.dst):
+            if stream.vanished or self.stream_blocked(stream, now):
                 continue
             held, stream.held = stream.held, None
             del self._holding[sid]
@@ -292,7 +316,7 @@ class Links:
             self.launch(stream, header, data, n, depart)
             return
         if stream.held is None:
-            blocker = self.blocked(stream.src, stream.dst)
+            blocker = self.stream_blocked(stream, depart)
             if blocker is None and not stream.vanished:
                 self.launch(stream, header, data, n, depart)
                 return

@@ -265,6 +265,80 @@ async def call_after(store: TCPStore, rank: int) -> Any:
     return name
 
 
+async def frames_against_the_cut() -> Any:
+    """Rank 1 sends a frame every 50 ms from 1.0 on, on a connection to rank 0 (made before the cut); rank 0
+    returns when each one came."""
+    loop = asyncio.get_running_loop()
+    if getenv("RANK") == "0":
+        got: list[tuple[int, float]] = []
+        done = asyncio.Event()
+
+        async def handler(conn: Connection) -> None:
+            for _ in range(10):
+                f = await conn.recv()
+                got.append((f.header["i"], round(loop.time(), 4)))
+            done.set()
+
+        listener = await current_network().listen(("", 7301), handler)
+        await done.wait()
+        await listener.aclose()
+        return got
+    await asyncio.sleep(0.01)
+    conn = await current_network().connect(("rank0", 7301))
+    await asyncio.sleep(1.0 - loop.time())
+    for i in range(10):
+        await conn.send({"i": i})
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(4)
+    conn.close()
+    return None
+
+
+def test_a_one_way_partition_stalls_the_other_direction_after_the_ack_timeout() -> None:
+    """0 -> 1 cut from 1.0 to 4.0: rank 1's frames to 0 flow, but 0's acknowledgements of them are lost, so
+    TCP sends what rank 1 sends from ACK_STALL after its first frame under the cut on only once it heals
+    (in order); before, they all went through, and a rank that stopped hearing its peers was evicted by
+    the very ranks it could not hear (the real cut-off rank is the one its peers blame)."""
+    from sim.links import ACK_STALL
+
+    res = sim.run(frames_against_the_cut, world_size=2, network=sim.Network.fixed(1e-3), explore=False,
+                  faults=[sim.Partition((0,), (1,), at=0.5, heal_at=4.0, one_way=True)])
+    assert res.ok, res.summary()
+    got = res.rank_results[0]
+    assert [i for i, _ in got] == list(range(10))
+    first = 1.0  # the stream's first frame under the cut
+    for i, t in got:
+        sent = first + 0.05 * i
+        if sent < first + ACK_STALL - 1e-9:
+            assert t < sent + 0.01, (i, t)  # (through at once)
+        else:
+            assert t == pytest.approx(4.001, abs=2e-3), (i, t)  # held until the heal
+
+
+@pytest.mark.parametrize("cut", [((0, 1), (2,)), ((2,), (0, 1))])
+def test_under_a_one_way_partition_the_peers_blame_the_rank_cut_off(cut: Any) -> None:
+    """As real ranks do under a one-way cut (netns, either direction): the two ranks that still hear each
+    other name rank 2; none of them is told it was evicted."""
+    import numpy as np
+
+    import aiodist
+
+    async def main() -> Any:
+        await aiodist.init_process_group(timeout=60)
+        try:
+            for _ in range(100):
+                await aiodist.all_reduce(np.ones(4))
+                await asyncio.sleep(0.1)
+        except aiodist.PeerFailureError as e:
+            return type(e).__name__, e.rank
+        return None
+
+    res = sim.run(main, world_size=3, seed=0, explore=False,
+                  faults=[sim.Partition(*cut, at=1.05, heal_at=7.05, one_way=True)])
+    assert res.rank_results[0] == res.rank_results[1] == ("PeerFailureError", 2), res.rank_results
+    assert res.rank_results[2][0] == "PeerFailureError" and res.rank_results[2][1] in (0, 1), res.rank_results
+
+
 def test_reset_connection_breaks_only_that_link() -> None:
     res = run_store(call_after, faults=[sim.ResetConnection(1, 0, at=1.0)])
     assert res.ok, res.summary()
