@@ -167,6 +167,54 @@ async def test_run_all_cancels_siblings_on_error_and_on_cancel() -> None:
     assert sorted(cancelled) == ["c", "d"]
 
 
+@pytest.mark.parametrize("sibling_fails", [True, False])
+async def test_run_all_cancelled_again_while_its_siblings_end_waits_for_them_and_counts_both(sibling_fails: bool) -> None:
+    """Cancellation probe (all_to_all with short timeouts): a sibling failed (run_all cancels itself) and the
+    group's deadline cancelled the task too while the other siblings were ending. The second cancellation
+    cut run_all's wait short: a sibling was left running, another's error was never retrieved (asyncio
+    logged it), and the task, cancelled twice but uncancelled once, ended as a plain cancellation: the op
+    runner took it for the group's destruction ("process group was destroyed") instead of its timeout.
+    Now run_all waits for every sibling, and both cancellations count (one is left for the runner)."""
+    ended: list[str] = []
+    logged: list[Any] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, ctx: logged.append(ctx))
+
+    async def boom() -> None:
+        await asyncio.sleep(0.001)
+        raise ValueError("boom")
+
+    async def slow_to_end(name: str) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # (ending takes a while: a receive withdrawn, a send flushed)
+            ended.append(name)
+            if name == "late-error":
+                raise RuntimeError("a sibling's own error while it ended") from None
+            raise
+
+    parts = [boom(), slow_to_end("a"), slow_to_end("late-error")] if sibling_fails else \
+        [slow_to_end("a"), slow_to_end("late-error"), slow_to_end("main")]
+    task = asyncio.ensure_future(run_all(parts + [asyncio.sleep(3600)]))
+    await asyncio.sleep(0.02)  # (the siblings are ending when the deadline comes)
+    if not sibling_fails:
+        task.cancel()
+        await asyncio.sleep(0.01)
+    task.cancel()  # the deadline
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sorted(ended)[:2] == ["a", "late-error"], ended  # none left running
+    assert task.cancelling() == (1 if sibling_fails else 2)  # (run_all drops only its own; the deadline's stays)
+    del task
+    import gc
+
+    gc.collect()
+    await asyncio.sleep(0)
+    loop.set_exception_handler(None)
+    assert logged == [], logged  # every error retrieved
+
+
 async def test_memory_channel_detects_duplicate_keys_and_size_mismatch() -> None:
     fabric = MemoryFabric(2)
     a, b = fabric.channels()

@@ -119,25 +119,48 @@ async def run_all(aws: Sequence[Awaitable[Any]]) -> None:
         for t in tasks:
             await t
     except asyncio.CancelledError:
-        await _cancel_and_wait(tasks)
+        await _cancel_and_wait(tasks)  # (a cancellation meanwhile counts, as the one we are handling)
         if failed and me is not None and me.uncancel() == 0:
             # We cancelled ourselves because a sibling failed: raise its error.
             raise failed[0] from None
         raise
     except BaseException:
-        await _cancel_and_wait(tasks)
+        if await _cancel_and_wait(tasks) and me is not None:
+            me.uncancel()  # (a cancellation that came meanwhile is dropped: the error is what ends us)
         raise
     finally:
         for t in tasks:
             t.remove_done_callback(on_done)
 
 
-async def _cancel_and_wait(tasks: list[asyncio.Task[Any]]) -> None:
+MAX_HELD = 64
+"""Cancellations of its caller :func:`_cancel_and_wait` holds while its tasks end (each is counted once)."""
+
+
+async def _cancel_and_wait(tasks: list[asyncio.Task[Any]]) -> bool:
+    """Cancel the tasks still running and wait until every one ended; mark their errors retrieved.
+
+    A cancellation of the caller that comes meanwhile (the group's deadline
+    as a sibling's failure is being handled) does not cut the wait short:
+    the tasks are owned here and none is left running, and every error is
+    retrieved (a cut wait left a failed sibling's error unretrieved, logged
+    by asyncio, and a caller cancelled twice ended as a plain cancellation
+    instead of its timeout). Returns whether one came; it stays requested
+    (``uncancel()`` it to drop it).
+    """
     pending = [t for t in tasks if not t.done()]
     for t in pending:
         t.cancel()
-    if pending:
-        await asyncio.wait(pending)
+    held = False
+    for _ in range(MAX_HELD):  # (bounded: each pass ends with the tasks, or holds one cancellation)
+        if not pending:
+            break
+        try:
+            await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            held = True
+        pending = [t for t in pending if not t.done()]
     for t in tasks:
-        if not t.cancelled():
+        if t.done() and not t.cancelled():
             t.exception()  # mark retrieved: the first error is the one reported
+    return held
