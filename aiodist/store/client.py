@@ -243,8 +243,10 @@ class TCPStore(ClientOps):
     ) -> tuple[dict[str, Any], memoryview | None]:
         """Send one request and wait for its reply frame.
 
-        Cancellation: the request is withdrawn (blocking ops are cancelled on
-        the server; a value already popped for a ``queue_pop`` is put back).
+        Cancellation: a blocking request is withdrawn (cancelled on the server;
+        a value already popped for a ``queue_pop`` is put back at the head of
+        its queue); a write that was sent (``set``, ``add``, ``compare_set``...)
+        is applied all the same.
         """
         if self._error is not None:
             raise self._dead()
