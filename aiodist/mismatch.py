@@ -172,7 +172,7 @@ class FingerprintCheck:
     the check (the operation ended).
     """
 
-    __slots__ = ("checker", "op", "seq", "sig", "task", "poller", "found")
+    __slots__ = ("checker", "op", "seq", "sig", "task", "poller", "found", "posted")
 
     def __init__(self, checker: MismatchChecker, op: str, seq: int, sig: str, task: asyncio.Task[Any]) -> None:
         self.checker = checker
@@ -182,9 +182,18 @@ class FingerprintCheck:
         self.task = task
         self.found: CollectiveMismatchError | None = None
         self.poller: asyncio.Task[None] | None = None
+        self.posted: dict[int, str] | None = None  # the members' calls the store showed last (group ranks)
 
     def __repr__(self) -> str:
         return f"<FingerprintCheck {self.op} seq={self.seq}{' mismatch' if self.found is not None else ''}>"
+
+    def absent(self) -> list[int]:
+        """The members (group ranks) whose fingerprint the store did not show at the last look (none looked:
+        empty): they had not reached this call -- or their part of it had ended (they write none then)."""
+        posted = self.posted
+        if posted is None:
+            return []
+        return [r for r in range(self.checker.comm.size) if r not in posted]
 
     def begin(self) -> None:
         self.poller = asyncio.get_running_loop().create_task(self._run())
@@ -211,6 +220,7 @@ class FingerprintCheck:
                     break
                 calls, marked = parse_fingerprints(bytes(await store.get(key, timeout=checker.timeout)))
                 calls[comm.rank] = self.sig
+                self.posted = calls
                 if marked or len(set(calls.values())) > 1:
                     self.found = self._listed(calls, marked, None)
                     break

@@ -79,6 +79,7 @@ from .errors import (
 )
 from .inflight import begin_entry, end_entry
 from .mismatch import MismatchChecker
+from .shown import first_few
 from .unawaited import call_site
 from .work import OpRecord, Work
 
@@ -431,7 +432,7 @@ class OpRunner:
         if isinstance(e, asyncio.CancelledError):
             check = rec.check
             if rec.expired and ch is not None and me.uncancel() == 0:  # only the monitor cancelled it
-                e = self._timed_out(rec.op, rec.seq, ch, timeout, after=rec.after)
+                e = self._timed_out(rec.op, rec.seq, ch, timeout, after=rec.after, check=rec.check)
             elif check is not None and check.found is not None and not self.destroyed:
                 me.uncancel()  # the cancellation was the checker's, not a caller's
                 self.checker.note(check.found, rec.seq)
@@ -488,15 +489,23 @@ class OpRunner:
             self._dumped = True
             flight.dump(f"{type(e).__name__}: {e}", rank=self.transport.rank, world_size=self.transport.world_size)
 
-    def _timed_out(self, op: str, seq: int, ch: OpChannel, timeout: float, *, after: str = "") -> CollectiveTimeoutError:
+    def _timed_out(self, op: str, seq: int, ch: OpChannel, timeout: float, *, after: str = "",
+                   check: Any = None) -> CollectiveTimeoutError:
         waiting = ch.waiting_for()
         who = ", ".join(f"rank {r} (global {self.comm.ranks[r]})" for r in waiting) or (
-            f"{after} to end first (the same memory; it had not started)" if after else "nobody (stuck locally)")
+            f"{after} to end first (the same memory; it had not started)" if after
+            else "nobody (its own part had not ended: the timeout was shorter than its local work)")
         me = self.comm.rank
         here = f"rank {me}" if self.comm.ranks[me] == me else f"rank {me} (global {self.comm.ranks[me]})"
+        # A rank waited for may itself wait for another: the store's fingerprints (a rank in a call for
+        # longer than the check's delay notes it there) show who had not reached the call at all.
+        absent = check.absent() if check is not None else []
+        late = "" if not absent else (
+            f"; the store shows no sign of rank(s) {first_few([str(r) for r in absent])} in this call (not "
+            "reached yet, or their part ended)")
         return CollectiveTimeoutError(
             f"{op} (seq {seq}) of {self.name} timed out after {timeout:g}s on {here}; "
-            f"still waiting for {who}",
+            f"still waiting for {who}{late}",
             op=op,
             seq=seq,
             waiting_for=waiting,

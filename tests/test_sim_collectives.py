@@ -342,3 +342,28 @@ def test_a_collective_that_times_out_waiting_for_an_earlier_one_on_its_memory_sa
     res = sim.run(_waits_behind_a_late_one, world_size=2, seed=0, stop_on_error=False)
     said = res.rank_results[0]
     assert "still waiting for all_reduce (seq 0) of world to end first" in said, said
+
+
+async def _one_rank_late(late: float) -> Any:
+    await api.init_process_group(timeout=60)
+    if api.get_rank() == 2:
+        await asyncio.sleep(late)
+    try:
+        await api.all_reduce(np.ones(4), timeout=2.0)
+    except Exception as e:  # noqa: BLE001 - what each rank was told
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def test_a_timeout_names_the_rank_that_never_reached_the_call() -> None:
+    """Cancellation probe: a rank waited for may itself wait for another (rank 0 said 'still waiting for rank 1',
+    which was on time, and no error named the late rank 2). The store's fingerprints, which a rank in a call
+    for longer than the check's delay notes there, now name the rank that had not reached the call."""
+    res = sim.run(functools.partial(_one_rank_late, 5.0), world_size=3, seed=0, explore=False, stop_on_error=False)
+    timed_out = [r for r in res.rank_results if r and r.startswith("CollectiveTimeoutError")]
+    assert timed_out, res.rank_results
+    for said in res.rank_results:
+        assert "the store shows no sign of rank(s) ['2'] in this call" in said, res.rank_results
+    # on time within the timeout (no fingerprint check yet, or everyone reached it): nothing more is said
+    res = sim.run(functools.partial(_one_rank_late, 0.1), world_size=3, seed=0, explore=False)
+    assert res.rank_results == [None, None, None]
