@@ -74,6 +74,9 @@ log = logging.getLogger("aiodist.comm")
 
 _READY = LinkState.READY
 _FAILED = LinkState.FAILED
+ABORTED = "it aborted (aiodist.abort())"
+"""How a rank that aborted its transport left, as the store's farewell tells the others (unless it failed first)."""
+
 _KIND, _MESSAGE, _P2P = F.KIND, F.MESSAGE, F.P2P  # (module globals: read for every frame)
 
 
@@ -239,6 +242,7 @@ class Transport:
         The transport is unusable afterwards; :meth:`close` still releases it.
         """
         self._closed = True
+        self.links.failed_here(ABORTED)  # (what it left after, unless a failure came first: the store says so)
         self._links.abort()
 
     def failed_peers(self) -> list[int]:
