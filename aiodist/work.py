@@ -176,6 +176,8 @@ class Work(Generic[T]):
         if key is not None:
             self._key = None
             try:
+                if self._task.get_loop().is_closed():
+                    return  # collected after its loop closed (a simulated world at its end: a crashed rank's)
                 self._book.collected(key)
             except Exception:  # interpreter shutdown: modules half torn down
                 pass

@@ -19,6 +19,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from aiodist.collectives.buffers import abandon
+
 from .handles import KernelEvent
 
 if TYPE_CHECKING:
@@ -201,6 +203,9 @@ class LaneControl:
         sys.unraisablehook = functools.partial(_dropped_world, hook)
         try:
             for task in tasks:
+                # (the runtime's process-wide tables must not keep it, and this world, alive: a task done
+                # too, whose done callbacks were dropped with the loop)
+                abandon(task)
                 if task.done():
                     continue
                 coro = task.get_coro()

@@ -300,3 +300,45 @@ def test_a_rank_down_between_a_restart_faults_crash_and_its_restart_is_reported(
     (failure,) = [f for f in res.failures if f.kind == "exception"]
     assert failure.restarting == {1: pytest.approx(1.1)}
     assert "rank 1 down: crashed by a restart fault, to start again at t=1.100000s" in str(failure)
+
+
+async def _p2p_ring() -> Any:
+    import numpy as np
+
+    import aiodist
+
+    pg = await aiodist.init_process_group()
+    r, n = pg.rank, pg.size
+    x = np.ones(64)
+    for _ in range(20):
+        h = aiodist.isend(x, (r + 1) % n)
+        await aiodist.recv(np.empty(64), (r - 1) % n)
+        await h
+    return None
+
+
+def test_a_run_whose_rank_crashed_in_a_send_leaves_nothing_alive() -> None:
+    """Soak probe: the runtime's process-wide table of operations' staging copies (aiodist.collectives.buffers.
+    TASKS) kept each point-to-point task until it ended; a crashed rank's never does, so every such run stayed
+    in memory (Simulation, loop, every rank's objects: +180 MB per 1,000 runs; a --swarm sweep's workers grew
+    23 MB per 1,000 seeds)."""
+    import gc
+
+    from aiodist.collectives import buffers
+    from sim.runner import Simulation
+
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for seed in range(3):
+            res = sim.run(_p2p_ring, world_size=3, seed=seed, trace=False,
+                          faults=[sim.Crash(2, on=sim.MessageSent(rank=2, n=9))])
+            assert not res.ok and res.crashed == [2], res.summary()
+            del res
+        gc.collect()
+        gc.collect()
+    assert [t for t in buffers.TASKS if not t.done()] == []
+    assert sum(1 for o in gc.get_objects() if type(o) is Simulation) == 0
+    # (the crashed rank's Works, collected with its world now, are not reported as never awaited)
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []

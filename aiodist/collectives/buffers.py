@@ -41,7 +41,7 @@ from ..eager import running_task
 from ..errors import InvalidArrayError
 
 __all__ = ["as_flat", "as_flat_list", "byte_view", "check_own_chunk", "unaliased", "claim", "register_task", "release",
-           "callers_memory", "memory_view", "restage", "EMPTY_OUT", "TASKS", "UNCLAIMED"]
+           "callers_memory", "memory_view", "restage", "EMPTY_OUT", "TASKS", "UNCLAIMED", "abandon"]
 
 EMPTY_OUT = memoryview(bytearray())
 """A writable zero-byte buffer, for receiving empty (barrier) messages."""
@@ -319,6 +319,12 @@ def restage(task: Any) -> None:
     as they would have had it started now."""
     for st in TASKS.get(task, ()):
         np.copyto(st.flat.reshape(st.view.shape), st.view)
+
+
+def abandon(task: Any) -> None:
+    """``task`` will never end: its loop is dropped with it unfinished (the simulator's world at the end of a
+    run). Its copies go, nothing is written back, and nothing here keeps it (and through it its loop) alive."""
+    release(task, ok=False)
 
 
 def release(task: Any, *, ok: bool) -> None:
