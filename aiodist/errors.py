@@ -73,10 +73,12 @@ class ConnectionLost(ConnectionClosedError):
     """The peer closed the connection or the network broke it (not your doing).
 
     ``.detail``: what broke it (the OS's or TLS's error, or the peer's bytes that did not follow the
-    protocol: ``"protocol error: ..."``), None for an orderly close by the peer.
+    protocol: ``"protocol error: ..."``), None for an orderly close by the peer. ``.refused``: a connect
+    that nothing listened for at that address (its process is gone, or never listened there).
     """
 
     detail: str | None = None
+    refused: bool = False
 
     @classmethod
     def protocol_error(cls, peer: object, e: BaseException) -> ConnectionLost:

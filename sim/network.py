@@ -322,9 +322,9 @@ class Fabric:
         listener = dst.listeners.get(p.port) if dst.alive else None
         if listener is None or listener._closing or not src.alive:
             self.tracer.emit(now, "refused", dst.name, src.name, detail=str(p.port))
-            self.loop.schedule(back, p.lane, _fail_future,
-                               (p.fut, ConnectionLost(f"could not connect to {dst.name}:{p.port}: connection refused")),
-                               self.kernel_ctx)
+            refused = ConnectionLost(f"could not connect to {dst.name}:{p.port}: connection refused")
+            refused.refused = True
+            self.loop.schedule(back, p.lane, _fail_future, (p.fut, refused), self.kernel_ctx)
             return
         self._next_conn += 1
         cid = self._next_conn

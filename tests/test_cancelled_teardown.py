@@ -162,3 +162,33 @@ def test_the_peers_of_a_rank_that_aborts_do_not_read_an_unknown_cause(tmp_path: 
         assert "unknown" not in line, out
         if "RAISED 0" not in line:
             assert "PeerFailureError" in line and "rank 0 failed" in line, out
+
+
+@pytest.mark.parametrize("who", [0, 1])
+async def test_a_rank_that_aborts_before_it_ever_connected_fails_the_receives_waiting_for_it(who: int) -> None:
+    """Real TCP: rank ``who`` aborts before it ever talked to rank 2, which waits to receive from it: rank 2
+    dials it after 0.5 s; nothing listens there any more (or, for rank 0, its store went saying it aborted).
+    That was no verdict: the receive waited for its timeout (30 min by default)."""
+
+    async def rank(r: int) -> Any:
+        await dist.init_process_group(timeout=20)
+        loop = asyncio.get_running_loop()
+        try:
+            if r == who:
+                await asyncio.sleep(0.2)
+                await dist.abort()
+                return None
+            if r != 2:
+                await asyncio.sleep(2)  # (the store's host stays: lookups work)
+                return None
+            t0 = loop.time()
+            try:
+                await dist.recv(np.empty(2), src=who, timeout=10)
+            except dist.PeerFailureError as e:
+                return loop.time() - t0, e.rank
+            return None
+        finally:
+            await dist.abort()
+
+    took, blamed = (await run_ranks(3, rank, timeout=60))[2]
+    assert blamed == who and took < 3.0, (took, blamed)

@@ -367,6 +367,29 @@ def test_a_silent_peer_is_told_before_it_is_hung_up_on() -> None:
     assert all(a.header is named.notice for a in acts if isinstance(a, Send) and a.header.get(F.KIND) == F.FAIL)
 
 
+def test_a_speculative_dial_that_nothing_answers_any_more_is_a_verdict() -> None:
+    """A receive from a lower rank that never connected dials it after a while (speculatively): a rank that
+    crashed or aborted before it ever connected was not found out -- nothing listens at its address any
+    more (connection refused), or the store is gone as its host left after that rank's failure -- and the
+    receive waited for its timeout (30 min by default)."""
+    for refused in (False, True):
+        m = Links(2, 3, dial_defer=0)
+        acts = m.expect(1)
+        assert any(isinstance(a, Dial) for a in acts)
+        acts = m.dial_failed(1, "ConnectionLost: connection refused", refused=refused)
+        assert (m.link(1).state is LinkState.FAILED) is refused, (refused, acts)
+        assert (FailReceives(1) in acts) is refused
+    m = Links(2, 3, dial_defer=0)  # the store's host, dialed: it left (after its own failure), the store said
+    m.expect(0)
+    m.dial_failed(0, "StoreConnectionLost: its host, rank 0, failed: it aborted", (0, "it aborted"))
+    assert m.link(0).state is LinkState.FAILED
+    for culprit in (None, 0, 1):
+        m = Links(2, 3, dial_defer=0)
+        m.expect(1)
+        acts = m.lookup_failed(1, "StoreConnectionLost: its host left after rank 1 failed", culprit=culprit)
+        assert (m.link(1).state is LinkState.FAILED) is (culprit == 1), (culprit, acts)
+
+
 def test_a_report_about_this_rank_condemns_it_and_later_failures_blame_it_too() -> None:
     m = Links(3, 4, dial_defer=0)
     c0, c1 = ready(m, 0), ready(m, 1)

@@ -301,3 +301,34 @@ def test_every_survivor_of_a_crash_in_training_names_the_crashed_rank_as_the_roo
     for f in errors:
         last = f.message.strip().splitlines()[-1]
         assert "rank 37 failed" in last and set(re.findall(r"after rank (\d+) failed", last)) <= {"37"}, (f.rank, last)
+
+
+async def _waits_for_rank_1(rank_1_aborts: bool) -> Any:
+    await dist.init_process_group(timeout=60)
+    if dist.get_rank() == 1:
+        if rank_1_aborts:
+            await asyncio.sleep(0.3)
+            await dist.abort()
+        await asyncio.sleep(100)
+        return None
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    try:
+        await dist.recv(np.empty(4), src=1, timeout=50)
+    except AiodistError as e:
+        return loop.time() - t0, type(e).__name__, getattr(e, "rank", None)
+    return None
+
+
+@pytest.mark.parametrize("how", ["crash", "abort"])
+def test_a_rank_gone_before_it_ever_connected_fails_the_receives_waiting_for_it(how: str) -> None:
+    """Rank 1 crashes (or aborts) before it ever sent anything; ranks 0 and 2 wait to receive from it. Rank 0
+    (the lower rank) dialed it and saw the connection go; rank 2 dials it speculatively after 0.5 s, and
+    nothing listens there any more -- or the store, hosted by rank 0, which returned with its error, is
+    gone, its farewell naming rank 1's failure. That was no verdict: rank 2 waited its receive's 50 s."""
+    faults = [sim.Crash(1, at=0.3)] if how == "crash" else []
+    res = sim.run(functools.partial(_waits_for_rank_1, how == "abort"), world_size=3, seed=0, explore=False,
+                  stop_on_error=False, faults=faults)
+    for r in (0, 2):
+        took, kind, rank = res.rank_results[r]
+        assert kind == "PeerFailureError" and rank == 1 and took < 1.0, res.rank_results

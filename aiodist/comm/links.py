@@ -27,7 +27,9 @@ One link per peer rank (:class:`Link`, state :class:`LinkState`)::
 
     besides:  reported by another rank:  IDLE, DEFERRED, DIALING, READY --> FAILED (the connection is kept)
               refused, "you are condemned":  DIALING --> IDLE (and this rank is condemned)
-              a speculative dial that fails or is refused:  DIALING --> IDLE (no verdict)
+              a speculative dial that fails or is refused:  DIALING --> IDLE (no verdict), but --> FAILED
+                  when nothing listens at the peer's address any more, or the store went as its host
+                  left after that peer's failure (a receive from it would wait for its timeout)
               accepted while DIALING, we being the lower rank:  answered dup (our dial is the one kept)
               close() / abort():  every state that is not over --> CLOSED
 
@@ -276,23 +278,28 @@ class Links:
 
     def lookup_failed(self, rank: int, detail: str, *, culprit: int | None = None) -> Actions:
         """The store could not give ``rank``'s address: blame nobody (``rank=None``) unless the store said
-        whose failure it went away after (``culprit``, a global rank); a later send may retry."""
+        whose failure it went away after (``culprit``, a global rank); a later send may retry. When that
+        failure was ``rank``'s own, ``rank`` fails (a receive from it, whose dial was only speculative,
+        would otherwise wait for its timeout)."""
         link = self._links[rank]
         if link.state is not _DIALING:
             return []
+        how = f"looking up the address of rank {rank} in the store failed ({detail})"
+        if culprit is not None and not 0 <= culprit < self.world_size:
+            culprit = None  # (what a server says is not trusted to be in range)
+        if culprit == rank and rank != self.rank:  # the store went as its host left after ``rank`` failed
+            return self._fail(link, how)
         link.state = _IDLE
         if not link.wanted:
             return []
         link.wanted = False
-        how = f"looking up the address of rank {rank} in the store failed ({detail})"
-        if culprit is not None and not 0 <= culprit < self.world_size:
-            culprit = None  # (what a server says is not trusted to be in range)
         if self.first_failure is None and not self.closing:
             self.first_failure = (culprit, how[:MAX_HOW])
         return [Wake(rank, PeerFailureError(how, rank=culprit, how=how))]
 
     def dial_failed(
-        self, rank: int, detail: str, departed: tuple[Any, Any] | None = None, *, store_gone: tuple[Any, Any, Any] | None = None
+        self, rank: int, detail: str, departed: tuple[Any, Any] | None = None, *,
+        store_gone: tuple[Any, Any, Any] | None = None, refused: bool = False,
     ) -> Actions:
         """Connecting to ``rank``, or its handshake, failed (refused, timed out, broke): it is unreachable.
 
@@ -301,13 +308,16 @@ class Links:
         cleanly (as a ``bye`` says), also when the dial was only speculative: a receive from it
         can then never complete. ``store_gone``: no note could be read, the store having closed
         as its host left the job after a failure: ``(host, culprit, how)`` as the store said (unchecked).
+        ``refused``: nothing listens at the address ``rank`` published any more (it crashed or
+        aborted). Either, or a departure note, is a verdict even on a speculative dial (nobody sent to
+        ``rank`` yet): a receive from it could otherwise only time out.
         """
         link = self._links[rank]
         if link.state is not _DIALING:
             return []
         if departed is not None and departed[0] == LEFT_CLEANLY:  # as its bye would have said
             return self._gone(link)
-        if link.speculative and not link.wanted:  # nobody needed it: no verdict on the peer
+        if link.speculative and not link.wanted and not refused and departed is None:  # (no verdict on the peer)
             link.state = _IDLE
             return []
         if departed is not None:

@@ -493,7 +493,8 @@ class PeerLinks:
         departed, store_gone = await self._departure_of(rank)
         if departed is not None:
             await self._apply_departed_calls(rank)
-        self.do(self.links.dial_failed(rank, f"{type(e).__name__}: {e}", departed, store_gone=store_gone))
+        self.do(self.links.dial_failed(rank, f"{type(e).__name__}: {e}", departed, store_gone=store_gone,
+                                       refused=getattr(e, "refused", False) is True))
 
     def _dialed(self, rank: int, conn: Connection, outcome: Outcome) -> bool:
         """The acceptor's verdict on our dial (in the frame's delivery): True if ``conn`` became the link."""

@@ -151,7 +151,9 @@ class TCPNetwork(Network):
         except _ssl.SSLError as e:  # (an OSError too: say that it was the TLS handshake)
             raise ConnectionLost(f"could not connect to {host}:{port}: TLS handshake failed: {e}") from None
         except OSError as e:
-            raise ConnectionLost(f"could not connect to {host}:{port}: {e.strerror or e}") from None
+            lost = ConnectionLost(f"could not connect to {host}:{port}: {e.strerror or e}")
+            lost.refused = isinstance(e, ConnectionRefusedError)
+            raise lost from None
         except BaseException:
             conn.abort()
             raise
