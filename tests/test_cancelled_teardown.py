@@ -20,30 +20,42 @@ import aiodist as dist
 from conftest import run_ranks
 
 
+async def _cancel_once_started(aw: Any, passes: int = 1) -> bool:
+    """Start ``aw`` (a coroutine), cancel it after ``passes`` loop passes; True if it ended cancelled."""
+    t = asyncio.ensure_future(aw)
+    for _ in range(passes):
+        await asyncio.sleep(0)
+    t.cancel()
+    try:
+        await t
+    except asyncio.CancelledError:
+        return True
+    return False
+
+
+async def _one_job(r: int) -> list[float]:
+    """A job of its own on this rank's environment: init, one all_reduce of r + 1, destroy (the sum)."""
+    await dist.init_process_group(timeout=20)
+    y = np.full(2, float(r + 1))
+    await dist.all_reduce(y)
+    await dist.destroy_process_group()
+    return y.tolist()  # type: ignore[no-any-return]
+
+
 @pytest.mark.parametrize("then", ["destroy", "abort"])
 async def test_a_cancelled_destroy_is_finished_by_the_next_destroy_or_abort(then: str) -> None:
     async def rank(r: int) -> Any:
         await dist.init_process_group(timeout=20)
         x = np.ones(2)
         await dist.all_reduce(x)
-        t = asyncio.ensure_future(dist.destroy_process_group())
-        await asyncio.sleep(0)  # (it started)
-        t.cancel()
-        try:
-            await t
-        except asyncio.CancelledError:
-            pass
+        await _cancel_once_started(dist.destroy_process_group())
         if then == "destroy":
             await dist.destroy_process_group()
         else:
             await dist.abort()
         assert not dist.is_initialized()
         # the same job again in this process, on the same MASTER_PORT: rank 0 can host the store again
-        await dist.init_process_group(timeout=20)
-        y = np.full(2, float(r + 1))
-        await dist.all_reduce(y)
-        await dist.destroy_process_group()
-        return y.tolist()
+        return await _one_job(r)
 
     assert await run_ranks(3, rank, timeout=60) == [[6.0, 6.0]] * 3
 
@@ -54,13 +66,7 @@ async def test_a_cancelled_destroy_leaves_no_task_running_once_finished() -> Non
     async def rank(r: int) -> Any:
         await dist.init_process_group(timeout=20)
         await dist.barrier()
-        t = asyncio.ensure_future(dist.destroy_process_group())
-        await asyncio.sleep(0)
-        t.cancel()
-        try:
-            await t
-        except asyncio.CancelledError:
-            pass
+        await _cancel_once_started(dist.destroy_process_group())
         await dist.destroy_process_group()
 
     await run_ranks(2, rank, timeout=60)
@@ -78,24 +84,12 @@ async def test_rank_0_can_init_again_after_cancelling_its_init(after: int) -> No
 
     async def rank(r: int) -> Any:
         if r == 0:
-            t = asyncio.ensure_future(dist.init_process_group(timeout=20))
-            for _ in range(after + 1):
-                await asyncio.sleep(0)
-            t.cancel()
-            try:
-                await t
-            except asyncio.CancelledError:
-                pass
-            else:  # (it won the race: nothing to retry)
-                await dist.destroy_process_group()
+            if not await _cancel_once_started(dist.init_process_group(timeout=20), after + 1):
+                await dist.destroy_process_group()  # (it won the race: nothing to retry)
             await asyncio.sleep(0.3)
         else:
             await asyncio.sleep(0.1)
-        await dist.init_process_group(timeout=20)
-        y = np.full(2, float(r + 1))
-        await dist.all_reduce(y)
-        await dist.destroy_process_group()
-        return y.tolist()
+        return await _one_job(r)
 
     assert await run_ranks(3, rank, timeout=60) == [[6.0, 6.0]] * 3
 
