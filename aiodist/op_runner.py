@@ -99,11 +99,14 @@ class OpRunner:
     """
 
     __slots__ = ("comm", "transport", "name", "checker", "timeout", "seq", "destroyed", "aborted", "tasks", "running",
-                 "monitor", "_monitor_at", "_dumped", "_absent_warned", "held", "_warned_overlap", "touching")
+                 "monitor", "_monitor_at", "_dumped", "_absent_warned", "held", "_warned_overlap", "touching", "_hb",
+                 "_voids")
 
     def __init__(self, comm: GroupComm, checker: MismatchChecker, *, timeout: float) -> None:
         self.comm = comm
         self.transport: Transport = comm.transport
+        self._hb = self.transport.heartbeats  # (its calm window: see _run)
+        self._voids = self.transport.router.voids
         self.name = comm.name
         self.checker = checker
         self.timeout = timeout
@@ -342,8 +345,9 @@ class OpRunner:
         ch: OpChannel | None = None
         comm = self.comm
         hit: tuple[int, str] | None = None
+        hb = self._hb
         try:
-            if self.transport.stalled():  # (what came meanwhile is read first: see the module doc)
+            if not hb.calm_from <= loop.time() <= hb.calm_until:  # stalled: what came meanwhile is read first
                 await asyncio.sleep(0)
             failure = self.transport.group_failure(comm.gid)
             if failure is not None:
@@ -370,11 +374,12 @@ class OpRunner:
                     if prepare is not None:
                         args = prepare()
                 value = await body(ch, seq, *args)
-                if self.transport.stalled():  # (what came meanwhile is read first: see the module doc)
+                if not hb.calm_from <= loop.time() <= hb.calm_until:  # (see the module doc)
                     await asyncio.sleep(0)
-                void = self.transport.router.void_error(comm.gid, seq)
-                if void is not None:  # (news that came with its last messages: see the module doc)
-                    raise comm.localize(void, op=op, seq=seq) if isinstance(void, PeerFailureError) else void
+                if self._voids:  # news that came with its last messages voids it (see the module doc)
+                    void = self.transport.router.void_error(comm.gid, seq)
+                    if void is not None:
+                        raise comm.localize(void, op=op, seq=seq) if isinstance(void, PeerFailureError) else void
                 if result is not BODY_RESULT:
                     value = result
             except PeerFailureError:

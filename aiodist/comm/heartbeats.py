@@ -9,6 +9,7 @@ no timer at all while no link is watched.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ _HEARTBEAT = F.heartbeat()
 class Heartbeats:
     """``conn_of(rank)``: the link's connection; ``on_silent(rank, how)``: the detector declared it failed."""
 
-    __slots__ = ("_loop", "_conn_of", "_on_silent", "config", "_detector", "_timer", "_due", "_late_until", "_stopped")
+    __slots__ = ("_loop", "_conn_of", "_on_silent", "config", "_detector", "_timer", "calm_from", "calm_until", "_stopped")
 
     def __init__(
         self,
@@ -37,8 +38,10 @@ class Heartbeats:
         self.config = heartbeat_from_env()  # (interval, misses) or None: off
         self._detector: FailureDetector | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._due = 0.0  # when the timer is due
-        self._late_until = -1.0  # the check ran late: the loop was stalled (see stalled())
+        # This rank's loop runs on time from ``calm_from`` (an interval after a check that ran late) to
+        # ``calm_until`` (an interval after the next check is due; no check pending: for ever): see stalled().
+        self.calm_from = -math.inf
+        self.calm_until = math.inf
         self._stopped = False
 
     def __repr__(self) -> str:
@@ -61,18 +64,17 @@ class Heartbeats:
             self._detector = FailureDetector(*self.config)
         self._detector.watch(w)
         if self._timer is None:
-            self._due = due = self._loop.time() + self._detector.interval
+            due = self._loop.time() + self._detector.interval
             self._timer = self._loop.call_at(due, self._check, due)
+            self.calm_until = due + self._detector.interval
 
     def stalled(self) -> bool:
         """Whether this rank's loop runs late: its check (and the heartbeats it sends) was due more than an
         interval ago, or ran that late less than an interval ago. The process was stopped, or its loop
         blocked (a long computation or GC pause): its peers may have declared it failed meanwhile, and
-        their news may still be unread."""
-        if self._timer is None:
-            return False
-        now = self._loop.time()
-        return now < self._late_until or now > self._due + self._detector.interval  # type: ignore[union-attr]
+        their news may still be unread. (Hot paths compare the loop's time with ``calm_from`` and
+        ``calm_until`` themselves.)"""
+        return not self.calm_from <= self._loop.time() <= self.calm_until
 
     def unwatch(self, rank: int) -> None:
         if self._detector is not None:
@@ -84,6 +86,7 @@ class Heartbeats:
         self._cancel()
 
     def _cancel(self) -> None:
+        self.calm_until = math.inf
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -94,12 +97,13 @@ class Heartbeats:
 
     def _check(self, due: float) -> None:
         self._timer = None
+        self.calm_until = math.inf
         det = self._detector
         if det is None:
             return
         now = self._loop.time()
         if now > due + det.interval:
-            self._late_until = now + det.interval
+            self.calm_from = now + det.interval
         beats, silent = det.check(now, due, self._progress)
         for rank in beats:
             conn = self._conn_of(rank)
@@ -112,5 +116,6 @@ class Heartbeats:
         for rank, how in silent:
             self._on_silent(rank, how)
         if det.watching() and not self._stopped:
-            self._due = due = now + det.interval
+            due = now + det.interval
             self._timer = self._loop.call_at(due, self._check, due)
+            self.calm_until = due + det.interval

@@ -306,11 +306,16 @@ class Router:
         ff = self.table.failures.void_since(group, seq)
         return None if ff is None else ff.error()
 
+    @property
+    def voids(self) -> dict[tuple[Any, Any], Any]:
+        """The operations (group, seq) void here even where every message they need came (a member timed
+        out of it, or failed it on a peer's failure and said so): the table itself, for a hot path to test
+        for emptiness; read it with :meth:`void_error`."""
+        return self.table.failures.void
+
     def void_error(self, group: Any, seq: int) -> BaseException | None:
-        """Why operation ``seq`` of ``group`` is void here even where every message it needs came (a member
-        timed out of it, or failed it on a peer's failure and said so), or None: a fresh error."""
-        void = self.table.failures.void
-        factory = void.get((group, seq)) if void else None
+        """Why operation ``seq`` of ``group`` is void here (see :attr:`voids`), or None: a fresh error."""
+        factory = self.table.failures.void.get((group, seq))
         return None if factory is None else factory(None)  # type: ignore[arg-type]  # (they ignore the receive)
 
     def waiting_ops(self, member: Callable[[Any], bool]) -> list[tuple[Any, int]]:

@@ -53,6 +53,7 @@ from ..net.base import Address, Connection, Frame, Header, Network
 from ..net.shmhost import choose_network
 from ..wire import as_byte_view
 from . import frames as F
+from .heartbeats import Heartbeats
 from .links import LinkState
 from .mismatch_reports import CallFailure, apply_call_failed, apply_report, apply_voids
 from .peers import DESTROYED, Peer, PeerLinks
@@ -278,9 +279,10 @@ class Transport:
     def unregister_group(self, gid: Any) -> None:
         self._groups.unregister(gid)
 
-    def stalled(self) -> bool:
-        """Whether this rank's loop runs late past a heartbeat interval (see :meth:`.heartbeats.Heartbeats.stalled`)."""
-        return self._links.heartbeats.stalled()
+    @property
+    def heartbeats(self) -> Heartbeats:
+        """This rank's heartbeats: ``stalled()`` says whether its loop runs late past an interval."""
+        return self._links.heartbeats
 
     def group_failure(self, gid: Any) -> PeerFailureError | None:
         """The failure that broke group ``gid``, if one did."""
