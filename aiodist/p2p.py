@@ -30,6 +30,7 @@ from . import wire
 from .collectives.buffers import as_flat, byte_view
 from .comm import GroupComm
 from .comm.channel import new_receive
+from .comm.links import LinkState
 from .comm.router import Delivery, Receive
 from .comm.settings import HELLO_TIMEOUT
 from .deadline import Deadline
@@ -103,7 +104,7 @@ def send(
             except (TimeoutError, asyncio.CancelledError) as e:
                 comm.transport.give_up_p2p(gdst, comm.gid, tag, n, grace=max(timeout, HELLO_TIMEOUT))
                 if isinstance(e, TimeoutError) and cm.expired():
-                    raise _timeout("send", comm, [dst], tag, timeout) from None
+                    raise _timeout("send", comm, [dst], tag, timeout, link=comm.transport.link_state(gdst)) from None
                 raise
 
     return run
@@ -260,13 +261,19 @@ def _hint(unmatched: list[tuple[int, int]], any_source: bool, tag: int) -> str:
 
 
 def _timeout(op: str, comm: GroupComm, waiting: list[int], tag: int, timeout: float,
-             unmatched: list[tuple[int, int]] | None = None, any_source: bool = False) -> CollectiveTimeoutError:
+             unmatched: list[tuple[int, int]] | None = None, any_source: bool = False,
+             link: LinkState | None = None) -> CollectiveTimeoutError:
     """``unmatched``: a receive's (see :func:`_unmatched`; ``any_source``: it had no ``src``), named in the
-    message and kept in ``.unmatched``."""
+    message and kept in ``.unmatched``. ``link``: a send's link to its peer (what it was waiting for)."""
     who = ", ".join(str(w) for w in waiting)
+    why = ""
+    if link is LinkState.READY:
+        why = " to take the message (the connection was full: it was not reading)"
+    elif link is not None:
+        why = f" to be reached (no connection yet: its address from the store, the connection or its handshake; {link.value})"
     e = CollectiveTimeoutError(
         f"{op} (tag {tag}) of {comm.name} timed out after {timeout:g}s on rank {comm.rank}; waiting for rank(s) {who}"
-        f"{_hint(unmatched or [], any_source, tag)}",
+        f"{why}{_hint(unmatched or [], any_source, tag)}",
         op=op,
         seq=None,
         waiting_for=waiting,

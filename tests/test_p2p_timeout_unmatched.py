@@ -103,3 +103,40 @@ def test_a_receive_that_times_out_names_the_messages_it_did_not_match_over_tcp(t
     r1 = json.loads(line.split("RESULT ", 1)[1])
     _check_tag_case(r1["tag"])
     _check_many(r1["many"])
+
+
+
+async def _sends_to_rank_1() -> object:
+    import asyncio
+
+    import numpy as np
+
+    import aiodist
+
+    pg = await aiodist.init_process_group(timeout=60)
+    if pg.rank == 0:
+        try:  # nothing sent to rank 1 yet: the send looks its address up in the store and connects
+            await aiodist.send(np.ones(4), dst=1, timeout=1e-4)
+        except aiodist.CollectiveTimeoutError as e:
+            return str(e)
+        return None
+    await asyncio.sleep(1)
+    return None
+
+
+def test_a_send_that_times_out_says_what_it_was_waiting_for() -> None:
+    """Cancellation probe: a send that timed out while this rank was still looking up its peer's address in
+    the store said only 'waiting for rank(s) 1' (rank 1 had done nothing wrong); now it says whether the
+    peer could not be reached yet or did not take the message (its connection full)."""
+    import sim
+    from aiodist.comm.links import LinkState
+    from aiodist.p2p import _timeout
+
+    said = sim.run(_sends_to_rank_1, world_size=2, seed=0, explore=False).rank_results[0]
+    assert "waiting for rank(s) 1 to be reached (no connection yet" in said, said
+
+    class Comm:
+        name, rank = "world", 0
+
+    full = str(_timeout("send", Comm(), [1], 3, 0.5, link=LinkState.READY))  # type: ignore[arg-type]
+    assert "waiting for rank(s) 1 to take the message (the connection was full" in full, full

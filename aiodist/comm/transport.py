@@ -250,6 +250,11 @@ class Transport:
         """Ranks this rank considers failed (not those that left cleanly); this rank too if it was declared failed."""
         return self.links.failed()
 
+    def link_state(self, rank: int) -> LinkState:
+        """The state of this rank's link to ``rank`` (IDLE when there never was one; diagnostics)."""
+        link = self.links.get(rank)
+        return LinkState.IDLE if link is None else link.state
+
     def connected_peers(self) -> list[int]:
         """Ranks with a live connection to this one (diagnostics, tests)."""
         return sorted(r for r, p in self._peers.items() if p.link.conn is not None and not p.link.conn.closed)
