@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import Any
 
 import pytest
 from rank_procs import RankProcs, emit
@@ -91,6 +92,7 @@ def test_a_failure_notice_names_the_operations_waiting_here_and_voids_them_where
     assert sender.waiting_ops(lambda gid: gid == 0) == [(0, 4), (0, 5)]  # (each once, oldest first)
 
     accused = Router()  # rank 2: its part of seq 4 came before the news, no receive waits any more
+    accused.know_group(0, (0, 1, 2))
     r, sink = keyed(1, (4, 0))
     accused.post_keyed(r)
     feed(accused, 1, F.message(0, [4, 0], None), b"x")
@@ -104,8 +106,11 @@ def test_a_failure_notice_names_the_operations_waiting_here_and_voids_them_where
     later, s_later = keyed(1, (5, 0))  # a receive of a named operation posted later fails at once
     accused.post_keyed(later)
     assert isinstance(s_later.results[0], EvictedError)
-    for bad in ([0, 4], [[0]], [[0, "4"]], "x"):
+    for bad in ([0, 4], [[0]], [[0, "4"]], [[0, -1]], [[[0], 4]], "x"):
         assert isinstance(apply_voids(accused, 1, 2, bad, evicted), str), bad
+    # not bad input, skipped: a group that is not this rank's (a subgroup it is not in), a destroyed one
+    assert apply_voids(accused, 1, 2, [[7, 1]], evicted) is None and accused.void_error(7, 1) is None
+    accused.know_group(9, (0, 1, 2))
     accused.forget_group(9, lambda r: RuntimeError("destroyed"))
     assert apply_voids(accused, 1, 2, [[9, 1]], evicted) is None and accused.void_error(9, 1) is None
 
@@ -150,6 +155,44 @@ def test_in_the_simulator_a_paused_rank_agrees_with_its_peers(seed: int, waits: 
     (d0, e0), (d1, e1), (d2, e2) = res.rank_results
     assert e0 == e1 == "PeerFailureError" and e2 == "EvictedError", res.rank_results
     assert d0 == d1 == d2 >= 4, (what, res.rank_results)
+
+
+async def _two_subgroups() -> tuple[str, str | None]:
+    """Subgroups A = {0, 2} and B = {0, 1, 3} each run all_reduce in a loop (rank 2 is paused in A's)."""
+    import asyncio
+
+    import numpy as np
+
+    import aiodist
+
+    await aiodist.init_process_group(timeout=60)
+    r = aiodist.get_rank()
+    a = await aiodist.new_group([0, 2])
+    b = await aiodist.new_group([0, 1, 3])
+
+    async def loop(g: Any, n: int) -> None:
+        for _ in range(n):
+            await aiodist.all_reduce(np.ones(4), group=g)
+            await asyncio.sleep(0.1)
+
+    mine = [(a, 100)] if r in (0, 2) else []
+    mine += [(b, 80)] if r in (0, 1, 3) else []
+    results = await asyncio.gather(*(loop(g, n) for g, n in mine), return_exceptions=True)
+    errors = [f"{type(e).__name__} rank={getattr(e, 'rank', None)}" for e in results if isinstance(e, BaseException)]
+    return (", ".join(errors) or "ok"), None
+
+
+def test_a_failure_notice_naming_a_subgroup_a_peer_is_not_in_is_no_bad_input() -> None:
+    """Rank 0 declares rank 2 (paused) failed and names its operation of subgroup {0, 2} in the notice it sends
+    every peer: ranks 1 and 3, not in that subgroup, took it for bad input, closed rank 0's connection and
+    broke their subgroup with it ({0, 1, 3}, which rank 2 is not in)."""
+    import sim
+
+    res = sim.run(_two_subgroups, world_size=4, seed=0, explore=False,
+                  faults=[sim.Pause(2, at=1.0, duration=5.0)])
+    said = [r[0] for r in res.rank_results]
+    assert said[1] == said[3] == "ok", res.rank_results  # B never breaks
+    assert said[0].startswith("PeerFailureError rank=1"), res.rank_results  # A: its rank 1 is global rank 2
 
 
 if __name__ == "__main__" and len(sys.argv) == 2 and sys.argv[1] == "--worker":

@@ -10,9 +10,10 @@ not pickle) tells every member too (a ``xf`` frame): each fails its receives
 of that operation only; the group stays usable.
 
 A rank that declares a peer failed names, in the failure notice it sends
-(to that peer first), the operations of the peer's groups it had in flight:
-they fail there even where every message they need came, so a peer that was
-only paused and resumes does not complete a collective its members failed.
+(to that peer first, and to every other peer), its operations of the peer's
+groups that were waiting for a message: they fail where the notice comes
+even where every message they need came, so a peer that was only paused and
+resumes does not complete a collective its members failed.
 """
 
 from __future__ import annotations
@@ -98,21 +99,21 @@ def apply_voids(router: Router, reporter: int, accused: Any, voids: Any,
     """Void the operations rank ``reporter`` failed on rank ``accused``'s failure, which its failure notice
     names (``voids``: ``[[group, seq], ...]``): they fail here too, even where every message they need came --
     on ``accused`` itself above all, resumed after a pause and finding their messages (``error(accused)``:
-    the error they fail with). Returns the notice's fault if it is bad input (a str); a group destroyed
-    here, or one ``accused`` is not a member of, is skipped."""
+    the error they fail with). Returns the notice's fault if it is bad input (a str: not a list of
+    ``[group id, seq]``). An operation of a group that is not this rank's (a subgroup it is not in, one
+    not created here yet or destroyed), or of which ``reporter`` or ``accused`` is not a member, or out of
+    the group's window, is skipped: the notice goes to every peer, whatever groups they share."""
     if type(accused) is not int or accused < 0:
         return None  # (the notice itself is ignored: see Links.reported)
     if type(voids) is not list:
         return f"a failure notice naming operations in a {type(voids).__name__} ({F.shown(voids)})"
     factory: Callable[[Receive], BaseException] = lambda r: error(accused)
     for item in voids:
-        if type(item) is not list or len(item) != 2:
+        if (type(item) is not list or len(item) != 2 or type(item[0]) not in (int, str)
+                or type(item[1]) is not int or item[1] < 0):
             return f"a failure notice naming an operation as {F.shown(item)}"
         gid, seq = item
-        fault = _fault(router, reporter, gid, seq, "a failure notice naming an operation")
-        if fault is not None:
-            return fault
-        if not router.destroyed(gid) and router.vet(accused, gid, seq) is None:
+        if router.knows(gid) and router.vet(reporter, gid, seq) is None and router.vet(accused, gid, seq) is None:
             router.fail_seq(gid, seq, None, factory, void=True)
     return None
 

@@ -372,6 +372,10 @@ class Router:
         bad = t.groups.vet_group(group, src) if t.check_groups else None
         return bad if bad is not None else t.groups.vet_seq(group, (seq,))
 
+    def knows(self, group: Any) -> bool:
+        """Is ``group`` one of this rank's groups (created here, not destroyed)?"""
+        return group in self.table.groups.known
+
     def destroyed(self, group: Any) -> bool:
         """Was ``group`` destroyed here (:meth:`forget_group`)?"""
         return group in self.table.groups.destroyed
