@@ -15,15 +15,16 @@ class SimUnsupportedError(SimulationError, RuntimeError):
     Real sockets, threads, executors, subprocesses, file-descriptor readers,
     signal handlers: they would read the wall clock or the real network and
     break determinism, so the simulated loop refuses them loudly.
-    ``.operation`` names the loop method that was called.
+    ``.operation`` names the loop method (or other function) that was called; ``message``: what to say
+    instead of the loop's standard text.
     """
 
-    def __init__(self, operation: str) -> None:
-        super().__init__(
+    def __init__(self, operation: str, message: str | None = None) -> None:
+        super().__init__(message or (
             f"loop.{operation}() is not available inside the simulator: it would touch real "
             "sockets, threads, processes or the wall clock. Use aiodist's network seam "
             "(aiodist.context.current_network()) and asyncio timers instead."
-        )
+        ))
         self.operation = operation
 
 

@@ -51,6 +51,7 @@ import contextvars
 import hashlib
 import os
 import random
+import signal
 import socket
 import sys
 import threading
@@ -61,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 from aiodist.net.base import Address, Connection, ConnectionHandler, Listener
 from aiodist.net.base import Network as SeamNetwork
 
+from .errors import SimUnsupportedError
 from .host_network import LOCAL_NAMES
 
 if TYPE_CHECKING:
@@ -381,6 +383,49 @@ def _os_exit(real: Callable[[int], Any]) -> Callable[[int], Any]:
     return _exit
 
 
+_FATAL = tuple(int(getattr(signal, name)) for name in ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGHUP")
+               if hasattr(signal, name))
+"""Signals whose default action ends a process: a rank sending one to itself ends its process so."""
+
+
+def _os_kill(real: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
+    """``os.kill`` as a rank sees it: a signal that ends a process, sent to its own pid (``os.getpid()``),
+    ends its process at once with status 128 + the signal (as ``os._exit`` does: its connections close); any
+    other signal or process raises SimUnsupportedError. Never a real process: a rank's pids are virtual
+    (10000 + ...), and a real process with such a pid would get the signal. Elsewhere: the real one."""
+
+    def kill(pid: int, sig: int, /) -> Any:
+        p = PROCESS.get()
+        if p is None:
+            return real(pid, sig)
+        if pid == p.getpid() and int(sig) in _FATAL:
+            raise ProcessExit(128 + int(sig))
+        raise SimUnsupportedError("os.kill", (
+            f"os.kill({pid}, {sig}) in a simulated rank: signals are not simulated (a rank may end itself, "
+            "os.kill(os.getpid(), signal.SIGKILL); to stop another, use the faults sim.Crash, sim.Pause, "
+            "sim.Restart); no real process is ever signalled"))
+
+    kill.__name__ = kill.__qualname__ = "kill"
+    kill.__doc__ = real.__doc__
+    return kill
+
+
+def _unsupported_in_rank(obj: Any, name: str) -> Callable[..., Any]:
+    """``obj.name`` raising SimUnsupportedError in a rank (signals sent to processes or threads), real elsewhere."""
+    real = getattr(obj, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if PROCESS.get() is None:
+            return real(*args, **kwargs)
+        what = f"{getattr(obj, '__name__', obj)}.{name}"
+        raise SimUnsupportedError(what, f"{what} in a simulated rank: signals are not simulated (faults: "
+                                        "sim.Crash, sim.Pause, sim.Restart)")
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = getattr(real, "__doc__", None)
+    return call
+
+
 class ProcessGlobals:
     """Installs the per-rank dispatchers for one run (a context manager; nests, restores on exit)."""
 
@@ -430,6 +475,10 @@ class ProcessGlobals:
         patch(time, "sleep", _sleep())
         patch(os, "getpid", _dispatcher("getpid", os, lambda p: p))
         patch(os, "_exit", _os_exit(os._exit))
+        patch(os, "kill", _os_kill(os.kill))
+        for obj, name in ((os, "killpg"), (signal, "raise_signal"), (signal, "pthread_kill")):
+            if hasattr(obj, name):
+                patch(obj, name, _unsupported_in_rank(obj, name))
         urandom = _dispatcher("urandom", os, lambda p: p)
         patch(os, "urandom", urandom)
         patch(random, "_urandom", urandom)  # (random.SystemRandom, and so secrets, reads its own binding)

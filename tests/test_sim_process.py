@@ -497,3 +497,44 @@ def test_sys_exit_in_a_rank_ends_that_rank_with_its_code(in_a_task: bool) -> Non
     assert res.rank_results[0] == "ok" and res.unhandled == []
     clean = sim.run(_exits, world_size=2, seed=0, args=(0, in_a_task))
     assert clean.ok and clean.rank_results == ["ok", None]
+
+
+def test_a_rank_never_signals_a_real_process() -> None:
+    """Elastic probe: os.kill was not virtualized, so a rank's os.kill reached the real process with that pid --
+    os.kill(os.getpid(), SIGKILL), which examples/elastic_train.py does to inject a crash, targeted the real pid
+    10000 + rank, and an unrelated process there died. Now a rank may end itself (its process exits, status
+    128 + the signal, its connections close) and anything else raises SimUnsupportedError."""
+    import signal
+    import subprocess
+    import sys
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        async def main() -> Any:
+            await aiodist.init_process_group(timeout=60)
+            if aiodist.get_rank() == 1:
+                try:
+                    os.kill(sleeper.pid, signal.SIGTERM)
+                except sim.SimUnsupportedError as e:
+                    assert "no real process is ever signalled" in str(e)
+                for name in ("killpg", "raise_signal"):
+                    mod = os if name == "killpg" else signal
+                    try:
+                        getattr(mod, name)(*((sleeper.pid, signal.SIGTERM) if name == "killpg" else (signal.SIGTERM,)))
+                    except sim.SimUnsupportedError:
+                        pass
+                os.kill(os.getpid(), signal.SIGKILL)  # ends this rank
+                return "still here"
+            try:
+                await aiodist.all_reduce(np.ones(2))
+            except aiodist.PeerFailureError as e:
+                return e.rank
+            return None
+
+        res = sim.run(main, world_size=3, seed=0, stop_on_error=False)
+        assert sleeper.poll() is None, "a simulated rank signalled a real process"
+        assert res.rank_results[0] == res.rank_results[2] == 1, res.rank_results
+        assert res.rank_results[1] is None and "os._exit(137)" in res.failures[0].message, res.failures
+    finally:
+        sleeper.kill()
+        sleeper.wait()
