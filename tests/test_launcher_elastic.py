@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sys
@@ -327,3 +328,89 @@ async def test_nodes_started_alike_without_a_node_rank_get_their_ranks_from_the_
     assert "round 0: node 0 of 2" in res[0][1] and "round 0: node 1 of 2" in res[1][1], text[-4000:]
     lines = [ln.split("RESULT ", 1)[1].split() for ln in text.splitlines() if "RESULT" in ln]
     assert sorted(f[0] for f in lines) == ["0", "1", "2", "3"] and {(f[1], f[4]) for f in lines} == {("4", "4")}, text
+
+
+LONG = '''
+import asyncio, numpy as np, aiodist
+async def main():
+    await aiodist.init_process_group(timeout=30)
+    print("TRAINING", flush=True)
+    for _ in range(600):
+        await aiodist.all_reduce(np.ones(2))
+        await asyncio.sleep(0.1)
+    await aiodist.destroy_process_group()
+'''
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    for _ in range(10_000):  # (bounded)
+        if not todo:
+            break
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+async def test_a_frozen_node_hosting_the_store_ends_the_other_nodes_in_seconds(tmp_path: Path) -> None:
+    """Elastic probe: node 0 (its agent hosts the rendezvous store) is frozen (SIGSTOP: a VM pause); node 1's
+    ranks fail it in 3 s and its agent goes to open the next round on the frozen store -- where it waited the
+    whole --rdzv-timeout (300 s by default), then died with the store's timeout as a raw traceback."""
+    import signal as signals
+
+    prog = tmp_path / "prog.py"
+    prog.write_text(LONG)
+    port = _port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    args = ["--nnodes", "1:2", "--rdzv-last-call", "1", "--master-port", str(port), "-n", "2",
+            "--max-restarts", "2", str(prog)]
+    procs = []
+    for delay in (0.0, 0.5):
+        await asyncio.sleep(delay)
+        procs.append(await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aiodist", "run", *args, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT))
+    frozen: list[int] = []
+    loop = asyncio.get_running_loop()
+    try:
+        out1 = procs[1].stdout
+        assert out1 is not None
+        lines: list[str] = []
+        async with asyncio.timeout(40):
+            async for raw in out1:  # until node 1's ranks train
+                lines.append(raw.decode(errors="replace"))
+                if lines[-1].count("TRAINING"):
+                    break
+        await asyncio.sleep(1.0)
+        frozen = _descendants(procs[0].pid)
+        for pid in frozen:
+            os.kill(pid, signals.SIGSTOP)
+        t0 = loop.time()
+        async with asyncio.timeout(45):
+            rest = (await out1.read()).decode(errors="replace")
+            await procs[1].wait()
+        took = loop.time() - t0
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signals.SIGKILL)
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+            await p.wait()
+    assert procs[1].returncode != 0, rest
+    assert "cannot rejoin: the rendezvous store did not answer" in rest, rest
+    own = [line for line in rest.splitlines() if not line.startswith("[rank")]  # (the launcher's own lines)
+    assert not any("Traceback" in line for line in own), rest
+    assert took < 30, took

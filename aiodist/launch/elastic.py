@@ -48,10 +48,11 @@ from typing import Any, BinaryIO
 from .. import tls
 from ..auth import resolve_secret
 from ..elastic import ElasticRendezvous
-from ..errors import LaunchError, StoreConnectionLost
+from ..errors import LaunchError, StoreConnectionLost, StoreError
 from .outcome import Blame
 from .rdzv_failure import rendezvous_errors
-from .round_watch import FINISHED, HOST_FINISHED, HOST_KEY, HOST_LEFT, RoundWatch, describe_ranks, say_goodbye
+from .round_watch import (FINISHED, HEARTBEAT_TIMEOUT, HOST_FINISHED, HOST_KEY, HOST_LEFT, RoundWatch, describe_ranks,
+                          say_goodbye)
 from .supervisor import STOP_SIGNALS, LaunchConfig, LaunchResult, free_port, launch
 
 
@@ -336,9 +337,16 @@ async def launch_elastic(
             restarts += 1
             say(f"the job failed in round {r.round}: rejoining (restart {restarts} of {config.max_restarts})")
             try:
-                await rdzv.open_next_round(after=r.round)
+                # The store answers in milliseconds; one silent as long as a lost node's heartbeat is on a
+                # node that is hung or cut off (its agent hosts it): no round can be formed without it.
+                async with asyncio.timeout(HEARTBEAT_TIMEOUT):
+                    await rdzv.open_next_round(after=r.round)
             except StoreConnectionLost as e:
                 say(f"cannot rejoin: the rendezvous store is gone (its host must outlive the others): {e}")
+                return dataclasses.replace(result, attempts=restarts, store_lost=True)
+            except (TimeoutError, StoreError) as e:
+                what = f"did not answer within {HEARTBEAT_TIMEOUT:g}s" if isinstance(e, TimeoutError) else f"failed: {e}"
+                say(f"cannot rejoin: the rendezvous store {what} (its host node is hung or cut off?)")
                 return dataclasses.replace(result, attempts=restarts, store_lost=True)
     except asyncio.CancelledError:
         if signals.signum is None:
