@@ -514,3 +514,30 @@ async def test_a_process_left_behind_holding_the_pipes_does_not_hang_the_launche
     os.kill(int(line.split()[1]), signal.SIGKILL)
     assert run.result.ok
     assert run.elapsed < 20, run.elapsed
+
+
+STOPS_ITSELF = """
+import asyncio, os, signal
+import numpy as np
+import aiodist
+
+async def main():
+    pg = await aiodist.init_process_group(timeout=30)
+    await aiodist.barrier()
+    if pg.rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # hung (a debugger, a frozen process)
+    await aiodist.all_reduce(np.ones(2))  # rank 0: fails in 3 s (heartbeats), and the launcher stops rank 1
+"""
+
+
+def test_a_stopped_rank_is_stopped_at_once_not_after_the_grace_period(tmp_path: Path) -> None:
+    """Elastic probe: a SIGSTOPped rank takes the launcher's SIGTERM only once it runs again, so the launcher
+    waited the whole --grace-period before its SIGKILL (and an elastic node missed the next round, whose
+    last call is shorter). The launcher now sends SIGCONT after the signal."""
+    from conftest import aiodist_run_source
+
+    t0 = time.monotonic()
+    proc = aiodist_run_source(tmp_path, STOPS_ITSELF, 2, options=["--grace-period", "30"], timeout=90)
+    took = time.monotonic() - t0
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert took < 15, (took, proc.stdout + proc.stderr)  # (3 s of heartbeats, not 30 s of grace)

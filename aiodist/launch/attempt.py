@@ -402,6 +402,10 @@ class Attempt:
             if self._config.nnodes > 1:
                 outcomes.write_stop_reason(self.status_dir, reason)
             self.signal_all(signum)
+            if signum != signal.SIGKILL and hasattr(signal, "SIGCONT"):
+                # A stopped rank (SIGSTOP: hung, or stopped by a debugger) takes the signal only once it
+                # runs: without this it held the job, and an elastic node's rejoin, the whole grace period.
+                self.signal_all(signal.SIGCONT)
         if not await self._watchers_done(self._config.grace_period):
             self.signal_all(signal.SIGKILL)
             await self._watchers_done(_KILL_WAIT)
