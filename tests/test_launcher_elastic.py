@@ -34,6 +34,18 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+async def _start_two_agents(args: list[str]) -> list[asyncio.subprocess.Process]:
+    """Two agents of ``aiodist run *args``, the second 0.5 s after the first (which hosts the store)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = []
+    for delay in (0.0, 0.5):
+        await asyncio.sleep(delay)
+        procs.append(await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aiodist", "run", *args, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT))
+    return procs
+
+
 async def _agents(n_agents: int, args: list[str], env_extra: dict[str, str] | None = None,
                   delays: list[float] | None = None) -> list[tuple[int, str]]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
@@ -125,15 +137,9 @@ async def _two_agents_kill_node_1(prog: Path, signame: str, limit: float) -> tup
     import signal as signals
 
     port = _port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     args = ["--nnodes", "1:2", "--rdzv-last-call", "4", "--master-port", str(port), "-n", "2",
             "--max-restarts", "1", "--rdzv-timeout", "30", str(prog)]
-    procs = []
-    for delay in (0.0, 0.5):
-        await asyncio.sleep(delay)
-        procs.append(await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "aiodist", "run", *args, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT))
+    procs = await _start_two_agents(args)
     outs: list[list[str]] = [[], []]
     victim: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
@@ -372,15 +378,9 @@ async def test_a_frozen_node_hosting_the_store_ends_the_other_nodes_in_seconds(t
     prog = tmp_path / "prog.py"
     prog.write_text(LONG)
     port = _port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     args = ["--nnodes", "1:2", "--rdzv-last-call", "1", "--master-port", str(port), "-n", "2",
             "--max-restarts", "2", str(prog)]
-    procs = []
-    for delay in (0.0, 0.5):
-        await asyncio.sleep(delay)
-        procs.append(await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "aiodist", "run", *args, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT))
+    procs = await _start_two_agents(args)
     frozen: list[int] = []
     loop = asyncio.get_running_loop()
     try:
