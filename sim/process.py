@@ -411,7 +411,7 @@ def _os_kill(real: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
 
 
 def _unsupported_in_rank(obj: Any, name: str) -> Callable[..., Any]:
-    """``obj.name`` raising SimUnsupportedError in a rank (signals sent to processes or threads), real elsewhere."""
+    """``obj.name`` raising SimUnsupportedError in a rank (signals sent to other processes), real elsewhere."""
     real = getattr(obj, name)
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -476,9 +476,8 @@ class ProcessGlobals:
         patch(os, "getpid", _dispatcher("getpid", os, lambda p: p))
         patch(os, "_exit", _os_exit(os._exit))
         patch(os, "kill", _os_kill(os.kill))
-        for obj, name in ((os, "killpg"), (signal, "raise_signal"), (signal, "pthread_kill")):
-            if hasattr(obj, name):
-                patch(obj, name, _unsupported_in_rank(obj, name))
+        if hasattr(os, "killpg"):  # (signal.raise_signal and pthread_kill stay: they signal this process only)
+            patch(os, "killpg", _unsupported_in_rank(os, "killpg"))
         urandom = _dispatcher("urandom", os, lambda p: p)
         patch(os, "urandom", urandom)
         patch(random, "_urandom", urandom)  # (random.SystemRandom, and so secrets, reads its own binding)
