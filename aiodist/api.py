@@ -192,13 +192,13 @@ async def init_process_group(
     pg.local_world_size = rdzv.local_world_size
     pg.job_id = rdzv.job_id
 
-    done: dict[str, None] = {}  # the steps of a teardown whose run was cancelled (the next run resumes it)
+    started = found_closed = False  # (a teardown whose run was cancelled: the next run resumes it)
 
     async def teardown() -> None:
         # A second run (the first was cancelled: see ProcessGroup.destroy) waits for nobody and does not
         # leave the store round again; every close is idempotent.
-        resumed = "started" in done
-        done["started"] = None
+        nonlocal started, found_closed
+        resumed, started = started, True
         # before close(): then every peer looks gone; an aborted transport waits for nobody either
         aborted = world_transport.closed
         broken = bool(world_transport.failed_peers()) or aborted
@@ -209,9 +209,9 @@ async def init_process_group(
         # (a failed rank never leaves: waiting would only delay this rank's error).
         wait = 0.0 if broken or resumed else min(timeout, STORE_LEAVE_WAIT)
         # (each goodbye to the store is bounded: see rendezvous.leave)
-        if found is not None and "found" not in done:  # (file://: the store this rank found or hosts, and the file)
+        if found is not None and not found_closed:  # (file://: the store this rank found or hosts, and the file)
             await found.close(rdzv.key_prefix, rdzv.world_size, wait=wait)
-            done["found"] = None
+            found_closed = True
         if rdzv.server is not None:
             server = rdzv.server
             if not resumed:

@@ -81,6 +81,13 @@ class ConnectionLost(ConnectionClosedError):
     refused: bool = False
 
     @classmethod
+    def refusal(cls, message: str) -> ConnectionLost:
+        """A connect that nothing listened for (``.refused``)."""
+        lost = cls(message)
+        lost.refused = True
+        return lost
+
+    @classmethod
     def protocol_error(cls, peer: object, e: BaseException) -> ConnectionLost:
         """The end of a connection whose peer sent bytes that do not follow the protocol (``e`` says how)."""
         lost = cls(f"protocol error from {peer}: {e}")

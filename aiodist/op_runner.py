@@ -105,7 +105,7 @@ class OpRunner:
     def __init__(self, comm: GroupComm, checker: MismatchChecker, *, timeout: float) -> None:
         self.comm = comm
         self.transport: Transport = comm.transport
-        self._hb = self.transport.heartbeats  # (its calm window: see _run)
+        self._hb = self.transport.heartbeats  # (is this rank's loop stalled? see _run)
         self._voids = self.transport.router.voids
         self.name = comm.name
         self.checker = checker
@@ -347,7 +347,7 @@ class OpRunner:
         hit: tuple[int, str] | None = None
         hb = self._hb
         try:
-            if not hb.calm_from <= loop.time() <= hb.calm_until:  # stalled: what came meanwhile is read first
+            if hb.stalled():  # what came meanwhile is read first (see the module doc)
                 await asyncio.sleep(0)
             failure = self.transport.group_failure(comm.gid)
             if failure is not None:
@@ -374,7 +374,7 @@ class OpRunner:
                     if prepare is not None:
                         args = prepare()
                 value = await body(ch, seq, *args)
-                if not hb.calm_from <= loop.time() <= hb.calm_until:  # (see the module doc)
+                if hb.stalled():  # (see the module doc)
                     await asyncio.sleep(0)
                 if self._voids:  # news that came with its last messages voids it (see the module doc)
                     void = self.transport.router.void_error(comm.gid, seq)

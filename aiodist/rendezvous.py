@@ -138,9 +138,9 @@ async def _open_store(
     except BaseException as e:  # (a cancellation too: the server this call started goes with it)
         for close in reversed(owned):
             await close()
-        if isinstance(e, auth.AuthenticationError) or not isinstance(e, (TimeoutError, StoreError, ConnectionError)):
-            raise  # as it is: the job's secret differs between the ranks (or the store is not the job's)
-        raise RendezvousError(f"rank {rank} could not reach the store at {host}:{port}: {e}") from None
+        if isinstance(e, (TimeoutError, StoreError, ConnectionError)) and not isinstance(e, auth.AuthenticationError):
+            raise RendezvousError(f"rank {rank} could not reach the store at {host}:{port}: {e}") from None
+        raise  # as it is: a cancellation, or the job's secret differs between the ranks (or the store is not the job's)
     owned.insert(0, store.close)
     return store, server, owned
 

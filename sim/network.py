@@ -322,8 +322,7 @@ class Fabric:
         listener = dst.listeners.get(p.port) if dst.alive else None
         if listener is None or listener._closing or not src.alive:
             self.tracer.emit(now, "refused", dst.name, src.name, detail=str(p.port))
-            refused = ConnectionLost(f"could not connect to {dst.name}:{p.port}: connection refused")
-            refused.refused = True
+            refused = ConnectionLost.refusal(f"could not connect to {dst.name}:{p.port}: connection refused")
             self.loop.schedule(back, p.lane, _fail_future, (p.fut, refused), self.kernel_ctx)
             return
         self._next_conn += 1

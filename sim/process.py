@@ -410,20 +410,18 @@ def _os_kill(real: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
     return kill
 
 
-def _unsupported_in_rank(obj: Any, name: str) -> Callable[..., Any]:
-    """``obj.name`` raising SimUnsupportedError in a rank (signals sent to other processes), real elsewhere."""
-    real = getattr(obj, name)
+def _os_killpg(real: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
+    """``os.killpg`` as a rank sees it: SimUnsupportedError (a real process group could get the signal)."""
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def killpg(pgid: int, sig: int, /) -> Any:
         if PROCESS.get() is None:
-            return real(*args, **kwargs)
-        what = f"{getattr(obj, '__name__', obj)}.{name}"
-        raise SimUnsupportedError(what, f"{what} in a simulated rank: signals are not simulated (faults: "
-                                        "sim.Crash, sim.Pause, sim.Restart)")
+            return real(pgid, sig)
+        raise SimUnsupportedError("os.killpg", f"os.killpg({pgid}, {sig}) in a simulated rank: signals are not "
+                                  "simulated (faults: sim.Crash, sim.Pause, sim.Restart)")
 
-    call.__name__ = call.__qualname__ = name
-    call.__doc__ = getattr(real, "__doc__", None)
-    return call
+    killpg.__name__ = killpg.__qualname__ = "killpg"
+    killpg.__doc__ = real.__doc__
+    return killpg
 
 
 class ProcessGlobals:
@@ -477,7 +475,7 @@ class ProcessGlobals:
         patch(os, "_exit", _os_exit(os._exit))
         patch(os, "kill", _os_kill(os.kill))
         if hasattr(os, "killpg"):  # (signal.raise_signal and pthread_kill stay: they signal this process only)
-            patch(os, "killpg", _unsupported_in_rank(os, "killpg"))
+            patch(os, "killpg", _os_killpg(os.killpg))
         urandom = _dispatcher("urandom", os, lambda p: p)
         patch(os, "urandom", urandom)
         patch(random, "_urandom", urandom)  # (random.SystemRandom, and so secrets, reads its own binding)

@@ -24,7 +24,7 @@ _HEARTBEAT = F.heartbeat()
 class Heartbeats:
     """``conn_of(rank)``: the link's connection; ``on_silent(rank, how)``: the detector declared it failed."""
 
-    __slots__ = ("_loop", "_conn_of", "_on_silent", "config", "_detector", "_timer", "calm_from", "calm_until", "_stopped")
+    __slots__ = ("_loop", "_conn_of", "_on_silent", "config", "_detector", "_timer", "_calm_from", "_calm_until", "_stopped")
 
     def __init__(
         self,
@@ -38,10 +38,10 @@ class Heartbeats:
         self.config = heartbeat_from_env()  # (interval, misses) or None: off
         self._detector: FailureDetector | None = None
         self._timer: asyncio.TimerHandle | None = None
-        # This rank's loop runs on time from ``calm_from`` (an interval after a check that ran late) to
-        # ``calm_until`` (an interval after the next check is due; no check pending: for ever): see stalled().
-        self.calm_from = -math.inf
-        self.calm_until = math.inf
+        # This rank's loop runs on time from _calm_from (an interval after a check that ran late) to
+        # _calm_until (an interval after the next check is due; no check pending: for ever): see stalled().
+        self._calm_from = -math.inf
+        self._calm_until = math.inf
         self._stopped = False
 
     def __repr__(self) -> str:
@@ -66,15 +66,14 @@ class Heartbeats:
         if self._timer is None:
             due = self._loop.time() + self._detector.interval
             self._timer = self._loop.call_at(due, self._check, due)
-            self.calm_until = due + self._detector.interval
+            self._calm_until = due + self._detector.interval
 
     def stalled(self) -> bool:
         """Whether this rank's loop runs late: its check (and the heartbeats it sends) was due more than an
         interval ago, or ran that late less than an interval ago. The process was stopped, or its loop
         blocked (a long computation or GC pause): its peers may have declared it failed meanwhile, and
-        their news may still be unread. (Hot paths compare the loop's time with ``calm_from`` and
-        ``calm_until`` themselves.)"""
-        return not self.calm_from <= self._loop.time() <= self.calm_until
+        their news may still be unread."""
+        return not self._calm_from <= self._loop.time() <= self._calm_until
 
     def unwatch(self, rank: int) -> None:
         if self._detector is not None:
@@ -86,7 +85,7 @@ class Heartbeats:
         self._cancel()
 
     def _cancel(self) -> None:
-        self.calm_until = math.inf
+        self._calm_until = math.inf
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -97,13 +96,13 @@ class Heartbeats:
 
     def _check(self, due: float) -> None:
         self._timer = None
-        self.calm_until = math.inf
+        self._calm_until = math.inf
         det = self._detector
         if det is None:
             return
         now = self._loop.time()
         if now > due + det.interval:
-            self.calm_from = now + det.interval
+            self._calm_from = now + det.interval
         beats, silent = det.check(now, due, self._progress)
         for rank in beats:
             conn = self._conn_of(rank)
@@ -118,4 +117,4 @@ class Heartbeats:
         if det.watching() and not self._stopped:
             due = now + det.interval
             self._timer = self._loop.call_at(due, self._check, due)
-            self.calm_until = due + det.interval
+            self._calm_until = due + det.interval

@@ -341,12 +341,12 @@ async def launch_elastic(
                 # node that is hung or cut off (its agent hosts it): no round can be formed without it.
                 async with asyncio.timeout(HEARTBEAT_TIMEOUT):
                     await rdzv.open_next_round(after=r.round)
-            except StoreConnectionLost as e:
-                say(f"cannot rejoin: the rendezvous store is gone (its host must outlive the others): {e}")
-                return dataclasses.replace(result, attempts=restarts, store_lost=True)
             except (TimeoutError, StoreError) as e:
-                what = f"did not answer within {HEARTBEAT_TIMEOUT:g}s" if isinstance(e, TimeoutError) else f"failed: {e}"
-                say(f"cannot rejoin: the rendezvous store {what} (its host node is hung or cut off?)")
+                if isinstance(e, StoreConnectionLost):
+                    say(f"cannot rejoin: the rendezvous store is gone (its host must outlive the others): {e}")
+                else:
+                    what = f"did not answer within {HEARTBEAT_TIMEOUT:g}s" if isinstance(e, TimeoutError) else f"failed: {e}"
+                    say(f"cannot rejoin: the rendezvous store {what} (its host node is hung or cut off?)")
                 return dataclasses.replace(result, attempts=restarts, store_lost=True)
     except asyncio.CancelledError:
         if signals.signum is None:

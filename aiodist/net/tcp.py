@@ -151,9 +151,8 @@ class TCPNetwork(Network):
         except _ssl.SSLError as e:  # (an OSError too: say that it was the TLS handshake)
             raise ConnectionLost(f"could not connect to {host}:{port}: TLS handshake failed: {e}") from None
         except OSError as e:
-            lost = ConnectionLost(f"could not connect to {host}:{port}: {e.strerror or e}")
-            lost.refused = isinstance(e, ConnectionRefusedError)
-            raise lost from None
+            lost = ConnectionLost.refusal if isinstance(e, ConnectionRefusedError) else ConnectionLost
+            raise lost(f"could not connect to {host}:{port}: {e.strerror or e}") from None
         except BaseException:
             conn.abort()
             raise
