@@ -39,7 +39,7 @@ from urllib.parse import urlparse
 
 from . import auth, tls
 from .context import getenv, token_bytes
-from .errors import RendezvousError, RendezvousTimeoutError, StoreError, StoreTimeoutError
+from .errors import RendezvousError, RendezvousTimeoutError, StoreConnectTimeoutError, StoreError, StoreTimeoutError
 
 GENERATION_KEY = "aiodist/rdzv/generation"
 RECONNECT_PAUSE = 0.1
@@ -124,7 +124,8 @@ async def _open_store(
 
     owned: list[Callable[[], Awaitable[None]]] = []
     server = None
-    if rank == 0 and (getenv("TORCHELASTIC_USE_AGENT_STORE") or "").lower() not in ("true", "1"):
+    rank0_serves = (getenv("TORCHELASTIC_USE_AGENT_STORE") or "").lower() not in ("true", "1")
+    if rank == 0 and rank0_serves:
         try:
             limits = access.limits if access.limits is not None else StoreLimits.from_environment(getenv)
             server = await StoreServer.start(
@@ -138,6 +139,12 @@ async def _open_store(
     except BaseException as e:  # (a cancellation too: the server this call started goes with it)
         for close in reversed(owned):
             await close()
+        if isinstance(e, StoreConnectTimeoutError) and rank != 0 and rank0_serves:
+            # Nothing answered there until the deadline: rank 0, which starts that store, never did (hung,
+            # stopped or gone before its rendezvous), or the address is wrong. Rank 0 is the one missing.
+            raise RendezvousTimeoutError(
+                f"rank {rank} could not reach the store at {host}:{port}, which rank 0 starts in its "
+                f"rendezvous: {e}", missing=[0], timeout=timeout) from None
         if isinstance(e, (TimeoutError, StoreError, ConnectionError)) and not isinstance(e, auth.AuthenticationError):
             raise RendezvousError(f"rank {rank} could not reach the store at {host}:{port}: {e}") from None
         raise  # as it is: a cancellation, or the job's secret differs between the ranks (or the store is not the job's)

@@ -381,6 +381,31 @@ async def test_a_rank_gone_before_rendezvous_is_the_root_cause_not_a_rank_that_t
     assert blame is not None and (blame.rank, blame.kind) == (1, "signal"), run.logs
 
 
+async def test_a_store_host_that_never_reaches_its_rendezvous_is_the_root_cause_not_a_rank_that_could_not_reach_it(
+    tmp_path: Path,
+) -> None:
+    # Before (elastic probe s20, finding 3, 10 of 10 runs): "root cause: rank 1 raised RendezvousError: rank 1
+    # could not reach the store ... Connection refused", a healthy rank that changed from run to run; rank 0,
+    # which starts that store in its rendezvous, hung or left before it, was not named.
+    source = """
+        import asyncio, os
+        import aiodist
+
+        async def main():
+            if os.environ["RANK"] == "0":
+                {stall}
+            await aiodist.init_process_group(timeout=2)
+        """
+    run = await launch_source(tmp_path, source.replace("{stall}", "await asyncio.sleep(60)"), 3)
+    blame = run.result.root_cause
+    assert blame is not None and blame.rank == 0, run.logs
+    assert blame.message == "rank 0 stopped responding (still running) while ranks 1, 2 wait in rendezvous", run.logs
+    run = await launch_source(tmp_path, source.replace("{stall}", "return"), 3)
+    blame = run.result.root_cause
+    assert blame is not None and (blame.rank, blame.kind) == (0, "returned"), run.logs
+    assert blame.message == "rank 0 exited cleanly while ranks 1, 2 wait in rendezvous", run.logs
+
+
 def test_a_rank_that_found_an_impostor_at_a_peers_address_is_the_root_cause_not_that_peer() -> None:
     # Before: its PeerFailureError ("rank 1 failed: authentication failed: ... did not prove the job's secret")
     # counted as a consequence of rank 1, and the launcher said "rank 1 stopped responding (still running)".

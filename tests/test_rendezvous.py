@@ -209,8 +209,11 @@ async def test_the_first_rank_to_time_out_ends_the_round_for_the_others_naming_t
 async def test_unreachable_master_times_out() -> None:
     ctx = rank_context(rank_env(1, 2, free_port()))
     task = asyncio.get_running_loop().create_task(dist.init_process_group(timeout=0.5), context=ctx)
-    with pytest.raises(RendezvousError, match="could not reach the store"):
+    with pytest.raises(RendezvousError, match="could not reach the store") as info:
         await task
+    # Nothing answered: rank 0, which starts that store, is the rank missing (the launcher blames it, not rank 1).
+    assert isinstance(info.value, RendezvousTimeoutError) and info.value.missing == [0], info.value
+    assert "which rank 0 starts in its rendezvous" in str(info.value)
 
 
 async def test_in_process_memory_store() -> None:
