@@ -40,6 +40,7 @@ from urllib.parse import urlparse
 from . import auth, tls
 from .context import getenv, token_bytes
 from .errors import RendezvousError, RendezvousTimeoutError, StoreConnectTimeoutError, StoreError, StoreTimeoutError
+from .launch_marks import JOINED, WAITING, mark_rendezvous
 
 GENERATION_KEY = "aiodist/rdzv/generation"
 RECONNECT_PAUSE = 0.1
@@ -214,6 +215,7 @@ async def rendezvous(
     local_rank = _int_setting("LOCAL_RANK", None, required=False)
     local_world = _int_setting("LOCAL_WORLD_SIZE", None, required=False)
     reconnect = store is None and r != 0
+    mark_rendezvous(WAITING, rank=r, world_size=n)  # (for `aiodist run`: see aiodist.launch_marks)
     access = _StoreAccess(auth.resolve_secret(secret) if store is None else None, ssl, store_limits)
     if store is None:
         assert host is not None and port is not None
@@ -265,6 +267,7 @@ async def rendezvous(
             except Exception:
                 pass
         raise
+    mark_rendezvous(JOINED, rank=r, world_size=n)
     result.local_rank = local_rank
     result.local_world_size = local_world
     result.server = server

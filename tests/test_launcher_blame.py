@@ -360,6 +360,8 @@ async def test_on_failure_continue_stops_a_hung_rank_the_others_declared_failed(
 async def test_a_rank_gone_before_rendezvous_is_the_root_cause_not_a_rank_that_timed_out_waiting(tmp_path: Path) -> None:
     # Before: "root cause: rank 0 raised RendezvousTimeoutError ... ranks [1] did not join" (the first rank to
     # time out), and rank 1's clean exit was not named; the same under --on-failure continue with a SIGKILL.
+    # And (elastic probe s20, finding 4) a clean exit was named only once the others' init timeout ran out
+    # (300 s by default): now the launcher stops them as soon as it sees them wait for a rank that is gone.
     source = """
         import os, signal
         import numpy as np
@@ -368,13 +370,17 @@ async def test_a_rank_gone_before_rendezvous_is_the_root_cause_not_a_rank_that_t
         async def main():
             if os.environ["RANK"] == "1":
                 {leave}
-            await aiodist.init_process_group(timeout=3)
+            await aiodist.init_process_group(timeout={timeout})
             await aiodist.all_reduce(np.ones(4))
         """
-    run = await launch_source(tmp_path, source.replace("{leave}", "return"), 3)
+    run = await launch_source(tmp_path, source.replace("{leave}", "return").replace("{timeout}", "120"), 3,
+                              max_restarts=1)
     blame = run.result.root_cause
     assert blame is not None and (blame.rank, blame.kind) == (1, "returned"), run.logs
     assert blame.message.startswith("rank 1 exited cleanly while rank") and blame.message.endswith(" in rendezvous")
+    assert run.result.exit_code == 1 and run.result.attempts == 2 and run.elapsed < 20, (run.elapsed, run.logs)
+    assert not any("failed with exit code 0" in line for line in run.logs), run.logs
+    source = source.replace("{timeout}", "3")
     run = await launch_source(tmp_path, source.replace("{leave}", "os.kill(os.getpid(), signal.SIGKILL)"), 3,
                               on_failure="continue")
     blame = run.result.root_cause
@@ -404,6 +410,57 @@ async def test_a_store_host_that_never_reaches_its_rendezvous_is_the_root_cause_
     blame = run.result.root_cause
     assert blame is not None and (blame.rank, blame.kind) == (0, "returned"), run.logs
     assert blame.message == "rank 0 exited cleanly while ranks 1, 2 wait in rendezvous", run.logs
+
+
+async def test_a_clean_exit_stops_no_one_who_does_not_wait_for_it(tmp_path: Path) -> None:
+    # The launcher stops a round early only for ranks that wait in a rendezvous of its own world: here rank 2
+    # leaves at once while ranks 0 and 1 work without it (a world of two of their own), then rank 0 alone
+    # works without any rendezvous. Every run succeeds.
+    source = """
+        import asyncio, os
+        import numpy as np
+        import aiodist
+
+        async def main():
+            r = int(os.environ["RANK"])
+            if r == 2:
+                return
+            await asyncio.sleep(0.6)  # (past the launcher's first look after rank 2 left)
+            await aiodist.init_process_group(rank=r, world_size=2, timeout=20)
+            x = await aiodist.all_reduce(np.ones(4))
+            assert x[0] == 2
+            await aiodist.destroy_process_group()
+        """
+    run = await launch_source(tmp_path, source, 3)
+    assert run.result.ok and run.result.root_cause is None, run.logs
+    run = await launch_source(tmp_path, """
+        import asyncio, os
+
+        async def main():
+            if os.environ["RANK"] != "0":
+                return
+            await asyncio.sleep(1.0)
+        """, 3)
+    assert run.result.ok and run.result.root_cause is None, run.logs
+
+
+def test_a_rendezvous_mark_is_written_only_for_the_launchers_world(tmp_path: Path, monkeypatch) -> None:
+    from aiodist.launch_marks import JOINED, STATUS_DIR_ENV, WAITING, load_marks, mark_rendezvous
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    mark_rendezvous(WAITING, rank=1, world_size=4)
+    assert load_marks(tmp_path) == {}  # (not launched: no status directory)
+    monkeypatch.setenv(STATUS_DIR_ENV, str(tmp_path))
+    mark_rendezvous(WAITING, rank=1, world_size=4)
+    assert load_marks(tmp_path) == {1: WAITING}
+    mark_rendezvous(JOINED, rank=1, world_size=4)
+    mark_rendezvous(JOINED, rank=0, world_size=2)  # a world of the program's own: not the launcher's
+    mark_rendezvous(JOINED, rank=1, world_size=2)
+    assert load_marks(tmp_path) == {1: JOINED}
+    (tmp_path / "rdzv3").write_text("garbage")
+    (tmp_path / "rank3.json").write_text("{}")
+    assert load_marks(tmp_path) == {1: JOINED}
 
 
 def test_a_rank_that_found_an_impostor_at_a_peers_address_is_the_root_cause_not_that_peer() -> None:

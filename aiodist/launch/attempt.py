@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from . import outcome as outcomes
 from .env import merged_env, rank_env
+from ..launch_marks import JOINED, WAITING, load_marks
 from .job import LaunchConfig, RankExit
 from .outcome import Blame
 from .output import StreamWriter
@@ -38,6 +39,7 @@ _DRAIN_TIMEOUT = 2.0  # output still buffered in a dead rank's pipes (while the 
 _DRAIN_LIMIT = 60.0  # ... but no longer than this
 _KILL_WAIT = 5.0  # after SIGKILL
 _POLL = 0.05  # how often the ranks' end records are read while waiting for them
+_STRANDED_POLL = 0.25  # after a clean exit: how often the rendezvous marks are read (see Attempt.wait)
 
 # Each rank leads a process group of its own: a Ctrl-C at the terminal reaches
 # the launcher only (which forwards it once), and stopping a rank also stops
@@ -203,6 +205,8 @@ class Attempt:
         self._exit_times: dict[int, float] = {}  # rank -> when its exit was seen (time.time())
         self.stopping = False
         self.running_count = 0
+        self.stranded: Blame | None = None
+        """Set when :meth:`wait` ended because a rank exited cleanly before the rendezvous the others wait in."""
 
     def _rank(self, local_rank: int) -> int:
         return self._config.node_rank * self._config.nproc_per_node + local_rank
@@ -297,20 +301,47 @@ class Attempt:
         rank: it may never exit; the caller stops it).
         """
         first: Exited | None = None
+        watch = not all_ranks and self._config.on_failure != "continue"
+        clean: list[Exited] = []  # (clean exits: of a rank that never joined, they may strand the others)
+        event: Event | None
         while self.running_count:
-            event = await self._events.get()
-            if not isinstance(event, Exited):
+            if clean:
+                try:
+                    event = await asyncio.wait_for(self._events.get(), _STRANDED_POLL)
+                except TimeoutError:
+                    event = None
+            else:
+                event = await self._events.get()
+            if isinstance(event, Exited) and event.attempt == self.index:
+                self.running_count -= 1
+                if event.exit.returncode != 0:
+                    if not all_ranks:
+                        return event
+                    first = first or event
+                elif watch:
+                    clean.append(event)
+            elif event is not None and not isinstance(event, Exited):
                 return event
-            if event.attempt != self.index:
-                continue
-            self.running_count -= 1
-            if event.exit.returncode != 0:
-                if not all_ranks:
-                    return event
-                first = first or event
             if first is not None and self.running_count and self.only_failed_left():
                 return first
+            if clean and self.running_count:
+                stranded = self._stranding([e.exit.rank for e in clean])
+                if stranded is not None:
+                    self.stranded = stranded
+                    return next(e for e in clean if e.exit.rank == stranded.rank)
         return first
+
+    def _stranding(self, clean: list[int]) -> Blame | None:
+        """A rank of ``clean`` (exited 0) that never joined the rendezvous the running ranks wait in (see
+        :mod:`aiodist.launch_marks`): they wait for it, and would wait out their whole timeout."""
+        marks = load_marks(self.status_dir)
+        gone = [r for r in clean if marks.get(r) != JOINED]
+        running = {self._rank(r.local_rank) for r in self._ranks if r.returncode is None}
+        waiting = sorted(r for r, state in marks.items() if state == WAITING and r in running)
+        if not gone or not waiting:
+            return None
+        who = f"rank {waiting[0]} waits" if len(waiting) == 1 else f"ranks {outcomes._ranges(waiting)} wait"
+        return Blame(gone[0], "returned", f"rank {gone[0]} exited cleanly while {who} in rendezvous")
 
     def only_failed_left(self) -> bool:
         """Are the ranks still running all ranks that the others' records blame (declared failed: hung)?"""
@@ -324,6 +355,8 @@ class Attempt:
         without a record), or every rank has exited. A signal or timeout event
         that arrives meanwhile is put back for the caller.
         """
+        if self.stranded is not None:
+            return self.stranded  # (the others wait for it: none of them has failed yet)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
         while True:

@@ -44,13 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..launch_marks import STATUS_DIR_ENV  # (the directory a launched rank writes its end record into)
 from .status import describe_returncode, signal_of
 
 __all__ = ["STATUS_DIR_ENV", "STOP_REASON", "Blame", "blamed", "describe_exception", "load", "raised_text", "rank_ended",
            "record", "root_cause", "stop_reason", "write_stop_reason"]
 
-STATUS_DIR_ENV = "AIODIST_STATUS_DIR"
-"""The directory a launched rank writes its end record into (set by the launcher)."""
 
 STOP_REASON = "stop.json"
 """The file of that directory in which the launcher says, before it stops the ranks, which failure it stops them for."""

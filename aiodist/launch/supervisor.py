@@ -216,7 +216,8 @@ async def _run_attempts(
                         say(f"root cause: {blame.message}")
                     # the culprit's exit first, even if another rank exited before it
                     said = _culprit_exit(attempt, blame) or outcome.exit
-                    say(said.message)
+                    if attempt.stranded is None:  # (else it exited 0: the root cause said how)
+                        say(said.message)
                     others = attempt.running()
                     if others:
                         say(f"stopping the other {others} running rank(s)")
@@ -236,6 +237,8 @@ async def _run_attempts(
         failures = attempt.failures() or (outcome.exit,)
         first = _culprit_exit(attempt, blame) or outcome.exit
         failures = (first, *[f for f in failures if f != first])  # the culprit first
+        if attempt.stranded is not None:  # (it exited 0: not a failed exit; the others were stopped)
+            failures = tuple(f for f in failures if f.returncode != 0)
         if cont:
             if blame is not None:
                 say(f"root cause: {blame.message}")
@@ -247,7 +250,7 @@ async def _run_attempts(
                     say(f"also: {other.message}")
         if index < config.max_restarts and state.signal is None:
             say(f"restarting the job (restart {index + 1} of {config.max_restarts})")
-    code = launcher_exit_code(failures[0].returncode)
+    code = launcher_exit_code(failures[0].returncode) if failures else 1
     if blame is not None and blame.kind == "raised" and (failures[0].rank != blame.rank or failures[0].returncode < 0):
         code = 1  # it recorded its exception but was stopped before it exited
     return LaunchResult(
