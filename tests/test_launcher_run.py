@@ -425,6 +425,42 @@ def test_cli_second_signal_kills_ranks_without_waiting_for_grace(tmp_path: Path)
     assert proc.returncode == 128 + signal.SIGTERM
 
 
+@pytest.mark.parametrize("restarts", ["0", "2"])
+def test_a_signal_while_the_ranks_are_stopped_after_a_failure_is_reported_and_ends_the_job(
+    tmp_path: Path, restarts: str
+) -> None:
+    # Before (elastic probe s20, finding 6): no "received SIGTERM" line; with no restart left the launcher
+    # exited with the failure's code, as if the signal had not come.
+    proc, _ = _start_and_wait_ready(
+        tmp_path,
+        """
+        import os, signal, sys, time
+        if os.environ["RANK"] == "0":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (holds the launcher in its grace period)
+        print("ready", os.getpid(), flush=True)
+        if os.environ["RANK"] == "1":
+            time.sleep(0.5)
+            sys.exit(3)
+        time.sleep(60)
+        """,
+        2,
+        "--grace-period", "3", "--max-restarts", restarts,
+    )
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # (stderr is line-buffered: wait for the stop to begin)
+        line = proc.stderr.readline()
+        if "stopping the other" in line or not line:
+            break
+    time.sleep(0.3)
+    assert proc.poll() is None  # rank 0 ignores SIGTERM: the launcher is in its grace period
+    proc.send_signal(signal.SIGTERM)
+    _, err = _finish(proc, 15)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "received SIGTERM while stopping the ranks after the failure" in err, err
+    assert "restarting the job (restart" not in err, err
+
+
 def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
     proc, ready = _start_and_wait_ready(
         tmp_path, "import os, time\nprint('ready', os.getpid(), flush=True)\ntime.sleep(60)\n", 2

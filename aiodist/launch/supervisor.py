@@ -248,7 +248,12 @@ async def _run_attempts(
             for other in failures:
                 if other != said:  # (said above; the culprit may have exited only when the others were stopped)
                     say(f"also: {other.message}")
-        if index < config.max_restarts and state.signal is None:
+        if state.signal is not None:  # (it came while the ranks were being stopped after the failure)
+            more = "; not restarting the job" if index < config.max_restarts else ""
+            say(f"received {signal.Signals(state.signal).name} while stopping the ranks after the failure{more}")
+            return LaunchResult(exit_code=128 + state.signal, attempts=index + 1, failures=failures,
+                                root_cause=blame, signal=state.signal)
+        if index < config.max_restarts:
             say(f"restarting the job (restart {index + 1} of {config.max_restarts})")
     code = launcher_exit_code(failures[0].returncode) if failures else 1
     if blame is not None and blame.kind == "raised" and (failures[0].rank != blame.rank or failures[0].returncode < 0):
