@@ -325,23 +325,24 @@ class Attempt:
             if first is not None and self.running_count and self.only_failed_left():
                 return first
             if clean and self.running_count:
-                stranded = self._stranding([e.exit.rank for e in clean])
+                marks = load_marks(self.status_dir)
+                clean = [e for e in clean if marks.get(e.exit.rank) != JOINED]  # (one that had joined strands no one)
+                stranded = self._stranding(clean, marks)
                 if stranded is not None:
                     self.stranded = stranded
-                    return next(e for e in clean if e.exit.rank == stranded.rank)
+                    return clean[0]
         return first
 
-    def _stranding(self, clean: list[int]) -> Blame | None:
-        """A rank of ``clean`` (exited 0) that never joined the rendezvous the running ranks wait in (see
+    def _stranding(self, gone: list[Exited], marks: dict[int, str]) -> Blame | None:
+        """The first of ``gone`` (exited 0 without joining) if running ranks wait in their rendezvous (see
         :mod:`aiodist.launch_marks`): they wait for it, and would wait out their whole timeout."""
-        marks = load_marks(self.status_dir)
-        gone = [r for r in clean if marks.get(r) != JOINED]
         running = {self._rank(r.local_rank) for r in self._ranks if r.returncode is None}
         waiting = sorted(r for r, state in marks.items() if state == WAITING and r in running)
         if not gone or not waiting:
             return None
+        rank = gone[0].exit.rank
         who = f"rank {waiting[0]} waits" if len(waiting) == 1 else f"ranks {outcomes._ranges(waiting)} wait"
-        return Blame(gone[0], "returned", f"rank {gone[0]} exited cleanly while {who} in rendezvous")
+        return Blame(rank, "returned", f"rank {rank} exited cleanly while {who} in rendezvous")
 
     def only_failed_left(self) -> bool:
         """Are the ranks still running all ranks that the others' records blame (declared failed: hung)?"""
