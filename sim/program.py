@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib.util
+import inspect
 import io
 import sys
 import weakref
@@ -36,18 +37,26 @@ from typing import Any
 
 from .process import current_process
 
-__all__ = ["RUN", "ProgramMain"]
+__all__ = ["RUN", "ProgramMain", "fresh_per_run", "loading"]
 
 RUN: contextvars.ContextVar[object | None] = contextvars.ContextVar("sim_run", default=None)
 """The simulation a rank belongs to (set for each rank by the runner; None outside any run)."""
+
+_LOADING: contextvars.ContextVar[Path | None] = contextvars.ContextVar("sim_loading", default=None)
+
+
+def loading() -> Path | None:
+    """The program file whose top level is running afresh for a run right now (None: none is)."""
+    return _LOADING.get()
 
 
 class ProgramMain:
     """``main`` (or another function, ``name``) of the program file ``path``, a fresh module per run."""
 
-    def __init__(self, path: Path, name: str = "main") -> None:
+    def __init__(self, path: Path, name: str = "main", *, package: str | None = None) -> None:
         self.path = path
         self.name = name
+        self.package = package
         self.module_name = f"_sim_program_{path.stem}"
         self._code: CodeType = compile(path.read_bytes(), str(path), "exec")
         self._modules: weakref.WeakKeyDictionary[Any, ModuleType] = weakref.WeakKeyDictionary()
@@ -87,9 +96,15 @@ class ProgramMain:
         spec = importlib.util.spec_from_file_location(self.module_name, self.path)
         assert spec is not None
         module = importlib.util.module_from_spec(spec)
+        if self.package:  # (an imported module of a package: its relative imports resolve as when imported)
+            module.__package__ = self.package
         if shared is None:
             sys.modules[self.module_name] = module
-        exec(self._code, module.__dict__)  # noqa: S102 - the user's program, as `python prog.py` would run it
+        token = _LOADING.set(self.path)
+        try:
+            exec(self._code, module.__dict__)  # noqa: S102 - the user's program, as `python prog.py` would run it
+        finally:
+            _LOADING.reset(token)
         if shared is not None:
             for key, value in list(module.__dict__.items()):
                 if isinstance(value, type) and value.__module__ == self.module_name:
@@ -121,5 +136,35 @@ class ProgramMain:
         return fn(*args, **kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (ProgramMain, (self.path, self.name))
+        return (_program_main, (self.path, self.name, self.package))
+
+
+def _program_main(path: Path, name: str, package: str | None) -> ProgramMain:
+    return ProgramMain(path, name, package=package)
+
+
+def fresh_per_run(main: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """``main`` run from a fresh copy of its module in every run (a :class:`ProgramMain` of the module's file),
+    as a new process would run it, so that what one seed left in the module's globals cannot change the next
+    (``sim.sweep`` runs many seeds in one worker process). ``main`` itself when it is no module-level function
+    of a module loaded from a ``.py`` file (a closure, a ``functools.partial``, a function typed into a
+    notebook: their state is the caller's), or when its module cannot be run again apart from its package
+    (an ImportError at its top level)."""
+    given = main
+    if isinstance(main, ProgramMain) or not inspect.isfunction(main) or "." in main.__qualname__:
+        return given
+    module = sys.modules.get(main.__module__)
+    file = getattr(module, "__file__", None)
+    if module is None or not isinstance(file, str) or not file.endswith(".py") or \
+            getattr(module, main.__name__, None) is not main:
+        return given
+    shown = io.StringIO()  # (what its top level printed, shown if it raised: ProgramMain._load)
+    try:
+        with contextlib.redirect_stderr(shown):
+            return ProgramMain(Path(file), main.__name__, package=module.__package__ or None)
+    except ImportError:
+        return given
+    except BaseException:
+        sys.stderr.write(shown.getvalue())
+        raise
 

@@ -27,22 +27,25 @@ import contextlib
 import inspect
 import io
 import json
+import logging
 import multiprocessing
 import os
 import re
 import signal
 import sys
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from .errors import SweepWorkerError
+from .program import fresh_per_run, loading
 from .result import Failure, Result
 from .runner import run
 from .sweep_limit import limit_record, wall_clock_limit
-from .sweep_streams import routed
+from .sweep_streams import capture_logs, routed
 from .sweep_file import SweepFileError, json_lines, key_of, open_for_append, source_digest
 from .trace import write_chrome
 
@@ -115,7 +118,20 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- one seed (runs in a worker)
 
 
-_loaded_mains: dict[str, Callable[..., Awaitable[Any]]] = {}
+_fresh_mains: weakref.WeakKeyDictionary[Any, Callable[..., Awaitable[Any]]] = weakref.WeakKeyDictionary()
+"""Each sweep's ``main`` as this worker process runs it (:func:`sim.program.fresh_per_run`), made once."""
+
+
+def _fresh(main: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    try:
+        fresh = _fresh_mains.get(main)
+    except TypeError:  # (not weakly referable: a callable object, run as it is)
+        return main
+    if fresh is None:
+        fresh = fresh_per_run(main)
+        if fresh is not main:
+            _fresh_mains[main] = fresh
+    return fresh
 
 
 @dataclass
@@ -128,6 +144,9 @@ class RunSeed:
     keeping its events, and its Chrome/Perfetto trace written there as
     ``seed-N.json`` (the same run: the record's digest is checked).
     ``seed_timeout``: wall-clock seconds a seed may take (:mod:`sim.sweep_limit`).
+    Every run calls ``main`` from a fresh copy of its module, as a new process
+    would (:func:`sim.program.fresh_per_run`): what one seed left in the
+    module's globals does not reach the next seed this worker runs.
     """
 
     main: Callable[..., Awaitable[Any]]
@@ -138,9 +157,11 @@ class RunSeed:
     seed_timeout: float | None = None
 
     def __call__(self, seed: int) -> dict[str, Any]:
-        with _silenced(self.quiet):
+        # (aiodist's log records are dropped, as a CLI sweep drops them: a program that handles an error would
+        # flood the sweep with its flight-recorder lines, and the records say what happened)
+        with _silenced(self.quiet), capture_logs(logging.NullHandler()):
             with wall_clock_limit(self.seed_timeout) as fired:
-                result = run(self.main, world_size=self.world_size, seed=seed, trace=False, **self.kwargs)
+                result = run(_fresh(self.main), world_size=self.world_size, seed=seed, trace=False, **self.kwargs)
             if fired:
                 return limit_record(seed, self.world_size, fired[0])
             extra = {}
@@ -152,7 +173,7 @@ class RunSeed:
         kwargs = dict(self.kwargs)
         env = dict(kwargs.pop("env", None) or {})
         env.setdefault("AIODIST_FLIGHT_RECORDER_SIZE", "100000")
-        again = run(self.main, world_size=self.world_size, seed=seed, trace=True, env=env, **kwargs)
+        again = run(_fresh(self.main), world_size=self.world_size, seed=seed, trace=True, env=env, **kwargs)
         return trace_file(os.path.join(self.trace_dir or ".", f"seed-{seed}.json"), again, digest)
 
 
@@ -531,6 +552,10 @@ def sweep(
     seeds run in processes' main threads: local workers or ``jobs=1``.
     Ctrl-C: :class:`SweepInterrupted` (local workers are ended).
     """
+    if (running := loading()) is not None:
+        raise RuntimeError(f"sim.sweep() was called by the top level of {running.name} while the simulator ran "
+                           "that file afresh for a seed (as a new process runs it): put the call under "
+                           "`if __name__ == \"__main__\":`")
     seeds = unique_seeds(seeds)
     try:
         inspect.signature(run).bind(main, world_size=world_size, seed=0, trace=False, **run_kwargs)

@@ -1,0 +1,130 @@
+"""Each seed of ``sim.sweep`` runs as a new process would: what an earlier seed left behind does not reach it."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import sim
+
+# A program that keeps per-process progress in a module global (a checkpoint kept in memory): correct for a real
+# job, where each run starts in a new interpreter; had a sweep carried the global from one seed to the next, every
+# seed after the first would start "done", skip its work and fail.
+PROGRAM = """
+import aiodist
+
+DONE = {}
+
+
+async def main():
+    pg = await aiodist.init_process_group()
+    rank = pg.rank()
+    start = DONE.get(rank, 0)
+    assert start == 0, f"rank {rank} starts at step {start}: an earlier run's state"
+    for step in range(3):
+        await pg.barrier()
+        DONE[rank] = step + 1
+    await aiodist.destroy_process_group()
+"""
+
+UNGUARDED = """
+import sim
+
+
+async def main():
+    pass
+
+sim.sweep(main, seeds=range(2), world_size=2, jobs=1)
+"""
+
+# Rank 1 fails a receive and handles it: the aiodist logger's flight-recorder line must not reach stderr.
+HANDLED = """
+import aiodist
+import numpy as np
+
+
+async def main():
+    pg = await aiodist.init_process_group()
+    if pg.rank() == 1:
+        try:
+            await pg.recv(np.zeros(1), src=0, timeout=0.01)
+        except aiodist.AiodistError:
+            pass
+    await pg.barrier()
+    await aiodist.destroy_process_group()
+"""
+
+
+@pytest.fixture
+def program(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ModuleType]:
+    source: str = request.param
+    name = f"sweep_apart_{request.node.name.split('[')[0][-20:]}_{len(source)}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("program", [PROGRAM], indirect=True)
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_module_globals_do_not_carry_from_one_seed_to_the_next(program: ModuleType, jobs: int) -> None:
+    report = sim.sweep(program.main, seeds=range(4), world_size=3, jobs=jobs)
+    assert report.failing == [], [r["failures"] for r in report.records]
+    assert program.DONE == {}  # (the caller's own module is left alone)
+    alone = [sim.run(program.main, world_size=3, seed=2, trace=False)]
+    assert alone[0].ok and program.DONE == {0: 3, 1: 3, 2: 3}  # (sim.run calls main as it is: see the README)
+    [record] = [r for r in report.records if r["seed"] == 2]
+    assert record["digest"] == alone[0].digest
+
+
+@pytest.mark.parametrize("program", [PROGRAM], indirect=True)
+def test_a_closure_runs_as_it_is(program: ModuleType) -> None:
+    calls: list[int] = []
+
+    async def main() -> None:
+        calls.append(1)
+        await program.main()
+
+    report = sim.sweep(main, seeds=range(2), world_size=2, jobs=1)
+    assert len(calls) == 4  # (its state is the caller's)
+    assert report.failing == [1]  # (and so is the global its module keeps)
+
+
+@pytest.mark.parametrize("program", [PROGRAM], indirect=True)
+def test_what_the_callers_module_holds_does_not_reach_the_sweeps_runs(program: ModuleType, tmp_path: Path) -> None:
+    program.DONE[0] = 1  # (the caller's module is "done": the sweep's runs must not see it)
+    report = sim.sweep(program.main, seeds=[0], world_size=2, jobs=1, trace_dir=str(tmp_path / "traces"))
+    assert report.failing == []
+
+
+def test_a_sweep_at_a_programs_unguarded_top_level_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "unguarded_sweep.py").write_text(UNGUARDED)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(RuntimeError, match=r"top level of unguarded_sweep\.py.*__name__ == \"__main__\""):
+            importlib.import_module("unguarded_sweep")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("unguarded_sweep", None)
+
+
+@pytest.mark.parametrize("program", [HANDLED], indirect=True)
+def test_a_sweep_prints_no_log_records_of_errors_the_program_handled(program: ModuleType,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="aiodist")
+    report = sim.sweep(program.main, seeds=range(3), world_size=2, jobs=1)
+    assert report.failing == []
+    assert not [r for r in caplog.records if r.name.startswith("aiodist")]
+    one = sim.run(program.main, world_size=2, seed=0, trace=False)
+    assert one.ok  # (a single run logs it: the sweep drops it)
+    assert any("flight recorder" in r.getMessage() for r in caplog.records)
