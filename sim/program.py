@@ -1,4 +1,4 @@
-"""A program file as the simulator's CLI runs it: compiled once, its module made afresh for every run.
+"""A program file as the simulator's CLI runs it: compiled once, its module made afresh for every run and rank.
 
 A real job starts each of its processes from a fresh interpreter, so a
 program's module-level state (a cache, a counter, a flag set by an earlier
@@ -14,11 +14,13 @@ of a run that calls it executes the file's code in a new module (in that
 rank's context, so that what the module's top level draws from ``random``
 or reads from the environment is the same in every replay), registers it
 under the module's name (pickled objects of its classes resolve to it) and
-calls that module's ``main``; the other ranks of the run call the same
-module's. Within one run the module is shared by the virtual ranks, as the
-README's known limits say, except by a restarted rank: its new process runs
-the file afresh, so what the old one kept in module globals is gone (its
-classes stay the run's: see :meth:`ProgramMain._module`).
+calls that module's ``main``. Every other rank of the run, and a restarted
+rank, is a process of its own: it runs the file afresh in its own context
+(a per-process counter or checkpoint in a module global is its own, as
+under ``aiodist run``), with the first module's classes in place of its own
+(objects pickled between ranks, and ``isinstance`` checks, see one class per
+name: see :meth:`ProgramMain._module`). Modules the file imports stay shared
+by the virtual ranks, as the README's known limits say.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 from .process import current_process
 
+
 __all__ = ["RUN", "ProgramMain", "fresh_per_run", "loading"]
 
 RUN: contextvars.ContextVar[object | None] = contextvars.ContextVar("sim_run", default=None)
@@ -51,7 +54,7 @@ def loading() -> Path | None:
 
 
 class ProgramMain:
-    """``main`` (or another function, ``name``) of the program file ``path``, a fresh module per run."""
+    """``main`` (or another function, ``name``) of the program file ``path``, a fresh module per run and rank."""
 
     def __init__(self, path: Path, name: str = "main", *, package: str | None = None) -> None:
         self.path = path
@@ -59,8 +62,11 @@ class ProgramMain:
         self.package = package
         self.module_name = f"_sim_program_{path.stem}"
         self._code: CodeType = compile(path.read_bytes(), str(path), "exec")
-        self._modules: weakref.WeakKeyDictionary[Any, ModuleType] = weakref.WeakKeyDictionary()
-        self.first = self._load()
+        # run -> (rank, incarnation) -> that process's module
+        self._modules: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], ModuleType]] = \
+            weakref.WeakKeyDictionary()
+        self._proxy = _RankModule(self)
+        self.first = self.latest = self._load()
         self.__name__ = name
         self.__qualname__ = name
         self.__module__ = self.module_name
@@ -86,32 +92,33 @@ class ProgramMain:
             sys.stderr.write(out.getvalue())
             raise
 
-    def _module(self, shared: ModuleType | None = None) -> ModuleType:
-        """The file run in a new module, registered in ``sys.modules`` (pickled objects of its classes
-        resolve to it) -- unless ``shared`` is given: the module of a restarted rank, run afresh as a new
-        process runs it (what the old process kept in the module's globals is gone), not registered, and
-        with ``shared``'s classes (the module the other ranks run) in place of its own, so that objects
-        pickled from or to that rank, and ``isinstance`` checks on objects others sent, see one class per
-        name (their methods read ``shared``'s globals)."""
+    def _module(self) -> ModuleType:
+        """The file run in a new module. While its top level runs, the module is ``sys.modules``' entry for its
+        name (code there, e.g. ``dataclasses``, looks its module up); then the entry is the rank-aware stand-in
+        (:class:`_RankModule`), so that an object pickled by one rank is unpickled by another as an instance
+        of that rank's class of the same name."""
         spec = importlib.util.spec_from_file_location(self.module_name, self.path)
         assert spec is not None
         module = importlib.util.module_from_spec(spec)
         if self.package:  # (an imported module of a package: its relative imports resolve as when imported)
             module.__package__ = self.package
-        if shared is None:
-            sys.modules[self.module_name] = module
+        sys.modules[self.module_name] = module
         token = _LOADING.set(self.path)
         try:
             exec(self._code, module.__dict__)  # noqa: S102 - the user's program, as `python prog.py` would run it
         finally:
             _LOADING.reset(token)
-        if shared is not None:
-            for key, value in list(module.__dict__.items()):
-                if isinstance(value, type) and value.__module__ == self.module_name:
-                    kept = getattr(shared, key, None)
-                    if isinstance(kept, type) and kept.__qualname__ == value.__qualname__:
-                        setattr(module, key, kept)
+            sys.modules[self.module_name] = self._proxy
         return module
+
+    def current(self) -> ModuleType:
+        """The module of the calling rank's process; outside a rank, the latest run's first (or the loaded one)."""
+        run, process = RUN.get(), current_process()
+        if run is not None and process is not None:
+            module = self._modules.get(run, {}).get((process.rank, process.incarnation))
+            if module is not None:
+                return module
+        return self.latest
 
     def function(self, module: ModuleType) -> Callable[..., Awaitable[Any]] | None:
         """The module's function ``name`` (None when it has none, or it is not callable)."""
@@ -119,17 +126,14 @@ class ProgramMain:
         return fn if callable(fn) else None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        run = RUN.get()
-        if run is None:  # (called outside a simulation: the module loaded first)
+        run, process = RUN.get(), current_process()
+        if run is None or process is None:  # (called outside a simulation: the module loaded first)
             module = self.first
-        else:
-            module = self._modules.get(run)  # type: ignore[assignment]
-            if module is None:
-                module = self._modules[run] = self._module()
-            else:
-                process = current_process()
-                if process is not None and process.incarnation > 0:  # a restarted rank: a new process
-                    module = self._module(shared=module)
+        else:  # (every rank, and every incarnation of a restarted rank, is a process of its own)
+            modules = self._modules.setdefault(run, {})
+            module = modules[(process.rank, process.incarnation)] = self._module()
+            if len(modules) == 1:
+                self.latest = module
         fn = self.function(module)
         if fn is None:
             raise TypeError(f"{self.path} has no {self.name}() in this run (its top level removed it)")
@@ -137,6 +141,22 @@ class ProgramMain:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_program_main, (self.path, self.name, self.package))
+
+
+class _RankModule(ModuleType):
+    """``sys.modules``' entry for a program file's module: the calling rank's own module, looked up per access
+    (what pickle resolves a class by name through; ``vars()`` of it is that module's namespace too)."""
+
+    def __init__(self, program: ProgramMain) -> None:
+        super().__init__(program.module_name)
+        self._program = program
+
+    @property
+    def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+        return self._program.current().__dict__
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._program.current(), name)
 
 
 def _program_main(path: Path, name: str, package: str | None) -> ProgramMain:

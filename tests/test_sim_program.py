@@ -1,4 +1,5 @@
-"""A program file run by the simulator's CLI gets a fresh module for every run, as a real job's processes do.
+"""A program file run by the simulator's CLI gets a fresh module for every run and rank, as a real job's
+processes do.
 
 Before: the file was imported once per worker process, so what one seed left in the module's globals
 changed the next seed's run; a sweep's verdict depended on which worker ran which seeds, and the
@@ -28,10 +29,9 @@ DRAWN = random.random()  # drawn at import: from the run's own generator, the sa
 
 async def main():
     pg = await aiodist.init_process_group()
-    if pg.rank == 0:
-        _RUNS.append(1)
+    _RUNS.append(pg.rank)
     await aiodist.barrier()
-    assert len(_RUNS) == 1, f"stale module state: {len(_RUNS)} runs registered"
+    assert _RUNS == [pg.rank], f"stale module state: {_RUNS} registered"
     await aiodist.destroy_process_group()
     return DRAWN
 '''
@@ -162,7 +162,7 @@ async def main():
     store = await aiodist.TCPStore.connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout=30)
     if rank == 0:
         await store.set("point", pickle.dumps(Point(7)))
-    seen = list(DONE.get(rank, []))  # (the module is shared by the virtual ranks of a run: keyed by rank)
+    seen = list(DONE.get(rank, []))
     DONE.setdefault(rank, []).append(incarnation)
     sent = pickle.loads(await store.get("point"))
     mine = pickle.loads(pickle.dumps(Point(rank)))  # (this process's class pickles, and is the one others send)
@@ -181,3 +181,40 @@ def test_a_restarted_rank_runs_the_program_file_afresh_losing_its_module_globals
     assert res.rank_results[0] == ([], True, True)
     assert res.rank_results[1] == ([], True, True), "the restarted rank saw its previous process's DONE"
     assert res.restarts == {1: 1}
+
+
+PER_PROCESS = '''
+import dataclasses
+import aiodist
+
+STEPS = {"n": 0}  # this process's own step counter
+
+
+@dataclasses.dataclass
+class Counter:
+    by: int
+
+    def bump(self):  # (a method reads its own rank's module globals, as a function does)
+        STEPS["n"] += self.by
+
+
+async def main():
+    pg = await aiodist.init_process_group()
+    for _ in range(5):
+        Counter(1).bump()
+        await aiodist.barrier()
+    box = [Counter(pg.rank + 1)] if pg.rank == 0 else [None]
+    await aiodist.broadcast_object_list(box, src=0)
+    box[0].bump()  # (another rank's object, of this rank's class)
+    await aiodist.destroy_process_group()
+    return STEPS["n"], isinstance(box[0], Counter)
+'''
+
+
+def test_each_virtual_rank_has_its_own_module_globals(tmp_path: Path) -> None:
+    """Before (blind probe s21, finding 2): the ranks of a run shared the file's module, so a per-process counter
+    counted every rank's steps (rank 1 saw 10 of its 5): a correct program failed in the simulator only."""
+    (tmp_path / "prog.py").write_text(PER_PROCESS)
+    res = sim.run(load_main(str(tmp_path / "prog.py")), world_size=3, seed=0)
+    assert res.ok, res.summary()
+    assert res.rank_results == [(6, True)] * 3
