@@ -213,6 +213,43 @@ async def test_replies_piling_up_for_a_client_past_the_outbox_limit_cut_it_off(c
             w.close()
 
 
+async def _non_reading_client(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """An authenticated raw connection with a tiny receive buffer (it will not read)."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (HOST, port))
+    r, w = await asyncio.open_connection(sock=sock)
+    await handshake(r, w)
+    return r, w
+
+
+@pytest.mark.parametrize("flood", ["timeout_errors", "pongs"])
+async def test_error_replies_and_pongs_left_unread_count_what_they_hold_against_the_outbox_limit(
+    caplog: pytest.LogCaptureFixture, flood: str
+) -> None:
+    # store audit s21, finding 1: they were counted as 64 bytes each, so a client that never read
+    # its timeout errors (each naming its keys) or pongs grew the server far past max_outbox_bytes.
+    caplog.set_level(logging.INFO, logger="aiodist.store")
+    async with await StoreServer.start(HOST, 0, max_outbox_bytes=256 << 10, send_timeout=None, idle_timeout=None) as srv:
+        async with await TCPStore.connect(HOST, srv.port, timeout=5) as c:
+            await c.set("big", b"x" * (12 << 20))  # one reply that fills every socket buffer: the writer waits
+            r, w = await _non_reading_client(srv.port)
+            await until(lambda: len(srv._sessions) == 2)
+            w.write(frame({"op": "get", "id": 0, "k": "big"}))
+            if flood == "pongs":  # 2,000 pongs: 128 KB at 64 bytes each, below the limit
+                w.write(b"".join(frame({"op": "ping"}) for _ in range(2000)))
+            else:  # 64 timeout errors naming 8 keys of 1,000 characters: 4 KB at 64 bytes each
+                keys = [f"{i}-" + "k" * 1000 for i in range(8)]
+                w.write(b"".join(frame({"op": "wait", "id": i, "ks": keys, "t": 0.0}) for i in range(1, 65)))
+            await until(lambda: len(srv._sessions) == 1, timeout=3)
+            assert any("cut off" in m and "max_outbox_bytes" in m for m in store_messages(caplog))
+            assert await c.add("others", 1) == 1  # everyone else is served throughout
+            w.close()
+
+
 def test_limits_from_a_spec_and_back() -> None:
     limits = StoreLimits.parse("max_connections=2000, max_client_bytes=256MiB,idle_timeout=none,send-timeout=5s")
     assert limits.max_connections == 2000 and limits.max_client_bytes == 256 << 20

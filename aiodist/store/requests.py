@@ -137,7 +137,7 @@ class Requests:
     def _expire(self, session: Session, rid: int, keys: list[str], timeout: float, op: str) -> None:
         session.timers.pop(rid, None)
         if self.state.cancel(session.cid, rid):
-            # (at most 8 keys: a reply the size of the request would not count against max_outbox_bytes)
+            # (at most 8 keys named: the reply stays small; what it holds counts against max_outbox_bytes)
             msg = f"{op} timed out after {timeout:g}s waiting for key(s) {first_few(keys)}"
             session_reply = Reply(session.cid, rid, None, _timeout_failure(msg, keys, self.state.missing_of(op, keys)))
             self._post(session_reply)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -34,7 +35,7 @@ from . import protocol as P
 from .admission import Admission, send_quietly, server_handshake
 from .limits import PRE_AUTH_MAX_FRAME, StoreLimits
 from .requests import Requests, Session
-from .state import Reply, StoreState
+from .state import Failure, Reply, StoreState
 
 log = logging.getLogger("aiodist.store")
 
@@ -420,13 +421,38 @@ _DRAIN: Final[dict[str, Any]] = {}
 """Outbox marker: the fast path met a full socket buffer; the writer waits for it to drain (bounded)."""
 
 
+_FRAME: Final = 64
+"""Counted per outbox entry beside what it holds: the deque slot, a frame's head once encoded."""
+_HEADER: Final = 256
+"""A raw header in the outbox (``pong``, a ``cancelled`` ack): the dict object with its entries."""
+_FAILURE: Final = 256
+"""An error reply beside its strings: the Reply and Failure tuples, the error frame's fields."""
+
+
 def _size(item: Reply | dict[str, Any]) -> int:
-    """What an outbox entry holds, roughly: its value bytes plus a frame's overhead."""
+    """What an outbox entry holds: its value bytes, or an error's strings, plus the objects around them.
+
+    Every entry counts what it keeps alive, so that a client that never reads
+    reaches ``max_outbox_bytes`` with about that much memory held for it
+    (whatever its replies are: values, timeout errors, pongs).
+    """
     if type(item) is dict:
-        return 64
+        return _HEADER
     value = item.value  # type: ignore[union-attr]
     if type(value) is bytes:
-        return 64 + len(value)
+        return _FRAME + len(value)
     if type(value) is list:
-        return 64 + sum(len(v) for v in value)
-    return 64
+        return _FRAME + sum(len(v) for v in value)
+    failure = item.failure  # type: ignore[union-attr]
+    if failure is not None:
+        return _failure_size(failure)
+    return _FRAME
+
+
+def _failure_size(f: Failure) -> int:
+    size = _FAILURE + sys.getsizeof(f.message)
+    if f.key is not None:
+        size += sys.getsizeof(f.key)
+    if f.missing:
+        size += sum(_FRAME + sys.getsizeof(k) for k in f.missing)
+    return size
