@@ -72,6 +72,14 @@ async def host_returns_early() -> None:
     await aiodist.all_reduce(np.ones(4))
 
 
+async def returns_before_its_rendezvous() -> str:
+    if os.environ["RANK"] == "2":  # (a rank that skips the job: the others wait for it in their rendezvous)
+        return "skipped"
+    await aiodist.init_process_group(timeout=120)
+    await aiodist.destroy_process_group()
+    return "done"
+
+
 def env_at_import_worker() -> str:
     return os.environ.get("AIODIST_SPAWN_TEST", "") + "/" + os.environ["RANK"]
 
@@ -120,6 +128,19 @@ def test_spawn_says_when_the_root_cause_is_a_rank_that_returned_early() -> None:
     err = info.value
     assert err.rank in (1, 2) and "PeerFailureError" in str(err)
     assert "root cause: rank 0 exited cleanly while ranks 1, 2 wait in all_reduce #1" in str(err)
+
+
+def test_spawn_stops_at_once_when_a_rank_returned_without_joining_the_rendezvous_the_others_wait_in() -> None:
+    """Before: the others waited out their whole rendezvous timeout (here 120 s; 300 s by default) before the
+    job failed, as ``aiodist run`` did until it read the ranks' rendezvous marks (aiodist.launch_marks)."""
+    start = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        spawn(returns_before_its_rendezvous, 3, timeout=100)
+    assert time.monotonic() - start < 30
+    err = info.value
+    assert err.rank == 2 and err.exitcode == 0 and err.signal is None
+    assert "rank 2 (pid" in str(err) and "returned without joining its rendezvous" in str(err)
+    assert "rank 2 exited cleanly while rank" in str(err) and "wait" in str(err)
 
 
 def test_spawn_rank_killed_by_signal_is_named() -> None:

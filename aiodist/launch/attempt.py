@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from . import outcome as outcomes
 from .env import merged_env, rank_env
-from ..launch_marks import JOINED, WAITING, load_marks
+from ..launch_marks import JOINED, load_marks
 from .job import LaunchConfig, RankExit
 from .outcome import Blame
 from .output import StreamWriter
@@ -327,22 +327,12 @@ class Attempt:
             if clean and self.running_count:
                 marks = load_marks(self.status_dir)
                 clean = [e for e in clean if marks.get(e.exit.rank) != JOINED]  # (one that had joined strands no one)
-                stranded = self._stranding(clean, marks)
+                running = {self._rank(r.local_rank) for r in self._ranks if r.returncode is None}
+                stranded = outcomes.stranded([e.exit.rank for e in clean], running, marks)
                 if stranded is not None:
                     self.stranded = stranded
-                    return clean[0]
+                    return next(e for e in clean if e.exit.rank == stranded.rank)
         return first
-
-    def _stranding(self, gone: list[Exited], marks: dict[int, str]) -> Blame | None:
-        """The first of ``gone`` (exited 0 without joining) if running ranks wait in their rendezvous (see
-        :mod:`aiodist.launch_marks`): they wait for it, and would wait out their whole timeout."""
-        running = {self._rank(r.local_rank) for r in self._ranks if r.returncode is None}
-        waiting = sorted(r for r, state in marks.items() if state == WAITING and r in running)
-        if not gone or not waiting:
-            return None
-        rank = gone[0].exit.rank
-        who = f"rank {waiting[0]} waits" if len(waiting) == 1 else f"ranks {outcomes._ranges(waiting)} wait"
-        return Blame(rank, "returned", f"rank {rank} exited cleanly while {who} in rendezvous")
 
     def only_failed_left(self) -> bool:
         """Are the ranks still running all ranks that the others' records blame (declared failed: hung)?"""

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..launch_marks import STATUS_DIR_ENV  # (the directory a launched rank writes its end record into)
+from ..launch_marks import JOINED, STATUS_DIR_ENV, WAITING  # (the directory a launched rank writes its end record into)
 from .status import describe_returncode, signal_of
 
 __all__ = ["STATUS_DIR_ENV", "STOP_REASON", "Blame", "blamed", "describe_exception", "load", "raised_text", "rank_ended",
@@ -190,6 +190,18 @@ def _ranges(ranks: Sequence[int]) -> str:
         parts.append(str(rs[i]) if i == j else f"{rs[i]}\u2013{rs[j]}" if j > i + 1 else f"{rs[i]}, {rs[j]}")
         i = j + 1
     return ", ".join(parts)
+
+
+def stranded(gone: Sequence[int], running: Collection[int], marks: Mapping[int, str]) -> Blame | None:
+    """The first of ``gone`` (ranks that exited 0) that never joined its rendezvous, if ranks still ``running``
+    wait in theirs (``marks``: :func:`aiodist.launch_marks.load_marks`): they wait for it, and would wait out
+    their whole timeout. None when no such rank strands anyone."""
+    left = [r for r in gone if marks.get(r) != JOINED]  # (one that had joined strands no one)
+    waiting = sorted(r for r in running if marks.get(r) == WAITING)
+    if not left or not waiting:
+        return None
+    who = f"rank {waiting[0]} waits" if len(waiting) == 1 else f"ranks {_ranges(waiting)} wait"
+    return Blame(left[0], "returned", f"rank {left[0]} exited cleanly while {who} in rendezvous")
 
 
 def raised_text(rec: Mapping[str, Any]) -> str:

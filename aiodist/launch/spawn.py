@@ -30,6 +30,8 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,7 +39,8 @@ from typing import Any
 
 from ..errors import LaunchTimeoutError, RankFailedError
 from .env import merged_env, rank_env
-from .outcome import describe_exception, root_cause
+from ..launch_marks import JOINED, STATUS_DIR_ENV, load_marks
+from .outcome import Blame, describe_exception, root_cause, stranded
 from .runner import call_entry
 from .security import fresh_secret
 from .status import failure_message
@@ -125,6 +128,13 @@ def _failure(rank: int, proc: Any, remote: tuple[str, str] | None, *, cause: str
     )
 
 
+def _stranded_error(blame: Blame, proc: Any) -> RankFailedError:
+    """The error naming a rank that returned without joining its rendezvous while others wait in theirs."""
+    message = (f"rank {blame.rank} (pid {proc.pid}) returned without joining its rendezvous, which the others "
+               f"wait for until their timeout: {blame.message}; they were stopped")
+    return RankFailedError(message, rank=blame.rank, pid=proc.pid, exitcode=0, signal=None, remote_traceback=None)
+
+
 def spawn(
     fn: Callable[..., Any],
     world_size: int,
@@ -169,11 +179,15 @@ def spawn(
     secret = fresh_secret({**os.environ, **(env or {})})  # one per job: its ranks accept only each other
     procs: list[Any] = []
     conns: list[Any] = []
+    # (where the ranks mark how far their rendezvous got: aiodist.launch_marks; one of a launcher around the
+    # caller would get this job's marks otherwise)
+    status_dir = tempfile.mkdtemp(prefix="aiodist-spawn-")
     try:
         for rank in range(world_size):
             variables = rank_env(
                 local_rank=rank, nproc_per_node=world_size, master_addr=master_addr, master_port=port, run_id=run_id
             )
+            variables[STATUS_DIR_ENV] = status_dir
             overlay = merged_env({**(env or {}), **secret}, variables, nproc_per_node=world_size)
             if "OMP_NUM_THREADS" in os.environ and "OMP_NUM_THREADS" not in (env or {}):
                 overlay.pop("OMP_NUM_THREADS", None)  # the caller's own setting wins, as with the launcher
@@ -186,7 +200,7 @@ def spawn(
             send_end.close()
             procs.append(proc)
             conns.append(recv_end)
-        return _supervise(procs, conns, timeout=timeout, grace_period=grace_period)
+        return _supervise(procs, conns, timeout=timeout, grace_period=grace_period, status_dir=status_dir)
     except BaseException:
         _stop(procs, grace_period)
         raise
@@ -196,9 +210,15 @@ def spawn(
         for proc in procs:
             if proc.exitcode is not None:
                 proc.close()
+        shutil.rmtree(status_dir, ignore_errors=True)
 
 
-def _supervise(procs: list[Any], conns: list[Any], *, timeout: float | None, grace_period: float) -> list[Any]:
+_STRANDED_POLL = 0.25
+"""After a rank returned without joining its rendezvous: how often (s) the others' marks are read."""
+
+
+def _supervise(procs: list[Any], conns: list[Any], *, timeout: float | None, grace_period: float,
+               status_dir: str) -> list[Any]:
     world_size = len(procs)
     results: list[Any] = [None] * world_size
     remote: list[tuple[str, str] | None] = [None] * world_size
@@ -208,6 +228,7 @@ def _supervise(procs: list[Any], conns: list[Any], *, timeout: float | None, gra
     failed: list[int] = []  # the ranks that failed, in that order
     deadline = None if timeout is None else time.monotonic() + timeout
     settle_by = math.inf  # after a failure: until when to wait for its root cause
+    clean: list[int] = []  # ranks that returned, while others ran: if one never joined, it may strand them
 
     def read(rank: int) -> None:
         try:
@@ -236,6 +257,8 @@ def _supervise(procs: list[Any], conns: list[Any], *, timeout: float | None, gra
         waiting = [conns[r] for r in range(world_size) if not reported[r]]
         waiting += [procs[r].sentinel for r in range(world_size) if r not in seen]  # (ready at once if it exited)
         left = min(settle_by, math.inf if deadline is None else deadline) - now
+        if clean:
+            left = min(left, _STRANDED_POLL)
         multiprocessing.connection.wait(waiting, timeout=None if left == math.inf else max(0.0, left))
         for rank in range(world_size):  # by rank: a fixed order
             if not reported[rank] and conns[rank].poll(0):
@@ -249,6 +272,16 @@ def _supervise(procs: list[Any], conns: list[Any], *, timeout: float | None, gra
             if procs[rank].exitcode != 0 or remote[rank] is not None:
                 failed.append(rank)
                 settle_by = min(settle_by, time.monotonic() + BLAME_WAIT)
+            else:
+                clean.append(rank)
+        if clean and not failed:
+            marks = load_marks(status_dir)
+            clean = [r for r in clean if marks.get(r) != JOINED]
+            running = [r for r in range(world_size) if procs[r].exitcode is None]
+            blame = stranded(clean, running, marks)
+            if blame is not None:
+                _stop(procs, grace_period)
+                raise _stranded_error(blame, procs[blame.rank])
     if not failed:
         return results
     blame = root_cause(exits, records)
