@@ -250,6 +250,29 @@ async def test_error_replies_and_pongs_left_unread_count_what_they_hold_against_
             w.close()
 
 
+async def test_a_multi_get_whose_reply_would_exceed_two_max_values_is_refused_and_the_connection_lives() -> None:
+    # store audit s21, finding 2: a key repeated in one multi_get multiplied its value into a reply of any size
+    # (gigabytes for a request of a few KB); a genuine client lost its connection to the oversized frame.
+    limit = 64 << 10
+    async with await StoreServer.start(HOST, 0, max_value_bytes=limit) as srv:
+        async with await TCPStore.connect(HOST, srv.port, timeout=5) as c:
+            await c.set("big", b"x" * limit)
+            assert await c.multi_get(["big", "big"]) == [b"x" * limit] * 2  # two maximum values: allowed
+            with pytest.raises(StoreRequestError) as e:
+                await c.multi_get(["big"] * 2000)
+            assert e.value.code == "request_too_large" and e.value.limit == "max_value_bytes"
+            assert e.value.limit_value == limit and "its 2000 keys" in str(e.value) and str(2 * limit) in str(e.value)
+            # A multi_get that waits is refused the same way when the value it waited for completes it.
+            waiting = asyncio.ensure_future(c.multi_get(["big", "big", "later"], timeout=5))
+            await until(lambda: srv.state.waiter_count() == 1)
+            await c.set("later", b"y")
+            with pytest.raises(StoreRequestError) as e:
+                await waiting
+            assert e.value.code == "request_too_large"
+            assert await c.get("big") == b"x" * limit  # the connection and the server are fine
+            assert srv.clients == 1
+
+
 def test_limits_from_a_spec_and_back() -> None:
     limits = StoreLimits.parse("max_connections=2000, max_client_bytes=256MiB,idle_timeout=none,send-timeout=5s")
     assert limits.max_connections == 2000 and limits.max_client_bytes == 256 << 20

@@ -303,3 +303,17 @@ def test_against_a_simple_model(ops: list[tuple]) -> None:
         assert len(s) == len(values)
     assert s.drop_client("C") == len(blocked)
     assert s.waiter_count() == 0
+
+
+def test_multi_get_refuses_a_reply_over_two_max_values_now_or_when_woken() -> None:
+    # store audit s21, finding 2 (repeated keys multiplied a value into a reply of any size)
+    s = StoreState(max_value_bytes=10)
+    s.set("A", 1, "k", b"x" * 10)
+    assert s.multi_get("A", 2, ["k", "k"]) == [Reply("A", 2, [b"x" * 10] * 2)]
+    [r] = s.multi_get("A", 3, ["k"] * 3)
+    assert r.value is None and r.failure is not None and r.failure.code == "request_too_large"
+    assert (r.failure.limit, r.failure.maximum) == ("max_value_bytes", 10)
+    assert s.multi_get("A", 4, ["k", "k", "later"]) == []
+    out = s.set("B", 1, "later", b"y")
+    assert out[0] == Reply("B", 1, None) and out[1].request == 4 and out[1].failure is not None
+    assert out[1].failure.code == "request_too_large" and s.waiter_count() == 0

@@ -27,11 +27,10 @@ from ..inflight import waiting_in
 from . import protocol as P
 from .base import AMOUNT_LIMIT, Store, Timeout, Value, as_amount, as_block, as_key, as_keys, as_timeout, as_value
 from .state import KEY_TOO_LARGE, VALUE_TOO_LARGE
+from .state import REQUEST_TOO_LARGE as REQUEST_TOO_LARGE
 
 _MAX_KEYS_BYTES = 512 * 1024
 """Bound on the keys of one request: they travel in the frame header, which the wire limits to 1 MiB."""
-
-REQUEST_TOO_LARGE = "request_too_large"
 
 
 def _keylist(keys: str | list[str]) -> list[str]:

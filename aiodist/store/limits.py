@@ -45,7 +45,11 @@ class StoreLimits:
       closed (the client retries with backoff); one over ``max_handshakes``
       closes the oldest connection still in its handshake. Both are logged
       once per ``log_interval`` seconds, with a count.
-    * ``max_key_bytes`` / ``max_value_bytes``: one key, one value.
+    * ``max_key_bytes`` / ``max_value_bytes``: one key, one value. One
+      request or reply carries at most two values of the maximum size: a
+      ``multi_set`` or ``multi_get`` over ``2 * max_value_bytes`` of values
+      is refused with ``code="request_too_large"`` (repeated keys count
+      each time).
     * ``max_frame_bytes``: one request frame once authenticated (``None``:
       two values of the maximum size, a key and 1 MiB of header). Before
       authentication frames are limited to :data:`PRE_AUTH_MAX_FRAME`.

@@ -16,6 +16,7 @@ KEY_TOO_LARGE: Final = "key_too_large"
 VALUE_TOO_LARGE: Final = "value_too_large"
 DUPLICATE_REQUEST: Final = "duplicate_request"
 BAD_REQUEST: Final = "bad_request"
+REQUEST_TOO_LARGE: Final = "request_too_large"  # a request, or the reply it asks for, over the per-frame bound
 WAITER_QUOTA_EXCEEDED: Final = "waiter_quota_exceeded"  # a blocking request over max_waiter_bytes (see :mod:`.waiters`)
 
 

@@ -50,6 +50,7 @@ from .replies import HOLDS_QUEUE as HOLDS_QUEUE
 from .replies import KEY_TOO_LARGE as KEY_TOO_LARGE
 from .replies import NOT_INTEGER as NOT_INTEGER
 from .replies import OVERFLOW as OVERFLOW
+from .replies import REQUEST_TOO_LARGE as REQUEST_TOO_LARGE
 from .replies import VALUE_TOO_LARGE as VALUE_TOO_LARGE
 from .replies import WAITER_QUOTA_EXCEEDED as WAITER_QUOTA_EXCEEDED
 from .replies import Failure as Failure
@@ -301,9 +302,11 @@ class StoreState(Waiters):
         """The values of ``keys`` in order, once all of them exist (blocks like ``get``)."""
         values = self._values
         try:
-            return [Reply(client, request, [values[k] for k in keys])]
+            found = [values[k] for k in keys]
         except KeyError:
             pass
+        else:
+            return [self._multi_get_reply(client, request, found)]
         bad = self._bad_keys(keys)
         if bad is not None:
             return [Reply(client, request, None, bad)]

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Sequence
-from typing import Any, Final
+from typing import Final
 
 from .quota import Ledger
-from .replies import DUPLICATE_REQUEST, WAITER_QUOTA_EXCEEDED, Failure, Reply
+from .replies import DUPLICATE_REQUEST, REQUEST_TOO_LARGE, WAITER_QUOTA_EXCEEDED, Failure, Reply
 
 _GET: Final = 0
 _WAIT: Final = 1
@@ -71,8 +71,15 @@ class Waiters:
     _queue_waiters: dict[str, dict[tuple[Hashable, int], _Waiter]]
     _by_client: dict[Hashable, dict[int, _Waiter]]
     _ledger: Ledger | None
+    max_value_bytes: int
     max_waiter_bytes: int | None
     _waiter_bytes: dict[Hashable, int]
+
+    @property
+    def max_reply_bytes(self) -> int:
+        """Most value bytes one reply carries: two values of the maximum size, like one request
+        (``multi_get`` asking for more is refused with ``code="request_too_large"``)."""
+        return 2 * self.max_value_bytes
 
     # ------------------------------------------------------------ waking
 
@@ -103,13 +110,32 @@ class Waiters:
                     return key
         return None
 
-    def _result(self, w: _Waiter) -> Any:
+    def _reply(self, w: _Waiter) -> Reply:
+        """The reply of ``w``, which can complete now."""
         if w.kind == _GET:
-            return self._values[w.keys[0]]
+            return Reply(w.client, w.request, self._values[w.keys[0]])
         if w.kind == _MULTI_GET:
             values = self._values
-            return [values[k] for k in w.keys]
-        return None
+            return self._multi_get_reply(w.client, w.request, [values[k] for k in w.keys])
+        return Reply(w.client, w.request, None)
+
+    def _multi_get_reply(self, client: Hashable, request: int, values: list[bytes]) -> Reply:
+        """``values`` for a multi_get, or a refusal if together they exceed what one reply may carry."""
+        limit = self.max_reply_bytes
+        total = 0
+        for v in values:
+            total += len(v)
+        if total <= limit:
+            return Reply(client, request, values)
+        return Reply(client, request, None, Failure(
+            REQUEST_TOO_LARGE,
+            f"the values of its {len(values)} keys hold {total} bytes, over the limit of {limit} bytes "
+            f"per reply (2 x max_value_bytes; a key asked for several times counts each time); ask for fewer "
+            f"keys per call",
+            None,
+            "max_value_bytes",
+            self.max_value_bytes,
+        ))
 
     def _park(self, w: _Waiter, key: str, table: dict[str, dict[tuple[Hashable, int], _Waiter]]) -> None:
         w.on = key
@@ -129,7 +155,7 @@ class Waiters:
             missing = self._first_missing(w)
             if missing is None:
                 self._forget(w)
-                out.append(Reply(w.client, w.request, self._result(w)))
+                out.append(self._reply(w))
             else:
                 self._park(w, missing, self._key_waiters)
         return out
