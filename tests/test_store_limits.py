@@ -273,6 +273,31 @@ async def test_a_multi_get_whose_reply_would_exceed_two_max_values_is_refused_an
             assert srv.clients == 1
 
 
+async def test_a_value_given_back_with_unpop_is_checked_and_charged_like_queue_push(caplog: pytest.LogCaptureFixture) -> None:
+    # store audit s21, finding 3: unpop stored any key and value, over every quota, charged to nobody.
+    caplog.set_level(logging.INFO, logger="aiodist.store")
+    limits = dict(max_total_bytes=64 << 10, max_client_bytes=32 << 10, max_value_bytes=16 << 10, max_key_bytes=1024)
+    async with await StoreServer.start(HOST, 0, **limits) as srv:
+        async with await TCPStore.connect(HOST, srv.port, timeout=5) as innocent:
+            r, w = await asyncio.open_connection(HOST, srv.port)
+            await handshake(r, w)
+            cid = max(srv._sessions)
+            w.write(b"".join(frame({"op": "unpop", "k": "q", "v": [b"x" * 8000]}) for _ in range(10)))
+            w.write(frame({"op": "ping"}))
+            assert (await read_frame(r))[0] == {"op": "pong"}
+            assert await innocent.queue_len("q") == 4  # 4 x 8,001 bytes fit in its 32 KiB; the rest was dropped
+            assert srv.state.stored_bytes(cid) == 4 * 8001
+            assert any("gave back a popped value that was dropped" in m and "max_client_bytes" in m
+                       for m in store_messages(caplog))
+            w.write(frame({"op": "unpop", "k": "k" * 2000, "v": [b"x"]}))  # a key no push could have stored
+            head, _ = await read_frame(r)
+            assert head["err"] == P.BAD_REQUEST and "key of 2000 bytes exceeds the limit of 1024 bytes" in head["msg"]
+            assert await r.read() == b""  # that connection is closed
+            assert await innocent.queue_len("k" * 1000) == 0
+            await innocent.set("innocent", b"1")
+            w.close()
+
+
 def test_limits_from_a_spec_and_back() -> None:
     limits = StoreLimits.parse("max_connections=2000, max_client_bytes=256MiB,idle_timeout=none,send-timeout=5s")
     assert limits.max_connections == 2000 and limits.max_client_bytes == 256 << 20

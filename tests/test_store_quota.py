@@ -121,3 +121,14 @@ def test_the_ledger_always_equals_what_is_stored(ops: list) -> None:
         assert s.stored_bytes() == stored
         assert all(s.stored_bytes(c) >= 0 for c in "abc")
         assert sum(s.stored_bytes(c) for c in "abc") <= stored
+
+
+def test_a_value_given_back_is_charged_to_who_gives_it_back_and_refused_over_its_quota() -> None:
+    # store audit s21, finding 3 (unpop was charged to nobody, over any quota)
+    s = StoreState(max_client_bytes=100)
+    assert s.unpop_refusal("a", "q", b"x" * 59) is None
+    s.queue_unpop("q", b"x" * 59, "a")
+    assert s.stored_bytes("a") == 60
+    bad = s.unpop_refusal("a", "q", b"y" * 59)
+    assert bad is not None and bad.code == QUOTA_EXCEEDED and "max_client_bytes" in bad.message
+    assert s.unpop_refusal("a", "q" * 9000, b"y").code == "key_too_large"

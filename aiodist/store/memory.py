@@ -68,7 +68,7 @@ class MemoryStore(Store):
                 fut.set_result(r)
             elif op == "queue_pop" and r.failure is None:
                 # Its task was cancelled (or timed out) just now and will not take the value.
-                self._deliver(self.state.queue_unpop(key, r.value), -1)
+                self._deliver(self.state.queue_unpop(key, r.value, _ME), -1)
         return mine
 
     def _now(self, op: str, fn: Callable[..., list[Reply]], *args: Any) -> Any:
@@ -113,7 +113,7 @@ class MemoryStore(Store):
             if not self.state.cancel(_ME, rid) and op == "queue_pop" and fut.done() and not fut.cancelled():
                 r = fut.result()
                 if r.failure is None:
-                    self._deliver(self.state.queue_unpop(keys[0], r.value), -1)
+                    self._deliver(self.state.queue_unpop(keys[0], r.value, _ME), -1)
             raise
         return _unwrap(reply, op)
 

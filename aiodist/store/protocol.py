@@ -37,7 +37,9 @@ waiting request and is acknowledged by ``{"op": "cancelled", "c": id}``, which
 the server sends after any reply it already owed for ``id`` (so a client knows
 when a reply that crossed its cancel can no longer come); ``{"op": "unpop",
 "k": key, "v": [value]}`` puts a popped queue value back at the head of its
-queue (its caller was cancelled before it got it; no reply); ``{"op": "ping"}``
+queue (its caller was cancelled before it got it; no reply; checked like
+``queue_push``: a key or value over its limit closes the connection as a bad
+request, a value over a quota is dropped and logged); ``{"op": "ping"}``
 is answered by ``{"op": "pong"}`` and keeps an idle connection alive. A server
 that closes for a reason says it first: ``{"op": "error", "err": "closing",
 "msg": why}`` (e.g. that its host left the job after a failure, then with

@@ -12,6 +12,7 @@ when a request starts waiting. Where replies go is the server's business
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,9 @@ from typing import Any
 from ..net.base import Connection
 from ..shown import brief, first_few
 from . import protocol as P
-from .state import Failure, Reply, StoreState
+from .state import KEY_TOO_LARGE, VALUE_TOO_LARGE, Failure, Reply, StoreState
+
+log = logging.getLogger("aiodist.store")
 
 _INF = float("inf")
 
@@ -112,7 +115,15 @@ class Requests:
             values = P.unpack_values(header, payload)
             if len(values) != 1:
                 raise P.BadMessage("unpop needs exactly one value")
-            self._dispatch(self.state.queue_unpop(key, values[0]))
+            value = values[0]
+            refused = self.state.unpop_refusal(session.cid, key, value)
+            if refused is None:
+                self._dispatch(self.state.queue_unpop(key, value, session.cid))
+            elif refused.code in (KEY_TOO_LARGE, VALUE_TOO_LARGE):  # no such value can have been popped
+                raise P.BadMessage(f"unpop: {refused.message}")
+            else:  # (no reply to send it in: the value the client gives back is dropped, and said so)
+                log.info("store client %s gave back a popped value that was dropped: %s", session.conn.peer,
+                         refused.message)
             return []
         raise P.BadMessage(f"unknown op {brief(op)}", code=P.UNKNOWN_OP, request=_rid(header))
 

@@ -404,12 +404,27 @@ class StoreState(Waiters):
         q = self._queues.get(key)
         return [Reply(client, request, len(q) if q else 0)]
 
-    def queue_unpop(self, key: str, value: bytes) -> list[Reply]:
-        """Put back ``value`` at the FRONT of queue ``key``.
+    def unpop_refusal(self, client: Hashable, key: str, value: bytes) -> Failure | None:
+        """Why :meth:`queue_unpop` of ``value`` by ``client`` must be refused, or None: the checks of
+        ``queue_push`` (key and value size, quotas), for drivers that cannot trust what a client gives back."""
+        bad = self._bad_key(key) or self._bad_value(key, len(value))
+        if bad is not None:
+            return bad
+        ledger = self._ledger
+        if ledger is not None and not self._queue_waiters.get(key):
+            why = ledger.refusal(client, len(key) + len(value), 0, 0)
+            if why is not None:
+                return Failure(QUOTA_EXCEEDED, f"unpop on {key[:64]!r} refused: {why}", key[:64])
+        return None
+
+    def queue_unpop(self, key: str, value: bytes, client: Hashable | None = None) -> list[Reply]:
+        """Put back ``value`` at the FRONT of queue ``key``, charged to ``client`` (who gives it back).
 
         For drivers whose ``queue_pop`` reply was produced but could not be
         delivered (the waiting caller was cancelled at that instant): the
-        value goes to the next waiter, or back to the head of the queue.
+        value goes to the next waiter, or back to the head of the queue. No
+        check is made here: a driver that takes it from a client checks
+        :meth:`unpop_refusal` first.
         """
         waiting = self._queue_waiters.get(key)
         if waiting:
@@ -423,8 +438,8 @@ class StoreState(Waiters):
         if q is None:
             q = self._queues[key] = deque()
         q.appendleft(value)
-        if self._ledger is not None:  # back in the queue, charged to nobody (its pusher is unknown here)
-            self._ledger.enqueue(None, key, value, front=True)
+        if self._ledger is not None:
+            self._ledger.enqueue(client, key, value, front=True)
         if key in self._key_waiters:
             return self._wake(key, None)
         return []
