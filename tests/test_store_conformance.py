@@ -151,6 +151,23 @@ async def test_add_counts_from_zero(handles: Factory) -> None:
     assert await s.add("d", 5) == 105
 
 
+@pytest.mark.parametrize("value", [b"1" * 4301, b"-" + b"1" * 5000, b"9" * 21])
+async def test_add_on_an_integer_of_thousands_of_digits_is_an_overflow_refusal_and_store_usable(
+    handles: Factory, value: bytes
+) -> None:
+    # store audit s21, finding 4: past 4,300 digits int() raised ValueError: the server dropped the connection
+    # with a traceback, and MemoryStore.add raised the bare ValueError.
+    s = await handles()
+    await s.set("n", value)
+    with pytest.raises(StoreRequestError) as info:
+        await s.add("n", 1)
+    assert info.value.code == "overflow" and info.value.key.endswith("n") and "64 bits" in str(info.value)
+    assert await s.get("n") == value
+    await s.set("z", b"-" + b"0" * 5000 + b"7")  # leading zeros: still the integer -7
+    assert await s.add("z", 10) == 3
+    assert await s.add("fine", 2) == 2
+
+
 async def test_add_on_non_integer_is_refused_and_store_usable(handles: Factory) -> None:
     s = await handles()
     await s.set("txt", b"hello")

@@ -66,6 +66,26 @@ INT64_MAX: Final = 2**63 - 1
 _INTEGER = re.compile(rb"[+-]?[0-9]+")
 
 
+_SHORT_INT: Final = 19
+"""A value of at most this many ASCII digits converts with int() at once (far below Python's digit limit)."""
+_SIGNIFICANT: Final = 20
+"""More significant digits than this: no 64-bit amount brings the value back within 64 bits."""
+_TOO_LONG: Final = -1 << 80  # (an int outside any 64-bit range: _integer's "too long" answer)
+
+
+def _integer(value: bytes) -> int | None:
+    """The integer an ASCII decimal ``value`` ([+-] digits) holds, None if it is not one, or :data:`_TOO_LONG`
+    for one of more than 20 significant digits (int() refuses over 4,300: its sum could never fit anyway)."""
+    if _INTEGER.fullmatch(value) is None:
+        return None
+    negative = value[:1] == b"-"
+    digits = value.lstrip(b"+-").lstrip(b"0")
+    if len(digits) > _SIGNIFICANT:
+        return _TOO_LONG
+    n = int(digits) if digits else 0
+    return -n if negative else n
+
+
 # Reply(...) runs namedtuple's Python-level __new__; the hot operations build
 # their replies with tuple.__new__ directly, twice as fast. Same objects.
 _new_tuple = tuple.__new__
@@ -225,13 +245,16 @@ class StoreState(Waiters):
             if bad is not None:
                 return [Reply(client, request, None, bad)]
             current = 0
-        elif old.isdigit():  # ASCII digits only: the usual counter, no regex needed
+        elif len(old) <= _SHORT_INT and old.isdigit():  # the usual counter: no regex needed
             current = int(old)
-        elif _INTEGER.fullmatch(old) is None:
-            shown = old[:32]
-            return [Reply(client, request, None, Failure(NOT_INTEGER, f"add on key {key[:64]!r}: its value {shown!r} is not an integer", key[:64]))]
         else:
-            current = int(old)
+            parsed = _integer(old)
+            if parsed is None:
+                shown = old[:32]
+                return [Reply(client, request, None, Failure(NOT_INTEGER, f"add on key {key[:64]!r}: its value {shown!r} is not an integer", key[:64]))]
+            if parsed == _TOO_LONG:
+                return [Reply(client, request, None, Failure(OVERFLOW, f"add on key {key[:64]!r}: its value, an integer of {len(old)} characters, + {amount} does not fit in 64 bits", key[:64]))]
+            current = parsed
         new = current + amount
         if not INT64_MIN <= new <= INT64_MAX:
             return [Reply(client, request, None, Failure(OVERFLOW, f"add on key {key[:64]!r}: {current} + {amount} does not fit in 64 bits", key[:64]))]
