@@ -1,7 +1,8 @@
-"""What one client may keep blocked in the pure state machine (``max_waiter_bytes``): charged, refused, given back."""
+"""The store's blocked requests in the pure state machine: what one client may keep blocked (``max_waiter_bytes``), and how a waiter on many keys is woken."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -164,3 +165,47 @@ def test_the_charge_always_equals_what_is_parked_and_stays_within_the_limit(ops:
             parked = s._by_client.get(c, {})
             assert s.waiter_bytes(c) == sum(waiter_cost(w.keys) for w in parked.values())
             assert s.waiter_bytes(c) <= limit
+
+
+class _CountingDict(dict):
+    """The store's key table, counting the membership tests made on it."""
+
+    tests = 0
+
+    def __contains__(self, key: object) -> bool:
+        _CountingDict.tests += 1
+        return super().__contains__(key)
+
+
+@pytest.mark.parametrize("op", ["wait", "multi_get"])
+def test_a_waiter_on_many_keys_written_one_by_one_costs_linear_work_and_completes_only_when_all_exist(op: str) -> None:
+    # store audit s21, finding 5: each write re-scanned the waiter's keys from the first one (quadratic:
+    # a wait on 20,000 keys written in order stalled the server's loop for 10 s).
+    k = 2000
+    keys = [f"k{i}" for i in range(k)]
+    s = StoreState()
+    s._values = _CountingDict()
+    _CountingDict.tests = 0
+    assert getattr(s, op)("a", 1, keys) == []
+    for i, key in enumerate(keys[:-1]):
+        assert s.set("b", i, key, b"v") == [Reply("b", i, None)]
+    assert s.delete_key("b", 10_000, keys[0]) == [Reply("b", 10_000, True)]  # gone again before the last one comes
+    assert s.set("b", 10_001, keys[-1], b"v") == [Reply("b", 10_001, None)]
+    assert s.waiter_count() == 1
+    out = s.set("b", 10_002, keys[0], b"w")
+    assert out[0] == Reply("b", 10_002, None) and out[1].request == 1 and len(out) == 2
+    assert out[1].value == (None if op == "wait" else [b"w"] + [b"v"] * (k - 1))
+    assert _CountingDict.tests < 10 * k  # (quadratic: about k * k / 2)
+
+
+def test_a_waiter_resumes_where_it_stopped_but_rechecks_what_it_passed() -> None:
+    s = StoreState()
+    assert s.wait("a", 1, ["x", "y", "x", "z"]) == []
+    s.set("b", 1, "x", b"1")
+    s.set("b", 2, "y", b"1")
+    s.queue_push("b", 3, "z", b"q")  # (a non-empty queue counts for wait)
+    assert s.waiter_count() == 0
+    assert s.wait("a", 2, ["x", "y", "w"]) == []
+    s.delete_key("b", 4, "y")
+    assert s.set("b", 5, "w", b"1") == [Reply("b", 5, None)]  # y was deleted after it was passed
+    assert s.set("b", 6, "y", b"2") == [Reply("b", 6, None), Reply("a", 2, None)]

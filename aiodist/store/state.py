@@ -227,7 +227,7 @@ class StoreState(Waiters):
         bad = self._bad_key(key) or self._holds_queue("get", key)
         if bad is not None:
             return [Reply(client, request, None, bad)]
-        return self._block(client, request, _GET, (key,), key)
+        return self._block(client, request, _GET, (key,))
 
     def _holds_queue(self, op: str, key: str) -> Failure | None:
         """``key`` holds a queue and no value: ``get`` would wait for a value while ``check``/``wait`` say it
@@ -315,11 +315,10 @@ class StoreState(Waiters):
         if bad is not None:
             return [Reply(client, request, None, bad)]
         keys = tuple(keys)
-        w = _Waiter(client, request, _WAIT, keys)
-        missing = self._first_missing(w)
-        if missing is None:
+        at = self._missing_from(_WAIT, keys, 0, len(keys))
+        if at == len(keys):
             return [Reply(client, request, None)]
-        return self._block(client, request, _WAIT, keys, missing)
+        return self._block(client, request, _WAIT, keys, at)
 
     def multi_get(self, client: Hashable, request: int, keys: Sequence[str]) -> list[Reply]:
         """The values of ``keys`` in order, once all of them exist (blocks like ``get``)."""
@@ -334,11 +333,11 @@ class StoreState(Waiters):
         if bad is not None:
             return [Reply(client, request, None, bad)]
         keys = tuple(keys)
-        missing = next(k for k in keys if k not in values)
-        queued = self._holds_queue("multi_get", missing) if self._queues else None
+        at = self._missing_from(_MULTI_GET, keys, 0, len(keys))
+        queued = self._holds_queue("multi_get", keys[at]) if self._queues else None
         if queued is not None:
             return [Reply(client, request, None, queued)]
-        return self._block(client, request, _MULTI_GET, keys, missing)
+        return self._block(client, request, _MULTI_GET, keys, at)
 
     def multi_set(self, client: Hashable, request: int, keys: Sequence[str], values: Sequence[bytes]) -> list[Reply]:
         """Set every ``keys[i]`` to ``values[i]`` atomically (all or nothing)."""
@@ -420,7 +419,7 @@ class StoreState(Waiters):
         bad = self._bad_key(key)
         if bad is not None:
             return [Reply(client, request, None, bad)]
-        return self._block(client, request, _POP, (key,), key)
+        return self._block(client, request, _POP, (key,))
 
     def queue_len(self, client: Hashable, request: int, key: str) -> list[Reply]:
         """The number of values waiting in queue ``key``."""

@@ -4,7 +4,11 @@ A request that cannot complete yet (``get``, ``wait``, ``multi_get``,
 ``queue_pop``) becomes a :class:`_Waiter`. :class:`Waiters` is the half of
 :class:`~aiodist.store.state.StoreState` that keeps them: each waiter sits in
 exactly one wait list, that of the first key it still misses (or of its
-queue), and is re-examined when that key is written; ``cancel`` (timeout,
+queue), and is re-examined when that key is written. A waiter on several
+keys keeps its place in its key list: it resumes from the key it waited for,
+and checks the keys it had passed once more only when it reached the end
+(one may have been deleted since), so a wait on K keys written one by one
+costs O(K) in all, not O(K) per write; ``cancel`` (timeout,
 cancellation) and ``drop_client`` (disconnect) remove waiters without a
 reply. Wait lists are insertion-ordered dicts, woken oldest first.
 
@@ -44,12 +48,13 @@ def waiter_cost(keys: Sequence[str]) -> int:
 
 
 class _Waiter:
-    """One blocked request. It sits in exactly one wait list: ``self.on``.
+    """One blocked request. It sits in exactly one wait list: ``self.on``, which is ``self.keys[self.at]``
+    (every key before ``at`` existed when it was passed).
 
     ``cost``: what it is charged against its client's ``max_waiter_bytes`` (0 without that bound).
     """
 
-    __slots__ = ("client", "request", "kind", "keys", "on", "cost")
+    __slots__ = ("client", "request", "kind", "keys", "on", "at", "cost")
 
     def __init__(self, client: Hashable, request: int, kind: int, keys: Sequence[str], cost: int = 0) -> None:
         self.client = client
@@ -57,6 +62,7 @@ class _Waiter:
         self.kind = kind
         self.keys = keys
         self.on = keys[0] if keys else ""
+        self.at = 0
         self.cost = cost
 
 
@@ -98,17 +104,38 @@ class Waiters:
             return [k for k in keys if k not in self._values][:8]
         return [k for k in keys if not self._exists(k)][:8]
 
-    def _first_missing(self, w: _Waiter) -> str | None:
-        values = self._values
-        if w.kind == _WAIT:
-            for key in w.keys:
-                if not self._exists(key):
-                    return key
+    def _missing_from(self, kind: int, keys: Sequence[str], start: int, stop: int) -> int:
+        """The index of the first of ``keys[start:stop]`` that does not exist (as ``kind`` sees it), or ``stop``."""
+        if kind == _WAIT:
+            exists = self._exists
+            for i in range(start, stop):
+                if not exists(keys[i]):
+                    return i
         else:
-            for key in w.keys:
-                if key not in values:
-                    return key
-        return None
+            values = self._values
+            for i in range(start, stop):
+                if keys[i] not in values:
+                    return i
+        return stop
+
+    def _still_missing(self, w: _Waiter) -> int:
+        """Where ``w`` (just woken) waits next: the index of a key it misses, or ``len(w.keys)`` if it can complete.
+
+        It resumes from ``w.at``; past its last key it checks the keys before
+        ``w.at`` again (they existed when passed, but may have been deleted),
+        in the same call, so that all of them exist at the same time.
+        """
+        keys = w.keys
+        n = len(keys)
+        at = self._missing_from(w.kind, keys, w.at, n)
+        if at < n:
+            return at
+        before = w.at
+        if before:
+            at = self._missing_from(w.kind, keys, 0, before)
+            if at < before:
+                return at
+        return n
 
     def _reply(self, w: _Waiter) -> Reply:
         """The reply of ``w``, which can complete now."""
@@ -137,8 +164,10 @@ class Waiters:
             self.max_value_bytes,
         ))
 
-    def _park(self, w: _Waiter, key: str, table: dict[str, dict[tuple[Hashable, int], _Waiter]]) -> None:
+    def _park(self, w: _Waiter, at: int, table: dict[str, dict[tuple[Hashable, int], _Waiter]]) -> None:
+        key = w.keys[at]
         w.on = key
+        w.at = at
         lst = table.get(key)
         if lst is None:
             lst = table[key] = {}
@@ -152,12 +181,12 @@ class Waiters:
         if out is None:
             out = []
         for w in list(lst.values()):
-            missing = self._first_missing(w)
-            if missing is None:
+            at = self._still_missing(w)
+            if at == len(w.keys):
                 self._forget(w)
                 out.append(self._reply(w))
             else:
-                self._park(w, missing, self._key_waiters)
+                self._park(w, at, self._key_waiters)
         return out
 
     def _forget(self, w: _Waiter) -> None:
@@ -213,11 +242,12 @@ class Waiters:
             limit,
         )
 
-    def _block(self, client: Hashable, request: int, kind: int, keys: Sequence[str], missing: str) -> list[Reply]:
+    def _block(self, client: Hashable, request: int, kind: int, keys: Sequence[str], at: int = 0) -> list[Reply]:
+        """Park a request on ``keys[at]``, the first key it misses."""
         w = self._register(client, request, kind, keys)
         if isinstance(w, Failure):
             return [Reply(client, request, None, w)]
-        self._park(w, missing, self._queue_waiters if kind == _POP else self._key_waiters)
+        self._park(w, at, self._queue_waiters if kind == _POP else self._key_waiters)
         return []
 
     # ------------------------------------------------------------ cancellation
