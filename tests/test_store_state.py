@@ -317,3 +317,30 @@ def test_multi_get_refuses_a_reply_over_two_max_values_now_or_when_woken() -> No
     out = s.set("B", 1, "later", b"y")
     assert out[0] == Reply("B", 1, None) and out[1].request == 4 and out[1].failure is not None
     assert out[1].failure.code == "request_too_large" and s.waiter_count() == 0
+
+
+def test_append_grows_the_value_in_place_and_replies_never_share_the_growing_buffer() -> None:
+    # store audit s21, finding 6: each append copied the whole value (old + value): quadratic for many appends.
+    s = StoreState(max_value_bytes=1000)
+    s.append("A", 1, "k", b"ab")
+    s.append("A", 2, "k", b"cd")
+    grown = s._values["k"]
+    for i in range(3, 100):
+        assert s.append("A", i, "k", b"e") == [Reply("A", i, None)]
+        assert s._values["k"] is grown  # the same buffer: no copy of what was there
+    [r] = s.get("A", 100, "k")
+    assert type(r.value) is bytes and r.value == b"abcd" + b"e" * 97
+    s.append("A", 101, "k", b"f")
+    assert r.value == b"abcd" + b"e" * 97  # a reply made before is not changed by a later append
+    assert s.multi_get("A", 102, ["k", "k"]) == [Reply("A", 102, [r.value + b"f"] * 2)]
+    assert type(s.multi_get("A", 103, ["k"])[0].value[0]) is bytes
+    assert s.append("A", 104, "k", b"x" * 900)[0].failure.code == "value_too_large"  # the limit counts the sum
+    assert s.peek("k") == r.value + b"f"
+    s.set("A", 105, "n", b"4")
+    s.append("A", 106, "n", b"2")
+    assert s.add("A", 107, "n", 1) == [Reply("A", 107, 43)]
+    assert s.compare_set("A", 108, "n", b"x", b"y") == [Reply("A", 108, b"43")]
+    assert s.wait("A", 109, ["w"]) == [] and s.get("B", 1, "w") == []
+    s.append("A", 110, "w", b"1")
+    out = s.append("A", 111, "w", b"2")  # (no waiter left: the first append woke both)
+    assert out == [Reply("A", 111, None)] and s.get("B", 2, "w") == [Reply("B", 2, b"12")]

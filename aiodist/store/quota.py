@@ -81,7 +81,7 @@ class Ledger:
 
     # ------------------------------------------------------------ plain keys
 
-    def write(self, client: Hashable, key: str, old: bytes | None, new_len: int) -> str | None:
+    def write(self, client: Hashable, key: str, old: bytes | bytearray | None, new_len: int) -> str | None:
         """Charge ``client`` for ``key`` now holding ``new_len`` bytes instead of ``old``; the refusal (nothing charged) if over a quota.
 
         (:meth:`refusal` and :meth:`_move` inlined: this runs for every write.)
@@ -116,7 +116,7 @@ class Ledger:
         return None
 
     def write_many(
-        self, client: Hashable, keys: Sequence[str], values: Sequence[bytes], lookup: Callable[[str], bytes | None]
+        self, client: Hashable, keys: Sequence[str], values: Sequence[bytes], lookup: Callable[[str], bytes | bytearray | None]
     ) -> str | None:
         """All-or-nothing :meth:`write` of ``keys[i] = values[i]`` (``lookup``: current values).
 
@@ -141,13 +141,13 @@ class Ledger:
                 written[key] = value
         return why
 
-    def _move(self, client: Hashable, key: str, old: bytes | None, new_len: int) -> None:
+    def _move(self, client: Hashable, key: str, old: bytes | bytearray | None, new_len: int) -> None:
         if old is not None:
             self.release(self._owner.get(key), len(key) + len(old))
         self.charge(client, len(key) + new_len)
         self._owner[key] = client
 
-    def delete(self, key: str, old: bytes) -> None:
+    def delete(self, key: str, old: bytes | bytearray) -> None:
         """``key``, holding ``old``, was deleted."""
         self.release(self._owner.pop(key, None), len(key) + len(old))
 

@@ -73,7 +73,7 @@ _SIGNIFICANT: Final = 20
 _TOO_LONG: Final = -1 << 80  # (an int outside any 64-bit range: _integer's "too long" answer)
 
 
-def _integer(value: bytes) -> int | None:
+def _integer(value: bytes | bytearray) -> int | None:
     """The integer an ASCII decimal ``value`` ([+-] digits) holds, None if it is not one, or :data:`_TOO_LONG`
     for one of more than 20 significant digits (int() refuses over 4,300: its sum could never fit anyway)."""
     if _INTEGER.fullmatch(value) is None:
@@ -133,7 +133,7 @@ class StoreState(Waiters):
             raise ValueError("store quotas must be positive (or None)")
         self.max_key_bytes = max_key_bytes
         self.max_value_bytes = max_value_bytes
-        self._values: dict[str, bytes] = {}
+        self._values: dict[str, bytes | bytearray] = {}  # (a bytearray: grown by append since last read)
         self._queues: dict[str, deque[bytes]] = {}
         # key -> {(client, request): waiter}, oldest first
         self._key_waiters: dict[str, dict[tuple[Hashable, int], _Waiter]] = {}
@@ -155,7 +155,8 @@ class StoreState(Waiters):
 
     def peek(self, key: str) -> bytes | None:
         """The value of ``key`` or ``None`` (for tests and debugging)."""
-        return self._values.get(key)
+        value = self._values.get(key)
+        return None if value is None else self._frozen(key, value)
 
     def stored_bytes(self, client: Hashable | None = None) -> int:
         """Bytes of keys and values kept (charged to ``client``, or in total); 0 without quotas."""
@@ -198,7 +199,7 @@ class StoreState(Waiters):
 
     # ------------------------------------------------------------ quotas
 
-    def _quota(self, client: Hashable, key: str, old: bytes | None, new_len: int) -> Failure | None:
+    def _quota(self, client: Hashable, key: str, old: bytes | bytearray | None, new_len: int) -> Failure | None:
         """Charge ``client`` for writing ``new_len`` value bytes over ``old``; a Failure (nothing charged) if over a quota."""
         assert self._ledger is not None
         why = self._ledger.write(client, key, old, new_len)
@@ -223,6 +224,8 @@ class StoreState(Waiters):
         """The value of ``key``, or block until it is set."""
         value = self._values.get(key)
         if value is not None:
+            if type(value) is bytearray:
+                value = self._frozen(key, value)
             return [_new_tuple(Reply, (client, request, value, None))]
         bad = self._bad_key(key) or self._holds_queue("get", key)
         if bad is not None:
@@ -250,7 +253,7 @@ class StoreState(Waiters):
         else:
             parsed = _integer(old)
             if parsed is None:
-                shown = old[:32]
+                shown = bytes(old[:32])
                 return [Reply(client, request, None, Failure(NOT_INTEGER, f"add on key {key[:64]!r}: its value {shown!r} is not an integer", key[:64]))]
             if parsed == _TOO_LONG:
                 return [Reply(client, request, None, Failure(OVERFLOW, f"add on key {key[:64]!r}: its value, an integer of {len(old)} characters, + {amount} does not fit in 64 bits", key[:64]))]
@@ -279,7 +282,7 @@ class StoreState(Waiters):
             if expected:
                 return [Reply(client, request, expected)]
         elif current != expected:
-            return [_new_tuple(Reply, (client, request, current, None))]
+            return [_new_tuple(Reply, (client, request, self._frozen(key, current), None))]
         if self._ledger is not None:
             bad = self._quota(client, key, current, len(desired))
             if bad is not None:
@@ -291,15 +294,25 @@ class StoreState(Waiters):
         return out
 
     def append(self, client: Hashable, request: int, key: str, value: bytes) -> list[Reply]:
-        """Append ``value`` to ``key`` (a missing key starts empty)."""
+        """Append ``value`` to ``key`` (a missing key starts empty).
+
+        The value grows in place, in a bytearray (amortised O(appended
+        bytes), not a copy of the whole value per append); the next read
+        freezes it back to bytes (see :meth:`_frozen`).
+        """
         old = self._values.get(key)
-        new = value if old is None else old + value
-        bad = self._bad_key(key) or self._bad_value(key, len(new))
+        size = len(value) if old is None else len(old) + len(value)
+        bad = self._bad_key(key) or self._bad_value(key, size)
         if bad is None and self._ledger is not None:
-            bad = self._quota(client, key, old, len(new))
+            bad = self._quota(client, key, old, size)
         if bad is not None:
             return [Reply(client, request, None, bad)]
-        self._values[key] = new
+        if old is None:
+            self._values[key] = value
+        elif type(old) is bytearray:
+            old += value
+        else:
+            self._values[key] = bytearray(old) + value
         out = [Reply(client, request, None)]
         if key in self._key_waiters:
             self._wake(key, out)
@@ -328,7 +341,7 @@ class StoreState(Waiters):
         except KeyError:
             pass
         else:
-            return [self._multi_get_reply(client, request, found)]
+            return [self._multi_get_reply(client, request, keys, found)]
         bad = self._bad_keys(keys)
         if bad is not None:
             return [Reply(client, request, None, bad)]

@@ -71,7 +71,7 @@ class Waiters:
 
     __slots__ = ()
 
-    _values: dict[str, bytes]
+    _values: dict[str, bytes | bytearray]
     _queues: dict[str, deque[bytes]]
     _key_waiters: dict[str, dict[tuple[Hashable, int], _Waiter]]
     _queue_waiters: dict[str, dict[tuple[Hashable, int], _Waiter]]
@@ -140,18 +140,35 @@ class Waiters:
     def _reply(self, w: _Waiter) -> Reply:
         """The reply of ``w``, which can complete now."""
         if w.kind == _GET:
-            return Reply(w.client, w.request, self._values[w.keys[0]])
+            key = w.keys[0]
+            return Reply(w.client, w.request, self._frozen(key, self._values[key]))
         if w.kind == _MULTI_GET:
             values = self._values
-            return self._multi_get_reply(w.client, w.request, [values[k] for k in w.keys])
+            return self._multi_get_reply(w.client, w.request, w.keys, [values[k] for k in w.keys])
         return Reply(w.client, w.request, None)
 
-    def _multi_get_reply(self, client: Hashable, request: int, values: list[bytes]) -> Reply:
-        """``values`` for a multi_get, or a refusal if together they exceed what one reply may carry."""
+    def _frozen(self, key: str, value: bytes | bytearray) -> bytes:
+        """``value``, the value of ``key``, as bytes for a reply.
+
+        A value that ``append`` grew in place (a bytearray) is copied to bytes
+        once and stored so: replies never share a buffer that a later append
+        changes, and reading it again costs nothing.
+        """
+        if isinstance(value, bytearray):
+            frozen = bytes(value)
+            self._values[key] = frozen
+            return frozen
+        return value
+
+    def _multi_get_reply(self, client: Hashable, request: int, keys: Sequence[str],
+                         values: list[bytes | bytearray]) -> Reply:
+        """``values`` (of ``keys``) for a multi_get, or a refusal if together they exceed what one reply may carry."""
         limit = self.max_reply_bytes
         total = 0
-        for v in values:
+        for i, v in enumerate(values):
             total += len(v)
+            if type(v) is bytearray:
+                values[i] = self._frozen(keys[i], v)
         if total <= limit:
             return Reply(client, request, values)
         return Reply(client, request, None, Failure(
