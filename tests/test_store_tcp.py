@@ -31,7 +31,7 @@ from aiodist.store import protocol as P
 from aiodist.store.admission import Admission, server_handshake
 from aiodist.store.limits import StoreLimits
 from aiodist.wire import PREAMBLE
-from store_wire import HELLO, frame, handshake
+from store_wire import HELLO, frame, handshake, read_frame
 
 HOST = "127.0.0.1"
 
@@ -709,3 +709,18 @@ async def test_connect_takes_an_infinite_timeout_as_the_default_of_blocking_call
             await TCPStore.connect("127.0.0.1", server.port, timeout=0)
     finally:
         await server.close()
+
+
+async def test_a_reply_to_a_request_that_reused_a_waiting_ones_id_leaves_that_ones_timeout_armed(server: StoreServer) -> None:
+    # store audit s21, finding 7: the num_keys reply cancelled the waiting get's server-side timer (same id):
+    # the get never timed out, and its connection never idled out.
+    r, w = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        await handshake(r, w)
+        w.write(frame({"op": "get", "id": 1, "k": "never", "t": 0.2}) + frame({"op": "num_keys", "id": 1}))
+        assert (await read_frame(r, timeout=2))[0] == {"id": 1, "r": 0}
+        head, _ = await read_frame(r, timeout=2)
+        assert head["id"] == 1 and head["err"] == P.TIMEOUT
+        assert server.state.waiter_count() == 0
+    finally:
+        w.close()

@@ -331,9 +331,11 @@ class StoreServer(Requests):
 
     def _encode(self, session: Session, r: Reply) -> tuple[dict[str, Any], bytes | None]:
         if session.timers:
-            timer = session.timers.pop(r.request, None)
-            if timer is not None:
-                timer.cancel()
+            # The reply ends its request's timeout, unless that request still waits: then this reply is another
+            # request's that reused its id (a client's mistake, which must not make the waiting one wait forever).
+            rid = r.request
+            if rid in session.timers and not self.state.waiting(session.cid, rid):
+                session.timers.pop(rid).cancel()
         if r.failure is not None:
             f = r.failure
             return P.error_frame(f.code, f.message, request=r.request, key=f.key, limit=f.limit, maximum=f.maximum,

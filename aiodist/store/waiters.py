@@ -267,6 +267,11 @@ class Waiters:
         self._park(w, at, self._queue_waiters if kind == _POP else self._key_waiters)
         return []
 
+    def waiting(self, client: Hashable, request: int) -> bool:
+        """Whether request ``request`` of ``client`` is blocked now."""
+        mine = self._by_client.get(client)
+        return mine is not None and request in mine
+
     # ------------------------------------------------------------ cancellation
 
     def cancel(self, client: Hashable, request: int) -> bool:
