@@ -104,11 +104,14 @@ class ProgramMain:
             module.__package__ = self.package
         sys.modules[self.module_name] = module
         token = _LOADING.set(self.path)
+        paths = len(sys.path)
         try:
             exec(self._code, module.__dict__)  # noqa: S102 - the user's program, as `python prog.py` would run it
         finally:
             _LOADING.reset(token)
             sys.modules[self.module_name] = self._proxy
+            if len(sys.path) > paths:
+                _drop_repeats(sys.path)
         return module
 
     def current(self) -> ModuleType:
@@ -159,20 +162,40 @@ class _RankModule(ModuleType):
         return getattr(self._program.current(), name)
 
 
+def _drop_repeats(paths: list[str]) -> None:
+    """Keep the first of each entry (a top level that inserts its own folder into ``sys.path``, run for every
+    rank of every run in one process, would grow it without bound; imports use the first one anyway)."""
+    seen: set[str] = set()
+    paths[:] = [p for p in paths if not (p in seen or seen.add(p))]  # type: ignore[func-returns-value]
+
+
 def _program_main(path: Path, name: str, package: str | None) -> ProgramMain:
     return ProgramMain(path, name, package=package)
 
 
+_isolated: weakref.WeakKeyDictionary[Any, Callable[..., Awaitable[Any]]] = weakref.WeakKeyDictionary()
+"""Each main as :func:`fresh_per_run` made it, once per process (its file compiled once)."""
+
+
 def fresh_per_run(main: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """``main`` run from a fresh copy of its module in every run (a :class:`ProgramMain` of the module's file),
-    as a new process would run it, so that what one seed left in the module's globals cannot change the next
-    (``sim.sweep`` runs many seeds in one worker process). ``main`` itself when it is no module-level function
-    of a module loaded from a ``.py`` file (a closure, a ``functools.partial``, a function typed into a
-    notebook: their state is the caller's), or when its module cannot be run again apart from its package
-    (an ImportError at its top level)."""
+    """``main`` run from a fresh copy of its module in every rank of every run (a :class:`ProgramMain` of the
+    module's file), as a process of its own would run it: each rank has the module's globals to itself, and
+    what one run left there cannot change the next (``sim.run``'s ``isolate``; ``sim.sweep`` runs many seeds
+    in one worker process). ``main`` itself when it is no module-level function of a module imported from a
+    ``.py`` file: a closure, a ``functools.partial``, a function typed into a notebook, or one of the script
+    that is running (``__main__``, whose top level may be what calls ``sim.run``) -- their state is the
+    caller's; or when its module cannot be run again apart from its package (an ImportError at its top
+    level)."""
     given = main
-    if isinstance(main, ProgramMain) or not inspect.isfunction(main) or "." in main.__qualname__:
+    if isinstance(main, ProgramMain) or not inspect.isfunction(main) or "." in main.__qualname__ or \
+            main.__module__ in ("__main__", "__mp_main__"):
         return given
+    try:
+        known = _isolated.get(main)
+    except TypeError:  # pragma: no cover - (functions are weakly referable)
+        return given
+    if known is not None:
+        return known
     module = sys.modules.get(main.__module__)
     file = getattr(module, "__file__", None)
     if module is None or not isinstance(file, str) or not file.endswith(".py") or \
@@ -181,10 +204,11 @@ def fresh_per_run(main: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitabl
     shown = io.StringIO()  # (what its top level printed, shown if it raised: ProgramMain._load)
     try:
         with contextlib.redirect_stderr(shown):
-            return ProgramMain(Path(file), main.__name__, package=module.__package__ or None)
+            fresh = ProgramMain(Path(file), main.__name__, package=module.__package__ or None)
     except ImportError:
         return given
     except BaseException:
         sys.stderr.write(shown.getvalue())
         raise
-
+    _isolated[main] = fresh
+    return fresh

@@ -51,7 +51,7 @@ from .locations import _await_location, _raise_location
 from .loop import LANE, SimLoop
 from .network import Fabric, Host, Network
 from .plan import World, expand, validate
-from .program import RUN
+from .program import RUN, fresh_per_run, loading
 from .process import PROCESS, ProcessExit, ProcessGlobals, RankNetwork, RankProcess, inherited_environment, job_secret
 from .result import Failure as Failure
 from .result import Result as Result
@@ -568,8 +568,19 @@ def run(
     compute: float | Callable[[Callable[..., Any], tuple[Any, ...]], float] = 0.0,
     explore: bool | Exploration = True,
     store_host: str = "rank0",
+    isolate: bool = True,
 ) -> Result:
     """Run ``main(*args)`` as ``world_size`` virtual ranks; return a :class:`Result`.
+
+    ``isolate`` (default on): a ``main`` imported from a module file runs
+    from a fresh copy of that module in every rank, as in a process of its
+    own: each rank has the module's globals to itself, and nothing a run
+    leaves there reaches the next run (so a seed runs the same alone or after
+    others, as its replay command runs it). False: every rank calls ``main``
+    as it is, sharing its module's globals with the other ranks and with the
+    caller (a harness may read what the ranks left there). A closure, a
+    partial or a function of the running script (``__main__``) always runs
+    as it is (:func:`sim.program.fresh_per_run`).
 
     ``explore`` (default on): draw this seed's timing perturbations, each
     short enough for a correct program to tolerate (see :mod:`sim.explore`);
@@ -588,6 +599,12 @@ def run(
     ``compute(func, args) -> seconds``.
     Everything still pending when the run ends is dropped without running.
     """
+    if (running := loading()) is not None:
+        raise RuntimeError(f"sim.run() was called by the top level of {running.name} while the simulator ran "
+                           "that file afresh for a rank (as a new process runs it): put the call under "
+                           "`if __name__ == \"__main__\":`")
+    if isolate:
+        main = fresh_per_run(main)
     thresholds = gc.get_threshold()
     # Fewer young collections: a run keeps many young containers alive (handles, futures, frames in
     # flight, ~250 per rank) and each collection walks all of them, freeing next to nothing. The

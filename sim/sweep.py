@@ -34,14 +34,13 @@ import re
 import signal
 import sys
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from .errors import SweepWorkerError
-from .program import fresh_per_run, loading
+from .program import loading
 from .result import Failure, Result
 from .runner import run
 from .sweep_limit import limit_record, wall_clock_limit
@@ -118,22 +117,6 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- one seed (runs in a worker)
 
 
-_fresh_mains: weakref.WeakKeyDictionary[Any, Callable[..., Awaitable[Any]]] = weakref.WeakKeyDictionary()
-"""Each sweep's ``main`` as this worker process runs it (:func:`sim.program.fresh_per_run`), made once."""
-
-
-def _fresh(main: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    try:
-        fresh = _fresh_mains.get(main)
-    except TypeError:  # (not weakly referable: a callable object, run as it is)
-        return main
-    if fresh is None:
-        fresh = fresh_per_run(main)
-        if fresh is not main:
-            _fresh_mains[main] = fresh
-    return fresh
-
-
 @dataclass
 class RunSeed:
     """The task a worker runs for one seed: ``sim.run(main, seed=..., **kwargs)`` -> record.
@@ -144,9 +127,10 @@ class RunSeed:
     keeping its events, and its Chrome/Perfetto trace written there as
     ``seed-N.json`` (the same run: the record's digest is checked).
     ``seed_timeout``: wall-clock seconds a seed may take (:mod:`sim.sweep_limit`).
-    Every run calls ``main`` from a fresh copy of its module, as a new process
-    would (:func:`sim.program.fresh_per_run`): what one seed left in the
-    module's globals does not reach the next seed this worker runs.
+    Every run calls ``main`` from fresh copies of its module, one per rank, as
+    new processes would (``sim.run``'s ``isolate``, on unless ``kwargs`` turn it
+    off): what one seed left in the module's globals does not reach the next
+    seed this worker runs.
     """
 
     main: Callable[..., Awaitable[Any]]
@@ -161,7 +145,7 @@ class RunSeed:
         # flood the sweep with its flight-recorder lines, and the records say what happened)
         with _silenced(self.quiet), capture_logs(logging.NullHandler()):
             with wall_clock_limit(self.seed_timeout) as fired:
-                result = run(_fresh(self.main), world_size=self.world_size, seed=seed, trace=False, **self.kwargs)
+                result = run(self.main, world_size=self.world_size, seed=seed, trace=False, **self.kwargs)
             if fired:
                 return limit_record(seed, self.world_size, fired[0])
             extra = {}
@@ -173,7 +157,7 @@ class RunSeed:
         kwargs = dict(self.kwargs)
         env = dict(kwargs.pop("env", None) or {})
         env.setdefault("AIODIST_FLIGHT_RECORDER_SIZE", "100000")
-        again = run(_fresh(self.main), world_size=self.world_size, seed=seed, trace=True, env=env, **kwargs)
+        again = run(self.main, world_size=self.world_size, seed=seed, trace=True, env=env, **kwargs)
         return trace_file(os.path.join(self.trace_dir or ".", f"seed-{seed}.json"), again, digest)
 
 

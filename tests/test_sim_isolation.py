@@ -1,4 +1,5 @@
-"""Each seed of ``sim.sweep`` runs as a new process would: what an earlier seed left behind does not reach it."""
+"""Each rank of each run (``sim.run``, every seed of ``sim.sweep``) runs as a new process would: what an earlier
+run left behind does not reach it."""
 
 from __future__ import annotations
 
@@ -32,6 +33,27 @@ async def main():
         await pg.barrier()
         DONE[rank] = step + 1
     await aiodist.destroy_process_group()
+"""
+
+# Each process counts its own steps in a module-level dict (not keyed by rank): right for real processes.
+PER_PROCESS = """
+import os
+import sys
+
+import aiodist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (a common top level: run for every rank)
+STEPS = {"n": 0}
+
+
+async def main():
+    pg = await aiodist.init_process_group()
+    for _ in range(4):
+        STEPS["n"] += 1
+        await aiodist.barrier()
+    assert STEPS["n"] == 4, f"rank {pg.rank} counted {STEPS['n']} steps of its 4"
+    await aiodist.destroy_process_group()
+    return STEPS["n"]
 """
 
 UNGUARDED = """
@@ -81,10 +103,21 @@ def test_module_globals_do_not_carry_from_one_seed_to_the_next(program: ModuleTy
     report = sim.sweep(program.main, seeds=range(4), world_size=3, jobs=jobs)
     assert report.failing == [], [r["failures"] for r in report.records]
     assert program.DONE == {}  # (the caller's own module is left alone)
-    alone = [sim.run(program.main, world_size=3, seed=2, trace=False)]
-    assert alone[0].ok and program.DONE == {0: 3, 1: 3, 2: 3}  # (sim.run calls main as it is: see the README)
+    alone = [sim.run(program.main, world_size=3, seed=s, trace=False) for s in (2, 2)]
+    assert alone[0].ok and alone[1].ok and program.DONE == {}  # (sim.run isolates the ranks too)
     [record] = [r for r in report.records if r["seed"] == 2]
-    assert record["digest"] == alone[0].digest
+    assert record["digest"] == alone[0].digest == alone[1].digest
+
+
+@pytest.mark.parametrize("program", [PROGRAM], indirect=True)
+def test_sim_run_without_isolation_shares_the_callers_module(program: ModuleType) -> None:
+    first = sim.run(program.main, world_size=3, seed=2, trace=False, isolate=False)
+    assert first.ok and program.DONE == {0: 3, 1: 3, 2: 3}  # (a harness may read what the ranks left)
+    again = sim.run(program.main, world_size=3, seed=2, trace=False, isolate=False)
+    assert not again.ok and "an earlier run's state" in again.failures[0].message
+    program.DONE.clear()
+    report = sim.sweep(program.main, seeds=range(2), world_size=3, jobs=1, isolate=False)
+    assert report.failing == [1]  # (the sweep passes it on to sim.run)
 
 
 @pytest.mark.parametrize("program", [PROGRAM], indirect=True)
@@ -107,15 +140,28 @@ def test_what_the_callers_module_holds_does_not_reach_the_sweeps_runs(program: M
     assert report.failing == []
 
 
-def test_a_sweep_at_a_programs_unguarded_top_level_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "unguarded_sweep.py").write_text(UNGUARDED)
+@pytest.mark.parametrize("program", [PER_PROCESS], indirect=True)
+def test_each_rank_of_sim_run_has_the_modules_globals_to_itself(program: ModuleType) -> None:
+    """Before (blind probe s21, finding 2): the ranks shared the module, so rank 1 counted 8 steps of its 4."""
+    paths = len(sys.path)
+    results = [sim.run(program.main, world_size=3, seed=s, trace=False) for s in range(3)]
+    assert [r.rank_results for r in results] == [[4, 4, 4]] * 3, [r.summary() for r in results]
+    assert program.STEPS == {"n": 0}
+    assert len(sys.path) <= paths  # (its top level's insert, run for every rank, does not pile up)
+
+
+@pytest.mark.parametrize("call", ["sim.sweep(main, seeds=range(2), world_size=2, jobs=1)",
+                                  "sim.run(main, world_size=2)"])
+def test_a_sweep_or_run_at_a_modules_unguarded_top_level_is_refused(tmp_path: Path, call: str) -> None:
+    (tmp_path / "unguarded_call.py").write_text(UNGUARDED.replace(
+        "sim.sweep(main, seeds=range(2), world_size=2, jobs=1)", call))
     sys.path.insert(0, str(tmp_path))
     try:
-        with pytest.raises(RuntimeError, match=r"top level of unguarded_sweep\.py.*__name__ == \"__main__\""):
-            importlib.import_module("unguarded_sweep")
+        with pytest.raises(RuntimeError, match=r"top level of unguarded_call\.py.*__name__ == \"__main__\""):
+            importlib.import_module("unguarded_call")
     finally:
         sys.path.remove(str(tmp_path))
-        sys.modules.pop("unguarded_sweep", None)
+        sys.modules.pop("unguarded_call", None)
 
 
 @pytest.mark.parametrize("program", [HANDLED], indirect=True)
