@@ -176,3 +176,29 @@ def backend_name(name: str) -> str:
 def with_ranks(name: str, ranks: Any) -> str:
     """A group's ``name`` followed by its global ranks, unless the name shows them already (a subgroup's does)."""
     return name if "(ranks " in name else f"{name} (ranks {list(ranks)})"
+
+
+def refuse_off_root(fn: str, argument: str, given: Any, rank: int, root_rank: int, what: str) -> None:
+    """Raise if a root-only list (``gather_list``, ``scatter_list``, ``object_gather_list``) is given on a rank
+    that is not the root, as torch does: there it would be neither filled nor read. None or an empty list is fine.
+
+    ``rank`` / ``root_rank`` are ranks of the group; ``what`` is ``"dst"`` or ``"src"``.
+    """
+    if given is None:
+        return
+    try:
+        if len(given) == 0:
+            return
+    except TypeError:
+        pass
+    from .errors import InvalidArrayError
+
+    role = "destination" if what == "dst" else "source"
+    raise InvalidArrayError(
+        f"{fn}: {argument} was passed on rank {rank}, which is not the {role} ({what} is rank {root_rank} of the "
+        f"group): only the {role}'s {argument} is {'filled' if what == 'dst' else 'read'}, so this rank's would be "
+        f"ignored. Pass {argument} on the {role} only (torch.distributed raises ValueError here too: "
+        f"\"Argument ``{argument}`` must NOT be specified on non-{role} ranks.\")",
+        argument=argument,
+        reason="not_root",
+    )

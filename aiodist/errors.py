@@ -458,10 +458,11 @@ class InvalidArrayError(InvalidArgumentError):
     """An array argument of a collective cannot be used as given.
 
     Non-contiguous, read-only where the result is written, wrong size or
-    dtype for the collective, wrong list length. Raised before any
-    communication. ``.argument`` names the parameter (``"out_list[2]"``),
-    ``.reason`` is a stable code (``"not_contiguous"``, ``"read_only"``,
-    ``"size"``, ``"dtype"``, ``"byte_order"``, ``"length"``, ``"type"``, ``"splits"``).
+    dtype for the collective, wrong list length, a root's list (``gather_list``)
+    passed on another rank. Raised before any communication. ``.argument``
+    names the parameter (``"out_list[2]"``), ``.reason`` is a stable code
+    (``"not_contiguous"``, ``"read_only"``, ``"size"``, ``"dtype"``,
+    ``"byte_order"``, ``"length"``, ``"type"``, ``"splits"``, ``"not_root"``).
     """
 
     def __init__(self, message: str, *, argument: str, reason: str) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from . import p2p
+from .arguments import refuse_off_root
 from .collectives import intranode
 from .collectives.allreduce import all_reduce_flat
 from .collectives.alltoall import exchange_blocks, single_blocks
@@ -317,6 +318,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
                 raise InvalidArgumentError(f"gather: rank {root} is dst and must pass gather_list")
             self._check_list(gather_list, "gather_list", flat, size=flat.size, writable=True)
         else:
+            refuse_off_root("gather", "gather_list", gather_list, self._comm.rank, root, "dst")
             gather_list = None
         sig = f"gather dst={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective(
@@ -337,6 +339,7 @@ class ProcessGroup(ObjectOperations, CoalescedOperations):
                 raise InvalidArgumentError(f"scatter: rank {root} is src and must pass scatter_list")
             self._check_list(scatter_list, "scatter_list", flat, size=flat.size, writable=False)
         else:
+            refuse_off_root("scatter", "scatter_list", scatter_list, self._comm.rank, root, "src")
             scatter_list = None
         sig = f"scatter src={root} {dtype_name(flat.dtype)} n={flat.size}"
         return self._runner.collective("scatter", sig, _driver("scatter"), (x, scatter_list, root), timeout, result=x)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import p2p
+from .arguments import refuse_off_root
 from .collectives.allreduce import all_reduce_flat
 from .collectives.buffers import as_flat
 from .collectives.objects import (
@@ -120,14 +121,15 @@ class ObjectOperations(_GroupParts):
         if self._comm.rank < 0:
             return self._runner.absent("gather_object")
         root = self._check_peer(dst, "dst")
-        if self._comm.rank == root and object_gather_list is not None:
+        if self._comm.rank != root:
+            refuse_off_root("gather_object", "object_gather_list", object_gather_list, self._comm.rank, root, "dst")
+            object_gather_list = None
+        elif object_gather_list is not None:
             if not isinstance(object_gather_list, list) or len(object_gather_list) < self._comm.size:
                 raise InvalidArgumentError(
                     f"gather_object: object_gather_list must be a list of at least {self._comm.size} entries on the "
                     f"destination rank, got {_describe_list(object_gather_list)}"
                 )
-        else:
-            object_gather_list = None
         return self._runner.collective(
             "gather_object", f"gather_object dst={root}", gather_object, (obj, root, object_gather_list), timeout
         )
