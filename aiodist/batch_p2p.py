@@ -24,9 +24,9 @@ __all__ = ["P2POp", "WorkList", "batch_isend_irecv"]
 class P2POp:
     """One point-to-point operation for :func:`batch_isend_irecv` (torch's signature).
 
-    ``op``: ``aiodist.isend`` or ``aiodist.irecv`` (``send``/``recv`` are the
-    same functions); ``peer``: a global rank, or ``group_peer``: a rank of
-    ``group``.
+    ``op``: ``aiodist.isend`` or ``aiodist.irecv`` (``send``/``recv`` are taken
+    as they: each operation starts as an ``isend``/``irecv``); ``peer``: a global
+    rank, or ``group_peer``: a rank of ``group``.
     """
 
     __slots__ = ("op", "tensor", "peer", "group", "tag", "group_peer")
@@ -40,6 +40,8 @@ class P2POp:
         tag: int = 0,
         group_peer: int | None = None,
     ) -> None:
+        if op is operations.send:
+            op = operations.isend
         if op is not operations.isend and op is not operations.irecv:
             raise InvalidArgumentError(
                 f"P2POp: op must be aiodist.isend or aiodist.irecv, not {getattr(op, '__qualname__', op)!r}"
@@ -95,7 +97,7 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> WorkList:
     try:
         for p in p2p_op_list:
             if p.op is operations.isend:
-                works.append(operations.send(p.tensor, p.peer, p.group, p.tag, group_dst=p.group_peer))
+                works.append(operations.isend(p.tensor, p.peer, p.group, p.tag, group_dst=p.group_peer))
             else:
                 works.append(operations.recv(p.tensor, p.peer, p.group, p.tag, group_src=p.group_peer))
     except Exception as e:

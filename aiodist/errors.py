@@ -530,6 +530,24 @@ class InvalidRankError(GroupError, InvalidArgumentError):
         self.argument = argument
 
 
+class NotMemberError(GroupError, InvalidArgumentError):
+    """An operation that torch refuses on a group this rank is not a member of (the caller passed a group
+    this rank is not in): the module-level ``send``, ``send_object_list`` and ``recv_object_list``, as
+    torch.distributed's raise ``ValueError("Invalid process group specified")``. (Their ``isend``,
+    ``irecv``, ``recv`` and the collectives do nothing there, with a warning, and so do aiodist's.)
+
+    ``.op``: the operation; ``.group``: the group's name; ``.ranks``: its global ranks;
+    ``.global_rank``: this rank (the world's numbering). Also a ValueError.
+    """
+
+    def __init__(self, message: str, *, op: str, group: str, ranks: Sequence[int], global_rank: int) -> None:
+        super().__init__(message)
+        self.op = op
+        self.group = group
+        self.ranks = list(ranks)
+        self.global_rank = global_rank
+
+
 class AbortedError(GroupError):
     """The operation's process group was aborted (``aiodist.abort``) while it ran, or before it started."""
 

@@ -41,7 +41,9 @@ declared failed; the operations that voids) is heard before it acts.
 
 An operation on a group this rank is not a member of does nothing: its
 Work is finished at once (:meth:`OpRunner.absent`, torch's semantics), and
-the first one warns.
+the first one warns. The module-level ``send``, ``send_object_list`` and
+``recv_object_list`` raise instead, as torch's do
+(:meth:`OpRunner.refuse_not_member`).
 
 Cancellation: :meth:`OpRunner.close` cancels the operations still running
 and awaits them; their output buffers are left partly written.
@@ -74,6 +76,7 @@ from .errors import (
     GroupError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
+    NotMemberError,
     PeerCallFailedError,
     PeerFailureError,
 )
@@ -149,12 +152,27 @@ class OpRunner:
             raise InvalidArgumentError(f"timeout must be >= 0, got {timeout!r}")
         return t
 
+    def refuse_not_member(self, op: str) -> None:
+        """Raise for ``op`` on a group this rank is not a member of, where torch.distributed raises too
+        (its ``send``, ``send_object_list``, ``recv_object_list``: ValueError "Invalid process group specified").
+        A destroyed or aborted group raises as it always does."""
+        if self.aborted or self.destroyed:
+            self.check_usable(op)  # raises
+        raise NotMemberError(
+            f"{op} on {with_ranks(self.name, self.comm.ranks)}: Invalid process group specified: global rank "
+            f"{self.transport.rank} (this rank) is not a member of this group, so it cannot {op} on it; the caller "
+            f"passed a group this rank is not in. torch.distributed's {op} raises ValueError here too (its isend, "
+            "irecv, recv and collectives do nothing on such a group, with a warning, as aiodist's do)",
+            op=op, group=self.name, ranks=self.comm.ranks, global_rank=self.transport.rank,
+        )
+
     def absent(self, op: str, result: Any = None) -> Work[Any]:
         """``op`` on a group this rank is not a member of: nothing to do; a finished Work returning ``result``.
 
-        torch's semantics (its collectives return at once on a non-member);
-        the first such call on the group warns (UserWarning at the caller's line).
-        A destroyed or aborted group still raises.
+        torch's semantics (its collectives, isend, irecv and recv return at once on a non-member, with a
+        warning); the first such call on the group warns (UserWarning at the caller's line). A destroyed or
+        aborted group still raises. (Where torch raises instead, the module-level calls use
+        :meth:`refuse_not_member`.)
         """
         if self.aborted or self.destroyed:
             self.check_usable(op)  # raises
@@ -162,9 +180,10 @@ class OpRunner:
             self._absent_warned = True
             code, line = call_site(1)
             message = (
-                f"{op} on {with_ranks(self.name, self.comm.ranks)}: global rank {self.transport.rank} is not a member "
-                "of this group: it does nothing here (as in torch.distributed); so does every "
-                "later operation of this rank on the group"
+                f"Running {op} on global rank {self.transport.rank} which does not belong to the given group: "
+                f"{with_ranks(self.name, self.comm.ranks)}; this rank is not a member of it, so the call does "
+                "nothing here (as torch.distributed's collectives, isend, irecv and recv do); so does every later "
+                "operation of this rank on the group"
             )
             if code is None:
                 warnings.warn(message, UserWarning, stacklevel=3)

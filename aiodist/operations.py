@@ -15,7 +15,11 @@ forms keep working (``x=``, ``out_list=``, ``all_gather_object(obj)`` returning
 the list, ``gather_object(obj, dst)``).
 
 On a rank that is not a member of ``group`` every operation does nothing and
-returns a finished Work (a warning the first time), as torch's do.
+returns a finished Work (a warning the first time), as torch's do; except
+``send``, ``send_object_list`` and ``recv_object_list``, which raise
+:class:`~aiodist.errors.NotMemberError` (a ValueError) there, as torch 2.13's
+raise ValueError "Invalid process group specified" (``isend``, ``irecv`` and
+``recv`` do nothing, with a warning, in both).
 """
 
 from __future__ import annotations
@@ -221,12 +225,29 @@ def send(
     tensor: Any = MISSING, dst: int | None = None, group: ProcessGroup | None = None, tag: int = 0,
     group_dst: int | None = None, *, timeout: Any = None, x: Any = MISSING,
 ) -> Work[None]:
-    """Send ``tensor`` to global rank ``dst`` (or ``group_dst``) with ``tag``."""
+    """Send ``tensor`` to global rank ``dst`` (or ``group_dst``) with ``tag``.
+
+    On a rank that is not a member of ``group`` it raises :class:`~aiodist.errors.NotMemberError` (a
+    ValueError), as torch's send does; :func:`isend` does nothing there, with a warning, as torch's does.
+    """
     tensor = either("send", tensor, "tensor", x, "x")
     pg = operating(group, "send")
     if pg.rank < 0:
-        return pg.send(tensor, 0)
+        pg._runner.refuse_not_member("send")
     return pg.send(tensor, root("send", pg, dst, group_dst, "dst", default=None), tag, timeout=timeout)
+
+
+def isend(
+    tensor: Any = MISSING, dst: int | None = None, group: ProcessGroup | None = None, tag: int = 0,
+    group_dst: int | None = None, *, timeout: Any = None, x: Any = MISSING,
+) -> Work[None]:
+    """:func:`send` (every call returns a Work to await), except on a rank that is not a member of ``group``:
+    there it does nothing and returns a finished Work (a warning the first time), as torch's isend does."""
+    tensor = either("isend", tensor, "tensor", x, "x")
+    pg = operating(group, "isend")
+    if pg.rank < 0:
+        return pg._runner.absent("isend")
+    return pg.send(tensor, root("isend", pg, dst, group_dst, "dst", default=None), tag, timeout=timeout)
 
 
 def recv(
@@ -245,7 +266,6 @@ def recv(
     return pg.recv(tensor, local, tag, timeout=timeout).then(pg.global_rank)
 
 
-isend = send
 irecv = recv
 
 
@@ -332,8 +352,8 @@ def send_object_list(
 ) -> Work[None]:
     """Send the picklable objects of ``object_list`` to global rank ``dst`` (or ``group_dst``)."""
     pg = operating(group, "send_object_list")
-    if pg.rank < 0:
-        return pg.send_object_list(object_list, 0)
+    if pg.rank < 0:  # (as torch's: ValueError "Invalid process group specified")
+        pg._runner.refuse_not_member("send_object_list")
     r = root("send_object_list", pg, dst, group_dst, "dst", default=None)
     return pg.send_object_list(object_list, r, tag, timeout=timeout)
 
@@ -344,7 +364,7 @@ def recv_object_list(
 ) -> Work[int]:
     """Receive what ``send_object_list`` sent into ``object_list`` (same length); the Work returns the sender's global rank."""
     pg = operating(group, "recv_object_list")
-    if pg.rank < 0:
-        return pg.recv_object_list(object_list)
+    if pg.rank < 0:  # (as torch's: ValueError "Invalid process group specified")
+        pg._runner.refuse_not_member("recv_object_list")
     local = None if src is None and group_src is None else root("recv_object_list", pg, src, group_src, "src")
     return pg.recv_object_list(object_list, local, tag, timeout=timeout).then(pg.global_rank)
