@@ -88,12 +88,38 @@ def root(fn: str, pg: Any, global_rank: Any, group_rank: Any, what: str, default
     if group_rank is not None:
         if global_rank is not None:
             raise InvalidArgumentError(f"{fn}(): pass {what}= (a global rank) or group_{what}= (a rank of the group), not both")
-        return group_rank  # type: ignore[no-any-return]  # (checked by the group)
+        return _in_group(pg, group_rank, f"group_{what}", what)
     if global_rank is None:
         if default is None:
             raise InvalidArgumentError(f"{fn}(): pass {what}= (a global rank) or group_{what}= (a rank of the group)")
         global_rank = default
     return _local(pg, global_rank, what)
+
+
+def _in_group(pg: Any, group_rank: Any, argument: str, what: str) -> int:
+    """``group_rank`` (passed as ``argument``, ``group_src``/``group_dst``) checked against ``pg``'s size; the
+    error names that argument (the group's own check knows it only as ``src``/``dst``)."""
+    from .errors import InvalidRankError
+
+    if isinstance(group_rank, bool) or not isinstance(group_rank, int):
+        try:
+            import operator
+
+            group_rank = operator.index(group_rank)  # numpy integers
+        except TypeError:
+            raise InvalidArgumentTypeError(
+                f"{argument} must be an int rank (a rank of the group), not {type(group_rank).__name__}"
+            ) from None
+    size: int = pg.size
+    if not 0 <= group_rank < size:
+        raise InvalidRankError(
+            f"{argument}={group_rank} is out of range for {with_ranks(pg.name, pg.ranks)} of {size} ranks "
+            f"({argument} is a rank of the group, 0 to {size - 1}; {what}= takes a global rank)",
+            rank=group_rank,
+            size=size,
+            argument=argument,
+        )
+    return int(group_rank)
 
 
 def _local(pg: Any, global_rank: Any, what: str) -> int:

@@ -90,3 +90,33 @@ async def test_a_group_that_is_not_a_group_a_negative_wait_and_bad_ports_are_aio
     finally:
         await server.close()
     assert issubclass(aiodist.AuthenticationError, aiodist.AiodistError)
+
+
+async def test_a_group_rank_out_of_range_is_named_as_the_caller_passed_it() -> None:
+    # Before (torch port probe s21, finding 6): broadcast(x, group_src=2, group=<2 ranks>) raised
+    # "src=2 is out of range for group 1 (ranks [1, 2]) of 2 ranks": the caller passed group_src, not src.
+    async def body(pg: Any) -> Any:
+        sub = await dist.new_group([1, 2])
+        if pg.rank == 0:
+            return None
+        x = np.ones(2)
+        said = {}
+        for name, call in {
+            "group_src": lambda: dist.broadcast(x, group_src=2, group=sub),
+            "group_dst": lambda: dist.gather_object(1, None, group_dst=-1, group=sub),
+            "group_dst ": lambda: dist.send(x, group_dst=5, group=sub),
+            "group_src ": lambda: dist.recv(x, group_src=2, group=sub),
+        }.items():
+            e = _raises(ValueError, call)
+            assert isinstance(e, aiodist.InvalidRankError) and e.argument == name.strip(), (e, getattr(e, "argument", None))
+            said[name] = str(e)
+        await dist.barrier(group=sub)  # (the refused collectives took their sequence numbers on both ranks alike)
+        return said
+
+    said = (await run_world(3, body))[1]
+    assert said["group_src"] == (
+        "group_src=2 is out of range for group 1 (ranks [1, 2]) of 2 ranks (group_src is a rank of the group, "
+        "0 to 1; src= takes a global rank)"), said
+    assert said["group_dst"].startswith("group_dst=-1 is out of range"), said
+    assert said["group_dst "].startswith("group_dst=5 is out of range"), said
+    assert said["group_src "].startswith("group_src=2 is out of range"), said
