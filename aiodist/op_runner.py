@@ -82,7 +82,6 @@ from .errors import (
 )
 from .inflight import begin_entry, end_entry
 from .mismatch import MismatchChecker
-from .shown import first_few
 from .unawaited import call_site
 from .work import OpRecord, Work
 
@@ -523,13 +522,22 @@ class OpRunner:
         here = f"rank {me}" if self.comm.ranks[me] == me else f"rank {me} (global {self.comm.ranks[me]})"
         # A rank waited for may itself wait for another: the store's fingerprints (a rank in a call for
         # longer than the check's delay notes it there) show who had not reached the call at all.
+        # Those are named first: the rank waited for is often on time, waiting for them in turn.
         absent = check.absent() if check is not None else []
-        late = "" if not absent else (
-            f"; the store shows no sign of rank(s) {first_few([str(r) for r in absent])} in this call (not "
-            "reached yet, or their part ended)")
+        if absent:
+            named = [f"rank {r} (global {self.comm.ranks[r]})" for r in absent]
+            missing = ", ".join(named[:8]) + (f" and {len(named) - 8} more" if len(named) > 8 else "")
+            indirect = [r for r in waiting if r not in absent]
+            said = (
+                f"the store shows no sign of {missing} in this call (not reached yet, or "
+                f"{'their' if len(absent) > 1 else 'its'} part ended); this rank was still waiting for {who}"
+                + (" (which may be waiting for it in turn)" if indirect and len(absent) == 1 else
+                   " (which may be waiting for them in turn)" if indirect else "")
+            )
+        else:
+            said = f"still waiting for {who}"
         return CollectiveTimeoutError(
-            f"{op} (seq {seq}) of {self.name} timed out after {timeout:g}s on {here}; "
-            f"still waiting for {who}{late}",
+            f"{op} (seq {seq}) of {self.name} timed out after {timeout:g}s on {here}; {said}",
             op=op,
             seq=seq,
             waiting_for=waiting,

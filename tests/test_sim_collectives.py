@@ -363,7 +363,33 @@ def test_a_timeout_names_the_rank_that_never_reached_the_call() -> None:
     timed_out = [r for r in res.rank_results if r and r.startswith("CollectiveTimeoutError")]
     assert timed_out, res.rank_results
     for said in res.rank_results:
-        assert "the store shows no sign of rank(s) ['2'] in this call" in said, res.rank_results
+        assert "the store shows no sign of rank 2 (global 2) in this call" in said, res.rank_results
     # on time within the timeout (no fingerprint check yet, or everyone reached it): nothing more is said
     res = sim.run(functools.partial(_one_rank_late, 0.1), world_size=3, seed=0, explore=False)
     assert res.rank_results == [None, None, None]
+
+
+async def _rank_3_missing() -> Any:
+    await api.init_process_group(timeout=60)
+    if api.get_rank() == 3:
+        await asyncio.sleep(8.0)
+        return None
+    try:  # (rank 0 times out first: it waits for rank 2, which is on time and waits for rank 3)
+        await api.all_reduce(np.ones(1), timeout=2.0 if api.get_rank() == 0 else 4.0)
+    except (aiodist.CollectiveTimeoutError, aiodist.PeerCallFailedError) as e:  # (its own, or rank 0's quoted)
+        return str(e)
+    return None
+
+
+def test_a_timeout_names_the_missing_rank_before_the_rank_it_waited_for() -> None:
+    """Torch port probe s21, finding 6: rank 3 never calls all_reduce; rank 0's error began "still waiting for
+    rank 2 (global 2)" (rank 2 was on time, waiting for rank 3 in turn), and named rank 3 only after that. Now
+    the rank the store shows no sign of is named first, and the rank waited for after it."""
+    res = sim.run(_rank_3_missing, world_size=4, seed=0, explore=False, stop_on_error=False)
+    said = res.rank_results[0]
+    assert said is not None and said.startswith("all_reduce (seq 0) of world timed out after 2s on rank 0; "), said
+    assert said.endswith(
+        "; the store shows no sign of rank 3 (global 3) in this call (not reached yet, or its part ended); "
+        "this rank was still waiting for rank 2 (global 2) (which may be waiting for it in turn)"), said
+    for other in res.rank_results[1:3]:  # (rank 0's verdict, quoted)
+        assert other is not None and said in other, res.rank_results
