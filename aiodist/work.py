@@ -348,6 +348,11 @@ class Work(Generic[T]):
         consumed the result. One that failed stays booked as never awaited until
         its error is looked at (``await``, ``result()``, ``exception()``), so the
         error is not lost.
+
+        It only reports: it does not run the event loop, and the operation progresses
+        only while the loop runs. A torch-style ``while not w.is_completed(): time.sleep(0.01)``
+        therefore never ends (the blocking sleep holds the loop). Yield to the loop
+        between polls (``await asyncio.sleep(0.01)``), or ``await w``.
         """
         if not self.done():
             return False
