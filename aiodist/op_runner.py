@@ -58,7 +58,7 @@ import math
 import os
 import warnings
 from collections.abc import Awaitable, Callable
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, NoReturn, ParamSpec, Protocol, TypeVar
 
 from . import flight
 from .arguments import seconds, with_ranks
@@ -151,7 +151,7 @@ class OpRunner:
             raise InvalidArgumentError(f"timeout must be >= 0, got {timeout!r}")
         return t
 
-    def refuse_not_member(self, op: str) -> None:
+    def refuse_not_member(self, op: str) -> NoReturn:
         """Raise for ``op`` on a group this rank is not a member of, where torch.distributed raises too
         (its ``send``, ``send_object_list``, ``recv_object_list``: ValueError "Invalid process group specified").
         A destroyed or aborted group raises as it always does."""
