@@ -29,7 +29,7 @@ that is on draws a few faults (:data:`MOST`):
 A fault happens at a virtual time or on a rank's n-th frame (both drawn
 log-uniform, so short and long programs both get hit). A crash, restart or
 pause of the host the store runs on is also a store fault: with the store on
-rank 0 (the default) it needs the ``store`` kind too; with
+rank 0 (the default) it happens only in a seed that drew the ``store`` kind; with
 ``store_host="separate"`` every rank may be hit (and partitions may cut the
 store's host). The drawn faults are concrete ones (``Result.faults``), so a
 failing seed prints its plan and its replay command lists them.
@@ -108,9 +108,7 @@ class _Draw:
         self.allowed = kinds
         ranks = list(range(world.world_size))
         self.ranks = ranks
-        store_kind = "store" in kinds
-        # The store's host is hit only when the store kind is allowed too (it runs there).
-        self.victims = ranks if (world.store_separate or store_kind) else [r for r in ranks if r != 0]
+        self.victims = ranks  # (see plan: rank 0 only in a seed that drew the store kind, or a separate store)
         self.hosts: list[HostRef] = [*ranks, STORE_HOST] if world.store_separate else list(ranks)
         self.budget = world.budget
 
@@ -130,6 +128,10 @@ class _Draw:
         n = 1 if u < SUBSET[0] else 2 if u < SUBSET[1] else 3 + int(rng.random() * max(0, len(allowed) - 2))
         chosen = rng.sample(allowed, min(n, len(allowed)))
         on = [k for k in allowed if k in chosen]
+        if not (self.world.store_separate or "store" in on):
+            # The store's host (rank 0) is crashed, restarted or paused only in a seed that drew the store kind
+            # (it runs there): else every such fault is a store loss too, and hides the bugs of the kinds drawn.
+            self.victims = [r for r in self.ranks if r != 0]
         out: list[Fault] = []
         for kind in on:
             for _ in range(1 + int(rng.random() * MOST[kind])):
