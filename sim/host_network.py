@@ -163,5 +163,6 @@ class HostNetwork(_SeamNetwork):
         listener = SimListener(links.loop, h, (str(host) or h.name, port), handler,
                                max_frame_size or DEFAULT_MAX_FRAME_SIZE, fabric.handler_errors)
         h.listeners[port] = listener
+        h.gone.pop(port, None)
         links.tracer.emit(links.loop.now, "listen", h.name, detail=str(port))
         return listener

@@ -61,7 +61,7 @@ class Host:
 
     __slots__ = ("name", "num", "rank", "lane", "ctx", "alive", "vanished", "listeners", "endpoints", "tx_free",
                  "rx_busy", "cpu_busy", "cpu_free", "next_port", "sent", "received", "watch_sent", "watch_fatal", "watch_recv",
-                 "factor", "net")
+                 "factor", "net", "gone")
 
     def __init__(self, name: str, rank: int | None, num: int) -> None:
         self.name = name
@@ -72,6 +72,7 @@ class Host:
         self.alive = False
         self.vanished = False
         self.listeners: dict[int, Any] = {}
+        self.gone: dict[int, str] = {}  # port -> why its service is gone (a connect there is refused, saying so)
         self.endpoints: dict[int, Any] = {}
         self.tx_free = 0.0  # the outgoing NIC is busy until then (a FIFO)
         self.rx_busy: list[float] = []  # the incoming NIC's booked stretches: [start, end, start, end, ...]

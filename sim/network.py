@@ -237,7 +237,9 @@ class Fabric:
         if listener is None:
             return False
         self.tracer.emit(self.loop.time(), "crash", host.name, detail=f"{reason} (port {port})")
-        listener._crash(f"the service at {host.name}:{port} crashed ({reason})")
+        why = f"the service at {host.name}:{port} crashed ({reason})"
+        host.gone[port] = why
+        listener._crash(why)
         return True
 
     def reset(self, a: Host, b: Host) -> int:
@@ -322,7 +324,9 @@ class Fabric:
         listener = dst.listeners.get(p.port) if dst.alive else None
         if listener is None or listener._closing or not src.alive:
             self.tracer.emit(now, "refused", dst.name, src.name, detail=str(p.port))
-            refused = ConnectionLost.refusal(f"could not connect to {dst.name}:{p.port}: connection refused")
+            gone = dst.gone.get(p.port) if listener is None and dst.alive else None
+            refused = ConnectionLost.refusal(f"could not connect to {dst.name}:{p.port}: connection refused"
+                                             + (f" ({gone})" if gone else ""))
             self.loop.schedule(back, p.lane, _fail_future, (p.fut, refused), self.kernel_ctx)
             return
         self._next_conn += 1

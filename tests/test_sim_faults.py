@@ -353,6 +353,25 @@ def test_crash_store_breaks_every_client_but_no_rank() -> None:
     assert res.crashed == []
 
 
+async def connects_after(store: TCPStore, rank: int) -> Any:
+    await asyncio.sleep(1.5)
+    try:
+        again = await TCPStore.connect(getenv("MASTER_ADDR") or "", int(getenv("MASTER_PORT") or 0), timeout=2.0)
+    except Exception as e:  # noqa: BLE001 - the test reads what it says
+        return str(e)
+    await again.close()
+    return "connected"
+
+
+def test_a_connect_to_a_crashed_store_says_the_service_crashed() -> None:
+    """Before (blind probe s22, finding 3): a rank that connected after a CrashStore (e.g. rank 0 in its
+    rendezvous) was told only 'connection refused', for its whole timeout, while every other error named it."""
+    res = run_store(connects_after, faults=[sim.CrashStore(at=1.0)])
+    assert res.ok, res.summary()
+    for said in res.rank_results:
+        assert "connection refused (the service at rank0:29500 crashed (CrashStore fault))" in said, said
+
+
 # --------------------------------------------------------------------------- as CLI flags
 
 
