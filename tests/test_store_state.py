@@ -319,6 +319,31 @@ def test_multi_get_refuses_a_reply_over_two_max_values_now_or_when_woken() -> No
     assert out[1].failure.code == "request_too_large" and s.waiter_count() == 0
 
 
+def test_a_multi_get_repeating_an_appended_key_copies_it_once_and_checks_the_total_before_any_copy() -> None:
+    # store re-audit s22, finding 1: each repeat of a key append had left as a bytearray was copied to bytes of
+    # its own, all of them held, before the size check (a 58-byte request took 770 MiB of server memory).
+    s = StoreState(max_value_bytes=1 << 20)
+    s.set("A", 1, "k", b"x" * 1000)
+    s.append("A", 2, "k", b"y")
+    [r] = s.multi_get("A", 3, ["k"] * 5)
+    assert r.failure is None and len({id(v) for v in r.value}) == 1 and r.value[0] == b"x" * 1000 + b"y"
+    s.append("A", 4, "k", b"z")
+    [r] = s.multi_get("A", 5, ["k"] * 3000)  # (3 MB: over 2 x max_value_bytes)
+    assert r.failure is not None and r.failure.code == "request_too_large"
+    assert type(s._values["k"]) is bytearray  # (refused before anything was copied)
+
+
+def test_add_refuses_a_value_longer_than_any_integer_without_reading_it() -> None:
+    # store re-audit s22, finding 2: add scanned a 64 MiB value of digits on every call (40 ms each, the
+    # server stalled) before refusing it; a value of leading zeros up to 64 KiB still counts.
+    s = StoreState()
+    s.set("A", 1, "big", b"1" * ((1 << 16) + 1))
+    [r] = s.add("A", 2, "big", 1)
+    assert r.failure is not None and r.failure.code == "overflow" and "at most 65536 characters" in r.failure.message
+    s.set("A", 3, "z", b"-" + b"0" * 60000 + b"7")
+    assert s.add("A", 4, "z", 10)[0].value == 3
+
+
 def test_append_grows_the_value_in_place_and_replies_never_share_the_growing_buffer() -> None:
     # store audit s21, finding 6: each append copied the whole value (old + value): quadratic for many appends.
     s = StoreState(max_value_bytes=1000)

@@ -71,6 +71,9 @@ _SHORT_INT: Final = 19
 _SIGNIFICANT: Final = 20
 """More significant digits than this: no 64-bit amount brings the value back within 64 bits."""
 _TOO_LONG: Final = -1 << 80  # (an int outside any 64-bit range: _integer's "too long" answer)
+_SCANNED: Final = 1 << 16
+"""``add`` reads a value of at most this many bytes (leading zeros and all); a longer one is refused unread, so
+that repeated adds on a huge value cost nothing each (it could never hold a 64-bit integer anyway)."""
 
 
 def _integer(value: bytes | bytearray) -> int | None:
@@ -250,6 +253,8 @@ class StoreState(Waiters):
             current = 0
         elif len(old) <= _SHORT_INT and old.isdigit():  # the usual counter: no regex needed
             current = int(old)
+        elif len(old) > _SCANNED:
+            return [Reply(client, request, None, Failure(OVERFLOW, f"add on key {key[:64]!r}: its value of {len(old)} bytes is longer than any integer add takes (at most {_SCANNED} characters)", key[:64]))]
         else:
             parsed = _integer(old)
             if parsed is None:

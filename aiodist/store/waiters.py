@@ -164,12 +164,11 @@ class Waiters:
                          values: list[bytes | bytearray]) -> Reply:
         """``values`` (of ``keys``) for a multi_get, or a refusal if together they exceed what one reply may carry."""
         limit = self.max_reply_bytes
-        total = 0
-        for i, v in enumerate(values):
-            total += len(v)
-            if type(v) is bytearray:
-                values[i] = self._frozen(keys[i], v)
+        total = sum(len(v) for v in values)  # (before any copy: a key asked for again and again costs nothing)
         if total <= limit:
+            for i, v in enumerate(values):
+                if type(v) is bytearray:  # (frozen once per key: a repeat reads the bytes stored back)
+                    values[i] = self._frozen(keys[i], self._values[keys[i]])
             return Reply(client, request, values)
         return Reply(client, request, None, Failure(
             REQUEST_TOO_LARGE,
