@@ -289,6 +289,11 @@ async def test_a_value_given_back_with_unpop_is_checked_and_charged_like_queue_p
             assert srv.state.stored_bytes(cid) == 4 * 8001
             assert any("gave back a popped value that was dropped" in m and "max_client_bytes" in m
                        for m in store_messages(caplog))
+            # (a flood of them logs a line per interval, not one each: store re-audit s22, finding 4)
+            w.write(b"".join(frame({"op": "unpop", "k": "q", "v": [b"x" * 8000]}) for _ in range(500)))
+            w.write(frame({"op": "ping"}))
+            assert (await read_frame(r))[0] == {"op": "pong"}
+            assert sum("dropped" in m for m in store_messages(caplog)) <= 3
             w.write(frame({"op": "unpop", "k": "k" * 2000, "v": [b"x"]}))  # a key no push could have stored
             head, _ = await read_frame(r)
             assert head["err"] == P.BAD_REQUEST and "key of 2000 bytes exceeds the limit of 1024 bytes" in head["msg"]

@@ -49,6 +49,7 @@ class Admission:
         self._busy = RateLog(log, logging.WARNING, limits.log_interval)
         self._refusals = RateLog(log, logging.INFO, limits.log_interval)
         self._cutoffs = RateLog(log, logging.WARNING, limits.log_interval)
+        self._drops = RateLog(log, logging.INFO, limits.log_interval)
 
     def __repr__(self) -> str:
         return (
@@ -95,6 +96,12 @@ class Admission:
         """A connection failed the handshake (logged at INFO, rate-limited: a scan must not flood the log)."""
         self._refusals.event(f"store server {self._address}: refused a connection from {peer}: {why}")
 
+    def dropped(self, peer: str, why: str) -> None:
+        """A value a client gave back (``unpop``) was dropped: it has no reply to carry an error (rate-limited:
+        a client over its quota can send thousands)."""
+        self._drops.event(f"store server {self._address}: the client at {peer} gave back a popped value that "
+                          f"was dropped: {why}")
+
     def cut_off(self, peer: str, why: str) -> None:
         """A client was dropped for not reading its replies."""
         self._cutoffs.event(f"store server {self._address}: cut off the client at {peer}: {why}")
@@ -104,6 +111,7 @@ class Admission:
         self._busy.close()
         self._refusals.close()
         self._cutoffs.close()
+        self._drops.close()
 
 
 async def server_handshake(conn: Connection, secret: bytes | None, admission: Admission) -> bool:

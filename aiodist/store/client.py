@@ -245,7 +245,9 @@ class TCPStore(ClientOps):
 
         Cancellation: a blocking request is withdrawn (cancelled on the server;
         a value already popped for a ``queue_pop`` is put back at the head of
-        its queue); a write that was sent (``set``, ``add``, ``compare_set``...)
+        its queue, charged to this client: if that is over its quota or the
+        server's total, the value is dropped and only the server's log says
+        so); a write that was sent (``set``, ``add``, ``compare_set``...)
         is applied all the same.
         """
         if self._error is not None:

@@ -122,8 +122,7 @@ class Requests:
             elif refused.code in (KEY_TOO_LARGE, VALUE_TOO_LARGE):  # no such value can have been popped
                 raise P.BadMessage(f"unpop: {refused.message}")
             else:  # (no reply to send it in: the value the client gives back is dropped, and said so)
-                log.info("store client %s gave back a popped value that was dropped: %s", session.conn.peer,
-                         refused.message)
+                self._unpop_dropped(session, refused.message)
             return []
         raise P.BadMessage(f"unknown op {brief(op)}", code=P.UNKNOWN_OP, request=_rid(header))
 
@@ -144,6 +143,10 @@ class Requests:
         handle = session.timers.pop(rid, None)
         if handle is not None:
             handle.cancel()
+
+    def _unpop_dropped(self, session: Session, why: str) -> None:
+        """A value ``session``'s client gave back was dropped (over a quota); the server logs it, rate-limited."""
+        log.info("store client %s gave back a popped value that was dropped: %s", session.conn.peer, why)
 
     def _expire(self, session: Session, rid: int, keys: list[str], timeout: float, op: str) -> None:
         session.timers.pop(rid, None)

@@ -329,6 +329,9 @@ class StoreServer(Requests):
 
     # ------------------------------------------------------------ replies
 
+    def _unpop_dropped(self, session: Session, why: str) -> None:
+        self._admission.dropped(session.conn.peer, why)
+
     def _encode(self, session: Session, r: Reply) -> tuple[dict[str, Any], bytes | None]:
         if session.timers:
             # The reply ends its request's timeout, unless that request still waits: then this reply is another
