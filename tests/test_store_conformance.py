@@ -208,7 +208,8 @@ async def test_get_of_a_key_that_holds_a_queue_fails_at_once(handles: Factory) -
     await s.queue_push("q", b"item")
     assert await s.check(["q"])
     await s.set("v", b"1")
-    for call in (lambda: s.get("q", timeout=30), lambda: s.multi_get(["v", "q"], timeout=30)):
+    for call in (lambda: s.get("q", timeout=30), lambda: s.multi_get(["v", "q"], timeout=30),
+                 lambda: s.multi_get(["missing", "q"], timeout=30)):  # (re-audit s22, 6: waited its timeout)
         with pytest.raises(StoreRequestError) as info:
             await asyncio.wait_for(call(), 10)
         assert info.value.code == "holds_queue"

@@ -352,9 +352,11 @@ class StoreState(Waiters):
             return [Reply(client, request, None, bad)]
         keys = tuple(keys)
         at = self._missing_from(_MULTI_GET, keys, 0, len(keys))
-        queued = self._holds_queue("multi_get", keys[at]) if self._queues else None
-        if queued is not None:
-            return [Reply(client, request, None, queued)]
+        if self._queues:  # (any key holding a queue and no value fails it at once, not only the first missing)
+            queues, values = self._queues, self._values
+            queued = next((k for k in keys if k in queues and k not in values), None)
+            if queued is not None:
+                return [Reply(client, request, None, self._holds_queue("multi_get", queued))]
         return self._block(client, request, _MULTI_GET, keys, at)
 
     def multi_set(self, client: Hashable, request: int, keys: Sequence[str], values: Sequence[bytes]) -> list[Reply]:
