@@ -136,8 +136,9 @@ class Restart:
     The new incarnation sees TORCHELASTIC_RESTART_COUNT / AIODIST_RESTART_COUNT
     one higher, a fresh rank scope, and none of the old process's state: its
     own environment, generators, pid and connections, and, for a program file
-    run by ``python -m sim run``, the file's module run afresh (a ``main``
-    given to :func:`sim.run` keeps its module's globals: see the README's
+    run by ``python -m sim run`` or a ``main`` imported from a module
+    (``sim.run``'s ``isolate``, on by default), the module run afresh (a
+    ``main`` that runs as it is keeps its module's globals: see the README's
     known limits). (A restarted ``"store"`` host starts an empty store.)
     """
 

@@ -17,10 +17,11 @@ under the module's name (pickled objects of its classes resolve to it) and
 calls that module's ``main``. Every other rank of the run, and a restarted
 rank, is a process of its own: it runs the file afresh in its own context
 (a per-process counter or checkpoint in a module global is its own, as
-under ``aiodist run``), with the first module's classes in place of its own
-(objects pickled between ranks, and ``isinstance`` checks, see one class per
-name: see :meth:`ProgramMain._module`). Modules the file imports stay shared
-by the virtual ranks, as the README's known limits say.
+under ``aiodist run``). ``sys.modules`` holds, under the module's name, a
+stand-in (:class:`_RankModule`) that reads and writes the calling rank's
+module, so an object pickled by one rank unpickles in another as an instance
+of that rank's class of the name. Modules the file imports stay shared by the
+virtual ranks, as the README's known limits say.
 """
 
 from __future__ import annotations
@@ -85,8 +86,10 @@ class ProgramMain:
         except Exception as e:
             sys.stderr.write(out.getvalue())
             e.add_note(f"(raised while the simulator ran {self.path.name}'s top level, as an import, to find "
-                       f"{self.name}(): code there runs outside any rank -- a module-level `asyncio.run(main())` or "
-                       "`aiodist.run(main())` needs `if __name__ == \"__main__\":` in front of it)")
+                       f"{self.name}(): code there runs once outside any rank -- no RANK, WORLD_SIZE or LOCAL_RANK "
+                       f"in the environment: read them in {self.name}() or give them a default; a module-level "
+                       "`asyncio.run(main())` or `aiodist.run(main())` needs `if __name__ == \"__main__\":` in "
+                       "front of it)")
             raise
         except BaseException:
             sys.stderr.write(out.getvalue())
@@ -160,6 +163,15 @@ class _RankModule(ModuleType):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._program.current(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:  # (``sys.modules[__name__].x = 1``: the rank's own)
+        if name == "_program":
+            super().__setattr__(name, value)
+        else:
+            setattr(self._program.current(), name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._program.current(), name)
 
 
 def _drop_repeats(paths: list[str]) -> None:

@@ -174,3 +174,26 @@ def test_a_sweep_prints_no_log_records_of_errors_the_program_handled(program: Mo
     one = sim.run(program.main, world_size=2, seed=0, trace=False)
     assert one.ok  # (a single run logs it: the sweep drops it)
     assert any("flight recorder" in r.getMessage() for r in caplog.records)
+
+
+SELF_WRITE = """
+import sys
+
+import aiodist
+
+
+async def main():
+    me = sys.modules[__name__]  # (writes through the module object, as some programs keep a counter)
+    me.COUNT = getattr(me, "COUNT", 0) + 1
+    await aiodist.init_process_group()
+    await aiodist.destroy_process_group()
+    return me.COUNT
+"""
+
+
+@pytest.mark.parametrize("program", [SELF_WRITE], indirect=True)
+def test_writes_through_sys_modules_reach_the_ranks_own_module(program: ModuleType) -> None:
+    """Before (isolation probe s22, 3): they went into the stand-in, one object for all ranks and runs (3, then
+    6, then 9 over three runs, with equal digests)."""
+    results = [sim.run(program.main, world_size=3, seed=s, trace=False) for s in range(3)]
+    assert [r.rank_results for r in results] == [[1, 1, 1]] * 3
