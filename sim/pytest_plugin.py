@@ -135,6 +135,11 @@ def sim_run(request: pytest.FixtureRequest) -> Callable[..., list[Result]]:
     """``sim_run(main, world_size=8, seeds=range(10), **sim_run_kwargs) -> [Result, ...]``.
 
     Fails the test at the first failing seed, printing the replay command.
+    A ``main`` imported from a module runs isolated, as ``sim.run`` runs it
+    (``isolate=True``: every rank a fresh copy of its module; the test cannot
+    read what the ranks left in that module's globals, and a ``main`` defined
+    in the test file itself runs without pytest's assertion rewriting).
+    Pass ``isolate=False`` to share the module with the test.
     """
     nodeid = request.node.nodeid
     override = _seed_override(request.config)
