@@ -31,6 +31,7 @@ import contextvars
 import importlib.util
 import inspect
 import io
+import pickle
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
@@ -57,10 +58,12 @@ def loading() -> Path | None:
 class ProgramMain:
     """``main`` (or another function, ``name``) of the program file ``path``, a fresh module per run and rank."""
 
-    def __init__(self, path: Path, name: str = "main", *, package: str | None = None) -> None:
+    def __init__(self, path: Path, name: str = "main", *, package: str | None = None,
+                 imported_as: str | None = None) -> None:
         self.path = path
         self.name = name
         self.package = package
+        self.imported_as = imported_as  # (the caller's name of the module, for a main sim.run isolates)
         self.module_name = f"_sim_program_{path.stem}"
         self._code: CodeType = compile(path.read_bytes(), str(path), "exec")
         # run -> (rank, incarnation) -> that process's module
@@ -143,10 +146,34 @@ class ProgramMain:
         fn = self.function(module)
         if fn is None:
             raise TypeError(f"{self.path} has no {self.name}() in this run (its top level removed it)")
+        if self.imported_as is not None and module is not self.first and (args or kwargs):
+            args, kwargs = self._own_copies(args, kwargs)
         return fn(*args, **kwargs)
 
+    def _own_copies(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The caller's arguments, as they are unless they hold objects of the module's classes: then as this
+        rank's own copies, those objects made objects of the rank's classes of the names (as ``spawn`` pickles
+        a process's arguments), so that the rank's ``isinstance`` and ``is`` checks hold. As they are, too,
+        when they do not pickle."""
+        try:
+            data = pickle.dumps((args, kwargs))
+        except Exception:  # noqa: BLE001 - (a lambda, a socket...: passed as it is)
+            return args, kwargs
+        caller, mine = self.imported_as, self.module_name
+        rebound: list[str] = []
+
+        class _Rebound(pickle.Unpickler):
+            def find_class(self, module_name: str, name: str) -> Any:
+                if module_name == caller:
+                    rebound.append(name)
+                    module_name = mine
+                return super().find_class(module_name, name)
+
+        copied: tuple[tuple[Any, ...], dict[str, Any]] = _Rebound(io.BytesIO(data)).load()
+        return copied if rebound else (args, kwargs)
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_program_main, (self.path, self.name, self.package))
+        return (_program_main, (self.path, self.name, self.package, self.imported_as))
 
 
 class _RankModule(ModuleType):
@@ -181,8 +208,8 @@ def _drop_repeats(paths: list[str]) -> None:
     paths[:] = [p for p in paths if not (p in seen or seen.add(p))]  # type: ignore[func-returns-value]
 
 
-def _program_main(path: Path, name: str, package: str | None) -> ProgramMain:
-    return ProgramMain(path, name, package=package)
+def _program_main(path: Path, name: str, package: str | None, imported_as: str | None = None) -> ProgramMain:
+    return ProgramMain(path, name, package=package, imported_as=imported_as)
 
 
 _isolated: weakref.WeakKeyDictionary[Any, Callable[..., Awaitable[Any]]] = weakref.WeakKeyDictionary()
@@ -216,7 +243,8 @@ def fresh_per_run(main: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitabl
     shown = io.StringIO()  # (what its top level printed, shown if it raised: ProgramMain._load)
     try:
         with contextlib.redirect_stderr(shown):
-            fresh = ProgramMain(Path(file), main.__name__, package=module.__package__ or None)
+            fresh = ProgramMain(Path(file), main.__name__, package=module.__package__ or None,
+                                imported_as=main.__module__)
     except ImportError:
         return given
     except BaseException:

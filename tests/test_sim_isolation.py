@@ -197,3 +197,37 @@ def test_writes_through_sys_modules_reach_the_ranks_own_module(program: ModuleTy
     6, then 9 over three runs, with equal digests)."""
     results = [sim.run(program.main, world_size=3, seed=s, trace=False) for s in range(3)]
     assert [r.rank_results for r in results] == [[1, 1, 1]] * 3
+
+
+TYPED = """
+import dataclasses
+import enum
+
+import aiodist
+
+
+class Mode(enum.Enum):
+    FAST = 1
+
+
+@dataclasses.dataclass
+class Cfg:
+    mode: Mode
+    n: int
+
+
+async def main(cfg, seen):
+    seen.append(1)  # (plain data passed as it is: the caller sees what the ranks do to it)
+    return isinstance(cfg, Cfg) and cfg.mode is Mode.FAST and cfg == Cfg(Mode.FAST, 2)
+"""
+
+
+@pytest.mark.parametrize("program", [TYPED], indirect=True)
+def test_objects_of_the_programs_classes_passed_in_args_are_the_ranks_own(program: ModuleType) -> None:
+    """Before (isolation probe s22, 1): the caller's Cfg was not the rank's: isinstance, `is` and == all False."""
+    seen: list[int] = []
+    res = sim.run(program.main, world_size=3, seed=0, args=(program.Cfg(program.Mode.FAST, 2), seen))
+    assert res.ok and res.rank_results == [True] * 3, res.summary()
+    seen2: list[int] = []
+    res = sim.run(program.main, world_size=3, seed=0, args=(None, seen2))
+    assert res.rank_results == [False] * 3 and seen2 == [1, 1, 1]
