@@ -57,10 +57,12 @@ from .sweep_streams import LastLines, capture_logs, current, routed
 from .trace import events_from_json, events_to_json, first_divergence, write_chrome
 
 
-def load_main(path: str) -> Callable[..., Awaitable[Any]]:
+def load_main(path: str, *, isolate: bool = True) -> Callable[..., Awaitable[Any]]:
     """Import ``path`` as a module and return its ``main`` coroutine function.
 
     ``FILE.py:NAME`` names another function of the file (a module holding several programs).
+    ``isolate=False`` (``--no-isolate``): one fresh module per run, shared by its ranks (a restarted rank
+    still runs its own), instead of one per rank.
     """
     name = "main"
     if not Path(path).is_file() and ":" in path:
@@ -72,7 +74,7 @@ def load_main(path: str) -> Callable[..., Awaitable[Any]]:
         raise UsageError(f"no such program file: {path}")
     if str(p.parent) not in sys.path:
         sys.path.insert(0, str(p.parent))
-    main = ProgramMain(p, name)  # (a fresh module for every run: sim/program.py)
+    main = ProgramMain(p, name, per_rank=isolate)  # (a fresh module for every run and rank: sim/program.py)
     if main.function(main.first) is None:  # the program's contract
         raise UsageError(f"{path} has no {name}()")
     return main
@@ -296,7 +298,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         _network(ns)  # (a setting no network has: said now, not as a traceback of the first run)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    main = load_main(ns.program)
+    main = load_main(ns.program, isolate=not getattr(ns, "no_isolate", False))
     if ns.seeds is None:
         keep = bool(ns.trace or ns.check_determinism or ns.dump_events)
         result = _run_once(ns, main, ns.seed, keep=keep)
@@ -319,11 +321,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
                 replay.shrink_and_report(ns, main, result, _network(ns), kw, replay_command)
             return 1
         return 0
-    _loaded[ns.program] = main
+    _loaded[_loaded_key(ns)] = main
     return _sweep(ns)
 
 
-_loaded: dict[str, Callable[..., Awaitable[Any]]] = {}
+_loaded: dict[tuple[str, bool], Callable[..., Awaitable[Any]]] = {}
+
+
+def _loaded_key(ns: argparse.Namespace) -> tuple[str, bool]:
+    return ns.program, not getattr(ns, "no_isolate", False)
 
 
 class CliSeed:
@@ -334,9 +340,9 @@ class CliSeed:
 
     def __call__(self, seed: int) -> dict[str, Any]:
         ns = self.ns
-        main = _loaded.get(ns.program)
+        main = _loaded.get(_loaded_key(ns))
         if main is None:
-            main = _loaded[ns.program] = load_main(ns.program)
+            main = _loaded[_loaded_key(ns)] = load_main(ns.program, isolate=_loaded_key(ns)[1])
         printed = LastLines(OUTPUT_LINES) if not ns.quiet else None
         with wall_clock_limit(ns.seed_timeout) as fired:
             result = _run_once(ns, main, seed, keep=False, logs=False, output=printed)

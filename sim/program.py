@@ -59,9 +59,10 @@ class ProgramMain:
     """``main`` (or another function, ``name``) of the program file ``path``, a fresh module per run and rank."""
 
     def __init__(self, path: Path, name: str = "main", *, package: str | None = None,
-                 imported_as: str | None = None) -> None:
+                 imported_as: str | None = None, per_rank: bool = True) -> None:
         self.path = path
         self.name = name
+        self.per_rank = per_rank  # (False: one module per run, shared by the ranks; a restarted rank's own)
         self.package = package
         self.imported_as = imported_as  # (the caller's name of the module, for a main sim.run isolates)
         self.module_name = f"_sim_program_{path.stem}"
@@ -140,7 +141,11 @@ class ProgramMain:
             module = self.first
         else:  # (every rank, and every incarnation of a restarted rank, is a process of its own)
             modules = self._modules.setdefault(run, {})
-            module = modules[(process.rank, process.incarnation)] = self._module()
+            if self.per_rank or not modules or process.incarnation > 0:
+                module = self._module()
+            else:  # (--no-isolate: the run's first module, shared)
+                module = next(iter(modules.values()))
+            modules[(process.rank, process.incarnation)] = module
             if len(modules) == 1:
                 self.latest = module
         fn = self.function(module)
@@ -173,7 +178,7 @@ class ProgramMain:
         return copied if rebound else (args, kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_program_main, (self.path, self.name, self.package, self.imported_as))
+        return (_program_main, (self.path, self.name, self.package, self.imported_as, self.per_rank))
 
 
 class _RankModule(ModuleType):
@@ -208,8 +213,9 @@ def _drop_repeats(paths: list[str]) -> None:
     paths[:] = [p for p in paths if not (p in seen or seen.add(p))]  # type: ignore[func-returns-value]
 
 
-def _program_main(path: Path, name: str, package: str | None, imported_as: str | None = None) -> ProgramMain:
-    return ProgramMain(path, name, package=package, imported_as=imported_as)
+def _program_main(path: Path, name: str, package: str | None, imported_as: str | None = None,
+                  per_rank: bool = True) -> ProgramMain:
+    return ProgramMain(path, name, package=package, imported_as=imported_as, per_rank=per_rank)
 
 
 _isolated: weakref.WeakKeyDictionary[Any, Callable[..., Awaitable[Any]]] = weakref.WeakKeyDictionary()

@@ -38,6 +38,9 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
                         "(BUDGET seconds of it at most)")
     p.add_argument("--slow-link", type=parse_slow_link, action="append", default=[], metavar="SRC-DSTxFACTOR",
                    help="the link SRC->DST's latency times FACTOR (SRC-SRC: a host's connections to itself)")
+    p.add_argument("--no-isolate", action="store_true",
+                   help="run the program's module once per run, shared by the ranks, instead of once per rank "
+                        "(a costly top level; module globals are then shared as in one process)")
     p.add_argument("--shrink", action="store_true",
                    help="on a failing seed: find the smallest plan that fails the same way, print its replay")
 
@@ -89,6 +92,8 @@ def plan_args(ns: argparse.Namespace, result: Result | None) -> list[str]:
     out: list[str] = []
     if ns.store_host != "rank0":
         out += ["--store-host", ns.store_host]
+    if getattr(ns, "no_isolate", False):
+        out.append("--no-isolate")
     if not explicit(ns, result):
         if ns.no_explore:
             out.append("--no-explore")

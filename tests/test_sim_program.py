@@ -218,3 +218,23 @@ def test_each_virtual_rank_has_its_own_module_globals(tmp_path: Path) -> None:
     res = sim.run(load_main(str(tmp_path / "prog.py")), world_size=3, seed=0)
     assert res.ok, res.summary()
     assert res.rank_results == [(6, True)] * 3
+
+
+def test_no_isolate_runs_one_module_per_run_shared_by_its_ranks_and_is_in_the_replay(tmp_path: Path) -> None:
+    """--no-isolate (a program whose top level is costly, isolation probe s22, 10): one module per run, shared
+    by the ranks (their steps add up), still fresh for every run; a failing seed's replay keeps the flag."""
+    (tmp_path / "prog.py").write_text(PER_PROCESS)
+    main = load_main(str(tmp_path / "prog.py"), isolate=False)
+    for seed in (0, 1):
+        res = sim.run(main, world_size=3, seed=seed)
+        assert res.ok and [n for n, _ in res.rank_results] != [6, 6, 6], res.summary()
+        assert sorted(n for n, _ in res.rank_results)[-1] > 6  # (the shared counter saw every rank's steps)
+    proc = subprocess.run([sys.executable, "-m", "sim", "run", "-n", "2", "prog.py", "--seed", "0", "--no-isolate"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (tmp_path / "bad.py").write_text("import aiodist\n\nasync def main():\n    assert False, 'no'\n")
+    proc = subprocess.run([sys.executable, "-m", "sim", "run", "-n", "2", "bad.py", "--seed", "0", "--no-isolate"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 1 and "--no-isolate" in proc.stdout.split("Replay with:")[1], proc.stdout
