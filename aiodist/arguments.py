@@ -101,15 +101,7 @@ def _in_group(pg: Any, group_rank: Any, argument: str, what: str) -> int:
     error names that argument (the group's own check knows it only as ``src``/``dst``)."""
     from .errors import InvalidRankError
 
-    if isinstance(group_rank, bool) or not isinstance(group_rank, int):
-        try:
-            import operator
-
-            group_rank = operator.index(group_rank)  # numpy integers
-        except TypeError:
-            raise InvalidArgumentTypeError(
-                f"{argument} must be an int rank (a rank of the group), not {type(group_rank).__name__}"
-            ) from None
+    group_rank = _int_rank(group_rank, f"{argument} must be an int rank (a rank of the group)")
     size: int = pg.size
     if not 0 <= group_rank < size:
         raise InvalidRankError(
@@ -122,16 +114,22 @@ def _in_group(pg: Any, group_rank: Any, argument: str, what: str) -> int:
     return int(group_rank)
 
 
-def _local(pg: Any, global_rank: Any, what: str) -> int:
-    from .errors import InvalidRankError
-
-    if isinstance(global_rank, bool) or not isinstance(global_rank, int):
+def _int_rank(value: Any, must: str) -> int:
+    """``value`` as an int (numpy integers too; not a bool), else InvalidArgumentTypeError saying ``must``."""
+    if isinstance(value, bool) or not isinstance(value, int):
         try:
             import operator
 
-            global_rank = operator.index(global_rank)  # numpy integers
+            return operator.index(value)  # numpy integers
         except TypeError:
-            raise InvalidArgumentTypeError(f"{what} must be an int rank, not {type(global_rank).__name__}") from None
+            raise InvalidArgumentTypeError(f"{must}, not {type(value).__name__}") from None
+    return value
+
+
+def _local(pg: Any, global_rank: Any, what: str) -> int:
+    from .errors import InvalidRankError
+
+    global_rank = _int_rank(global_rank, f"{what} must be an int rank")
     r: int = pg.group_rank(global_rank)
     if r < 0:
         raise InvalidRankError(

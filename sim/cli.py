@@ -298,7 +298,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         _network(ns)  # (a setting no network has: said now, not as a traceback of the first run)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    main = load_main(ns.program, isolate=not getattr(ns, "no_isolate", False))
+    main = load_main(ns.program, isolate=_loaded_key(ns)[1])
     if ns.seeds is None:
         keep = bool(ns.trace or ns.check_determinism or ns.dump_events)
         result = _run_once(ns, main, ns.seed, keep=keep)
@@ -340,9 +340,10 @@ class CliSeed:
 
     def __call__(self, seed: int) -> dict[str, Any]:
         ns = self.ns
-        main = _loaded.get(_loaded_key(ns))
+        key = _loaded_key(ns)
+        main = _loaded.get(key)
         if main is None:
-            main = _loaded[_loaded_key(ns)] = load_main(ns.program, isolate=_loaded_key(ns)[1])
+            main = _loaded[key] = load_main(ns.program, isolate=key[1])
         printed = LastLines(OUTPUT_LINES) if not ns.quiet else None
         with wall_clock_limit(ns.seed_timeout) as fired:
             result = _run_once(ns, main, seed, keep=False, logs=False, output=printed)

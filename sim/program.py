@@ -42,7 +42,7 @@ from typing import Any
 from .process import current_process
 
 
-__all__ = ["RUN", "ProgramMain", "fresh_per_run", "loading"]
+__all__ = ["RUN", "ProgramMain", "fresh_per_run", "loading", "refuse_while_loading"]
 
 RUN: contextvars.ContextVar[object | None] = contextvars.ContextVar("sim_run", default=None)
 """The simulation a rank belongs to (set for each rank by the runner; None outside any run)."""
@@ -53,6 +53,16 @@ _LOADING: contextvars.ContextVar[Path | None] = contextvars.ContextVar("sim_load
 def loading() -> Path | None:
     """The program file whose top level is running afresh for a run right now (None: none is)."""
     return _LOADING.get()
+
+
+def refuse_while_loading(call: str) -> None:
+    """Raise RuntimeError if ``call`` (``"sim.run"``, ``"sim.sweep"``) comes from the top level of a program
+    file the simulator is running afresh for a rank: it would run that file again, and again."""
+    running = _LOADING.get()
+    if running is not None:
+        raise RuntimeError(f"{call}() was called by the top level of {running.name} while the simulator ran that "
+                           "file afresh for a rank (as a new process runs it): put the call under "
+                           "`if __name__ == \"__main__\":`")
 
 
 class ProgramMain:

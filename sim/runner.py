@@ -51,7 +51,7 @@ from .locations import _await_location, _raise_location
 from .loop import LANE, SimLoop
 from .network import Fabric, Host, Network
 from .plan import World, expand, validate
-from .program import RUN, fresh_per_run, loading
+from .program import RUN, fresh_per_run, refuse_while_loading
 from .process import PROCESS, ProcessExit, ProcessGlobals, RankNetwork, RankProcess, inherited_environment, job_secret
 from .result import Failure as Failure
 from .result import Result as Result
@@ -599,10 +599,7 @@ def run(
     ``compute(func, args) -> seconds``.
     Everything still pending when the run ends is dropped without running.
     """
-    if (running := loading()) is not None:
-        raise RuntimeError(f"sim.run() was called by the top level of {running.name} while the simulator ran "
-                           "that file afresh for a rank (as a new process runs it): put the call under "
-                           "`if __name__ == \"__main__\":`")
+    refuse_while_loading("sim.run")
     if isolate:
         main = fresh_per_run(main)
     thresholds = gc.get_threshold()

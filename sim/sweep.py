@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import SweepWorkerError
-from .program import loading
+from .program import refuse_while_loading
 from .result import Failure, Result
 from .runner import run
 from .sweep_limit import limit_record, wall_clock_limit
@@ -536,10 +536,7 @@ def sweep(
     seeds run in processes' main threads: local workers or ``jobs=1``.
     Ctrl-C: :class:`SweepInterrupted` (local workers are ended).
     """
-    if (running := loading()) is not None:
-        raise RuntimeError(f"sim.sweep() was called by the top level of {running.name} while the simulator ran "
-                           "that file afresh for a seed (as a new process runs it): put the call under "
-                           "`if __name__ == \"__main__\":`")
+    refuse_while_loading("sim.sweep")
     seeds = unique_seeds(seeds)
     try:
         inspect.signature(run).bind(main, world_size=world_size, seed=0, trace=False, **run_kwargs)

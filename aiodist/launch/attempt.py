@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from . import outcome as outcomes
 from .env import merged_env, rank_env
-from ..launch_marks import JOINED, load_marks
+from ..launch_marks import load_marks
 from .job import LaunchConfig, RankExit
 from .outcome import Blame
 from .output import StreamWriter
@@ -326,7 +326,8 @@ class Attempt:
                 return first
             if clean and self.running_count:
                 marks = load_marks(self.status_dir)
-                clean = [e for e in clean if marks.get(e.exit.rank) != JOINED]  # (one that had joined strands no one)
+                left = set(outcomes.never_joined([e.exit.rank for e in clean], marks))
+                clean = [e for e in clean if e.exit.rank in left]
                 running = {self._rank(r.local_rank) for r in self._ranks if r.returncode is None}
                 stranded = outcomes.stranded([e.exit.rank for e in clean], running, marks)
                 if stranded is not None:

@@ -192,16 +192,20 @@ def _ranges(ranks: Sequence[int]) -> str:
     return ", ".join(parts)
 
 
+def never_joined(gone: Sequence[int], marks: Mapping[int, str]) -> list[int]:
+    """The ranks of ``gone`` (exited 0) that never joined their rendezvous (``marks``:
+    :func:`aiodist.launch_marks.load_marks`): one that had joined strands no one."""
+    return [r for r in gone if marks.get(r) != JOINED]
+
+
 def stranded(gone: Sequence[int], running: Collection[int], marks: Mapping[int, str]) -> Blame | None:
-    """The first of ``gone`` (ranks that exited 0) that never joined its rendezvous, if ranks still ``running``
-    wait in theirs (``marks``: :func:`aiodist.launch_marks.load_marks`): they wait for it, and would wait out
-    their whole timeout. None when no such rank strands anyone."""
-    left = [r for r in gone if marks.get(r) != JOINED]  # (one that had joined strands no one)
+    """The first of ``gone`` (ranks that exited 0 and :func:`never_joined`) if ranks still ``running`` wait in
+    their rendezvous: they wait for it, and would wait out their whole timeout. None when it strands no one."""
     waiting = sorted(r for r in running if marks.get(r) == WAITING)
-    if not left or not waiting:
+    if not gone or not waiting:
         return None
     who = f"rank {waiting[0]} waits" if len(waiting) == 1 else f"ranks {_ranges(waiting)} wait"
-    return Blame(left[0], "returned", f"rank {left[0]} exited cleanly while {who} in rendezvous")
+    return Blame(gone[0], "returned", f"rank {gone[0]} exited cleanly while {who} in rendezvous")
 
 
 def raised_text(rec: Mapping[str, Any]) -> str:

@@ -39,8 +39,8 @@ from typing import Any
 
 from ..errors import LaunchTimeoutError, RankFailedError
 from .env import merged_env, rank_env
-from ..launch_marks import JOINED, STATUS_DIR_ENV, load_marks
-from .outcome import Blame, describe_exception, root_cause, stranded
+from ..launch_marks import STATUS_DIR_ENV, load_marks
+from .outcome import Blame, describe_exception, never_joined, root_cause, stranded
 from .runner import call_entry
 from .security import fresh_secret
 from .status import failure_message
@@ -276,7 +276,7 @@ def _supervise(procs: list[Any], conns: list[Any], *, timeout: float | None, gra
                 clean.append(rank)
         if clean and not failed:
             marks = load_marks(status_dir)
-            clean = [r for r in clean if marks.get(r) != JOINED]
+            clean = never_joined(clean, marks)
             running = [r for r in range(world_size) if procs[r].exitcode is None]
             blame = stranded(clean, running, marks)
             if blame is not None:

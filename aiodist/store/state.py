@@ -353,10 +353,10 @@ class StoreState(Waiters):
         keys = tuple(keys)
         at = self._missing_from(_MULTI_GET, keys, 0, len(keys))
         if self._queues:  # (any key holding a queue and no value fails it at once, not only the first missing)
-            queues, values = self._queues, self._values
-            queued = next((k for k in keys if k in queues and k not in values), None)
-            if queued is not None:
-                return [Reply(client, request, None, self._holds_queue("multi_get", queued))]
+            for k in keys:
+                queued = self._holds_queue("multi_get", k)
+                if queued is not None:
+                    return [Reply(client, request, None, queued)]
         return self._block(client, request, _MULTI_GET, keys, at)
 
     def multi_set(self, client: Hashable, request: int, keys: Sequence[str], values: Sequence[bytes]) -> list[Reply]:
