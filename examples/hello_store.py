@@ -11,8 +11,9 @@ greeting under ``hello/<rank>`` and waits for everyone's; rank 0 prints them in
 rank order. Each rank then says ``bye/<rank>`` and rank 0 keeps the server up
 until all have, so nobody loses the store mid-call.
 
-The environment is read through ``aiodist.context.getenv``: in the simulator
-the ranks share one process, so ``os.environ`` would be the same for all.
+The environment is read through ``aiodist.context.getenv`` (``os.environ``
+would do as well: the simulator gives each virtual rank its own, as a process
+has).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from types import CodeType, ModuleType
 from typing import Any
 
 from .process import current_process
+from .program_imports import Helpers, Imports
 
 
 __all__ = ["RUN", "ProgramMain", "fresh_per_run", "loading", "refuse_while_loading"]
@@ -81,6 +82,8 @@ class ProgramMain:
         self._modules: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], ModuleType]] = \
             weakref.WeakKeyDictionary()
         self._proxy = _RankModule(self)
+        self._helpers = Helpers(path.resolve().parent, self._current_imports, _LOADING)
+        self._imports: weakref.WeakKeyDictionary[ModuleType, Imports] = weakref.WeakKeyDictionary()
         self.first = self.latest = self._load()
         self.__name__ = name
         self.__qualname__ = name
@@ -119,6 +122,10 @@ class ProgramMain:
         module = importlib.util.module_from_spec(spec)
         if self.package:  # (an imported module of a package: its relative imports resolve as when imported)
             module.__package__ = self.package
+        imports = self._imports[module] = Imports(self._helpers)  # (its helper modules: program_imports)
+        if self.imported_as == self.path.stem:  # (`import prog` in a helper: this copy, as a process imports it)
+            imports.modules[self.imported_as] = module
+        module.__dict__["__builtins__"] = imports.builtins
         sys.modules[self.module_name] = module
         token = _LOADING.set(self.path)
         paths = len(sys.path)
@@ -139,6 +146,9 @@ class ProgramMain:
             if module is not None:
                 return module
         return self.latest
+
+    def _current_imports(self) -> Imports | None:
+        return self._imports.get(self.current())
 
     def function(self, module: ModuleType) -> Callable[..., Awaitable[Any]] | None:
         """The module's function ``name`` (None when it has none, or it is not callable)."""
