@@ -21,7 +21,8 @@ under ``aiodist run``). ``sys.modules`` holds, under the module's name, a
 stand-in (:class:`_RankModule`) that reads and writes the calling rank's
 module, so an object pickled by one rank unpickles in another as an instance
 of that rank's class of the name. Modules the file imports stay shared by the
-virtual ranks, as the README's known limits say.
+virtual ranks, as the README's known limits say; those of its own folder are
+imported afresh for every run (:meth:`ProgramMain.forget_imports`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import contextvars
 import importlib.util
 import inspect
 import io
+import os
 import pickle
 import sys
 import weakref
@@ -40,7 +42,6 @@ from types import CodeType, ModuleType
 from typing import Any
 
 from .process import current_process
-from .program_imports import Helpers, Imports
 
 
 __all__ = ["RUN", "ProgramMain", "fresh_per_run", "loading", "refuse_while_loading"]
@@ -70,7 +71,7 @@ class ProgramMain:
     """``main`` (or another function, ``name``) of the program file ``path``, a fresh module per run and rank."""
 
     def __init__(self, path: Path, name: str = "main", *, package: str | None = None,
-                 imported_as: str | None = None, per_rank: bool = True) -> None:
+                 imported_as: str | None = None, per_rank: bool = True, helpers: frozenset[str] = frozenset()) -> None:
         self.path = path
         self.name = name
         self.per_rank = per_rank  # (False: one module per run, shared by the ranks; a restarted rank's own)
@@ -78,13 +79,18 @@ class ProgramMain:
         self.imported_as = imported_as  # (the caller's name of the module, for a main sim.run isolates)
         self.module_name = f"_sim_program_{path.stem}"
         self._code: CodeType = compile(path.read_bytes(), str(path), "exec")
+        # What was imported before the file was (its caller's): a module of the file's folder imported since
+        # (by the file, as a process would) is imported afresh for every run (forget_imports); ``helpers``:
+        # those the file imported where this copy was made (a sweep worker's copy of the CLI's).
+        self._folder = str(path.resolve().parent) + os.sep
+        self._before = frozenset(sys.modules)
+        self._helpers = helpers
         # run -> (rank, incarnation) -> that process's module
         self._modules: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], ModuleType]] = \
             weakref.WeakKeyDictionary()
         self._proxy = _RankModule(self)
-        self._helpers = Helpers(path.resolve().parent, self._current_imports, _LOADING)
-        self._imports: weakref.WeakKeyDictionary[ModuleType, Imports] = weakref.WeakKeyDictionary()
         self.first = self.latest = self._load()
+        self._helpers |= frozenset(self._imported())
         self.__name__ = name
         self.__qualname__ = name
         self.__module__ = self.module_name
@@ -122,10 +128,6 @@ class ProgramMain:
         module = importlib.util.module_from_spec(spec)
         if self.package:  # (an imported module of a package: its relative imports resolve as when imported)
             module.__package__ = self.package
-        imports = self._imports[module] = Imports(self._helpers)  # (its helper modules: program_imports)
-        if self.imported_as == self.path.stem:  # (`import prog` in a helper: this copy, as a process imports it)
-            imports.modules[self.imported_as] = module
-        module.__dict__["__builtins__"] = imports.builtins
         sys.modules[self.module_name] = module
         token = _LOADING.set(self.path)
         paths = len(sys.path)
@@ -147,9 +149,6 @@ class ProgramMain:
                 return module
         return self.latest
 
-    def _current_imports(self) -> Imports | None:
-        return self._imports.get(self.current())
-
     def function(self, module: ModuleType) -> Callable[..., Awaitable[Any]] | None:
         """The module's function ``name`` (None when it has none, or it is not callable)."""
         fn = getattr(module, self.name, None)
@@ -161,6 +160,8 @@ class ProgramMain:
             module = self.first
         else:  # (every rank, and every incarnation of a restarted rank, is a process of its own)
             modules = self._modules.setdefault(run, {})
+            if not modules and self.imported_as is None:
+                self.forget_imports()  # (the run's first rank: the run imports them afresh)
             if self.per_rank or not modules or process.incarnation > 0:
                 module = self._module()
             else:  # (--no-isolate: the run's first module, shared)
@@ -174,6 +175,28 @@ class ProgramMain:
         if self.imported_as is not None and module is not self.first and (args or kwargs):
             args, kwargs = self._own_copies(args, kwargs)
         return fn(*args, **kwargs)
+
+    def forget_imports(self) -> None:
+        """Drop from ``sys.modules`` the modules of the file's folder (and below) that the file imported (its
+        helper modules), so that a run imports them afresh, as a new process does: what one run left in a
+        helper module's globals cannot change the next (a sweep's seeds would then depend on the seeds its
+        worker ran before, and disagree with their replays). Only for a file loaded as a program (the CLI's): a
+        caller that imported the file's module holds its helpers itself. Within a run its ranks share them."""
+        for name in self._imported():
+            del sys.modules[name]
+
+    def _imported(self) -> list[str]:
+        """The modules of the file's folder in ``sys.modules`` that the file imported (see forget_imports)."""
+        before, helpers, folder = self._before, self._helpers, self._folder
+        found = []
+        for name in [n for n in sys.modules if n not in before or n in helpers]:  # (sys.modules' order)
+            top = name.partition(".")[0]
+            if top in before and top not in helpers:  # (a late submodule of a package loaded before: aiodist's)
+                continue
+            file = getattr(sys.modules.get(name), "__file__", None)
+            if isinstance(file, str) and os.path.realpath(file).startswith(folder) and name != self.module_name:
+                found.append(name)
+        return found
 
     def _own_copies(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The caller's arguments, as they are unless they hold objects of the module's classes: then as this
@@ -198,7 +221,7 @@ class ProgramMain:
         return copied if rebound else (args, kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_program_main, (self.path, self.name, self.package, self.imported_as, self.per_rank))
+        return (_program_main, (self.path, self.name, self.package, self.imported_as, self.per_rank, self._helpers))
 
 
 class _RankModule(ModuleType):
@@ -234,8 +257,8 @@ def _drop_repeats(paths: list[str]) -> None:
 
 
 def _program_main(path: Path, name: str, package: str | None, imported_as: str | None = None,
-                  per_rank: bool = True) -> ProgramMain:
-    return ProgramMain(path, name, package=package, imported_as=imported_as, per_rank=per_rank)
+                  per_rank: bool = True, helpers: frozenset[str] = frozenset()) -> ProgramMain:
+    return ProgramMain(path, name, package=package, imported_as=imported_as, per_rank=per_rank, helpers=helpers)
 
 
 _isolated: weakref.WeakKeyDictionary[Any, Callable[..., Awaitable[Any]]] = weakref.WeakKeyDictionary()
