@@ -469,6 +469,25 @@ def test_a_dial_awaiting_its_verdict_gets_the_bye_too() -> None:
     assert sent(m2.close(bye=False, answered=[Conn()]), F.BYE) == []  # (an abort says nothing anywhere)
 
 
+def test_a_peer_connecting_after_a_failure_hears_of_it_with_its_root_cause() -> None:
+    """Rank 2 learned that rank 1 left after rank 4 failed; rank 3 connects only later: the failures rank 2
+    tells it of carry the root. Before (a 40-rank crash run, seed 0, with exploration's slow rank): the late
+    peer heard text only, blamed rank 1, and left "after rank 1 failed: left the job after rank 4 failed",
+    so the ranks that heard of its departure named rank 1 as well as rank 4."""
+    told = F.fail(1, "left the job after rank 4 failed: connection lost", (4, "connection lost"))
+    late = Links(2, 5, dial_defer=0)
+    late.need(1)
+    late.dial_failed(1, "ConnectionLost: connection refused", (4, "connection lost"))
+    c = Conn()
+    late.need(3)
+    acts = late.dialed(3, c, WELCOME)
+    assert sent(acts, F.FAIL) == [(c, told)]
+    b = Links(3, 5, dial_defer=0)
+    ready(b, 2)
+    b.reported(2, 1, told[F.HOW], told[F.ROOT])
+    assert b.first_failure == (4, "connection lost") and b.peer_error(1).culprit == 4
+
+
 def test_a_failure_report_carries_the_root_cause_and_the_receiver_names_it() -> None:
     """Rank 2 learned that rank 1 left after rank 4 failed; its report of rank 1 says so (``root``). Before, the
     report carried text only: the receiver's `.culprit` was None and its own bye passed on "after rank 1

@@ -421,11 +421,13 @@ class Links:
         if link.wanted:
             link.wanted = False
             acts.append(Wake(link.rank))
-        # A peer that connects after a failure must hear of it too (it may wait on us in vain).
+        # A peer that connects after a failure must hear of it too (it may wait on us in vain), with the root
+        # cause the failed rank left after, as a notice at the time said it (else the peer would blame it).
         if self._nfailed:
             for q in self._links.values():
                 if q is not link and q.state is _FAILED:
-                    acts.append(Send(conn, F.fail(q.rank, q.how or "unknown")))
+                    root = None if q.culprit is None else (q.culprit, q.cause or "unknown")
+                    acts.append(Send(conn, F.fail(q.rank, q.how or "unknown", root)))
         return acts
 
     # ------------------------------------------------------------------ a link ends
