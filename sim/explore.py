@@ -14,7 +14,10 @@ itself a useful configuration):
   it reads a frame it received, or at a random moment;
 * clogs: after a frame a rank sends, the link it went out on holds everything
   for a while, then delivers it all, in order;
-* stragglers: after a frame it sends, a rank runs slower for a while.
+* stragglers: after a frame it sends, a rank runs slower for a while;
+* a slow rank: one rank runs a little slower (x1.1 to x1.5) for the whole
+  run (a busier machine, a throttled CPU): what a short spell cannot do to a
+  step that lasts seconds (a lease held a little too long).
 
 These fire at per-seed *rates* (per frame, per second), so they land inside
 whatever windows the program has, whatever its length, up to a per-seed
@@ -28,8 +31,12 @@ same run (same digest).
 to declare a live peer dead. Its budget is the silence it tolerates (the
 timeout minus one heartbeat interval) as the ranks have configured it (their
 groups' heartbeat settings when they have one, else their environment); a
-pause takes at most 40% of it, a clog 30%, a tail 20%; a straggler's factor
-stays under what would stretch its heartbeats past the timeout; after a
+pause takes at most 40% of it, a clog 30%, a tail 20% (pauses and clogs
+less where the run's partitions take more than the rest: they may overlap;
+:data:`sim.swarm.PARTITION_SHARE`); a straggler's factor
+stays under what would stretch its heartbeats past the timeout (a slow
+rank's pauses and clogs are shorter by what its slowness adds to a
+heartbeat's gap and to a tail, and it gets no spell on top); after a
 perturbation a rank runs a moment undisturbed (its overdue heartbeat goes
 out) and none comes while a straggler fault slows it. So a correct program
 that does not handle failures passes every seed. (Destructive faults:
@@ -46,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiodist.comm.settings import HEARTBEAT_INTERVAL, HEARTBEAT_MISSES
 
-from .faults import Clog, Fault, Pause, Straggler
+from .faults import Clog, Fault, Partition, Pause, Straggler
 from .latency import Tail, Uniform
 from .triggers import MessageReceived, MessageSent, Trigger
 
@@ -62,6 +69,9 @@ MIN_SPAN = 1e-4  # seconds: a perturbation shorter than this is not worth its ev
 QUIET = 5e-3
 """Seconds a rank runs unperturbed after a perturbation ends: it resumes, its overdue heartbeat goes
 out, so the silences its peers see never add up."""
+SLOW_RANK = (1.1, 1.5)
+"""A slow rank's factor (log-uniform): at most 1.5, so its heartbeats stay well inside the timeout
+(they are ``factor`` intervals apart)."""
 DEFAULT_BAND = Uniform(50e-6, 150e-6)
 """The default network's latency (:class:`sim.network.Network`): exploration may widen it, never another."""
 
@@ -85,6 +95,7 @@ class Exploration:
     focus: float = 0.5
     max_events: int = 32
     max_seconds: float = 4.0
+    slow_rank: float = 0.25
 
     def draw(self, seed: int | str, detector: float, world_size: int) -> TimingPlan:
         """The plan of ``seed`` (pure); ``detector``: the failure detector's budget in seconds."""
@@ -114,8 +125,11 @@ class Exploration:
         focus = None
         if rng.random() < self.focus:  # swarm-style: some seeds perturb one or two ranks only
             focus = (rng.random(), rng.random() if rng.random() < 0.5 else None)
+        # (drawn last, and always: the draws before it are those of a plan without it)
+        slow_rank = rng.random() < self.slow_rank
+        which, factor = rng.random(), _round(_log_uniform(rng, SLOW_RANK[0], SLOW_RANK[1]))
         return TimingPlan(band, tail, rates["pause"], rates["clog"], rates["straggle"], events, seconds, focus,
-                          rates["clock"], slow)
+                          rates["clock"], slow, (which, factor) if slow_rank else None)
 
 
 @dataclass(frozen=True)
@@ -141,6 +155,8 @@ class TimingPlan:
     or sleeps sends nothing, and may still be stopped there)."""
     slow: tuple[tuple[int, int, float], ...] = ()
     """Slow links: (src rank, dst rank, latency multiplier)."""
+    slow_rank: tuple[float, float] | None = None
+    """One rank slower for the whole run: (its rank as a fraction of the world size, the factor), or None."""
     explored: list[Fault] = field(default_factory=list, compare=False)
 
     def focused(self, world_size: int) -> list[int] | None:
@@ -159,6 +175,8 @@ class TimingPlan:
                 parts.append(f"{name} {rate:g}/frame")
         if self.pause_clock:
             parts.append(f"pauses {self.pause_clock:g}/s")
+        if self.slow_rank is not None:
+            parts.append(f"a rank x{self.slow_rank[1]:g} slower throughout")
         who = "" if self.focus is None else " on some ranks"
         return ", ".join(parts) + f"{who} (at most {self.max_events}, {self.max_seconds:g}s)"
 
@@ -215,6 +233,10 @@ class Explorer:
         self.events_left = plan.max_events
         self.seconds_left = plan.max_seconds
         self.quiet_until: dict[str, float] = {}
+        self.slowed: dict[str, float] = {}  # host -> the slow rank's factor (plan.slow_rank)
+        # The run's partitions, all together (a pause or clog may overlap them; forever: no room at all)
+        self.partitioned = sum(math.inf if f.duration is None else f.duration
+                               for f in sim.faults if isinstance(f, Partition))
 
     @staticmethod
     def network(config: Network, plan: TimingPlan) -> Network:
@@ -229,6 +251,8 @@ class Explorer:
         return replace(config, **changes) if changes else config
 
     def install(self, hosts: list[Host]) -> None:
+        if self.plan.slow_rank is not None and hosts:
+            self._slow_rank(hosts)
         focus = self.plan.focused(len(hosts))
         for host in hosts:
             if focus is not None and host.rank not in focus:
@@ -239,6 +263,21 @@ class Explorer:
                 self._arm(host, False)
             if self.plan.pause_clock:
                 self._arm_clock(host)
+
+    def _slow_rank(self, hosts: list[Host]) -> None:
+        """The plan's slow rank: a Straggler for good, installed first (a replay installs it where this does:
+        right after the run's own faults), unless the ranks' detector tolerates fewer than 3 missed beats."""
+        assert self.plan.slow_rank is not None
+        which, factor = self.plan.slow_rank
+        config = env_detector(self.sim.rank_env(0, 0))
+        if config is not None and config[1] < 3:
+            return
+        host = hosts[min(int(which * len(hosts)), len(hosts) - 1)]
+        assert host.rank is not None
+        fault = Straggler(host.rank, factor)
+        fault.install(self.sim)
+        self.plan.explored.append(fault)
+        self.slowed[host.name] = factor
 
     def _arm_clock(self, host: Host) -> None:
         if self.events_left <= 0 or self.seconds_left < MIN_SPAN:
@@ -268,17 +307,23 @@ class Explorer:
         rank = host.rank
         assert rank is not None
         sent = isinstance(on, MessageSent)
-        if self.events_left > 0 and self.quiet_until.get(host.name, 0.0) <= now and host.alive and host.factor == 1.0:
+        slowed = self.slowed.get(host.name, 1.0)
+        if self.events_left > 0 and self.quiet_until.get(host.name, 0.0) <= now and host.alive and \
+                host.factor == slowed:
             budget, interval = budget_of(self._detector())
+            # (a slow rank's silences are longer by what its slowness adds to a heartbeat's gap and a tail)
+            extra = (slowed - 1.0) * (interval + TAIL_SHARE * budget)
             # After a send: a pause, a clog or a straggler spell, as their rates say; else a pause.
             pick = self.rng.random() * self.send_rate if sent else 0.0
             kind = ("pause" if not sent or pick < self.plan.pause_rate else
                     "clog" if pick < self.plan.pause_rate + self.plan.clog_rate else "straggle")
             span = _log_uniform(self.rng, 5e-4, 1.0)  # a fraction of the budget, log-uniform
-            d = _round(min(span * (CLOG_SHARE if kind == "clog" else PAUSE_SHARE) * budget, self.seconds_left))
+            share = min((CLOG_SHARE if kind == "clog" else PAUSE_SHARE) * budget,
+                        (1.0 - TAIL_SHARE) * budget - self.partitioned)
+            d = _round(min(span * max(share - extra, 0.0), self.seconds_left))
             fault: Fault | None = None
-            if d < MIN_SPAN:
-                pass  # the run's budget is spent
+            if d < MIN_SPAN or (kind == "straggle" and slowed != 1.0):
+                pass  # the run's budget is spent (or a spell on a slow rank: none on top)
             elif kind == "pause":
                 fault = Pause(rank, at=now if on is None else None, duration=d, on=on)
             elif kind == "clog":

@@ -20,8 +20,8 @@ from aiodist.context import getenv
 async def test_ranks_run_in_sim():
     loop = asyncio.get_running_loop()
     assert type(loop).__name__ == "SimLoop"
-    await asyncio.sleep(3600)
-    assert loop.time() == 3600
+    await asyncio.sleep(60)
+    assert loop.time() >= 60  # (exactly 60 unless the seed's exploration slowed this rank)
     assert getenv("WORLD_SIZE") == "4"
 
 @pytest.mark.sim(world_size=3, seeds=range(20))

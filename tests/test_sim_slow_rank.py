@@ -64,7 +64,7 @@ def test_a_seed_may_slow_one_rank_for_the_whole_run_and_its_replay_does_the_same
         slowed += 1
         first = res.explored[0]
         assert isinstance(first, sim.Straggler) and first.duration is None and 1.1 <= first.factor <= 1.5, first
-        assert res.rank_results[first.rank] >= 2.5 * first.factor - 1e-9  # (pauses may add to it, not take)
+        assert res.rank_results[first.rank] >= 0.5 + 2.0 * first.factor - 1e-9  # (its sleeps after its first step)
         again = sim.run(timed_sleeps, world_size=4, seed=seed, trace=False, **replay_plan(res))
         assert again.digest == res.digest and again.rank_results == res.rank_results
     assert 4 <= slowed <= 20  # (a quarter of the seeds, by default)
