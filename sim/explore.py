@@ -16,8 +16,10 @@ itself a useful configuration):
   for a while, then delivers it all, in order;
 * stragglers: after a frame it sends, a rank runs slower for a while;
 * a slow rank: one rank runs a little slower (x1.1 to x1.5) for the whole
-  run (a busier machine, a throttled CPU): what a short spell cannot do to a
-  step that lasts seconds (a lease held a little too long).
+  run (a busier machine, a throttled CPU): what a short spell cannot do to
+  work that lasts seconds (a lease held a little too long). A sleep of that
+  rank is at most (factor - 1) x 40% of the detector's budget longer (0.5 s
+  at x1.5 and the default detector): a long sleep is a timer more than work.
 
 These fire at per-seed *rates* (per frame, per second), so they land inside
 whatever windows the program has, whatever its length, up to a per-seed
@@ -274,7 +276,10 @@ class Explorer:
             return
         host = hosts[min(int(which * len(hosts)), len(hosts) - 1)]
         assert host.rank is not None
-        fault = Straggler(host.rank, factor)
+        # A step of work is slower; a long wait (a sleep of seconds: a polling interval, a renewal period) only
+        # as much as a pause may be long, times its slowness: it stands for a timer, which a busy machine keeps.
+        budget, _ = budget_of(config)
+        fault = Straggler(host.rank, factor, most=_round((factor - 1.0) * PAUSE_SHARE * budget))
         fault.install(self.sim)
         self.plan.explored.append(fault)
         self.slowed[host.name] = factor

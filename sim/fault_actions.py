@@ -8,6 +8,8 @@ unblock links; reset connections.
 
 from __future__ import annotations
 
+import math
+
 import contextvars
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -133,10 +135,13 @@ class FaultActions:
             self.loop.pause_lane(host.lane, self.loop.time() + duration)
             self.tracer.emit(self.loop.time(), "fault", host.name, detail=f"pause {duration:g}s")
 
-    def set_straggler(self, rank: int, factor: float, duration: float | None = None) -> None:
+    def set_straggler(self, rank: int, factor: float, duration: float | None = None, most: float | None = None) -> None:
+        """``rank`` runs ``factor`` times slower for ``duration`` seconds (None: for good); ``most``: at most that
+        many seconds more for any one sleep (None: no bound)."""
         host = self.hosts[rank]
         host.factor = factor
-        self.loop.stretch_sleeps(host.lane, factor)
+        host.stretch = (math.inf if duration is None else self.loop.time() + duration, most)
+        self.loop.stretch_sleeps(host.lane, factor, *host.stretch)
         self.tracer.emit(self.loop.time(), "fault", host.name, detail=f"straggler x{factor:g}")
         if duration is not None:
             self.after(duration, lambda: self._end_straggler(host, factor))
@@ -144,6 +149,7 @@ class FaultActions:
     def _end_straggler(self, host: Host, factor: float) -> None:
         if host.factor == factor:
             host.factor = 1.0
+            host.stretch = (math.inf, None)
             self.loop.stretch_sleeps(host.lane, 1.0)
             self.tracer.emit(self.loop.time(), "fault", host.name, detail="straggler ends")
 

@@ -100,14 +100,23 @@ def parse_clog(spec: str) -> Clog:
 
 
 def parse_straggler(spec: str) -> Straggler:
-    """``RANKxFACTOR``, ``RANKxFACTOR@WHEN`` or ``RANKxFACTOR@WHEN+SECONDS``."""
+    """``RANKxFACTOR``, ``RANKxFACTOR@WHEN`` or ``RANKxFACTOR@WHEN+SECONDS``; ``~MOST`` after the factor: a sleep
+    at most MOST seconds longer."""
     if "@" not in spec:
         rank_s, factor = spec.split("x", 1)
-        return Straggler(int(rank_s), float(factor))
+        factor, most = _most(factor)
+        return Straggler(int(rank_s), float(factor), most=most)
     who, when, duration = _split(spec)
     rank_s, factor = who.split("x", 1)
+    factor, most = _most(factor)
     at, on, _ = parse_when(when, int(rank_s))
-    return Straggler(int(rank_s), float(factor), at=at, duration=duration, on=on)
+    return Straggler(int(rank_s), float(factor), at=at, duration=duration, on=on, most=most)
+
+
+def _most(factor: str) -> tuple[str, float | None]:
+    """``FACTOR`` or ``FACTOR~MOST``."""
+    factor, sep, most = factor.partition("~")
+    return factor, float(most) if sep else None
 
 
 def parse_reset(spec: str) -> ResetConnection:
@@ -132,7 +141,8 @@ FAULT_FLAGS: list[tuple[str, Callable[[str], Any], str]] = [
     ("--partition", parse_partition, "A,B/C,D@START[:HEAL] | A,B/C,D@WHEN+SECONDS: cut hosts A,B from C,D"),
     ("--one-way-partition", lambda s: parse_partition(s, one_way=True), "A/B@START[:HEAL]: cut A->B only (B->A stalls after 0.2 s: its acknowledgements are cut)"),
     ("--clog", parse_clog, "SRC-DST@START:END | SRC-DST@WHEN+SECONDS: hold messages on one link"),
-    ("--straggler", parse_straggler, "RANKxFACTOR[@WHEN[+SECONDS]]: slow a rank down"),
+    ("--straggler", parse_straggler, "RANKxFACTOR[~MOST][@WHEN[+SECONDS]]: slow a rank down (a sleep at most MOST s "
+                                     "longer)"),
     ("--reset", parse_reset, "A-B@WHEN: reset connections between two hosts"),
     ("--crash-store", parse_crash_store, "WHEN: kill the store"),
 ]

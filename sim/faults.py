@@ -201,7 +201,10 @@ class Pause:
 class Straggler:
     """Make ``rank`` ``factor`` times slower from ``at`` (or when ``on`` fires) for ``duration`` (None: for good).
 
-    Slower: its messages' latency and transmission time, and its sleeps.
+    Slower: its messages' latency and transmission time, and its sleeps (a
+    sleep that outlasts the spell only while the spell lasts); ``most``: a
+    sleep at most that many seconds longer (None: no bound; exploration's slow
+    rank has one: a busier machine slows a step of work, not a long wait).
     """
 
     rank: int
@@ -209,6 +212,7 @@ class Straggler:
     at: float | None = None
     duration: float | None = None
     on: Trigger | None = None
+    most: float | None = None
 
     def __post_init__(self) -> None:
         if self.at is None and self.on is None:
@@ -217,6 +221,7 @@ class Straggler:
         _check_duration(self, "duration", self.duration)
         if not (math.isfinite(self.factor) and self.factor > 0):
             raise FaultError(self, f"factor={self.factor!r} is not a positive number")
+        _check_duration(self, "most", self.most, zero_ok=True)
 
     def hosts(self) -> tuple[HostRef, ...]:
         return (self.rank, *_trigger_hosts(self.on))
@@ -225,12 +230,13 @@ class Straggler:
         _arm(sim, self.at, self.on, lambda: self.apply(sim))
 
     def apply(self, sim: Simulation) -> None:
-        sim.set_straggler(self.rank, self.factor, self.duration)
+        sim.set_straggler(self.rank, self.factor, self.duration, self.most)
 
     def to_cli(self) -> str:
         when = "" if self.at == 0.0 and self.duration is None else f"@{_when_cli(self.at, self.on, self.rank)}"
         span = f"+{_fmt(self.duration)}" if self.duration is not None else ""
-        return f"--straggler {self.rank}x{self.factor:g}{when}{span}"
+        most = f"~{_fmt(self.most)}" if self.most is not None else ""
+        return f"--straggler {self.rank}x{self.factor:g}{most}{when}{span}"
 
 
 @dataclass(frozen=True)

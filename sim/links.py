@@ -32,6 +32,8 @@ The model (all times virtual):
 
 from __future__ import annotations
 
+import math
+
 import contextvars
 import random
 from collections import deque
@@ -61,7 +63,7 @@ class Host:
 
     __slots__ = ("name", "num", "rank", "lane", "ctx", "alive", "vanished", "listeners", "endpoints", "tx_free",
                  "rx_busy", "cpu_busy", "cpu_free", "next_port", "sent", "received", "watch_sent", "watch_fatal", "watch_recv",
-                 "factor", "net", "gone")
+                 "factor", "stretch", "net", "gone")
 
     def __init__(self, name: str, rank: int | None, num: int) -> None:
         self.name = name
@@ -85,6 +87,7 @@ class Host:
         self.watch_fatal = NEVER  # (the next watched send whose action may kill this host)
         self.watch_recv = NEVER
         self.factor = 1.0
+        self.stretch: tuple[float, float | None] = (math.inf, None)  # the factor's (until, most): loop.stretch_sleeps
         self.net: Any = None
 
     def __repr__(self) -> str:

@@ -52,7 +52,7 @@ from typing import Any
 from .errors import SimLivelockError, SimTimeLimitError, SimUnsupportedError
 from .handles import KernelEvent, LoopHandle, LoopTimerHandle
 from .loop_interface import LoopInterface, _Idle
-from .loop_lanes import LaneControl
+from .loop_lanes import LaneControl, stretched
 from .ready import SCHEDULES, PctReady, new_ready
 
 LANE: contextvars.ContextVar[int] = contextvars.ContextVar("sim_lane", default=-1)
@@ -131,7 +131,7 @@ class SimLoop(LaneControl, LoopInterface):
         # the same for a ``KeyboardInterrupt`` the program raised itself (not Ctrl-C: see sim.interrupts)
         self.on_keyboard_interrupt: Callable[[int, KeyboardInterrupt], bool] | None = None
         self._firsts: dict[int, int] = {}  # paused lane -> how many held callbacks go before the others
-        self._stretch: dict[int, float] = {}
+        self._stretch: dict[int, tuple[float, float, float | None]] = {}
         self._closed = False
         self._discarding = False
         # Every task, by lane, in creation order: what a killed lane leaves behind, and what a finishing
@@ -236,7 +236,7 @@ class SimLoop(LaneControl, LoopInterface):
             raise RuntimeError("Event loop is closed")
         lane = self.lane if context is None else context.get(LANE, self.lane)
         if self._stretch and callback is _sleep_callback and lane in self._stretch and when > self.now:
-            when = self.now + (when - self.now) * self._stretch[lane]
+            when = self.now + stretched(when - self.now, *self._stretch[lane], now=self.now)
         handle = LoopTimerHandle(when, callback, args, self, context)
         self._enqueue(when, lane, handle)
         return handle

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .errors import SimDeadlockError, SimUnsupportedError
+from .loop_lanes import stretched
 
 if TYPE_CHECKING:
     from .ready import FifoReady, PctReady, RandomReady
@@ -44,6 +45,8 @@ class LoopInterface(asyncio.AbstractEventLoop):
     _task_factory: Callable[..., Any] | None
     _thread_id: int | None
     unhandled: list[dict[str, Any]]
+    lane: int
+    _stretch: dict[int, tuple[float, float, float | None]]
 
     if TYPE_CHECKING:
         def _run(self) -> None: ...
@@ -150,7 +153,7 @@ class LoopInterface(asyncio.AbstractEventLoop):
         without a thread: the call runs to its end before anything else, in
         the caller's context; meanwhile the loop goes on, as it would beside a
         thread. Its result or exception is delivered when the charged time
-        has passed. As in a thread, no event loop runs during the call
+        has passed (longer on a straggler, as its sleeps are). As in a thread, no event loop runs during the call
         (``asyncio.get_running_loop()`` raises there, and aiodist's operations
         refuse to start). A function that blocks waiting for the loop (e.g.
         ``run_coroutine_threadsafe(...).result()``) cannot work this way.
@@ -168,6 +171,9 @@ class LoopInterface(asyncio.AbstractEventLoop):
             asyncio._set_running_loop(running)
         cost = self.executor_cost
         delay = float(cost(func, args) if callable(cost) else cost)
+        stretch = self._stretch.get(self.lane) if self._stretch else None
+        if stretch is not None and delay > 0:  # (a straggler computes slower too, as it sleeps slower)
+            delay = stretched(delay, *stretch, now=self.now)
         self.call_at(self.now + delay, _settle, fut, outcome, failed)
         return fut
 

@@ -15,6 +15,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import math
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,19 @@ _KERNEL_CONTEXT = contextvars.Context()
 """The context of the loop's own kernel events (resuming a paused lane)."""
 
 
+
+def stretched(delay: float, factor: float, until: float, most: float | None, *, now: float) -> float:
+    """How long a sleep of ``delay`` seconds started at ``now`` lasts in a lane ``factor`` times slower until
+    ``until``, at most ``most`` seconds longer (see :meth:`LaneControl.stretch_sleeps`)."""
+    if until < math.inf and delay * factor > until - now:  # (it outlasts the spell: slower only during it)
+        longer = max(until - now, 0.0) * (1.0 - 1.0 / factor)
+    else:
+        longer = delay * (factor - 1.0)
+    if most is not None and longer > most:
+        longer = most
+    return delay + longer
+
+
 class LaneControl:
     """Per-lane control of the loop; :class:`~sim.loop.SimLoop` holds the state named here."""
 
@@ -43,7 +57,7 @@ class LaneControl:
     _blocked: dict[int, float]
     _now_reader: Callable[[], float]
     _firsts: dict[int, int]
-    _stretch: dict[int, float]
+    _stretch: dict[int, tuple[float, float, float | None]]  # lane -> (factor, until, most)
     _lane_tasks: dict[int, list[asyncio.Task[Any]]]
     _zombies: list[asyncio.Task[Any]]
     _graveyard: list[Any]
@@ -176,12 +190,14 @@ class LaneControl:
         else:
             held.append(handle)
 
-    def stretch_sleeps(self, lane: int, factor: float) -> None:
-        """Make ``asyncio.sleep`` in ``lane`` last ``factor`` times longer (a straggler)."""
+    def stretch_sleeps(self, lane: int, factor: float, until: float = math.inf, most: float | None = None) -> None:
+        """Make ``asyncio.sleep`` in ``lane`` run ``factor`` times slower until ``until`` (a straggler): a sleep
+        that outlasts that time is slower only while it lasts (a spell of 1 ms does not double a 10 s sleep).
+        ``most``: a sleep is at most that many seconds longer (None: no bound)."""
         if factor == 1.0:
             self._stretch.pop(lane, None)
         else:
-            self._stretch[lane] = factor
+            self._stretch[lane] = (factor, until, most)
 
     def discard(self) -> None:
         """Close the loop and every coroutine of every unfinished task, silently.

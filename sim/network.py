@@ -179,7 +179,7 @@ class Fabric:
         host.vanished = False
         host.listeners = {}
         host.endpoints = {}
-        self.loop.stretch_sleeps(lane, host.factor)
+        self.loop.stretch_sleeps(lane, host.factor, *host.stretch)
 
     def resolve(self, src: Host, name: str) -> Host | None:
         if name in LOCAL_NAMES or name == src.name:

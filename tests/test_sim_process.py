@@ -322,7 +322,7 @@ def test_to_thread_runs_inline_at_a_virtual_cost() -> None:
     assert free.rank_results[0][3] == 0.0
     charged = sim.run(main, world_size=2, compute=0.25, explore=False)
     assert [r[3] for r in charged.rank_results] == [0.75, 0.75]
-    by_call = sim.run(main, world_size=1, compute=lambda func, args: 0.1 * len(args))
+    by_call = sim.run(main, world_size=1, compute=lambda func, args: 0.1 * len(args), explore=False)
     assert by_call.rank_results[0][3] == pytest.approx(0.1)  # (to_thread passes no args; the executor call one)
 
 

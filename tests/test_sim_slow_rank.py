@@ -11,9 +11,13 @@ import asyncio
 import time
 from typing import Any
 
+import numpy as np
+import pytest
+
 import aiodist
 import sim
 from sim.explore import replay_plan
+from sim.fault_flags import parse_straggler
 
 LEASE, STEPS, STEP = 3.0, 6, 0.4  # the holder works 2.4 s of its 3 s lease: late if 25% slower
 
@@ -79,3 +83,56 @@ def test_a_lease_held_a_little_too_long_is_found_under_the_defaults_and_its_fenc
     assert all(sim.run(lease, world_size=2, seed=s, args=(False,), trace=False, explore=no_slow_rank).ok
                for s in found)  # (the slow rank found it: nothing else in those seeds would have)
     assert all(sim.run(lease, world_size=2, seed=s, args=(True,), trace=False).ok for s in range(60))
+
+
+async def periodic_eval() -> str:
+    """Every 10 s (a polling interval) the ranks all_reduce a metric under a 3 s guard: correct for real."""
+    pg = await aiodist.init_process_group()
+    await aiodist.barrier()
+    for _ in range(4):
+        await asyncio.sleep(10.0)
+        m = np.array([1.0])
+        await asyncio.wait_for(aiodist.all_reduce(m), 3.0)
+        assert m[0] == pg.size
+    await aiodist.destroy_process_group()
+    return "ok"
+
+
+def test_a_long_wait_of_a_slow_rank_is_not_stretched_past_what_a_pause_could_do() -> None:
+    """False-alarm probe s23: a correct program polling every 10 s under a 3 s guard failed 7 of 100 seeds
+    because the slow rank stretched the 10 s sleep by up to 5 s (and 7 more: a 1 ms spell stretched it whole)."""
+    failed = [s for s in range(40) if not sim.run(periodic_eval, world_size=4, seed=s, trace=False).ok]
+    assert failed == []
+
+
+async def sleeps_after_a_step(compute: bool) -> tuple[float, float]:
+    await asyncio.sleep(0.001)  # (a first step: a fault "from the start" applies at t=0, after it)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    if compute:
+        await asyncio.to_thread(sum, range(10))
+    else:
+        await asyncio.sleep(10.0)
+    t1 = loop.time()
+    await asyncio.sleep(0.2)
+    return t1 - t0, loop.time() - t1
+
+
+def test_a_straggler_slows_a_sleep_only_while_its_spell_lasts_and_at_most_its_bound() -> None:
+    spell = sim.Straggler(0, 2.0, at=0.0005, duration=0.01)  # (before: the 10 s sleep took 20 s)
+    res = sim.run(sleeps_after_a_step, world_size=1, args=(False,), explore=False, faults=[spell])
+    assert res.rank_results[0] == (pytest.approx(10.0 + 0.0095 * 0.5), pytest.approx(0.2))
+    bounded = sim.Straggler(0, 1.5, most=0.5)
+    res = sim.run(sleeps_after_a_step, world_size=1, args=(False,), explore=False, faults=[bounded])
+    assert res.rank_results[0] == (pytest.approx(10.5), pytest.approx(0.3))
+    res = sim.run(sleeps_after_a_step, world_size=1, args=(True,), explore=False, faults=[sim.Straggler(0, 1.5)],
+                  compute=10.0)  # (before: compute handed to a thread was never slower)
+    assert res.rank_results[0] == (pytest.approx(15.0), pytest.approx(0.3))
+
+
+def test_a_bounded_straggler_replays_from_its_command_line() -> None:
+    fault = parse_straggler("1x1.3~0.5")
+    assert fault == sim.Straggler(1, 1.3, most=0.5) and fault.to_cli() == "--straggler 1x1.3~0.5"
+    timed = parse_straggler("2x2~0.25@1.5+3")
+    assert timed == sim.Straggler(2, 2.0, at=1.5, duration=3.0, most=0.25)
+    assert parse_straggler(timed.to_cli().split()[1]) == timed
