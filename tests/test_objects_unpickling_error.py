@@ -67,7 +67,9 @@ def _error(sender: str, op: str) -> tuple[str, list[str]]:
 
 
 def test_the_unpickling_error_keeps_its_type_and_names_the_sending_rank() -> None:
-    res = sim.run(main, world_size=3, seed=0, trace=False)
+    # (fixed timing: where a peer's notice that its part failed comes before a rank's own data, that rank
+    # raises PeerCallFailedError instead, as it may for real)
+    res = sim.run(main, world_size=3, seed=0, trace=False, explore=False)
     assert res.ok, res.summary()
     r0, r1, r2 = res.rank_results
     assert r0["all_gather_object"] == _error("rank 2", "all_gather_object")
