@@ -8,9 +8,8 @@ unblock links; reset connections.
 
 from __future__ import annotations
 
-import math
-
 import contextvars
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 

@@ -32,9 +32,8 @@ The model (all times virtual):
 
 from __future__ import annotations
 
-import math
-
 import contextvars
+import math
 import random
 from collections import deque
 from collections.abc import Callable

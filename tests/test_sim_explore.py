@@ -122,3 +122,19 @@ def test_a_deadlock_is_found_as_early_with_exploration_as_without() -> None:
     for seed in range(5):
         res = sim.run(stuck, world_size=2, seed=seed)
         assert res.failures[0].kind == "deadlock", res.summary()
+
+
+def test_pauses_and_clogs_get_what_the_runs_partitions_leave_of_the_budget() -> None:
+    """Partitions may now take 70% of the detector's budget (swarm.PARTITION_SHARE): a pause or clog of
+    exploration that overlaps them gets what they leave of 80% (the tail has the rest), so no cut outlasts
+    the detector. A partition given as start:heal counts as long as it lasts."""
+    budget = 2.5  # (the default detector: 5 missed beats of 0.5 s)
+    for cut in (sim.Partition((0,), (1,), at=0.05, duration=1.9), sim.Partition((0,), (1,), at=0.05, heal_at=1.85)):
+        seen = 0
+        for seed in range(20):
+            res = sim.run(allreduce_loop, world_size=3, seed=seed, trace=False, faults=[cut])
+            for f in res.explored:
+                if isinstance(f, (sim.Pause, sim.Clog)):
+                    seen += 1
+                    assert f.duration <= 0.8 * budget - 1.8 + 1e-9, (seed, f)
+        assert seen >= 5
