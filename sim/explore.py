@@ -237,7 +237,8 @@ class Explorer:
         self.quiet_until: dict[str, float] = {}
         self.slowed: dict[str, float] = {}  # host -> the slow rank's factor (plan.slow_rank)
         # The run's partitions, all together (a pause or clog may overlap them; forever: no room at all)
-        self.partitioned = sum(_cut(f) for f in sim.faults if isinstance(f, Partition))
+        self.partitioned = sum(math.inf if f.length is None else f.length for f in sim.faults
+                               if isinstance(f, Partition))
 
     @staticmethod
     def network(config: Network, plan: TimingPlan) -> Network:
@@ -372,15 +373,6 @@ def replay_plan(result: Any, network: Network | None = None) -> dict[str, Any]:
     base = network or Network()
     net = Explorer.network(base, result.timing) if result.timing is not None else base
     return {"network": net, "faults": [*result.faults, *result.explored], "explore": False}
-
-
-def _cut(partition: Partition) -> float:
-    """How long ``partition`` lasts (inf: for good)."""
-    if partition.duration is not None:
-        return partition.duration
-    if partition.heal_at is not None and partition.at is not None:
-        return partition.heal_at - partition.at
-    return math.inf
 
 
 def _group_heartbeat(group: Any) -> tuple[float, int] | None:

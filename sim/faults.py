@@ -346,13 +346,17 @@ class Partition:
     def hosts(self) -> tuple[HostRef, ...]:
         return (*self.a, *self.b, *_trigger_hosts(self.on))
 
+    @property
+    def length(self) -> float | None:
+        """How long the cut lasts, in seconds (None: for good)."""
+        return self.duration if self.heal_at is None else self.heal_at - self.at  # type: ignore[operator]
+
     def install(self, sim: Simulation) -> None:
         _arm(sim, self.at, self.on, lambda: self.apply(sim))
 
     def apply(self, sim: Simulation) -> None:
         block = Block(sim.host_names(self.a), sim.host_names(self.b), self.one_way, True, self.to_cli())
-        heal = self.duration if self.heal_at is None else self.heal_at - self.at  # type: ignore[operator]
-        _block_now(sim, block, heal)
+        _block_now(sim, block, self.length)
 
     def to_cli(self) -> str:
         flag = "--one-way-partition" if self.one_way else "--partition"

@@ -33,7 +33,6 @@ _KERNEL_CONTEXT = contextvars.Context()
 """The context of the loop's own kernel events (resuming a paused lane)."""
 
 
-
 def stretched(delay: float, factor: float, until: float, most: float | None, *, now: float) -> float:
     """How long a sleep of ``delay`` seconds started at ``now`` lasts in a lane ``factor`` times slower until
     ``until``, at most ``most`` seconds longer (see :meth:`LaneControl.stretch_sleeps`)."""

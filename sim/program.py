@@ -90,7 +90,8 @@ class ProgramMain:
             weakref.WeakKeyDictionary()
         self._proxy = _RankModule(self)
         self.first = self.latest = self._load()
-        self._helpers |= frozenset(self._imported())
+        if imported_as is None:  # (only a file loaded as a program forgets them: forget_imports)
+            self._helpers |= frozenset(self._imported())
         self.__name__ = name
         self.__qualname__ = name
         self.__module__ = self.module_name
