@@ -28,7 +28,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +211,9 @@ def replay_command(ns: argparse.Namespace, seed: int, result: Result | None = No
     cmd = " ".join(shlex.quote(p) for p in parts)
     if ns.args:
         cmd += " -- " + " ".join(shlex.quote(a) for a in ns.args)
+    given = pinned_hash_seed(os.environ)
+    if given is not None and given != HASH_SEED:  # (the command line pins the default itself)
+        cmd = f"PYTHONHASHSEED={given} {cmd}"
     return cmd
 
 
@@ -243,32 +246,57 @@ def _run_once(ns: argparse.Namespace, main: Callable[..., Awaitable[Any]], seed:
             collector.report(sys.stderr)
 
 
-def _check_determinism(ns: argparse.Namespace, result: Result, seed: int) -> bool:
+def _replay_in_subprocess(ns: argparse.Namespace, result: Result, seed: int, hash_seed: str) -> dict[str, Any] | None:
+    """The replay command run in a fresh process under ``PYTHONHASHSEED=hash_seed``: its digest and events (None: it could not run)."""
     with tempfile.TemporaryDirectory() as tmp:
         dump = os.path.join(tmp, "events.json")
-        argv = [sys.executable, "-m", "sim", *shlex.split(replay_command(ns, seed, result))[3:]]
+        words = shlex.split(replay_command(ns, seed, result))
+        argv = [sys.executable, "-m", "sim", *words[words.index("sim") + 1:]]
         at = argv.index("--") if "--" in argv else len(argv)
         argv[at:at] = ["--dump-events", dump, "--quiet"]
-        env = dict(os.environ)
-        current = env.get("PYTHONHASHSEED", "")
-        env["PYTHONHASHSEED"] = "4242" if current != "4242" else "2424"
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
         if not os.path.exists(dump):
             print(f"sim: determinism check could not run the replay:\n{proc.stdout}{proc.stderr}")
-            return False
+            return None
         with open(dump) as f:
-            other = json.load(f)
+            other: dict[str, Any] = json.load(f)
+            return other
+
+
+def _check_determinism(ns: argparse.Namespace, result: Result, seed: int) -> bool:
+    """Replay ``seed`` in a fresh process under another ``PYTHONHASHSEED``; on a difference, say what it depends on.
+
+    A difference is then classified by one more replay, under this process's
+    hash seed: the same digest there means the run depends on the order of
+    hashed strings (a set of ``str``), anything else on something outside the seed.
+    """
+    current = os.environ.get("PYTHONHASHSEED", "")
+    hash_seed = "4242" if current != "4242" else "2424"
+    other = _replay_in_subprocess(ns, result, seed, hash_seed)
+    if other is None:
+        return False
     if other["digest"] == result.digest:
         print(f"determinism check: ok (digest {result.digest} in both runs, "
-              f"PYTHONHASHSEED {current or 'unset'} vs {env['PYTHONHASHSEED']})")
+              f"PYTHONHASHSEED {current or 'unset'} vs {hash_seed})")
         return True
     theirs = events_from_json(other["events"])
     i = first_divergence(result.trace, theirs)
-    print(f"determinism check: FAILED: digests differ ({result.digest} vs {other['digest']})")
+    print(f"determinism check: FAILED: digests differ ({result.digest} vs {other['digest']}; "
+          f"PYTHONHASHSEED {current or 'unset'} vs {hash_seed})")
     if i is not None:
         mine = result.trace[i].line() if i < len(result.trace) else "<end of trace>"
         them = theirs[i].line() if i < len(theirs) else "<end of trace>"
         print(f"  first divergence at event {i}:\n    this run:  {mine}\n    the other: {them}")
+    same = _replay_in_subprocess(ns, result, seed, current) if current else None
+    if same is not None and same["digest"] == result.digest:
+        print(f"  under PYTHONHASHSEED {current} a fresh process replays it exactly (digest {result.digest}): the run "
+              f"depends on the order of hashed str or bytes (iterating a set of them, or a dict built from one). "
+              f"Real ranks are processes with hash seeds of their own and may iterate such a set in different orders; "
+              f"sort it. (Replays are exact: the command line runs every program under one PYTHONHASHSEED.)")
+    elif same is not None:
+        print(f"  a fresh process under the same PYTHONHASHSEED {current} differs too (digest {same['digest']}): the run "
+              f"depends on something outside the seed (id() or object addresses, os.urandom, the wall clock, a thread)")
     return False
 
 
@@ -460,7 +488,38 @@ def _report_sweep(ns: argparse.Namespace, report: SweepReport) -> int:
     return 1
 
 
+#: The ``PYTHONHASHSEED`` the command line runs programs under when none is given.
+HASH_SEED = "0"
+
+
+def pinned_hash_seed(environ: Mapping[str, str]) -> str | None:
+    """The hash seed a process with ``environ`` runs under, if it is pinned (a number), else None."""
+    value = environ.get("PYTHONHASHSEED", "")
+    return value if value.isdigit() else None
+
+
+def _pin_hash_seed() -> None:
+    """Run this command again under ``PYTHONHASHSEED=0`` unless a number is given: replays must be exact.
+
+    A program that iterates a set (or a dict built from one) of ``str`` or
+    ``bytes`` does so in an order that Python draws per process; a seed that
+    failed in one process could then pass in the next, and the replay command
+    would not replay it. Every run of the command line (and its sweep workers,
+    which inherit the environment) hashes strings alike instead; a number the
+    user gave is kept, and the replay command carries it.
+    """
+    if pinned_hash_seed(os.environ) is not None:
+        return
+    env = dict(os.environ, PYTHONHASHSEED=HASH_SEED)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (``argv``: ``sys.argv[1:]`` and, then only, the hash seed pinned; see :func:`_pin_hash_seed`)."""
+    if argv is None:
+        _pin_hash_seed()
     try:
         return _main(argv)
     except BrokenPipeError:  # (``| head``: the reader left; say nothing more)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -60,7 +61,11 @@ def _seed_override(config: pytest.Config) -> list[int] | None:
 
 
 def _replay(nodeid: str, seed: int) -> str:
-    return f"pytest '{nodeid}' --sim-seed {seed}"
+    hash_seed = os.environ.get("PYTHONHASHSEED", "")
+    if hash_seed.isdigit():
+        return f"PYTHONHASHSEED={hash_seed} pytest '{nodeid}' --sim-seed {seed}"
+    return (f"pytest '{nodeid}' --sim-seed {seed}  (this process hashes str at random: a run that iterates a set of "
+            f"str replays exactly only under one PYTHONHASHSEED; run pytest with PYTHONHASHSEED=0 to pin it)")
 
 
 def run_seeds(
