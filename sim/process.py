@@ -20,8 +20,9 @@ process of its own would give it:
   time, the same in every replay; ``time.sleep`` blocks the rank's process for
   that long in virtual time (as a pause: nothing else of it runs, what it sends
   leaves when the sleep ends, its peers hear nothing meanwhile).
-  (``time.process_time`` and :mod:`datetime`'s ``now()`` stay real: the last
-  reads the OS clock in C.)
+  :mod:`datetime`'s ``now()``, ``utcnow()`` and ``today()`` and the
+  argument-less ``time.localtime()`` family read it too (:mod:`sim.rank_dates`);
+  ``time.process_time`` stays real.
 * ``os.getpid()``: a process id of its own (per rank and incarnation), and
   ``os.urandom`` (with it ``uuid.uuid4``, :mod:`secrets` and
   ``random.SystemRandom``): a seeded stream of the rank's, so ids and tokens
@@ -62,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 from aiodist.net.base import Address, Connection, ConnectionHandler, Listener
 from aiodist.net.base import Network as SeamNetwork
 
+from . import rank_dates
 from .errors import SimUnsupportedError
 from .host_network import LOCAL_NAMES
 
@@ -269,6 +271,15 @@ def _clock(name: str, virtual: Callable[[float], float | int]) -> Callable[[], f
     return clock
 
 
+def _rank_wall_time() -> float | None:
+    """The calling rank's ``time.time()``, None outside a rank (for :mod:`sim.rank_dates`)."""
+    if PROCESS.get() is not None:
+        loop = asyncio._get_running_loop()
+        if loop is not None:
+            return VIRTUAL_EPOCH + loop.lane_clock(loop.lane)  # type: ignore[attr-defined, no-any-return]  # (a SimLoop)
+    return None
+
+
 def _sleep() -> Callable[[float], None]:
     """``time.sleep`` as a rank sees it: its process blocks for that long in virtual time (elsewhere: real)."""
     real = time.sleep
@@ -471,6 +482,7 @@ class ProcessGlobals:
         for name, virtual in _CLOCKS.items():
             patch(time, name, _clock(name, virtual))
         patch(time, "sleep", _sleep())
+        rank_dates.install(patch, _rank_wall_time)
         patch(os, "getpid", _dispatcher("getpid", os, lambda p: p))
         patch(os, "_exit", _os_exit(os._exit))
         patch(os, "kill", _os_kill(os.kill))
