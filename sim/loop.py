@@ -58,6 +58,34 @@ from .ready import SCHEDULES, PctReady, new_ready
 LANE: contextvars.ContextVar[int] = contextvars.ContextVar("sim_lane", default=-1)
 """The lane of the code running in a context (-1: the simulator kernel)."""
 
+
+class SimTask(asyncio.Task):  # type: ignore[type-arg]
+    """A task whose hash is drawn from the run's seed (not its address), and whose default name counts per run.
+
+    A set of tasks (the ``done`` and ``pending`` sets of ``asyncio.wait``,
+    ``asyncio.all_tasks()``) iterates in hash order. Hashed by address, that
+    order changed with whatever the process had allocated before, so a seed
+    run in a sweep's worker and its replay in a fresh process could take the
+    tasks of one ``done`` set in different orders. Drawn from the seed, the
+    order is one of the seed's draws: it replays, differs from seed to seed
+    and from rank to rank (as addresses differ between real processes), so a
+    program that issues collectives in a set's order is caught on some seed,
+    not passed or failed by chance. Equality stays identity.
+    """
+
+    __slots__ = ("_sim_hash",)
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], *, loop: SimLoop, hash_value: int, name: str,
+                 context: contextvars.Context | None = None) -> None:
+        self._sim_hash = hash_value  # (before the base registers the task in a set: that hashes it)
+        super().__init__(coro, loop=loop, name=name, context=context)
+
+    def __hash__(self) -> int:
+        return self._sim_hash
+
+
+SimTask.__name__ = SimTask.__qualname__ = "Task"  # (what asyncio's messages and reprs say: "Task exception was ...")
+
 __all__ = ["LANE", "SCHEDULES", "SimLoop", "run"]
 
 NEAR = 1e-3
@@ -138,6 +166,8 @@ class SimLoop(LaneControl, LoopInterface):
         # process cancels (as asyncio.run does) without a scan of every rank's tasks. Plain lists with
         # the ended tasks dropped now and then (see create_task): no weak reference per task.
         self._lane_tasks: dict[int, list[asyncio.Task[Any]]] = {}
+        self._task_numbers = itertools.count(1)  # (SimTask: default names and hashes that replay)
+        self._task_hash = random.Random(f"{seed}:task-hashes").getrandbits
         self._zombies: list[asyncio.Task[Any]] = []
         self._graveyard: list[Any] = []  # dropped callbacks of dead lanes, kept alive until discard()
         self._running = False
@@ -414,7 +444,9 @@ class SimLoop(LaneControl, LoopInterface):
                 coro.close()
             raise RuntimeError("Event loop is closed")
         if self._task_factory is None:
-            task = asyncio.Task(coro, loop=self, name=name, context=context)
+            task: asyncio.Task[Any] = SimTask(coro, loop=self, hash_value=self._task_hash(62),
+                                              name=f"Task-{next(self._task_numbers)}" if name is None else name,
+                                              context=context)
         else:
             factory = self._task_factory
             task = factory(self, coro, context=context) if context is not None else factory(self, coro)

@@ -271,6 +271,26 @@ def _clock(name: str, virtual: Callable[[float], float | int]) -> Callable[[], f
     return clock
 
 
+def _as_completed(real: Callable[..., Any]) -> Callable[..., Any]:
+    """``asyncio.as_completed`` as a rank calls it: the awaitables become tasks in the order given.
+
+    The real one makes them tasks in the order of ``set(fs)``, by address for
+    coroutines: their first steps ran in an order that changed with what the
+    process had allocated before (a sweep's worker vs. a replay).
+    """
+
+    def as_completed(fs: Any, *, timeout: float | None = None) -> Any:
+        if PROCESS.get() is None or asyncio.isfuture(fs) or asyncio.iscoroutine(fs):
+            return real(fs, timeout=timeout)
+        unique: dict[int, Any] = {}
+        for f in fs:  # (the same awaitable twice is one, as in the real one)
+            unique.setdefault(id(f), f)
+        return real([asyncio.ensure_future(f) for f in unique.values()], timeout=timeout)
+
+    as_completed.__doc__ = real.__doc__
+    return as_completed
+
+
 def _rank_wall_time() -> float | None:
     """The calling rank's ``time.time()``, None outside a rank (for :mod:`sim.rank_dates`)."""
     if PROCESS.get() is not None:
@@ -483,6 +503,9 @@ class ProcessGlobals:
             patch(time, name, _clock(name, virtual))
         patch(time, "sleep", _sleep())
         rank_dates.install(patch, _rank_wall_time)
+        ordered = _as_completed(asyncio.tasks.as_completed)
+        patch(asyncio.tasks, "as_completed", ordered)
+        patch(asyncio, "as_completed", ordered)
         patch(os, "getpid", _dispatcher("getpid", os, lambda p: p))
         patch(os, "_exit", _os_exit(os._exit))
         patch(os, "kill", _os_kill(os.kill))
