@@ -13,6 +13,7 @@ import pytest
 from aiodist.errors import StoreConnectTimeoutError, StoreRequestError, StoreTimeoutError
 from aiodist.store import StoreServer, TCPStore
 from aiodist.store.limits import StoreLimits
+from aiodist.store.quota import ENTRY_BYTES
 from aiodist.store.waiters import waiter_cost
 from aiodist.store import protocol as P
 from aiodist.wire import PREAMBLE
@@ -118,7 +119,7 @@ async def test_quotas_refuse_the_writer_with_a_clear_error() -> None:
         await a.set("a1", b"x" * 5_000)  # shrinking frees room
         await a.set("a2", b"x" * 2_000)
         await a.close()  # its 7 KB stay, in the total only
-        await until(lambda: srv.state.stored_bytes() == 7_004 and len(srv._sessions) == 1)
+        await until(lambda: srv.state.stored_bytes() == 7_004 + 2 * ENTRY_BYTES and len(srv._sessions) == 1)
         await b.set("b1", b"y" * 9_000)
         c = await TCPStore.connect(HOST, srv.port, timeout=5)
         await c.set("c1", b"z" * 8_000)
@@ -286,7 +287,7 @@ async def test_a_value_given_back_with_unpop_is_checked_and_charged_like_queue_p
             w.write(frame({"op": "ping"}))
             assert (await read_frame(r))[0] == {"op": "pong"}
             assert await innocent.queue_len("q") == 4  # 4 x 8,001 bytes fit in its 32 KiB; the rest was dropped
-            assert srv.state.stored_bytes(cid) == 4 * 8001
+            assert srv.state.stored_bytes(cid) == 4 * (8001 + ENTRY_BYTES)
             assert any("gave back a popped value that was dropped" in m and "max_client_bytes" in m
                        for m in store_messages(caplog))
             # (a flood of them logs a line per interval, not one each: store re-audit s22, finding 4)

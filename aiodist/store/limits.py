@@ -54,7 +54,10 @@ class StoreLimits:
       two values of the maximum size, a key and 1 MiB of header). Before
       authentication frames are limited to :data:`PRE_AUTH_MAX_FRAME`.
     * ``max_client_bytes``: keys and values stored by one connection (what it
-      wrote and nobody overwrote or deleted since); ``max_total_bytes``: by
+      wrote and nobody overwrote or deleted since), each entry (a key, or one
+      queued value) counted as its key's characters, its value's bytes and
+      128 bytes for what the server spends to keep it
+      (:data:`~aiodist.store.quota.ENTRY_BYTES`); ``max_total_bytes``: by
       everyone. A write over a quota is refused with ``code="quota_exceeded"``.
     * ``max_waiter_bytes``: what one connection keeps blocked on the server,
       i.e. its waiting ``get``/``wait``/``multi_get``/``queue_pop`` requests,

@@ -43,7 +43,7 @@ from collections.abc import Hashable, Sequence
 from typing import Final
 
 from .quota import QUOTA_EXCEEDED as QUOTA_EXCEEDED  # a write over a quota (see :mod:`.quota`)
-from .quota import Ledger
+from .quota import Ledger, entry_cost
 from .replies import BAD_REQUEST as BAD_REQUEST
 from .replies import DUPLICATE_REQUEST as DUPLICATE_REQUEST
 from .replies import HOLDS_QUEUE as HOLDS_QUEUE
@@ -162,7 +162,7 @@ class StoreState(Waiters):
         return None if value is None else self._frozen(key, value)
 
     def stored_bytes(self, client: Hashable | None = None) -> int:
-        """Bytes of keys and values kept (charged to ``client``, or in total); 0 without quotas."""
+        """Bytes of keys and values kept, with :data:`~.quota.ENTRY_BYTES` per entry (charged to ``client``, or in total); 0 without quotas."""
         ledger = self._ledger
         if ledger is None:
             return 0
@@ -405,7 +405,7 @@ class StoreState(Waiters):
         waiting = self._queue_waiters.get(key)
         ledger = self._ledger
         if not waiting and ledger is not None:
-            why = ledger.refusal(client, len(key) + len(value), 0, 0)
+            why = ledger.refusal(client, entry_cost(key, len(value)), 0, 0)
             if why is not None:
                 return [Reply(client, request, None, Failure(QUOTA_EXCEEDED, f"queue_push on {key[:64]!r} refused: {why}", key[:64]))]
         if waiting:
@@ -454,7 +454,7 @@ class StoreState(Waiters):
             return bad
         ledger = self._ledger
         if ledger is not None and not self._queue_waiters.get(key):
-            why = ledger.refusal(client, len(key) + len(value), 0, 0)
+            why = ledger.refusal(client, entry_cost(key, len(value)), 0, 0)
             if why is not None:
                 return Failure(QUOTA_EXCEEDED, f"unpop on {key[:64]!r} refused: {why}", key[:64])
         return None
