@@ -296,7 +296,7 @@ def _check_determinism(ns: argparse.Namespace, result: Result, seed: int) -> boo
               f"sort it. (Replays are exact: the command line runs every program under one PYTHONHASHSEED.)")
     elif same is not None:
         print(f"  a fresh process under the same PYTHONHASHSEED {current} differs too (digest {same['digest']}): the run "
-              f"depends on something outside the seed (id() or object addresses, os.urandom, the wall clock, a thread)")
+              f"depends on something outside the seed (files an earlier run left, id() or object addresses, a thread)")
     return False
 
 
