@@ -333,7 +333,8 @@ class _Side:
         if got is None:
             self._fail("no_proof", f"{self.other} did not authenticate (it may run without a secret)")
         if not hmac.compare_digest(got, self._proof(self.other_role)):
-            self._fail("bad_proof", f"{self.other} did not prove the job's secret (a different secret, or an impostor)")
+            self._fail("bad_proof", f"{self.other} did not prove the job's secret (a different secret, or an impostor: "
+                       "a stranger at that address, or a rewritten address)")
 
     def _fail(self, reason: str, message: str) -> NoReturn:
         self.state = AuthState.FAILED

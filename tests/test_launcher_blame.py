@@ -472,7 +472,8 @@ def test_a_rank_that_found_an_impostor_at_a_peers_address_is_the_root_cause_not_
     from aiodist.errors import PeerFailureError
     from aiodist.launch.outcome import describe_exception
 
-    how = f"{AUTH_FAILED}: the listening side did not prove the job's secret (a different secret, or an impostor)"
+    how = (f"{AUTH_FAILED}: the listening side did not prove the job's secret (a different secret, or an impostor: "
+           "a stranger at that address, or a rewritten address)")
     found = describe_exception(PeerFailureError(f"all_reduce (seq 0) of world: rank 1 failed: {how}", rank=1, how=how))
     assert "blames" not in found
     lost = describe_exception(PeerFailureError("all_reduce (seq 0) of world: rank 0 failed: connection lost", rank=0,
