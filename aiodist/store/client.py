@@ -78,6 +78,11 @@ _HANDSHAKE_ATTEMPT = 15.0
 """Seconds one connection attempt may spend in the handshake (a little more than a server's own handshake
 timeout, 10 s by default): a connection whose replies vanish is given up and a new one tried, within
 ``timeout``, instead of waiting the whole ``timeout`` in one attempt."""
+_HANDSHAKE_CLOSED = {
+    False: "a server that requires TLS closes a connection without it: give the client ssl=",
+    True: "a server without TLS, or one that refused this side's certificate, closes it: see the server's log",
+}
+"""What a server that closes a connection in its handshake may mean (by: this side uses TLS)."""
 
 # pending call: (future, deadline, op, key or keys, timeout)
 _Call = tuple["asyncio.Future[tuple[dict[str, Any], memoryview | None]]", float, str, "str | list[str]", float]
@@ -212,6 +217,8 @@ class TCPStore(ClientOps):
                 if isinstance(e, TimeoutError) and conn is not None:
                     last = TimeoutError("it accepted the connection but did not answer the handshake "
                                         "(stopped, hung, overloaded or not a store server?)")
+                elif isinstance(e, ConnectionLost) and conn is not None:  # accepted, then closed in the handshake
+                    last = ConnectionLost(f"{e} during the handshake ({_HANDSHAKE_CLOSED[context is not None]})")
                 else:
                     last = e
             except BaseException:
