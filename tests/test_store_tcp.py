@@ -268,6 +268,7 @@ async def test_server_close_fails_pending_and_later_calls_promptly() -> None:
         with pytest.raises(StoreConnectionLost) as info:
             await asyncio.wait_for(task, 2)
         assert f"{HOST}:{srv.port}" in str(info.value) and "closed the connection" in str(info.value)
+        assert str(info.value).count("closed the connection") == 1  # (mitm24 probe: the same words twice)
         assert info.value.port == srv.port and isinstance(info.value, ConnectionClosedError)
     assert loop.time() - t0 < 3.0
     with pytest.raises(StoreConnectionLost):

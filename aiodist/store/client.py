@@ -351,7 +351,9 @@ class TCPStore(ClientOps):
         if self._closed_locally or self._error is not None:
             return
         said = f" ({self._server_said})" if self._server_said else ""
-        self._fail(f"the store server at {self.host}:{self.port} closed the connection{said}: {e}")
+        why = str(e)
+        why = "" if why.endswith(" closed the connection") else f": {why}"  # (not the same words twice)
+        self._fail(f"the store server at {self.host}:{self.port} closed the connection{said}{why}")
 
     def _unsolicited(self, h: dict[str, Any], payload: memoryview | None) -> None:
         op = h.get("op")
