@@ -16,6 +16,11 @@ torch's shapes, so that a torch program's future code runs as written:
 
 Cancelling a future (or a task awaiting it) does not cancel the operation; a ``then`` future of a
 cancelled future is cancelled.
+
+An operation's future carries its Work's duty to be awaited: the operation counts as awaited once its
+future is consumed (awaited, ``wait()``, ``value()``, ``result()``, ``exception()``, ``then()``, a done
+callback added, or ``done()`` seen true for a success), not when ``get_future()`` is called, so a
+forgotten future is reported as the forgotten Work would be.
 """
 
 from __future__ import annotations
@@ -46,9 +51,41 @@ def torch_value(result: Any) -> list[Any]:
 class Future(asyncio.Future[T]):
     """An asyncio future with torch's ``value()``, ``wait()`` and ``then()`` (see the module's docstring)."""
 
-    def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None, torch_shape: bool = False) -> None:
+    def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None, torch_shape: bool = False,
+                 consumed: Callable[[], None] | None = None) -> None:
         super().__init__(loop=loop)
         self._torch_shape = torch_shape
+        self._consumed = consumed  # (called once, when the future is first consumed: its Work counts as awaited)
+
+    def _consume(self) -> None:
+        hook = self._consumed
+        if hook is not None:
+            self._consumed = None
+            hook()
+
+    def __await__(self) -> Any:
+        self._consume()
+        return super().__await__()
+
+    __iter__ = __await__
+
+    def result(self) -> T:
+        self._consume()
+        return super().result()
+
+    def exception(self) -> BaseException | None:
+        self._consume()
+        return super().exception()
+
+    def add_done_callback(self, fn: Any, *, context: Any = None) -> None:
+        self._consume()
+        super().add_done_callback(fn, context=context)
+
+    def done(self) -> bool:
+        finished = super().done()
+        if finished and self._consumed is not None and not self.cancelled() and super().exception() is None:
+            self._consume()  # (a success seen done: its value is read next, as torch code polls then reads)
+        return finished
 
     def value(self) -> Any:
         """The finished future's value, in torch's shape for an operation's own future (its error is raised)."""

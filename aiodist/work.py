@@ -379,11 +379,12 @@ class Work(Generic[T]):
         """A future of the operation's result (or error), resolved when it ends (torch's ``get_future``).
 
         An asyncio future (``await fut`` gives what awaiting the Work gives) with torch's ``value()``,
-        ``wait()`` and ``then()`` in torch's shapes: see :mod:`aiodist.future`. Counts as awaiting the
-        Work. Cancelling the future does not cancel the operation.
+        ``wait()`` and ``then()`` in torch's shapes: see :mod:`aiodist.future`. The Work counts as
+        awaited once the future is consumed (awaited, waited on, its value or result read, ``then()``):
+        a future nobody looks at is reported as a forgotten Work is. Cancelling the future does not
+        cancel the operation.
         """
-        self._settle()
-        fut: Future[T] = Future(loop=self._task.get_loop(), torch_shape=True)
+        fut: Future[T] = Future(loop=self._task.get_loop(), torch_shape=True, consumed=self._settle)
         if self.done():
             self._resolve(fut)
         else:

@@ -261,3 +261,25 @@ def test_polling_is_completed_consumes_a_success_and_keeps_a_failure_booked() ->
     res = sim.run(main, world_size=2, seed=0)
     assert res.ok, res.summary()
     assert res.rank_results == [(5.0, ["recv"]), (0.0, [])]
+
+
+async def test_a_future_got_from_a_work_carries_its_duty_to_be_awaited() -> None:
+    # torch24 probe, finding 1: ``w.get_future()`` counted as awaiting the Work, so a port that took the future
+    # and never waited on it read an unreduced tensor with no warning, exit code 0 and "ok" in the simulator.
+    await _world_of_one()
+    x = np.ones(2)
+    forgotten = dist.all_reduce(x, async_op=True).get_future()  # the future nobody looks at
+    line = _line_of("# the future nobody looks at")
+    await asyncio.sleep(0)
+    name = "test_a_future_got_from_a_work_carries_its_duty_to_be_awaited"
+    assert unawaited_operations() == [f"all_reduce #0 of world (test_unawaited.py:{line} in {name})"]
+    assert forgotten.value() == [x]  # (looking at it counts)
+    assert unawaited_operations() == []
+    for consume in (lambda f: f.wait(), lambda f: f, lambda f: f.then(lambda g: g.value()).wait()):
+        fut = dist.all_reduce(x, async_op=True).get_future()
+        await consume(fut)
+        assert unawaited_operations() == [], consume
+    polled = dist.all_reduce(x, async_op=True).get_future()
+    while not polled.done():  # torch's polling, yielding to the loop: a success seen done counts
+        await asyncio.sleep(0)
+    assert unawaited_operations() == []
