@@ -455,6 +455,23 @@ def _os_killpg(real: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
     return killpg
 
 
+def _os_fork(real: Callable[[], int]) -> Callable[[], int]:
+    """``os.fork`` as a rank sees it: SimUnsupportedError (the child would be a copy of the whole simulation,
+    every rank and the simulator with them, and would go on running it). Elsewhere: the real one."""
+
+    def fork() -> int:
+        if PROCESS.get() is None:
+            return real()
+        raise SimUnsupportedError("os.fork", (
+            "os.fork() in a simulated rank: the virtual ranks share one process, and a child would go on "
+            "running the whole simulation. Processes are not simulated: keep forking work (multiprocessing, "
+            "a DataLoader's workers: num_workers=0) out of programs run in the simulator"))
+
+    fork.__name__ = fork.__qualname__ = "fork"
+    fork.__doc__ = real.__doc__
+    return fork
+
+
 class ProcessGlobals:
     """Installs the per-rank dispatchers for one run (a context manager; nests, restores on exit)."""
 
@@ -511,6 +528,8 @@ class ProcessGlobals:
         patch(os, "kill", _os_kill(os.kill))
         if hasattr(os, "killpg"):  # (signal.raise_signal and pthread_kill stay: they signal this process only)
             patch(os, "killpg", _os_killpg(os.killpg))
+        if hasattr(os, "fork"):
+            patch(os, "fork", _os_fork(os.fork))
         urandom = _dispatcher("urandom", os, lambda p: p)
         patch(os, "urandom", urandom)
         patch(random, "_urandom", urandom)  # (random.SystemRandom, and so secrets, reads its own binding)

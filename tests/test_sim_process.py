@@ -539,3 +539,28 @@ def test_a_rank_never_signals_a_real_process() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+# ----------------------------------------------------------------------------- fork
+
+
+_REAL_FORK = os.fork
+
+
+async def _forks() -> Any:
+    import posix
+
+    pid = os.fork()
+    if pid == 0:  # (before the fix: the child, a copy of the whole simulation, leaves at once here)
+        posix._exit(0)
+    posix.waitpid(pid, 0)
+    return pid
+
+
+def test_os_fork_in_a_rank_is_refused() -> None:
+    # torch24 probe, finding 6: a DataLoader's worker (os.fork) in a rank made a child that went on running
+    # the whole simulation and printed a second report; the parent said "ok".
+    res = sim.run(_forks, world_size=1, seed=0)
+    assert not res.ok
+    assert "SimUnsupportedError" in res.summary() and "os.fork() in a simulated rank" in res.summary()
+    assert os.fork is _REAL_FORK  # (restored after the run)
