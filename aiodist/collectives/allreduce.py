@@ -13,7 +13,7 @@ import numpy as np
 
 from . import intranode, intranode_ops, tuning
 from .buffers import as_flat, byte_view
-from .ops import Combiner, ReduceOp, check_op_dtype, combiner, finish_avg
+from .ops import Combiner, ReduceOp, avg_accumulator, check_op_dtype, combiner, finish_avg
 from .schedules import fold, partition, recursive_doubling, recursive_halving, ring
 from .transfer import recv_into, run_all, send, sendrecv
 from ..channel import Channel
@@ -62,6 +62,12 @@ async def all_reduce_flat(
     """:func:`all_reduce` on an already validated 1-D array and operator."""
     p = ch.size
     if p == 1:
+        return
+    wide = avg_accumulator(flat.dtype) if op is ReduceOp.AVG else None
+    if wide is not None:  # (a narrow sum would overflow where the average fits: sum a wider copy)
+        acc = flat.astype(wide)
+        await all_reduce_flat(ch, seq, acc, op, algorithm=algorithm, block_bytes=block_bytes, lanes=lanes)
+        np.copyto(flat, acc, casting="unsafe")
         return
     eng = intranode.engine_for(ch, flat.nbytes, algorithm)
     if eng is not None and await eng.run(ch, intranode_ops.all_reduce, flat, op):

@@ -12,14 +12,17 @@ Semantics (matching torch.distributed where it defines them):
 * ``MIN``/``MAX`` are not defined on complex numbers.
 * ``BAND``/``BOR``/``BXOR`` apply to integers and bool only.
 * ``AVG`` sums, then divides by the number of ranks once, at the end. Floats
-  and complex use true division in the array's own dtype. Integers use
-  division truncating toward zero (C semantics, what NCCL's ``ncclAvg`` does
-  for integer types): ``[-7, 7]`` averaged over 2 ranks of zeros gives
-  ``[-3, 3]``. (torch's gloo backend refuses integer AVG outright -- checked
-  with torch 2.13: "result type Float can't be cast to ... Int" -- so this
-  is an extension, not a divergence.) ``AVG`` on bool is refused. The sum
-  is in the array's dtype too: an average that fits may not (float16 ranks
-  of 60000 average to inf, int8 ranks of 100 wrap); average a wider copy.
+  and complex use true division. Integers use division truncating toward
+  zero (C semantics, what NCCL's ``ncclAvg`` does for integer types):
+  ``[-7, 7]`` averaged over 2 ranks of zeros gives ``[-3, 3]``. (torch's gloo
+  backend refuses integer AVG outright -- checked with torch 2.13: "result
+  type Float can't be cast to ... Int" -- so this is an extension, not a
+  divergence.) ``AVG`` on bool is refused. The sum of a narrow dtype is
+  taken in a wider one (:func:`avg_accumulator`: integers of up to 32 bits in
+  64, float16 in float32, bfloat16 in float64), so an average that fits its dtype is
+  what it gets (four int8 ranks of 100 average to 100, not a wrapped sum
+  divided); 64-bit integers, float32/float64 and complex sum in their own
+  dtype.
 
 Integer overflow wraps around silently, as in torch; floating-point overflow
 gives inf without a warning.
@@ -44,6 +47,7 @@ __all__ = [
     "ReduceOp",
     "PremulSum",
     "make_premul_sum",
+    "avg_accumulator",
     "reduce_op",
     "Combiner",
     "check_op_dtype",
@@ -306,6 +310,16 @@ def _componentwise(ufunc: np.ufunc, arr: np.ndarray, k: Any) -> None:
     with np.errstate(all="ignore"):
         for part in (arr.real, arr.imag):
             ufunc(part, np.asarray(k, dtype=part.dtype), out=part)
+
+
+def avg_accumulator(dtype: np.dtype[Any]) -> np.dtype[Any] | None:
+    """The dtype that AVG sums ``dtype`` in, when wider than ``dtype`` itself (None: its own)."""
+    kind = dtype_kind(dtype)
+    if kind in "iu" and dtype.itemsize < 8:
+        return np.dtype(np.int64 if kind == "i" else np.uint64)
+    if kind == "f" and dtype.itemsize < 4:  # float16 in float32; bfloat16 (float32's range) and ml_dtypes' float8s in float64
+        return np.dtype(np.float32 if dtype == np.float16 else np.float64)
+    return None
 
 
 def finish_avg(arr: np.ndarray, world_size: int) -> None:

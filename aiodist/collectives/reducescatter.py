@@ -28,7 +28,7 @@ import numpy as np
 from . import intranode, intranode_ops, tuning
 from .allreduce import all_reduce_flat
 from .buffers import as_flat, as_flat_list, byte_view, check_dtype, check_own_chunk, unaliased
-from .ops import Combiner, ReduceOp, check_op_dtype, combiner, finish_avg
+from .ops import Combiner, ReduceOp, avg_accumulator, check_op_dtype, combiner, finish_avg
 from .schedules import partition, ring
 from .transfer import recv_into, run_all, send, sendrecv
 from ..channel import Channel
@@ -156,6 +156,12 @@ async def _reduce_scatter_blocks(
     ch: Channel, seq: int, out: np.ndarray, blocks: list[np.ndarray], op: ReduceOp, algorithm: str | None
 ) -> None:
     p, rank = ch.size, ch.rank
+    wide = avg_accumulator(out.dtype) if op is ReduceOp.AVG and p > 1 else None
+    if wide is not None:  # (a narrow sum would overflow where the average fits: sum a wider copy)
+        acc = np.empty(out.size, dtype=wide)
+        await _reduce_scatter_blocks(ch, seq, acc, [b.astype(wide) for b in blocks], op, algorithm)
+        np.copyto(out, acc, casting="unsafe")
+        return
     m = out.size
     even = all(b.size == m for b in blocks)
     total = m * p if even else sum(b.size for b in blocks)  # (the same on every rank of a well-formed call)

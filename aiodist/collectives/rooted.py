@@ -15,7 +15,7 @@ import numpy as np
 
 from . import intranode, intranode_ops, tuning
 from .buffers import as_flat, as_flat_list, byte_view, unaliased
-from .ops import ReduceOp, check_op_dtype, combiner, finish_avg
+from .ops import ReduceOp, avg_accumulator, check_op_dtype, combiner, finish_avg
 from .reducescatter import ring_reduce_scatter
 from .schedules import binomial_tree, partition, ring
 from .transfer import SMALL_SEND_BYTES, recv_into, run_all, send, sendrecv
@@ -115,6 +115,13 @@ async def reduce(
     flat = as_flat(arr, "arr", writable=rank == root)
     rop = check_op_dtype(op, flat.dtype)
     if p == 1:
+        return arr
+    wide = avg_accumulator(flat.dtype) if rop is ReduceOp.AVG else None
+    if wide is not None:  # (a narrow sum would overflow where the average fits: sum a wider copy)
+        acc = flat.astype(wide)
+        await reduce(ch, seq, acc, root, rop, algorithm=algorithm)
+        if rank == root:
+            np.copyto(flat, acc, casting="unsafe")
         return arr
     eng = intranode.engine_for(ch, flat.nbytes, algorithm)
     if eng is not None and await eng.run(ch, intranode_ops.reduce, flat, root, rop):
