@@ -116,7 +116,7 @@ if TYPE_CHECKING:
     from .group import ProcessGroup
     from .work import Work
     from .auth import AuthenticationError
-    from .errors import OutsideLoopError, UnawaitedOperationError
+    from .errors import BlockedLoopError, OutsideLoopError, UnawaitedOperationError
     from .unawaited import clear_unawaited, unawaited_operations
     from .mesh import DeviceMesh, init_device_mesh
     from .store import HashStore, MemoryStore, PrefixStore, Store, StoreLimits, StoreServer, TCPStore
@@ -193,6 +193,7 @@ _LAZY: dict[str, str] = {
     "QueueEmptyError": "aiodist.errors",
     "TCPStore": "aiodist.store",
     "OutsideLoopError": "aiodist.errors",
+    "BlockedLoopError": "aiodist.errors",
     "UnawaitedOperationError": "aiodist.errors",
     "UnsupportedReduceOpError": "aiodist.errors",
     "Work": "aiodist.work",
@@ -357,6 +358,7 @@ __all__ = [
     "StoreTimeoutError",
     "TCPStore",
     "OutsideLoopError",
+    "BlockedLoopError",
     "UnawaitedOperationError",
     "UnsupportedReduceOpError",
     "Work",

@@ -581,6 +581,28 @@ class OutsideLoopError(AiodistError):
         self.op = op
 
 
+class BlockedLoopError(AiodistError):
+    """An operation (``.op``) was polled again and again by code that never let the event loop run: it cannot finish.
+
+    Operations progress only while the rank's event loop runs. torch's
+    ``while not work.is_completed(): time.sleep(0.01)`` holds the loop (the
+    sleep blocks it), so the operation never ends and the loop would spin
+    forever; after :data:`aiodist.work.STUCK_POLLS` polls over
+    :data:`aiodist.work.STUCK_SECONDS` without a step of the loop in between,
+    the poll raises this instead. Yield between polls (``await
+    asyncio.sleep(0.01)``) or ``await work``. The operation itself goes on.
+    """
+
+    def __init__(self, op: str, *, polls: int, seconds: float) -> None:
+        super().__init__(
+            f"{op} was polled {polls} times over {seconds:.1f}s without the event loop running in between (a "
+            "blocking time.sleep, or a loop that never awaits?): it progresses only while the loop runs, so it "
+            "could never finish. Yield between polls (await asyncio.sleep(0.01)), or await the operation")
+        self.op = op
+        self.polls = polls
+        self.seconds = seconds
+
+
 DistError = AiodistError
 """torch's ``torch.distributed.DistError``: aiodist's base error (a ``RuntimeError``)."""
 

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .errors import CallbackError
+from .polls import polled
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -83,6 +84,8 @@ class Future(asyncio.Future[T]):
 
     def done(self) -> bool:
         finished = super().done()
+        if not finished and self._torch_shape:  # (an operation's future: a poll that cannot end raises)
+            polled(self, "an operation's future")
         if finished and self._consumed is not None and not self.cancelled() and super().exception() is None:
             self._consume()  # (a success seen done: its value is read next, as torch code polls then reads)
         return finished

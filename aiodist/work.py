@@ -53,6 +53,7 @@ from .arguments import optional_seconds
 from .collectives.buffers import TASKS as STAGING, UNCLAIMED, claim, register_task, release
 from .errors import GroupError, InvalidArgumentError, WaitTimeoutError, anew
 from .future import Future
+from .polls import polled
 from .unawaited import MAX_ENTRIES, OVERFLOW, UnawaitedOperationError, call_site, clear_unawaited, ledger, unawaited_operations
 
 __all__ = ["OpRecord", "UnawaitedOperationError", "Work", "clear_unawaited", "unawaited_operations"]
@@ -338,8 +339,12 @@ class Work(Generic[T]):
             raise GroupError(f"{self.op} was cancelled: its process group was destroyed") from None
 
     def done(self) -> bool:
+        """Whether the operation ended (a poll that cannot end raises BlockedLoopError: see :mod:`aiodist.polls`)."""
         rec = self._rec
-        return rec.finished if rec is not None else self._task.done()
+        finished = rec.finished if rec is not None else self._task.done()
+        if not finished:
+            polled(self, f"{self.op} #{self.seq} of {self.group}" if self.seq is not None else self.op)
+        return finished
 
     def is_completed(self) -> bool:
         """torch's name for :meth:`done`; a finished operation that succeeded counts as awaited.
@@ -351,8 +356,9 @@ class Work(Generic[T]):
 
         It only reports: it does not run the event loop, and the operation progresses
         only while the loop runs. A torch-style ``while not w.is_completed(): time.sleep(0.01)``
-        therefore never ends (the blocking sleep holds the loop). Yield to the loop
-        between polls (``await asyncio.sleep(0.01)``), or ``await w``.
+        therefore could never end (the blocking sleep holds the loop): such polling raises
+        :class:`~aiodist.errors.BlockedLoopError` after a second (:mod:`aiodist.polls`). Yield to
+        the loop between polls (``await asyncio.sleep(0.01)``), or ``await w``.
         """
         if not self.done():
             return False
