@@ -9,6 +9,7 @@ import logging
 import socket
 import struct
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import msgpack
@@ -31,6 +32,7 @@ from aiodist.store import protocol as P
 from aiodist.store.admission import Admission, server_handshake
 from aiodist.store.limits import StoreLimits
 from aiodist.wire import PREAMBLE
+from conftest import free_port
 from store_wire import HELLO, frame, handshake, read_frame
 
 HOST = "127.0.0.1"
@@ -625,12 +627,31 @@ async def test_idle_client_notices_a_dead_server_on_its_next_call() -> None:
     await c.close()
 
 
-def test_torchs_tcpstore_constructor_says_what_to_use_instead() -> None:
+def test_a_tcpstore_made_neither_the_torch_way_nor_by_connect_says_what_to_use() -> None:
     # Before: Python's "takes 2 positional arguments but 5 were given".
-    with pytest.raises(TypeError, match=r"StoreServer.start\(host, port\).*TCPStore.connect"):
-        TCPStore("127.0.0.1", 29500, 4, True)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="torch's blocking constructor"):
-        TCPStore(host_name="127.0.0.1", port=29500, world_size=4, is_master=True)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"await aiodist.TCPStore\(host, port, world_size.*StoreServer.start"):
+        TCPStore()  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"TCPStore.connect"):
+        TCPStore(b"127.0.0.1", 29500, 4, True)  # type: ignore[arg-type]
+
+
+async def test_torchs_tcpstore_constructor_awaited_starts_the_masters_server_and_connects() -> None:
+    # torch24 probe, finding 8: torch's form was refused; a port by adding ``await`` now runs as torch's does.
+    port = free_port()
+    master_task = asyncio.ensure_future(TCPStore("127.0.0.1", port, 3, True, timedelta(seconds=10)))
+    await asyncio.sleep(0.1)
+    assert not master_task.done()  # (wait_for_workers: the master waits until the 3 clients are there)
+    workers = [await TCPStore(host_name="127.0.0.1", port=port, world_size=3, timeout=10) for _ in range(2)]
+    master = await asyncio.wait_for(master_task, 10)
+    await workers[0].set("k", b"v")
+    assert await master.get("k") == b"v" and await workers[1].add("n", 2) == 2
+    with pytest.raises(StoreConnectTimeoutError, match="1 of 2 clients connected"):
+        await TCPStore("127.0.0.1", free_port(), 2, True, 0.3)
+    await master.close()  # the master's store stops its server
+    with pytest.raises((StoreConnectionLost, ConnectionError)):
+        await workers[0].add("n", 1)
+    for w in workers:
+        await w.close()
 
 
 @pytest.mark.parametrize(

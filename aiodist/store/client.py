@@ -53,6 +53,7 @@ from .client_ops import REQUEST_TOO_LARGE as REQUEST_TOO_LARGE
 from .client_ops import REGISTERED_CALLS, ClientOps, _keylist
 from .limits import PRE_AUTH_MAX_FRAME
 from .state import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
+from .torch_form import open_torch_form
 
 log = logging.getLogger("aiodist.store")
 
@@ -104,13 +105,21 @@ class TCPStore(ClientOps):
     """A client of a :class:`~aiodist.store.server.StoreServer`.
 
     Create with :meth:`connect`. ``timeout`` is the default for blocking calls
-    and the bound on every call's wait for the server.
+    and the bound on every call's wait for the server. torch's constructor,
+    ``await TCPStore(host, port, world_size, is_master, timeout)``, starts the
+    server in the master and connects (:mod:`aiodist.store.torch_form`).
     """
 
     __slots__ = ("host", "port", "timeout", "_conn", "_loop", "_ping_interval", "max_key_bytes", "max_value_bytes",
                  "_short_key", "_pending", "_next_id", "_sent", "_control", "_abandoned", "_wake", "_wake_at",
                  "_error", "_silent", "_closed_locally", "_server_said", "_farewell", "_housekeeper", "_watcher",
-                 "__weakref__")  # (aiodist.inflight lists its calls while it lives)
+                 "_owned_server", "__weakref__")  # (aiodist.inflight lists its calls while it lives)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """torch's form (a host name first): a coroutine that opens the store, to await; else the client itself."""
+        if args and isinstance(args[0], str) or "host_name" in kwargs:
+            return open_torch_form(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self, conn: Connection | None = None, *torch_form: Any, host: str = "", port: int = 0, timeout: float = 300.0,
@@ -118,14 +127,15 @@ class TCPStore(ClientOps):
     ) -> None:
         if torch_form or torch_options or conn is None or isinstance(conn, str) or hello is None:
             raise TypeError(
-                "TCPStore(host, port, world_size, is_master) is torch's blocking constructor. In aiodist one "
-                "process serves the store, `server = await aiodist.StoreServer.start(host, port)`, and every "
-                "process connects, `store = await aiodist.TCPStore.connect(host, port, timeout=...)`; or let "
-                "init_process_group make the job's store"
+                "TCPStore takes torch's form, awaited: `store = await aiodist.TCPStore(host, port, world_size, "
+                "is_master, timeout)` (host a str); or one process serves the store, `server = await "
+                "aiodist.StoreServer.start(host, port)`, and every process connects, `store = await "
+                "aiodist.TCPStore.connect(host, port, timeout=...)`; or let init_process_group make the job's store"
             )
         self.host = host
         self.port = port
         self.timeout = timeout
+        self._owned_server: Any = None  # (torch's form, in the master: the server this store stops when it closes)
         self._conn = conn
         self._loop = asyncio.get_running_loop()
         self._ping_interval: float | None = ping_interval(hello.get("idle"))
@@ -487,6 +497,9 @@ class TCPStore(ClientOps):
                 await self._conn.wait_closed()
         except TimeoutError:
             pass
+        server, self._owned_server = self._owned_server, None
+        if server is not None:
+            await server.close()
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:
