@@ -254,17 +254,22 @@ class CollectiveTimeoutError(TimeoutError, DistBackendError):
     """A collective or point-to-point operation did not complete in time.
 
     ``.op``, ``.seq`` and ``.waiting_for`` (the peer ranks it still waited on).
+    ``.absent``: the members (global ranks) the store showed no sign of in this
+    call (see :mod:`aiodist.mismatch`): in a collective whose every rank's part
+    needs every rank (all_reduce, barrier...), those had not reached it.
     ``.unmatched``: for a point-to-point receive, the (rank, tag) of a few messages
     waiting on this rank that it did not match (another tag from its source, or its
     tag from another source: a mistaken ``tag`` or ``src``?); else empty.
     """
 
-    def __init__(self, message: str, *, op: str, seq: int | None, waiting_for: Sequence[int], timeout: float) -> None:
+    def __init__(self, message: str, *, op: str, seq: int | None, waiting_for: Sequence[int], timeout: float,
+                 absent: Sequence[int] = ()) -> None:
         super().__init__(message)
         self.op = op
         self.seq = seq
         self.waiting_for = list(waiting_for)
         self.timeout = timeout
+        self.absent = list(absent)
         self.unmatched: list[tuple[int, int]] = []
 
 

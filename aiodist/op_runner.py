@@ -542,6 +542,7 @@ class OpRunner:
             seq=seq,
             waiting_for=waiting,
             timeout=timeout,
+            absent=[self.comm.ranks[r] for r in absent],
         )
 
     # ------------------------------------------------------------------ the monitor

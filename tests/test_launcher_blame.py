@@ -621,3 +621,31 @@ def test_a_rank_of_another_node_is_not_said_to_be_still_running() -> None:
     blame = root_cause([(0, 1), (1, 1)], {0: lost, 1: lost}, local={0, 1})
     assert blame is not None and blame.rank == 2
     assert blame.message == "rank 2 (on another node) failed or left; ranks 0, 1 lost it in all_reduce #4"
+
+
+LATE = """
+import asyncio
+import numpy as np
+import aiodist
+
+
+async def main():
+    await aiodist.init_process_group(timeout=2)
+    x = np.ones(4)
+    for step in range(3):
+        if aiodist.get_rank() == 2 and step == 1:
+            await asyncio.sleep(30)  # late: the others time out waiting for it
+        await aiodist.all_reduce(x)
+"""
+
+
+async def test_a_rank_that_had_not_reached_the_collective_the_others_timed_out_in_is_named(tmp_path: Path) -> None:
+    # torch24 probe, finding 3: rank 2 was late, every rank's error said "the store shows no sign of rank 2",
+    # yet the launcher's root cause was "rank 1 raised CollectiveTimeoutError", and it exited with 143.
+    run = await launch_source(tmp_path, LATE, 4)
+    blame = run.result.root_cause
+    assert blame is not None and blame.rank == 2, run.logs
+    assert blame.message.startswith("rank 2 had not reached all_reduce #1 when rank"), blame.message
+    assert "timed out in it (it is still running: slow, or stuck before it?)" in blame.message
+    assert run.result.exit_code == 1, run.logs
+    assert any("rank 2" in m and "SIGTERM" in m for m in run.logs), run.logs  # (stopped: and said so)

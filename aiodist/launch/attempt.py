@@ -384,6 +384,10 @@ class Attempt:
                 return e
         return None
 
+    def stopped(self, rank: int) -> bool:
+        """Whether ``rank`` exited after this launcher began stopping the ranks (its signal is not its failure)."""
+        return any(e.rank == rank and not before_stop for e, before_stop in self._exits)
+
     def failures(self) -> tuple[RankExit, ...]:
         """Ranks that failed on their own (not because they were stopped), in the order seen."""
         return tuple(e for e, before_stop in self._exits if before_stop and e.returncode != 0)

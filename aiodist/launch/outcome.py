@@ -79,7 +79,8 @@ def _blamed(exc: BaseException) -> tuple[int | None, str | None, str | None]:
     another rank's: :attr:`~aiodist.errors.PeerFailureError.culprit`), with how it failed; else the peer.
     """
     from ..comm.links import AUTH_FAILED
-    from ..errors import AbortedError, PeerCallFailedError, PeerFailureError, RendezvousTimeoutError, StoreConnectionLost
+    from ..errors import (AbortedError, CollectiveTimeoutError, PeerCallFailedError, PeerFailureError,
+                          RendezvousTimeoutError, StoreConnectionLost)
 
     seen: set[int] = set()
     e: BaseException | None = exc
@@ -99,6 +100,10 @@ def _blamed(exc: BaseException) -> tuple[int | None, str | None, str | None]:
             return (rank if isinstance(rank, int) else -1), op, None
         if isinstance(e, PeerCallFailedError):  # (the call failed on that rank: its error is the cause)
             return (e.global_rank if isinstance(e.global_rank, int) else -1), None, None
+        if isinstance(e, CollectiveTimeoutError) and e.absent and _every_rank_needed(e.op):
+            # (a rank's part of such a call cannot end without every rank: the store's absent ones had not reached it)
+            op = e.op if e.seq is None else f"{e.op} #{e.seq}"
+            return e.absent[0], op, f"had not reached {op} when its peers timed out in it"
         if isinstance(e, RendezvousTimeoutError) and e.missing:  # (waited for a rank that never joined)
             missing = f"rank {e.missing[0]}" if len(e.missing) == 1 else f"ranks {_ranges(e.missing)}"
             return e.missing[0], RENDEZVOUS_OP, f"never joined the rendezvous ({missing} missing after {e.timeout:.3g}s)"
@@ -106,6 +111,11 @@ def _blamed(exc: BaseException) -> tuple[int | None, str | None, str | None]:
             return -1, None, None
         e = e.__cause__ or e.__context__
     return None, None, None
+
+
+def _every_rank_needed(op: str) -> bool:
+    """Whether no rank's part of collective ``op`` can end before every rank joined it (all_*, barrier, reduce_scatter)."""
+    return op.startswith("all_") or op in ("barrier", "reduce_scatter", "reduce_scatter_tensor")
 
 
 def describe_exception(exc: BaseException) -> dict[str, Any]:
@@ -322,6 +332,12 @@ def root_cause(
             return Blame(culprit, "returned",
                          f"rank {culprit} exited cleanly while {who} {_ranges(waiting)} wait{'s' if len(waiting) == 1 else ''}{where}")
         if culprit not in exited:
+            late = next((str(records[r]["cause"]) for r in waiting
+                         if str(records[r].get("cause") or "").startswith("had not reached ")), None)
+            if late is not None:  # (alive, and late: slow, or stuck before the call)
+                return Blame(culprit, "unknown",
+                             f"rank {culprit} {late.replace(' when its peers', f' when {who} {_ranges(waiting)}')} "
+                             "(it is still running: slow, or stuck before it?)", late)
             return Blame(culprit, "unknown",
                          f"rank {culprit} stopped responding (still running) while {who} {_ranges(waiting)} "
                          f"wait{'s' if len(waiting) == 1 else ''}{where}")

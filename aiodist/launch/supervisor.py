@@ -258,6 +258,8 @@ async def _run_attempts(
     code = launcher_exit_code(failures[0].returncode) if failures else 1
     if blame is not None and blame.kind == "raised" and (failures[0].rank != blame.rank or failures[0].returncode < 0):
         code = 1  # it recorded its exception but was stopped before it exited
+    elif failures and failures[0].returncode < 0 and attempt.stopped(failures[0].rank):
+        code = 1  # the culprit (late, or hung) ended by our own stop signal: not 128 + SIGTERM, as if we were signalled
     return LaunchResult(
         exit_code=code,
         attempts=config.max_restarts + 1,
