@@ -305,7 +305,9 @@ class CollectiveMismatchError(DistBackendError):
     ``.calls`` maps rank -> description of what that rank called. ``.found_by``:
     the global rank that found the mismatch when this rank learnt of it from
     that rank's report (None: this rank found it), and ``.finding``: that
-    rank's own words.
+    rank's own words. ``.group`` names the group and ``.ranks`` lists its
+    members' global ranks when known (then :attr:`global_calls` has the calls
+    by global rank: the launcher puts every rank's together to name the odd one out).
     """
 
     def __init__(
@@ -316,12 +318,24 @@ class CollectiveMismatchError(DistBackendError):
         seq: int | None = None,
         found_by: int | None = None,
         finding: str | None = None,
+        group: str | None = None,
+        ranks: Sequence[int] | None = None,
     ) -> None:
         super().__init__(message)
         self.calls = dict(calls or {})
         self.seq = seq
         self.found_by = found_by
         self.finding = finding
+        self.group = group
+        self.ranks = list(ranks) if ranks is not None else None
+
+    @property
+    def global_calls(self) -> dict[int, str]:
+        """:attr:`calls` by global rank (empty when the group's ranks are not known)."""
+        ranks = self.ranks
+        if ranks is None:
+            return {}
+        return {ranks[r]: str(c) for r, c in self.calls.items() if type(r) is int and 0 <= r < len(ranks)}
 
 
 class GroupError(AiodistError):

@@ -100,6 +100,8 @@ class MismatchChecker:
             f"but rank {peer} called {other!r}",
             calls={me: sig, peer: other},
             seq=seq,
+            group=self.comm.name,
+            ranks=self.comm.ranks,
         )
 
     def note(self, e: CollectiveMismatchError, seq: int) -> None:
@@ -257,6 +259,8 @@ class FingerprintCheck:
             f"collective mismatch in {self.checker.comm.name} at seq {self.seq}: {why}{listing}",
             calls=calls,
             seq=self.seq,
+            group=self.checker.comm.name,
+            ranks=self.checker.comm.ranks,
         )
 
     def _never_created(self, calls: dict[int, str]) -> CollectiveMismatchError:

@@ -463,14 +463,14 @@ class OpRunner:
             else:
                 return self._group_ended(rec.op)
         elif isinstance(e, PeerFailureError):
-            e = self._voided(rec.op, rec.seq) or self._reported(rec.seq) or e
+            e = self._voided(rec.op, rec.seq, rec.sig) or self._reported(rec.seq) or e
         if isinstance(e, CollectiveMismatchError):
             self.checker.note(e, rec.seq)
         if isinstance(e, (CollectiveTimeoutError, PeerFailureError, CollectiveMismatchError)):
             self._dump_first(e)
         return e
 
-    def _voided(self, op: str, seq: int) -> CollectiveMismatchError | None:
+    def _voided(self, op: str, seq: int, sig: str | None = None) -> CollectiveMismatchError | None:
         """The mismatch that voids operation ``seq``, if this rank found one before it or was told of one at it or before.
 
         An operation that fails because a peer left or failed is reported as
@@ -483,7 +483,7 @@ class OpRunner:
         e = self.transport.router.voided(self.comm.gid, seq)
         if not isinstance(e, CollectiveMismatchError):
             return None
-        return self.comm.restate_mismatch(e, op=op, seq=seq)
+        return self.comm.restate_mismatch(e, op=op, seq=seq, mine=sig)  # (what this rank called there, too)
 
     def _reported(self, seq: int) -> BaseException | None:
         """A member's report that its call at ``seq`` failed there, if one came (in this group's numbering).

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from aiodist.launch.outcome import root_cause
 from test_launcher_run import launch_source
 
@@ -649,3 +651,59 @@ async def test_a_rank_that_had_not_reached_the_collective_the_others_timed_out_i
     assert "timed out in it (it is still running: slow, or stuck before it?)" in blame.message
     assert run.result.exit_code == 1, run.logs
     assert any("rank 2" in m and "SIGTERM" in m for m in run.logs), run.logs  # (stopped: and said so)
+
+
+SKIPS = """
+import asyncio
+import numpy as np
+import aiodist
+
+
+async def main():
+    await aiodist.init_process_group(timeout=10)
+    rank = aiodist.get_rank()
+    x = np.ones(5 if rank == {odd} and {shape} else 4)
+    try:
+        if rank != {odd} or {shape}:
+            await aiodist.all_reduce(x)
+        await aiodist.barrier()
+    except aiodist.CollectiveMismatchError:
+        await asyncio.sleep(1)  # (every rank hears of it before one leaves: else a peer may see it leave first)
+        raise
+"""
+
+
+@pytest.mark.parametrize("odd, shape", [(0, False), (2, False), (1, True)])
+async def test_a_mismatch_names_the_rank_the_others_disagree_with_not_its_finder(
+        tmp_path: Path, odd: int, shape: bool) -> None:
+    # torch24 probe, finding 3: rank 0 skipped an all_reduce (the others called it), and the root cause was
+    # "rank 1 raised CollectiveMismatchError" (the rank that found it); each rank's record now lists what it
+    # knows each rank called, and together they name the odd one out.
+    run = await launch_source(tmp_path, SKIPS.format(odd=odd, shape=shape), 4)
+    blame = run.result.root_cause
+    others = "1–3" if odd == 0 else "0, 1, 3" if odd == 2 else "0, 2, 3"
+    assert blame is not None and blame.rank == odd, run.logs
+    call = "all_reduce SUM float64 n=5" if shape else "barrier"
+    assert blame.message.startswith(f"rank {odd} called {call!r} where ranks "), blame.message
+    assert "a collective mismatch at seq 0 of world, found by rank" in blame.message
+    assert run.result.exit_code == 1
+    assert f"ranks {others} called" in blame.message, blame.message
+
+
+def test_the_odd_one_out_of_a_mismatch_from_the_ranks_records() -> None:
+    def rec(calls: dict[int, str], **more: object) -> dict[str, object]:
+        return {"kind": "raised", "type": "CollectiveMismatchError", "message": "collective mismatch", "time": 1.0,
+                "mismatch": {"group": "world", "seq": 3, "calls": {str(r): c for r, c in calls.items()}}, **more}
+
+    pair = {0: "barrier", 1: "all_reduce"}
+    records = {1: rec(pair), 0: rec(pair, found_by=1), 2: rec({**pair, 2: "all_reduce"}, found_by=1),
+               3: rec({**pair, 3: "all_reduce"}, found_by=1)}
+    blame = root_cause([(1, 1), (0, 1), (2, 1), (3, 1)], records)
+    assert blame is not None and blame.rank == 0
+    assert blame.message == ("rank 0 called 'barrier' where ranks 1–3 called 'all_reduce' "
+                             "(a collective mismatch at seq 3 of world, found by rank 1)")
+    # only the pair known (or two against two): the finder, as before
+    for known in ({1: rec(pair), 0: rec(pair, found_by=1)},
+                  {1: rec(pair), 0: rec({**pair, 2: "barrier", 3: "all_reduce"}, found_by=1)}):
+        blame = root_cause([(1, 1), (0, 1)], known)
+        assert blame is not None and blame.rank == 1 and blame.message.startswith("rank 1 raised"), blame

@@ -83,7 +83,7 @@ class GroupComm:
         if mine is not None:
             calls[self.rank] = mine
         return CollectiveMismatchError(f"{op} (seq {seq}) of {self.name}: {e.args[0]}", calls=calls, seq=seq,
-                                       found_by=e.found_by, finding=e.finding)
+                                       found_by=e.found_by, finding=e.finding, group=self.name, ranks=self.ranks)
 
     def localize(self, e: PeerFailureError, *, op: str | None, seq: int | None) -> PeerFailureError:
         """Restate a transport's PeerFailureError (global ranks) in this group's numbering."""
@@ -192,6 +192,8 @@ class OpChannel:
             f"but rank {peer} called {theirs!r}",
             calls={me: self.sig, peer: theirs},
             seq=self.seq,
+            group=self.comm.name,
+            ranks=self.comm.ranks,
         )
 
     async def exchange(
@@ -297,7 +299,7 @@ class OpChannel:
         """Restate a mismatch in group ranks and, if we found it, tell the peer (it may wait on us)."""
         reported = e.found_by is not None
         if e.seq is None:  # size mismatch (router) or a peer's report: calls are in global ranks
-            mine = None if reported else f"{self.sig} with {out.nbytes if out is not None else '?'} bytes"
+            mine = self.sig if reported else f"{self.sig} with {out.nbytes if out is not None else '?'} bytes"
             e = self.comm.restate_mismatch(e, op=self.op, seq=self.seq, mine=mine)
         if not reported:
             glob = {self.comm.ranks[k]: v for k, v in e.calls.items() if 0 <= k < self.comm.size}

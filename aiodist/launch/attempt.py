@@ -39,6 +39,8 @@ _DRAIN_TIMEOUT = 2.0  # output still buffered in a dead rank's pipes (while the 
 _DRAIN_LIMIT = 60.0  # ... but no longer than this
 _KILL_WAIT = 5.0  # after SIGKILL
 _POLL = 0.05  # how often the ranks' end records are read while waiting for them
+MISMATCH_RECORDS_WAIT = 1.0
+"""Seconds a mismatch's root cause waits for the other members' records (what each called there), at most."""
 _STRANDED_POLL = 0.25  # after a clean exit: how often the rendezvous marks are read (see Attempt.wait)
 
 # Each rank leads a process group of its own: a Ctrl-C at the terminal reaches
@@ -355,7 +357,8 @@ class Attempt:
             blame = self.blame()
             if not self.running_count:
                 return blame
-            if blame is not None and blame.kind in ("raised", "signal", "exit") and self.exit_of(blame.rank):
+            if blame is not None and blame.kind in ("raised", "signal", "exit") and self.exit_of(blame.rank) \
+                    and not self._mismatch_unsettled(blame, loop.time() - (deadline - limit)):
                 return blame  # (a rank that recorded its error is on its way out: its exit status is its own)
             left = deadline - loop.time()
             if left <= 0:
@@ -377,6 +380,19 @@ class Attempt:
         local = {self._rank(r.local_rank) for r in self._ranks}
         return outcomes.root_cause(exits, outcomes.load(self.status_dir), stopped=stopped, local=local,
                                    exit_times=self._exit_times)
+
+    def _mismatch_unsettled(self, blame: Blame, waited: float) -> bool:
+        """A mismatch is blamed on its finder while some members have not written what they called there:
+        wait for them a little (:data:`MISMATCH_RECORDS_WAIT`), as together they may name the odd one out."""
+        if waited >= MISMATCH_RECORDS_WAIT:
+            return False
+        records = outcomes.load(self.status_dir)
+        m = (records.get(blame.rank) or {}).get("mismatch")
+        if not isinstance(m, dict):
+            return False
+        told = sum(1 for rec in records.values() if isinstance(rec.get("mismatch"), dict)
+                   and rec["mismatch"].get("group") == m.get("group") and rec["mismatch"].get("seq") == m.get("seq"))
+        return told < len(self._ranks)
 
     def exit_of(self, rank: int) -> RankExit | None:
         for e, _ in self._exits:

@@ -137,7 +137,38 @@ def describe_exception(exc: BaseException) -> dict[str, Any]:
     found_by = getattr(exc, "found_by", None)  # a collective mismatch another rank found and told us of
     if type(found_by) is int:
         out["found_by"] = found_by
+    calls = getattr(exc, "global_calls", None)  # (what each rank called, as far as this one knows: see _odd_one_out)
+    if calls and isinstance(getattr(exc, "group", None), str) and type(getattr(exc, "seq", None)) is int:
+        out["mismatch"] = {"group": exc.group, "seq": exc.seq,  # type: ignore[attr-defined]
+                           "calls": {str(r): c[:200] for r, c in sorted(calls.items())[:64]}}
     return out
+
+
+def _odd_one_out(records: Mapping[int, Mapping[str, Any]], mismatch: Any) -> tuple[int, str, str, list[int]] | None:
+    """The one rank that called something else at a mismatched collective where the others agree, if there is one.
+
+    Every rank's record lists the calls it knows of (its own, the finder's
+    pair): together they may show ``(rank, its call, the others' call, the
+    others)``. None when the calls do not split one against two or more.
+    """
+    if not isinstance(mismatch, dict):
+        return None
+    calls: dict[int, str] = {}
+    for rec in records.values():
+        m = rec.get("mismatch")
+        if isinstance(m, dict) and m.get("group") == mismatch.get("group") and m.get("seq") == mismatch.get("seq"):
+            for k, v in (m.get("calls") or {}).items():
+                if str(k).isdigit():
+                    calls.setdefault(int(k), str(v))
+    by_call: dict[str, list[int]] = {}
+    for r in sorted(calls):
+        by_call.setdefault(calls[r], []).append(r)
+    if len(by_call) != 2:
+        return None
+    (odd_call, odd), (call, others) = sorted(by_call.items(), key=lambda kv: (len(kv[1]), kv[0]))
+    if len(odd) != 1 or len(others) < 2:
+        return None
+    return odd[0], odd_call, call, others
 
 
 def record(outcome: Mapping[str, Any], *, rank: int | None = None) -> Path | None:
@@ -300,7 +331,15 @@ def root_cause(
             own.append((when, order.get(r, len(order)), _own(r, "raised", raised_text(rec))))
     if own:
         own.sort(key=lambda t: (t[0], t[1]))
-        return own[0][2]
+        first = own[0][2]
+        odd = _odd_one_out(records, (records.get(first.rank) or {}).get("mismatch"))
+        if odd is not None:  # (a mismatch: its finder is not its cause; the rank the others disagree with is)
+            rank, its_call, call, others = odd
+            m = records[first.rank]["mismatch"]
+            what = (f"called {its_call!r} where {'ranks' if len(others) > 1 else 'rank'} {_ranges(others)} called "
+                    f"{call!r} (a collective mismatch at seq {m['seq']} of {m['group']}, found by rank {first.rank})")
+            return Blame(rank, "raised", f"rank {rank} {what}", what)
+        return first
     # 2. a rank the others blame: it returned early, or it is still missing
     votes: dict[int, list[int]] = {}
     for r in sorted(consequences):
