@@ -116,7 +116,7 @@ if TYPE_CHECKING:
     from .group import ProcessGroup
     from .work import Work
     from .auth import AuthenticationError
-    from .errors import BlockedLoopError, OutsideLoopError, UnawaitedOperationError
+    from .errors import BlockedLoopError, NotInitializedError, OutsideLoopError, UnawaitedOperationError
     from .unawaited import clear_unawaited, unawaited_operations
     from .mesh import DeviceMesh, init_device_mesh
     from .store import HashStore, MemoryStore, PrefixStore, Store, StoreLimits, StoreServer, TCPStore
@@ -194,6 +194,7 @@ _LAZY: dict[str, str] = {
     "TCPStore": "aiodist.store",
     "OutsideLoopError": "aiodist.errors",
     "BlockedLoopError": "aiodist.errors",
+    "NotInitializedError": "aiodist.errors",
     "UnawaitedOperationError": "aiodist.errors",
     "UnsupportedReduceOpError": "aiodist.errors",
     "Work": "aiodist.work",
@@ -359,6 +360,7 @@ __all__ = [
     "TCPStore",
     "OutsideLoopError",
     "BlockedLoopError",
+    "NotInitializedError",
     "UnawaitedOperationError",
     "UnsupportedReduceOpError",
     "Work",

@@ -33,6 +33,7 @@ from .errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     InvalidRankError,
+    NotInitializedError,
     RendezvousError,
 )
 from .file_init import FileStore, open_file_store
@@ -273,7 +274,7 @@ async def destroy_process_group(group: ProcessGroup | None = None) -> None:
     world = get_default_group()
     if group is None or group is world:
         if world is None:
-            raise GroupError("destroy_process_group: the default process group is not initialized")
+            raise NotInitializedError("destroy_process_group: the default process group is not initialized")
         rank = world.transport.rank
         await _destroy_all(world)
         raise_if_unawaited("destroy_process_group()", rank=rank, collected_only=True)

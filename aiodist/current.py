@@ -10,7 +10,7 @@ import asyncio
 from typing import Any
 
 from .context import get_default_group, rank_scope
-from .errors import GroupError, InvalidArgumentTypeError, OutsideLoopError
+from .errors import GroupError, InvalidArgumentTypeError, NotInitializedError, OutsideLoopError
 from .group import ProcessGroup
 
 _GROUPS = "aiodist_groups"
@@ -25,7 +25,8 @@ def world() -> ProcessGroup:
     """The calling rank's default group (GroupError if there is none)."""
     pg = get_default_group()
     if pg is None:
-        raise GroupError("the default process group is not initialized: call `await aiodist.init_process_group()` first")
+        raise NotInitializedError(
+            "the default process group is not initialized: call `await aiodist.init_process_group()` first")
     return pg  # type: ignore[no-any-return]
 
 

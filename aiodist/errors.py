@@ -549,6 +549,13 @@ class InvalidRankError(GroupError, InvalidArgumentError):
         self.argument = argument
 
 
+class NotInitializedError(GroupError, ValueError):
+    """The calling rank has no default process group (``init_process_group`` not called yet, or destroyed).
+
+    Also a ValueError, as torch's "Default process group has not been initialized" is.
+    """
+
+
 class NotMemberError(GroupError, InvalidArgumentError):
     """An operation that torch refuses on a group this rank is not a member of (the caller passed a group
     this rank is not in): the module-level ``send``, ``send_object_list`` and ``recv_object_list``, as

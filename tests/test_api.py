@@ -78,6 +78,8 @@ async def test_using_the_api_before_init_or_after_destroy_is_a_group_error() -> 
             pg.all_reduce(np.ones(1))
         with pytest.raises(GroupError, match="not initialized"):
             dist.get_world_size()
+        with pytest.raises(ValueError, match="not initialized"):  # (torch24 probe: torch's is a ValueError)
+            dist.get_rank()
 
     await run_ranks(2, rank)
 
