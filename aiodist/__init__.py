@@ -120,6 +120,7 @@ if TYPE_CHECKING:
     from .unawaited import clear_unawaited, unawaited_operations
     from .mesh import DeviceMesh, init_device_mesh
     from .store import HashStore, MemoryStore, PrefixStore, Store, StoreLimits, StoreServer, TCPStore
+    from .file_init import FileStore
     from .net.shmseg import SharedMemoryError
     from .shared import empty, is_shared, shared_array, zeros
 
@@ -192,6 +193,7 @@ _LAZY: dict[str, str] = {
     "StoreTimeoutError": "aiodist.errors",
     "QueueEmptyError": "aiodist.errors",
     "TCPStore": "aiodist.store",
+    "FileStore": "aiodist.file_init",
     "OutsideLoopError": "aiodist.errors",
     "BlockedLoopError": "aiodist.errors",
     "NotInitializedError": "aiodist.errors",
@@ -358,6 +360,7 @@ __all__ = [
     "StoreServer",
     "StoreTimeoutError",
     "TCPStore",
+    "FileStore",
     "OutsideLoopError",
     "BlockedLoopError",
     "NotInitializedError",

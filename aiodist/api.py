@@ -36,7 +36,7 @@ from .errors import (
     NotInitializedError,
     RendezvousError,
 )
-from .file_init import FileStore, open_file_store
+from .file_init import FileRendezvous, open_file_store
 from .group import WORLD_GROUP_ID, ProcessGroup
 from .net.shmhost import transport_mode
 from .operations import *  # noqa: F403  (every operation: aiodist.api.all_reduce is aiodist.all_reduce)
@@ -166,7 +166,7 @@ async def init_process_group(
         )
         transports[-1].configure_heartbeat(heartbeat_interval, heartbeat_misses)
 
-    found: FileStore | None = None
+    found: FileRendezvous | None = None
     if store is None and init_method is not None and init_method.startswith("file://"):
         found = await open_file_store(
             init_method, rank=_file_rank(rank), timeout=timeout, secret=secret, ssl=ssl, limits=store_limits

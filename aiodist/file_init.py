@@ -21,19 +21,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from . import tls
-from .auth import AuthenticationError
+from .auth import FROM_ENVIRONMENT, AuthenticationError, resolve_secret
 from .context import getenv
-from .errors import RendezvousError, StoreError
+from .errors import InvalidArgumentError, RendezvousError, StoreError
 from .rendezvous import leave
 from .store import StoreServer, TCPStore
 from .store.limits import StoreLimits
 
-__all__ = ["FILE_POLL", "FileStore", "file_path", "open_file_store"]
+__all__ = ["FILE_POLL", "FileRendezvous", "FileStore", "file_path", "open_file_store"]
 
 FILE_POLL = 0.05
 """Seconds between two reads of the file by a rank waiting for rank 0 to publish it."""
@@ -49,7 +50,7 @@ def file_path(init_method: str) -> str:
 
 
 @dataclass
-class FileStore:
+class FileRendezvous:
     """The store a ``file://`` init found, and what this rank must close at the end (see :meth:`close`)."""
 
     store: Any
@@ -71,7 +72,7 @@ class FileStore:
 
 async def open_file_store(
     init_method: str, *, rank: int, timeout: float, secret: bytes | None, ssl: Any = None, limits: Any = None
-) -> FileStore:
+) -> FileRendezvous:
     """Rank 0: start a store server and publish its address in the file; others: connect to the address found there.
 
     ``secret``, ``ssl`` (an :class:`aiodist.tls.TLS` or None) and ``limits``
@@ -98,7 +99,7 @@ async def open_file_store(
             with contextlib.suppress(OSError):
                 os.unlink(path)
             raise
-        return FileStore(store, path, server)
+        return FileRendezvous(store, path, server)
     last: BaseException | None = None
     for _ in range(1 << 30):  # (bounded by the deadline)
         address = _read(path)
@@ -111,7 +112,7 @@ async def open_file_store(
             except (StoreError, OSError, TimeoutError, AuthenticationError) as e:  # an earlier job's file
                 last = e
             else:
-                return FileStore(store, path)
+                return FileRendezvous(store, path)
         if loop.time() >= deadline:
             break
         await asyncio.sleep(FILE_POLL)
@@ -140,3 +141,49 @@ def _read(path: str) -> tuple[str, int] | None:
     if not sep or not port.isdigit():
         return None
     return host, int(port)
+
+
+class _ServerAndFile:
+    """What the store of rank 0 of a :func:`FileStore` stops when it is closed: the server, then the file."""
+
+    def __init__(self, server: StoreServer, path: str) -> None:
+        self.server = server
+        self.path = path
+
+    async def close(self) -> None:
+        await self.server.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+async def _file_store(file_name: str, world_size: int = -1, *, timeout: Any = 300.0, secret: Any = FROM_ENVIRONMENT,
+                      ssl: Any = None) -> TCPStore:
+    from .store.base import as_timeout
+
+    raw = getenv("RANK") or ""
+    if not raw.isdigit():
+        raise InvalidArgumentError(
+            "FileStore(file_name, world_size): the rank that serves the store is rank 0, read from RANK in the "
+            "environment (aiodist run and the simulator set it); set RANK, or use init_process_group("
+            "init_method='file://...', rank=..., world_size=...)")
+    if type(world_size) is not int or not (world_size == -1 or world_size >= 1) or \
+            (world_size >= 1 and int(raw) >= world_size):
+        raise InvalidArgumentError(f"FileStore: world_size {world_size!r} does not fit RANK {raw}")
+    found = await open_file_store(f"file://{file_name}", rank=int(raw), timeout=as_timeout(timeout, 300.0),
+                                  secret=resolve_secret(secret), ssl=ssl)
+    if found.server is not None:
+        found.store._owned_server = _ServerAndFile(found.server, found.path)
+    store: TCPStore = found.store
+    return store
+
+
+def FileStore(file_name: str, world_size: int = -1, **options: Any) -> Coroutine[Any, Any, TCPStore]:  # noqa: N802
+    """torch's ``FileStore(file_name, world_size)``, awaited: ``store = await aiodist.FileStore(path, world_size)``.
+
+    The ranks find one store through the file, as ``init_method="file://..."``
+    does: rank 0 (``RANK`` in the environment) starts a server on 127.0.0.1
+    and publishes its address there, the others connect; rank 0's store stops
+    the server and removes the file when it is closed. One machine only.
+    ``timeout=``, ``secret=`` and ``ssl=`` as for :meth:`TCPStore.connect`.
+    """
+    return _file_store(file_name, world_size, **options)

@@ -127,6 +127,46 @@ def test_file_init_names_a_file_it_cannot_write(tmp_path: Path) -> None:
     assert sim.run(main, world_size=1, seed=0).rank_results == ["refused"]
 
 
+async def test_torchs_filestore_awaited_meets_through_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch24 probe, finding 8: aiodist.FileStore did not exist (only init_method="file://...").
+    from conftest import run_ranks
+
+    path = tmp_path / "filestore"
+
+    async def rank(r: int) -> Any:
+        store = await dist.FileStore(str(path), 3)
+        await dist.init_process_group("gloo", store=store, rank=r, world_size=3)
+        x = np.array([r + 1.0])
+        await dist.all_reduce(x)
+        n = await store.add("n", 1)
+        await dist.destroy_process_group()
+        if r == 0:
+            await asyncio.sleep(0.2)  # (the others close theirs first)
+        await store.close()  # (rank 0's stops the server and removes the file)
+        return float(x[0]), n
+
+    results = await run_ranks(3, rank, timeout=30)
+    assert [x for x, _ in results] == [6.0] * 3 and sorted(n for _, n in results) == [1, 2, 3]
+    assert not path.exists()
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ValueError, match="RANK"):  # (who serves it is rank 0: without RANK, nobody knows)
+        await dist.FileStore(str(path), 3)
+
+
+def test_torchs_filestore_in_the_simulator(tmp_path: Path) -> None:
+    async def main() -> Any:
+        store = await dist.FileStore(str(tmp_path / f"fs{os.environ['AIODIST_RUN_ID']}"), 2)
+        await dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]), world_size=2)
+        x = np.ones(2)
+        await dist.all_reduce(x)
+        await dist.destroy_process_group()
+        await store.close()
+        return float(x[0])
+
+    res = sim.run(main, world_size=2, seed=0)
+    assert res.ok and res.rank_results == [2.0, 2.0], res.summary()
+
+
 # ------------------------------------------------------------------ operations
 
 
