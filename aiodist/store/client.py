@@ -118,7 +118,7 @@ class TCPStore(ClientOps):
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """torch's form (a host name first): a coroutine that opens the store, to await; else the client itself."""
         if args and isinstance(args[0], str) or "host_name" in kwargs:
-            return open_torch_form(*args, **kwargs)
+            return open_torch_form(cls, *args, **kwargs)
         return super().__new__(cls)
 
     def __init__(

@@ -17,21 +17,19 @@ supported. The connection is authenticated as every aiodist store's is
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import auth
 from ..errors import InvalidArgumentError, StoreConnectTimeoutError
 from .base import as_timeout
 from .server import StoreServer
 
-if TYPE_CHECKING:
-    from .client import TCPStore
-
 WORKERS_POLL = 0.01
 """Seconds between two looks at how many clients the master's server has (``wait_for_workers``)."""
 
 
 async def open_torch_form(
+    store_class: Any,
     host_name: str,
     port: int,
     world_size: int | None = None,
@@ -44,10 +42,9 @@ async def open_torch_form(
     *,
     secret: Any = auth.FROM_ENVIRONMENT,
     ssl: Any = None,
-) -> TCPStore:
-    """Start the server if ``is_master``, connect, and (master, ``wait_for_workers``) wait for ``world_size`` clients."""
-    from .client import TCPStore
-
+) -> Any:
+    """Start the server if ``is_master``, connect (a ``store_class``, :class:`~aiodist.store.client.TCPStore`), and
+    (master, ``wait_for_workers``) wait for ``world_size`` clients."""
     if master_listen_fd is not None:
         raise InvalidArgumentError("TCPStore: master_listen_fd is not supported (the master listens on host_name:port)")
     if world_size is not None and (type(world_size) is not int or world_size < 1):
@@ -55,7 +52,7 @@ async def open_torch_form(
     seconds = as_timeout(timeout, 300.0)
     server = await StoreServer.start(host_name, port, secret=secret, ssl=ssl) if is_master else None
     try:
-        store = await TCPStore.connect(host_name, server.port if server is not None else port, timeout=seconds,
+        store = await store_class.connect(host_name, server.port if server is not None else port, timeout=seconds,
                                        secret=secret, ssl=ssl)
     except BaseException:
         if server is not None:
