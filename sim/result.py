@@ -133,10 +133,19 @@ def _span(a: int, b: int) -> str:
 
 
 def _describe_op(op: Mapping[str, Any], *, timeless: bool = False) -> str:
-    """``barrier(seq=0, group='world', start=0.65, ...)``; ``timeless``: without when it started."""
+    """``barrier(seq=0, group='world', start=0.65, ...)``; ``timeless``: without when it started.
+
+    A store call on aiodist's own keys (``aiodist/<round>/...``: the rendezvous of ``init_process_group``, a
+    group's bookkeeping) says so: the key is not the program's.
+    """
     rest = ", ".join(f"{k}={v:.9g}" if k == "start" and isinstance(v, float) else f"{k}={v!r}"
                      for k, v in op.items() if k != "op" and not (timeless and k == "start"))
-    return f"{op.get('op', '?')}({rest})"
+    name = str(op.get("op", "?"))
+    keys = op.get("key", op.get("keys"))
+    first = keys[0] if isinstance(keys, (list, tuple)) and keys else keys
+    own = " [aiodist's own key: the rendezvous or a group's bookkeeping]" if (
+        name.startswith("store.") and isinstance(first, str) and first.startswith("aiodist/")) else ""
+    return f"{name}({rest}){own}"
 
 
 @dataclass

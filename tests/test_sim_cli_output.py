@@ -190,3 +190,15 @@ def test_two_bugs_in_one_taskgroup_are_two_failures_at_their_own_lines(tmp_path)
     sigs = [signature(sim.run(program(w), world_size=1, seed=0).failures[0]) for w in (0, 1)]
     assert sigs[0].startswith("ValueError at test_sim_cli_output.py:") and "in bug_a" in sigs[0], sigs
     assert sigs[1].startswith("KeyError at test_sim_cli_output.py:") and "in bug_b" in sigs[1], sigs
+
+
+def test_a_store_call_on_aiodists_own_keys_says_so() -> None:
+    # blind24 probe, finding 4: a rank stuck in the rendezvous showed "store.get(key='aiodist/0/done')", a key
+    # the program never named.
+    f = Failure("deadlock", None, "deadlock", blocked={1: [{"op": "store.get", "key": "aiodist/0/done"}],
+                                                       2: [{"op": "store.wait", "keys": ["mine"]}]})
+    assert str(f).splitlines()[1:] == [
+        "    rank 1 blocked in: store.get(key='aiodist/0/done') [aiodist's own key: the rendezvous or a group's "
+        "bookkeeping]",
+        "    rank 2 blocked in: store.wait(keys=['mine'])",
+    ]
