@@ -94,3 +94,35 @@ def test_the_calendar_clocks_read_the_virtual_clock_and_the_classes_behave_as_th
 def test_outside_a_rank_the_stand_ins_read_the_real_clock() -> None:
     assert abs(rank_dates.RankDatetime.now().timestamp() - time.time()) < 5
     assert rank_dates.RankDate.today() == datetime.date.today()
+
+
+async def _real_values() -> Any:
+    import msgpack
+
+    # A program's own subclass, made in the rank (as a program file's top level is), findable by pickle.
+    Stamp = type("Stamp", (datetime.datetime,), {"__module__": __name__})
+    globals()["Stamp"] = Stamp
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    table = {datetime.datetime: "datetime", datetime.date: "date"}  # keyed by the classes the rank sees
+    stamp = Stamp(2020, 1, 2)
+    real, real_date = rank_dates.REAL_DATETIME, rank_dates.REAL_DATE  # (this module's top level runs in the rank)
+    return {
+        "real": (type(now) is real, type(datetime.date.today()) is real_date, type(datetime.datetime(2020, 1, 1)) is real),
+        "table": (table.get(type(now)), table[real], {real: 1}.get(datetime.datetime)),
+        "msgpack": len(msgpack.packb(now, datetime=True)) > 0,
+        "subclass": (type(copy.deepcopy(stamp)).__name__, type(pickle.loads(pickle.dumps(stamp))).__name__,
+                     repr(stamp), isinstance(real(2020, 1, 1), Stamp)),
+    }
+
+
+def test_values_are_real_datetimes_and_a_programs_subclass_stays_itself() -> None:
+    # review24 probe: values of the stand-in's type failed exact-type checks (sqlite3, msgpack's datetime=True),
+    # and a program's ``class Stamp(datetime)`` lost its class in copies and pickles.
+    res = sim.run(_real_values, world_size=1, seed=0)
+    assert res.ok, res.summary()
+    got = res.rank_results[0]
+    assert got["real"] == (True, True, True)
+    assert got["table"] == ("datetime", "datetime", 1)
+    assert got["msgpack"]
+    assert got["subclass"] == ("Stamp", "Stamp", "Stamp(2020, 1, 2, 0, 0)", False)
