@@ -510,10 +510,34 @@ def _pin_hash_seed() -> None:
     """
     if pinned_hash_seed(os.environ) is not None:
         return
+    argv = sys.orig_argv[1:]
     env = dict(os.environ, PYTHONHASHSEED=HASH_SEED)
+    if sys.flags.ignore_environment:  # python -I / -E would ignore that PYTHONHASHSEED too: do their part here
+        replaced = _without_environment_flags(argv)
+        if replaced is None:
+            print("sim: python -I/-E ignores PYTHONHASHSEED, so this run hashes strings its own way: a program "
+                  "that iterates a set of str may not replay; run without -I/-E", file=sys.stderr)
+            return
+        argv = replaced
+        env = {k: v for k, v in env.items() if not k.startswith("PYTHON") or k == "PYTHONHASHSEED"}
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    os.execve(sys.executable, [sys.executable, *argv], env)
+
+
+def _without_environment_flags(argv: list[str]) -> list[str] | None:
+    """The interpreter options of ``argv`` with ``-I`` as ``-s -P`` and ``-E`` dropped (the environment's
+    PYTHON* variables are then left out by the caller); None if they are not found as options of their own."""
+    out: list[str] = []
+    for i, word in enumerate(argv):
+        if word in ("-m", "-c") or not word.startswith("-"):  # (the options end here)
+            found = "-I" in argv[:i] or "-E" in argv[:i]
+            return out + argv[i:] if found else None
+        if word == "-I":
+            out += ["-s", "-P"]
+        elif word != "-E":
+            out.append(word)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

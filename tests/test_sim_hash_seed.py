@@ -107,3 +107,16 @@ def test_check_determinism_says_a_run_depends_on_something_outside_the_seed(tmp_
     proc = _sim(["-n", "2", str(prog), "--seed", "3", "-q", "--check-determinism"])
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "a fresh process under the same PYTHONHASHSEED 0 differs too" in proc.stdout
+
+
+def test_python_dash_i_and_dash_e_runs_are_pinned_too(tmp_path: Path) -> None:
+    # review24 probe: ``python -I`` / ``-E`` ignore PYTHONHASHSEED, so the started-again process hashed at random.
+    prog = tmp_path / "hashy.py"
+    prog.write_text(HASHY)
+    plain = _digest(_sim(["-n", "2", str(prog), "--seed", "3", "-q"]))
+    for flag in ("-I", "-E"):
+        environ = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+        runs = [subprocess.run([sys.executable, flag, "-m", "sim", "run", "-n", "2", str(prog), "--seed", "3", "-q"],
+                               cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120)
+                for _ in range(2)]
+        assert [_digest(p) for p in runs] == [plain, plain], [p.stdout + p.stderr for p in runs]
