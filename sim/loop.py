@@ -76,13 +76,18 @@ class SimTask(asyncio.Task):  # type: ignore[type-arg]
     __slots__ = ("_sim_hash",)
 
     def __init__(self, coro: Coroutine[Any, Any, Any], *, loop: SimLoop, hash_value: int, name: str,
-                 context: contextvars.Context | None = None) -> None:
+                 context: contextvars.Context | None = None, eager_start: bool = False) -> None:
         self._sim_hash = hash_value  # (before the base registers the task in a set: that hashes it)
-        super().__init__(coro, loop=loop, name=name, context=context)
+        if eager_start:  # (asyncio.eager_task_factory's, 3.12+: see SimLoop.set_task_factory)
+            super().__init__(coro, loop=loop, name=name, context=context, eager_start=True)  # type: ignore[call-arg, unused-ignore]
+        else:
+            super().__init__(coro, loop=loop, name=name, context=context)
 
     def __hash__(self) -> int:
         return self._sim_hash
 
+
+_EAGER = getattr(asyncio, "eager_task_factory", None)  # (3.12+)
 
 SimTask.__name__ = SimTask.__qualname__ = "Task"  # (what asyncio's messages and reprs say: "Task exception was ...")
 
@@ -167,6 +172,7 @@ class SimLoop(LaneControl, LoopInterface):
         # the ended tasks dropped now and then (see create_task): no weak reference per task.
         self._lane_tasks: dict[int, list[asyncio.Task[Any]]] = {}
         self._task_numbers = itertools.count(1)  # (SimTask: default names and hashes that replay)
+        self._task_factory_given: Callable[..., Any] | None = None
         self._task_hash = random.Random(f"{seed}:task-hashes").getrandbits
         self._zombies: list[asyncio.Task[Any]] = []
         self._graveyard: list[Any] = []  # dropped callbacks of dead lanes, kept alive until discard()
@@ -435,6 +441,21 @@ class SimLoop(LaneControl, LoopInterface):
 
     def create_future(self) -> asyncio.Future[Any]:
         return asyncio.Future(loop=self)
+
+    def set_task_factory(self, factory: Callable[..., Any] | None) -> None:
+        """As asyncio's; ``asyncio.eager_task_factory`` (3.12+) makes SimTasks started eagerly (their hashes
+        from the seed, as every task of the loop's own), not tasks hashed by address."""
+        self._task_factory_given = factory
+        self._task_factory = self._eager_task if factory is not None and factory is _EAGER else factory
+
+    def get_task_factory(self) -> Callable[..., Any] | None:
+        return self._task_factory_given
+
+    def _eager_task(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], *, name: str | None = None,
+                    context: contextvars.Context | None = None) -> asyncio.Task[Any]:
+        return SimTask(coro, loop=self, hash_value=self._task_hash(62),
+                       name=f"Task-{next(self._task_numbers)}" if name is None else name, context=context,
+                       eager_start=True)
 
     def create_task(  # type: ignore[override, unused-ignore]  # (a coroutine, as asyncio's own loop takes); 3.12's stubs agree
         self, coro: Coroutine[Any, Any, Any], *, name: str | None = None, context: contextvars.Context | None = None

@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 import numpy as np
+import pytest
 
 import aiodist
 import sim
@@ -79,3 +80,27 @@ def test_as_completed_starts_the_coroutines_in_the_order_given() -> None:
         keep.append(_shuffle_the_heap(n))
         res = sim.run(_as_completed_starts, world_size=2, seed=1)
         assert res.ok and res.rank_results == [list(range(8))] * 2, res.rank_results
+
+
+async def _eager_wait() -> Any:
+    loop = asyncio.get_running_loop()
+    loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined, unused-ignore]
+    started: list[int] = []
+    done, _ = await asyncio.wait([asyncio.ensure_future(_job(i, started)) for i in range(8)])
+    given = loop.get_task_factory() is asyncio.eager_task_factory  # type: ignore[attr-defined, unused-ignore]
+    return [t.result() for t in done], started, given
+
+
+@pytest.mark.skipif(not hasattr(asyncio, "eager_task_factory"), reason="asyncio.eager_task_factory: Python 3.12+")
+def test_tasks_of_the_eager_task_factory_are_hashed_from_the_seed_too() -> None:
+    # review24 probe: the stdlib's eager factory made plain tasks, hashed by address (4 runs, 2 digests).
+    keep = []
+    runs = []
+    for n in (0, 1013, 5077):
+        keep.append(_shuffle_the_heap(n))
+        res = sim.run(_eager_wait, world_size=2, seed=3)
+        assert res.ok, res.summary()
+        runs.append((res.digest, res.rank_results))
+    assert all(r == runs[0] for r in runs), runs
+    for order, started, given in runs[0][1]:
+        assert sorted(order) == list(range(8)) and started == list(range(8)) and given
