@@ -29,19 +29,18 @@ STUCK_SECONDS = 1.0
 
 
 class _Watch:
-    """The polls in a row of one operation on one loop (the last one polled: a polling loop polls one)."""
+    """The polls of unfinished operations on one loop since its last step, counted per operation."""
 
-    __slots__ = ("target", "loop", "polls", "since", "ran")
+    __slots__ = ("loop", "polls", "since", "ran")
 
     def __init__(self) -> None:
-        self.target: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.polls = 0
+        self.polls: dict[int, int] = {}  # id(operation) -> polls since the loop's last step (identity only)
         self.since = 0.0
         self.ran = [True]
 
     def __repr__(self) -> str:
-        return f"<polls of {self.target!r}: {self.polls} since {self.since:.3f}, loop ran: {self.ran[0]}>"
+        return f"<polls of {len(self.polls)} operation(s) since {self.since:.3f}, loop ran: {self.ran[0]}>"
 
 
 _WATCH = _Watch()
@@ -52,19 +51,24 @@ def _mark(ran: list[bool]) -> None:
 
 
 def polled(target: Any, op: str) -> None:
-    """``target`` (operation ``op``, not finished) was polled: raise BlockedLoopError if the loop looks held."""
+    """``target`` (operation ``op``, not finished) was polled: raise BlockedLoopError if the loop looks held.
+
+    The counts start again whenever the loop has run a step since the last poll (a callback scheduled at
+    the first poll marks it), so polls of several operations in turn (``all(w.is_completed() for w in
+    works)`` in a blocking loop) are each counted, and a single pass over many operations is not a spin.
+    """
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return
     w = _WATCH
-    if w.target is not target or w.loop is not loop or w.ran[0]:
-        w.target, w.loop, w.polls, w.since = target, loop, 1, loop.time()
+    if w.loop is not loop or w.ran[0]:
+        w.loop, w.polls, w.since = loop, {}, loop.time()
         w.ran = [False]
         loop.call_soon(_mark, w.ran)
-        return
-    w.polls += 1
-    if w.polls >= STUCK_POLLS and loop.time() - w.since >= STUCK_SECONDS:
-        polls, seconds = w.polls, loop.time() - w.since
-        w.target = w.loop = None
-        raise BlockedLoopError(op, polls=polls, seconds=seconds)
+    key = id(target)
+    n = w.polls[key] = w.polls.get(key, 0) + 1
+    if n >= STUCK_POLLS and loop.time() - w.since >= STUCK_SECONDS:
+        seconds = loop.time() - w.since
+        w.loop, w.polls = None, {}
+        raise BlockedLoopError(op, polls=n, seconds=seconds)

@@ -82,3 +82,21 @@ def test_the_future_of_an_operation_is_watched_too() -> None:
 
     res = sim.run(main, world_size=2, seed=0)
     assert res.ok, res.summary()
+
+
+def test_polling_two_operations_in_turn_from_a_blocking_loop_raises_too() -> None:
+    # review24 probe: ``while not all([w1.is_completed(), w2.is_completed()]): time.sleep(0.01)`` spun forever
+    # (the watch followed only the last operation polled, so polls in turn reset it).
+    async def main() -> Any:
+        await dist.init_process_group()
+        w1 = dist.all_reduce(np.ones(1), async_op=True)
+        w2 = dist.all_reduce(np.ones(1), async_op=True)
+        with pytest.raises(aiodist.BlockedLoopError):
+            while not (w1.is_completed() and w2.is_completed()) and not (w2.is_completed() and w1.is_completed()):
+                time.sleep(0.01)
+        await w1
+        await w2
+        await dist.destroy_process_group()
+
+    res = sim.run(main, world_size=2, seed=0)
+    assert res.ok, res.summary()

@@ -707,3 +707,19 @@ def test_the_odd_one_out_of_a_mismatch_from_the_ranks_records() -> None:
                   {1: rec(pair), 0: rec({**pair, 2: "barrier", 3: "all_reduce"}, found_by=1)}):
         blame = root_cause([(1, 1), (0, 1)], known)
         assert blame is not None and blame.rank == 1 and blame.message.startswith("rank 1 raised"), blame
+
+
+def test_every_rank_absent_from_a_timed_out_collective_is_named() -> None:
+    # review24 probe: with ranks 2 and 3 both late, only rank 2 was named.
+    from aiodist.errors import CollectiveTimeoutError
+    from aiodist.launch.outcome import describe_exception
+
+    def timed_out(rank: int) -> dict:
+        e = CollectiveTimeoutError(f"all_reduce (seq 1) of world timed out on rank {rank}", op="all_reduce", seq=1,
+                                   waiting_for=[2], timeout=3.0, absent=[2, 3])
+        return {**describe_exception(e), "time": 1.0}
+
+    blame = root_cause([(0, 1), (1, 1)], {0: timed_out(0), 1: timed_out(1)})
+    assert blame is not None and blame.rank == 2
+    assert blame.message.startswith("rank 2 had not reached all_reduce #1, nor had rank 3, when ranks 0, 1 timed "
+                                    "out in it"), blame.message

@@ -103,7 +103,9 @@ def _blamed(exc: BaseException) -> tuple[int | None, str | None, str | None]:
         if isinstance(e, CollectiveTimeoutError) and e.absent and _every_rank_needed(e.op):
             # (a rank's part of such a call cannot end without every rank: the store's absent ones had not reached it)
             op = e.op if e.seq is None else f"{e.op} #{e.seq}"
-            return e.absent[0], op, f"had not reached {op} when its peers timed out in it"
+            others = e.absent[1:]
+            nor = "" if not others else f", nor had {'rank' if len(others) == 1 else 'ranks'} {_ranges(others)},"
+            return e.absent[0], op, f"had not reached {op}{nor} when its peers timed out in it"
         if isinstance(e, RendezvousTimeoutError) and e.missing:  # (waited for a rank that never joined)
             missing = f"rank {e.missing[0]}" if len(e.missing) == 1 else f"ranks {_ranges(e.missing)}"
             return e.missing[0], RENDEZVOUS_OP, f"never joined the rendezvous ({missing} missing after {e.timeout:.3g}s)"
