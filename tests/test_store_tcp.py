@@ -647,6 +647,12 @@ async def test_torchs_tcpstore_constructor_awaited_starts_the_masters_server_and
     assert await master.get("k") == b"v" and await workers[1].add("n", 2) == 2
     with pytest.raises(StoreConnectTimeoutError, match="1 of 2 clients connected"):
         await TCPStore("127.0.0.1", free_port(), 2, True, 0.3)
+    # a worker that connects and leaves before the master looks counts all the same (review24 probe)
+    port2 = free_port()
+    master2 = asyncio.ensure_future(TCPStore("127.0.0.1", port2, 2, True, timedelta(seconds=5)))
+    early = await TCPStore.connect("127.0.0.1", port2, timeout=5)  # (retries until the master's server is up)
+    await early.close()
+    await (await asyncio.wait_for(master2, 5)).close()
     await master.close()  # the master's store stops its server
     with pytest.raises((StoreConnectionLost, ConnectionError)):
         await workers[0].add("n", 1)

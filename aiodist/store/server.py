@@ -117,6 +117,11 @@ class StoreServer(Requests):
         return len(self._sessions)
 
     @property
+    def joined(self) -> int:
+        """Clients that have authenticated since the server started (open now or gone)."""
+        return self._next_cid
+
+    @property
     def address(self) -> tuple[str, int]:
         return (self.host, self.port)
 

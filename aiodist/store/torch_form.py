@@ -3,7 +3,8 @@
 torch's ``TCPStore(host_name, port, world_size=None, is_master=False,
 timeout=timedelta(seconds=300), wait_for_workers=True, ...)`` blocks: the
 master process starts the server (and, with ``wait_for_workers``, waits until
-``world_size`` clients are connected, its own included) and every process
+``world_size`` clients have connected, its own included, whether or not they
+are still there) and every process
 connects. Here the same call, given torch's arguments, returns a coroutine
 that does the same; ``await`` it (the port of torch code by adding
 ``await``). The master's store owns its server: closing that store stops the
@@ -62,9 +63,9 @@ async def open_torch_form(
     if server is not None and wait_for_workers and world_size is not None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        while server.clients < world_size:
+        while server.joined < world_size:  # (every client that came counts: torch's master counts joins too)
             if loop.time() >= deadline:
-                joined = server.clients
+                joined = server.joined
                 await store.close()
                 raise StoreConnectTimeoutError(
                     f"TCPStore (master) at {host_name}:{server.port}: {joined} of {world_size} clients connected "
