@@ -11,6 +11,7 @@ gave up on the operation meanwhile a PeerAbandonedError (:mod:`.intranode_fence`
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -177,8 +178,27 @@ async def _direct(
         await ch.recv_bytes(gone.rank, key(0, _NEVER))  # raises once the transport declares it failed
         raise AssertionError("unreachable: nobody sends this message") from None
     except Abandoned as left:
-        raise _known_failure(ch) or _abandoned(eng, ch, left.rank) from None
+        raise await _why_abandoned(eng, ch, left.rank) from None
     await _done(eng, ch, peers)
+
+
+ABANDON_GRACE = 0.5
+"""Seconds a rank that found a member gone from a call listens for the failure that most likely made it go
+(another member's death, which the one that gave up heard of first), before blaming that member."""
+
+
+async def _why_abandoned(eng: GroupEngine, ch: OpChannel, rank: int) -> BaseException:
+    """What this rank's part fails with when group rank ``rank`` gave up on it: the failure of a member this rank
+    hears of within :data:`ABANDON_GRACE` (the root cause), else the abandonment (PeerAbandonedError)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ABANDON_GRACE
+    while True:  # (bounded: the deadline)
+        known = _known_failure(ch)
+        if known is not None:
+            return known
+        if loop.time() >= deadline:
+            return _abandoned(eng, ch, rank)
+        await asyncio.sleep(0.01)
 
 
 def _known_failure(ch: OpChannel) -> PeerFailureError | None:
