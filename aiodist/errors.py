@@ -613,8 +613,8 @@ class BlockedLoopError(AiodistError):
     Operations progress only while the rank's event loop runs. torch's
     ``while not work.is_completed(): time.sleep(0.01)`` holds the loop (the
     sleep blocks it), so the operation never ends and the loop would spin
-    forever; after :data:`aiodist.work.STUCK_POLLS` polls over
-    :data:`aiodist.work.STUCK_SECONDS` without a step of the loop in between,
+    forever; after :data:`aiodist.polls.STUCK_POLLS` polls over
+    :data:`aiodist.polls.STUCK_SECONDS` without a step of the loop in between,
     the poll raises this instead. Yield between polls (``await
     asyncio.sleep(0.01)``) or ``await work``. The operation itself goes on.
     """

@@ -28,7 +28,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,8 @@ from .program import ProgramMain
 from .result import Result, _shape
 from .result import _ranks_text as ranks_text
 from .runner import DEFAULT_MASTER_PORT, run
-from .cli_checks import (UsageError, executor_of, explain_types, parse_seeds, positive_float, positive_int,
-                         program_file, swarm_before_program, writable_dir_of)
+from .cli_checks import (HASH_SEED, UsageError, executor_of, explain_types, parse_seeds, positive_float, positive_int,
+                         pinned_hash_seed, program_file, swarm_before_program, writable_dir_of)
 from .sweep import (Progress, SweepInterrupted, SweepReport, check_seed_timeout, drive, record_of, stop_executor,
                     trace_file)
 from .sweep_limit import limit_record, wall_clock_limit
@@ -486,16 +486,6 @@ def _report_sweep(ns: argparse.Namespace, report: SweepReport) -> int:
             print(f"trace of seed {rec['seed']}: {rec['trace']}")
     print(f"Replay the first with:\n  {replays.get(failing[0]) or replay_command(ns, failing[0])}")
     return 1
-
-
-#: The ``PYTHONHASHSEED`` the command line runs programs under when none is given.
-HASH_SEED = "0"
-
-
-def pinned_hash_seed(environ: Mapping[str, str]) -> str | None:
-    """The hash seed a process with ``environ`` runs under, if it is pinned (a number), else None."""
-    value = environ.get("PYTHONHASHSEED", "")
-    return value if value.isdigit() else None
 
 
 def _pin_hash_seed() -> None:

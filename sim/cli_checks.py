@@ -8,7 +8,7 @@ import concurrent.futures
 import functools
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,16 @@ class UsageError(SystemExit):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+HASH_SEED = "0"
+"""The ``PYTHONHASHSEED`` the command line runs programs under when none is given (see ``sim.cli``)."""
+
+
+def pinned_hash_seed(environ: Mapping[str, str]) -> str | None:
+    """The hash seed a process with ``environ`` runs under, if it is pinned (a number), else None."""
+    value = environ.get("PYTHONHASHSEED", "")
+    return value if value.isdigit() else None
 
 
 def parse_seeds(spec: str) -> list[int]:

@@ -254,17 +254,22 @@ _CLOCKS: dict[str, Callable[[float], float | int]] = {
 """The clocks of :mod:`time` a rank reads as the virtual clock ``t`` (seconds since the run began)."""
 
 
+def _rank_clock() -> float | None:
+    """The calling rank's virtual clock (seconds since the run began), None outside a rank."""
+    if PROCESS.get() is not None:
+        loop = asyncio._get_running_loop()
+        if loop is not None:
+            return loop.lane_clock(loop.lane)  # type: ignore[attr-defined, no-any-return]  # (a SimLoop)
+    return None
+
+
 def _clock(name: str, virtual: Callable[[float], float | int]) -> Callable[[], float | int]:
     """``time.<name>`` as a rank sees it: the virtual clock in a rank's code, the real one elsewhere."""
     real = getattr(time, name)
-    running_loop = asyncio._get_running_loop
 
     def clock() -> float | int:
-        if PROCESS.get() is not None:
-            loop = running_loop()
-            if loop is not None:
-                return virtual(loop.lane_clock(loop.lane))  # type: ignore[attr-defined]  # (a SimLoop)
-        return real()  # type: ignore[no-any-return]
+        t = _rank_clock()
+        return real() if t is None else virtual(t)
 
     clock.__name__ = clock.__qualname__ = name
     clock.__doc__ = real.__doc__
@@ -293,11 +298,8 @@ def _as_completed(real: Callable[..., Any]) -> Callable[..., Any]:
 
 def _rank_wall_time() -> float | None:
     """The calling rank's ``time.time()``, None outside a rank (for :mod:`sim.rank_dates`)."""
-    if PROCESS.get() is not None:
-        loop = asyncio._get_running_loop()
-        if loop is not None:
-            return VIRTUAL_EPOCH + loop.lane_clock(loop.lane)  # type: ignore[attr-defined, no-any-return]  # (a SimLoop)
-    return None
+    t = _rank_clock()
+    return None if t is None else VIRTUAL_EPOCH + t
 
 
 def _sleep() -> Callable[[float], None]:

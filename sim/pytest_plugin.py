@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from .cli_checks import parse_seeds
+from .cli_checks import parse_seeds, pinned_hash_seed
 from .result import Result
 from .runner import run
 from .sweep import unique_seeds
@@ -61,8 +61,8 @@ def _seed_override(config: pytest.Config) -> list[int] | None:
 
 
 def _replay(nodeid: str, seed: int) -> str:
-    hash_seed = os.environ.get("PYTHONHASHSEED", "")
-    if hash_seed.isdigit():
+    hash_seed = pinned_hash_seed(os.environ)
+    if hash_seed is not None:
         return f"PYTHONHASHSEED={hash_seed} pytest '{nodeid}' --sim-seed {seed}"
     return (f"pytest '{nodeid}' --sim-seed {seed}  (this process hashes str at random: a run that iterates a set of "
             f"str replays exactly only under one PYTHONHASHSEED; run pytest with PYTHONHASHSEED=0 to pin it)")

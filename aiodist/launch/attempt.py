@@ -24,7 +24,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 from dataclasses import dataclass
 
 from . import outcome as outcomes
@@ -352,13 +353,15 @@ class Attempt:
         if self.stranded is not None:
             return self.stranded  # (the others wait for it: none of them has failed yet)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + limit
+        start = loop.time()
+        deadline = start + limit
         while True:
-            blame = self.blame()
+            records = outcomes.load(self.status_dir)
+            blame = self.blame(records)
             if not self.running_count:
                 return blame
             if blame is not None and blame.kind in ("raised", "signal", "exit") and self.exit_of(blame.rank) \
-                    and not self._mismatch_unsettled(blame, loop.time() - (deadline - limit)):
+                    and not self._mismatch_unsettled(blame, records, loop.time() - start):
                 return blame  # (a rank that recorded its error is on its way out: its exit status is its own)
             left = deadline - loop.time()
             if left <= 0:
@@ -373,20 +376,19 @@ class Attempt:
             if event.attempt == self.index:
                 self.running_count -= 1
 
-    def blame(self) -> Blame | None:
-        """The root cause as far as the exits and records seen so far tell."""
+    def blame(self, records: Mapping[int, Mapping[str, Any]] | None = None) -> Blame | None:
+        """The root cause as far as the exits and ``records`` (None: read now) seen so far tell."""
         exits = [(e.rank, e.returncode) for e, _ in self._exits]
         stopped = [e.rank for e, before_stop in self._exits if not before_stop]
         local = {self._rank(r.local_rank) for r in self._ranks}
-        return outcomes.root_cause(exits, outcomes.load(self.status_dir), stopped=stopped, local=local,
-                                   exit_times=self._exit_times)
+        return outcomes.root_cause(exits, outcomes.load(self.status_dir) if records is None else records,
+                                   stopped=stopped, local=local, exit_times=self._exit_times)
 
-    def _mismatch_unsettled(self, blame: Blame, waited: float) -> bool:
+    def _mismatch_unsettled(self, blame: Blame, records: Mapping[int, Mapping[str, Any]], waited: float) -> bool:
         """A mismatch is blamed on its finder while some members have not written what they called there:
         wait for them a little (:data:`MISMATCH_RECORDS_WAIT`), as together they may name the odd one out."""
         if waited >= MISMATCH_RECORDS_WAIT:
             return False
-        records = outcomes.load(self.status_dir)
         m = (records.get(blame.rank) or {}).get("mismatch")
         if not isinstance(m, dict):
             return False
