@@ -38,8 +38,9 @@ With ``--rejoin`` the ranks agree on who is in through
 hosts it for the whole job, unless an agent does: ``TORCHELASTIC_USE_AGENT_STORE``;
 so rank 0 must live): after a failure every survivor aborts and opens the next
 round; a restarted process (``AIODIST_RESTART_COUNT`` > 0) opens it too, since
-the round it was in is broken. Whoever joins within the last call (a second)
-makes the new world: the restarted rank is back, or, if it does not come, the
+the round it was in is broken. Whoever joins within the last call (three
+seconds: longer than a rank may stall without its peers declaring it failed,
+so a live rank that stalls while joining is not left out) makes the new world: the restarted rank is back, or, if it does not come, the
 job goes on without it. Either way the final weights must equal the
 single-process reference (rank 0 checks; a mismatch raises). It needs a
 supervisor that restarts one process alone (the simulator's ``Restart``): under
@@ -173,7 +174,7 @@ async def main_rejoin(args: argparse.Namespace, x: np.ndarray, y: np.ndarray) ->
     """``--rejoin``: rounds of the elastic rendezvous decide the world, after every failure (see the module doc)."""
     original_rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     store, server = await _job_store(original_rank)
-    rdzv = aiodist.ElasticRendezvous(store, str(original_rank), min_nodes=1, max_nodes=world, last_call=1.0,
+    rdzv = aiodist.ElasticRendezvous(store, str(original_rank), min_nodes=1, max_nodes=world, last_call=3.0,
                                      prefix="job/elastic/")
     if os.environ.get("AIODIST_RESTART_COUNT", "0") != "0":
         state = await rdzv.state()  # this process is new: the round its predecessor was in is broken

@@ -11,7 +11,10 @@ itself a useful configuration):
   :class:`~sim.latency.Tail` on every link (a rare long extra delay:
   scheduling, a GC pause, a retransmission);
 * pauses: a rank stops (SIGSTOP) for a while, after a frame it sends, before
-  it reads a frame it received, or at a random moment;
+  it reads a frame it received, or at a random moment; on some seeds the
+  pauses are long ones (most of what the budget below allows: a stall of
+  about a second, as a GC pause or a swapped-out process has, which a lease
+  of that length does not survive);
 * clogs: after a frame a rank sends, the link it went out on holds everything
   for a while, then delivers it all, in order;
 * stragglers: after a frame it sends, a rank runs slower for a while;
@@ -33,7 +36,7 @@ same run (same digest).
 to declare a live peer dead. Its budget is the silence it tolerates (the
 timeout minus one heartbeat interval) as the ranks have configured it (their
 groups' heartbeat settings when they have one, else their environment); a
-pause takes at most 40% of it, a clog 30%, a tail 20% (pauses and clogs
+pause takes at most 60% of it, a clog 30%, a tail 20% (pauses and clogs
 less where the run's partitions take more than the rest: they may overlap;
 :data:`sim.swarm.PARTITION_SHARE`); a straggler's factor
 stays under what would stretch its heartbeats past the timeout (a slow
@@ -64,10 +67,17 @@ if TYPE_CHECKING:
     from .network import Network
     from .runner import Simulation
 
-PAUSE_SHARE = 0.4
+PAUSE_SHARE = 0.6
+SLOW_SHARE = 0.4
+"""The most a slow rank's sleep is longer, per unit of its slowness, as a share of the budget."""
 CLOG_SHARE = 0.3
 TAIL_SHARE = 0.2
 MIN_SPAN = 1e-4  # seconds: a perturbation shorter than this is not worth its events
+SHORTEST = 5e-4
+"""A perturbation's shortest length, as a share of the longest it may have (lengths are log-uniform between)."""
+LONG_PAUSE = (0.1, 0.6)
+"""On a seed with long pauses, their shortest length as a share of the longest (log-uniform in this range):
+most are then a good part of what the budget allows, where otherwise most are short."""
 QUIET = 5e-3
 """Seconds a rank runs unperturbed after a perturbation ends: it resumes, its overdue heartbeat goes
 out, so the silences its peers see never add up."""
@@ -98,6 +108,7 @@ class Exploration:
     max_events: int = 32
     max_seconds: float = 4.0
     slow_rank: float = 0.25
+    long_pauses: float = 0.4
 
     def draw(self, seed: int | str, detector: float, world_size: int) -> TimingPlan:
         """The plan of ``seed`` (pure); ``detector``: the failure detector's budget in seconds."""
@@ -130,8 +141,12 @@ class Exploration:
         # (drawn last, and always: the draws before it are those of a plan without it)
         slow_rank = rng.random() < self.slow_rank
         which, factor = rng.random(), _round(_log_uniform(rng, SLOW_RANK[0], SLOW_RANK[1]))
+        # (drawn after it, and always: the same for the plans without it)
+        long = rng.random() < self.long_pauses
+        floor = _round(_log_uniform(rng, *LONG_PAUSE))
         return TimingPlan(band, tail, rates["pause"], rates["clog"], rates["straggle"], events, seconds, focus,
-                          rates["clock"], slow, (which, factor) if slow_rank else None)
+                          rates["clock"], slow, (which, factor) if slow_rank else None,
+                          floor if long else SHORTEST)
 
 
 @dataclass(frozen=True)
@@ -159,6 +174,9 @@ class TimingPlan:
     """Slow links: (src rank, dst rank, latency multiplier)."""
     slow_rank: tuple[float, float] | None = None
     """One rank slower for the whole run: (its rank as a fraction of the world size, the factor), or None."""
+    pause_floor: float = SHORTEST
+    """A pause's shortest length as a share of the longest it may have: above :data:`SHORTEST`, the seed's
+    pauses are long ones."""
     explored: list[Fault] = field(default_factory=list, compare=False)
 
     def focused(self, world_size: int) -> list[int] | None:
@@ -177,6 +195,8 @@ class TimingPlan:
                 parts.append(f"{name} {rate:g}/frame")
         if self.pause_clock:
             parts.append(f"pauses {self.pause_clock:g}/s")
+        if self.pause_floor > SHORTEST and (self.pause_rate or self.pause_clock):
+            parts.append("long pauses")
         if self.slow_rank is not None:
             parts.append(f"a rank x{self.slow_rank[1]:g} slower throughout")
         who = "" if self.focus is None else " on some ranks"
@@ -277,9 +297,9 @@ class Explorer:
         host = hosts[min(int(which * len(hosts)), len(hosts) - 1)]
         assert host.rank is not None
         # A step of work is slower; a long wait (a sleep of seconds: a polling interval, a renewal period) only
-        # as much as a pause may be long, times its slowness: it stands for a timer, which a busy machine keeps.
+        # by SLOW_SHARE of the budget times its slowness: it stands for a timer, which a busy machine keeps.
         budget, _ = budget_of(config)
-        fault = Straggler(host.rank, factor, most=_round((factor - 1.0) * PAUSE_SHARE * budget))
+        fault = Straggler(host.rank, factor, most=_round((factor - 1.0) * SLOW_SHARE * budget))
         fault.install(self.sim)
         self.plan.explored.append(fault)
         self.slowed[host.name] = factor
@@ -322,7 +342,8 @@ class Explorer:
             pick = self.rng.random() * self.send_rate if sent else 0.0
             kind = ("pause" if not sent or pick < self.plan.pause_rate else
                     "clog" if pick < self.plan.pause_rate + self.plan.clog_rate else "straggle")
-            span = _log_uniform(self.rng, 5e-4, 1.0)  # a fraction of the budget, log-uniform
+            # a fraction of the budget, log-uniform (one draw whatever the floor)
+            span = _log_uniform(self.rng, self.plan.pause_floor if kind == "pause" else SHORTEST, 1.0)
             share = min((CLOG_SHARE if kind == "clog" else PAUSE_SHARE) * budget,
                         (1.0 - TAIL_SHARE) * budget - self.partitioned)
             d = _round(min(span * max(share - extra, 0.0), self.seconds_left))

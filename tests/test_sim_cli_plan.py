@@ -130,7 +130,7 @@ def test_every_failing_seeds_printed_command_replays_it(name: str, capsys: pytes
     monkeypatch.setenv("SIM_BUG", name)
     program = BY_NAME
     replayed = 0
-    for seed in range(12):
+    for seed in range(20):
         code, out = cli(capsys, "run", "-n", str(bc.world_size), program, "--seed", str(seed),
                         *(["--swarm"] if bc.swarm else []))
         if code != 1:
@@ -139,4 +139,4 @@ def test_every_failing_seeds_printed_command_replays_it(name: str, capsys: pytes
         code2, out2 = cli(capsys, *_replay(out)[3:])
         assert code2 == 1 and f"digest {digest}" in out2, (seed, _replay(out))
         replayed += 1
-    assert replayed >= 1, f"{name}: no failing seed in 12"
+    assert replayed >= 1, f"{name}: no failing seed in 20"
