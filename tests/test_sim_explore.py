@@ -66,7 +66,7 @@ def test_explore_false_is_fixed_timing_and_an_empty_exploration_changes_nothing(
 
 
 def test_perturbations_stay_within_the_failure_detectors_budget_as_configured() -> None:
-    """Heartbeats every 0.05 s, 4 misses: 0.15 s of silence at most; a pause gets 60% of it."""
+    """Heartbeats every 0.05 s, 4 misses: 0.15 s of silence at most; a pause gets 40% of it."""
     env = {"AIODIST_HEARTBEAT_INTERVAL": "0.05", "AIODIST_HEARTBEAT_MISSES": "4"}
     budget = 3 * 0.05
     seen = 0
@@ -78,7 +78,7 @@ def test_perturbations_stay_within_the_failure_detectors_budget_as_configured() 
             if isinstance(f, sim.Straggler) and f.duration is None:  # (the slow rank: slower for the whole run)
                 assert 1.1 <= f.factor <= 1.5, f
                 continue
-            assert f.duration <= (0.3 if isinstance(f, sim.Clog) else 0.6) * budget + 1e-9, f
+            assert f.duration <= (0.3 if isinstance(f, sim.Clog) else 0.4) * budget + 1e-9, f
         if res.timing is not None and res.timing.tail is not None:
             assert res.timing.tail.high <= 0.2 * budget + 1e-9
     assert seen >= 20
@@ -141,8 +141,8 @@ def test_pauses_and_clogs_get_what_the_runs_partitions_leave_of_the_budget() -> 
 
 
 async def lease_holder() -> Any:
-    """Rounds of a 1.2 s lease (its expiry in the store) and no fencing token: the holder marks itself the
-    owner, works 0.2 s, and checks it still is. A stall of the holder of over a second in its work lets
+    """Rounds of a 0.95 s lease (its expiry in the store) and no fencing token: the holder marks itself the
+    owner, works 0.2 s, and checks it still is. A stall of the holder of 0.75 s or more in its work lets
     another rank take the expired lease over and write in between."""
     pg = await aiodist.init_process_group(timeout=60)
     loop = asyncio.get_running_loop()
@@ -151,7 +151,7 @@ async def lease_holder() -> Any:
     for _ in range(400):
         if int(await store.add("rounds", 0)) >= 6:
             break
-        mine = f"{pg.rank} {loop.time() + 1.2!r}"
+        mine = f"{pg.rank} {loop.time() + 0.95!r}"
         cur = (await store.compare_set("lease", "", mine)).decode()
         if cur != mine and loop.time() > float(cur.split()[1]):
             cur = (await store.compare_set("lease", cur, mine)).decode()
@@ -168,32 +168,35 @@ async def lease_holder() -> Any:
     return pg.rank
 
 
-def test_some_seeds_pause_for_most_of_the_budget_and_no_pause_outlasts_its_share() -> None:
-    """On the seeds that draw long pauses (Exploration.long_pauses), a rank may stall for most of what the
-    detector leaves: up to 60% of its budget (1.5 s at the defaults), where before no pause passed 40% (1 s),
-    so a lease of a second was safe from every seed."""
+def test_on_some_seeds_most_pauses_are_long_and_none_outlasts_its_share() -> None:
+    """In 40% of the seeds (Exploration.long_pauses) pauses are drawn from the upper part of their range: a
+    stall of most of a second, as a GC pause or a swapped-out process has. Before, every seed drew them
+    log-uniform over three decades: most were a few milliseconds, and a pause near the cap was rare."""
     budget = 2.5  # the default detector: 5 missed beats of 0.5 s
     plans = [sim.Exploration().draw(seed, budget, 3) for seed in range(200)]
     long = [p for p in plans if p.pause_floor > 5e-4]
     assert 0.25 * len(plans) <= len(long) <= 0.55 * len(plans)
     assert all("long pauses" in p.describe() for p in long if p.pause_rate or p.pause_clock)
-    longest = 0.0
+    pauses: dict[bool, list[float]] = {True: [], False: []}
     for seed in range(60):
         res = sim.run(allreduce_loop, world_size=3, seed=seed, trace=False)
         assert res.ok, res.summary()  # still benign: the detector declares no live rank dead
+        assert res.timing is not None
         for f in res.explored:
             if isinstance(f, sim.Pause):
-                assert f.duration <= 0.6 * budget + 1e-9, (seed, f)
-                longest = max(longest, f.duration)
-    assert longest > 0.4 * budget
+                assert f.duration <= 0.4 * budget + 1e-9, (seed, f)
+                pauses[res.timing.pause_floor > 5e-4].append(f.duration)
+    assert len(pauses[True]) >= 10 and len(pauses[False]) >= 10
+    assert np.median(pauses[True]) > 10 * np.median(pauses[False])
+    assert np.mean([d > 0.2 * budget for d in pauses[True]]) > 0.25
 
 
-def test_a_lease_of_over_a_second_without_fencing_is_found_under_the_defaults() -> None:
-    """The holder must stall for over a second in its 0.2 s of work: only a long pause does that (before
-    them no pause was longer than 1 s at the defaults: 0 of 1000 seeds failed; 9 of 1000 now)."""
-    for seed in range(300):
+def test_a_lease_of_near_a_second_without_fencing_is_found_sooner() -> None:
+    """The holder must stall 0.75 s or more in its 0.2 s of work. Long pauses make that likelier: 13 of the
+    first 1000 seeds fail (the first: 12), where 9 did before (the first: 22)."""
+    for seed in range(20):
         res = sim.run(lease_holder, world_size=3, seed=seed, trace=False)
         if not res.ok:
             assert "held the lease, then found" in res.failures[0].message, res.summary()
             return
-    raise AssertionError("a 1.2 s lease without fencing was not found in 300 seeds")
+    raise AssertionError("a 0.95 s lease without fencing was not found in 20 seeds")
