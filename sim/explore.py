@@ -11,13 +11,7 @@ itself a useful configuration):
   :class:`~sim.latency.Tail` on every link (a rare long extra delay:
   scheduling, a GC pause, a retransmission);
 * pauses: a rank stops (SIGSTOP) for a while, after a frame it sends, before
-  it reads a frame it received, or at a random moment; on some seeds the
-  pauses are long ones (most near what the budget below allows: a stall of
-  most of a second, as a GC pause or a swapped-out process has, where
-  otherwise most last milliseconds). The longest stays well inside the
-  detector's budget: a program's own timeout of a second or more is not
-  broken by one (a lease of over a second is then found only by a stall
-  longer than that: ``Pause``, or ``Swarm(kinds={"pause"})``, by hand);
+  it reads a frame it received, or at a random moment;
 * clogs: after a frame a rank sends, the link it went out on holds everything
   for a while, then delivers it all, in order;
 * stragglers: after a frame it sends, a rank runs slower for a while;
@@ -74,11 +68,6 @@ PAUSE_SHARE = 0.4
 CLOG_SHARE = 0.3
 TAIL_SHARE = 0.2
 MIN_SPAN = 1e-4  # seconds: a perturbation shorter than this is not worth its events
-SHORTEST = 5e-4
-"""A perturbation's shortest length, as a share of the longest it may have (lengths are log-uniform between)."""
-LONG_PAUSE = (0.1, 0.6)
-"""On a seed with long pauses, their shortest length as a share of the longest (log-uniform in this range):
-most are then a good part of what the budget allows, where otherwise most are short."""
 QUIET = 5e-3
 """Seconds a rank runs unperturbed after a perturbation ends: it resumes, its overdue heartbeat goes
 out, so the silences its peers see never add up."""
@@ -109,7 +98,6 @@ class Exploration:
     max_events: int = 32
     max_seconds: float = 4.0
     slow_rank: float = 0.25
-    long_pauses: float = 0.4
 
     def draw(self, seed: int | str, detector: float, world_size: int) -> TimingPlan:
         """The plan of ``seed`` (pure); ``detector``: the failure detector's budget in seconds."""
@@ -142,12 +130,8 @@ class Exploration:
         # (drawn last, and always: the draws before it are those of a plan without it)
         slow_rank = rng.random() < self.slow_rank
         which, factor = rng.random(), _round(_log_uniform(rng, SLOW_RANK[0], SLOW_RANK[1]))
-        # (drawn after it, and always: the same for the plans without it)
-        long = rng.random() < self.long_pauses
-        floor = _round(_log_uniform(rng, *LONG_PAUSE))
         return TimingPlan(band, tail, rates["pause"], rates["clog"], rates["straggle"], events, seconds, focus,
-                          rates["clock"], slow, (which, factor) if slow_rank else None,
-                          floor if long else SHORTEST)
+                          rates["clock"], slow, (which, factor) if slow_rank else None)
 
 
 @dataclass(frozen=True)
@@ -175,9 +159,6 @@ class TimingPlan:
     """Slow links: (src rank, dst rank, latency multiplier)."""
     slow_rank: tuple[float, float] | None = None
     """One rank slower for the whole run: (its rank as a fraction of the world size, the factor), or None."""
-    pause_floor: float = SHORTEST
-    """A pause's shortest length as a share of the longest it may have: above :data:`SHORTEST`, the seed's
-    pauses are long ones."""
     explored: list[Fault] = field(default_factory=list, compare=False)
 
     def focused(self, world_size: int) -> list[int] | None:
@@ -196,8 +177,6 @@ class TimingPlan:
                 parts.append(f"{name} {rate:g}/frame")
         if self.pause_clock:
             parts.append(f"pauses {self.pause_clock:g}/s")
-        if self.pause_floor > SHORTEST and (self.pause_rate or self.pause_clock):
-            parts.append("long pauses")
         if self.slow_rank is not None:
             parts.append(f"a rank x{self.slow_rank[1]:g} slower throughout")
         who = "" if self.focus is None else " on some ranks"
@@ -343,8 +322,7 @@ class Explorer:
             pick = self.rng.random() * self.send_rate if sent else 0.0
             kind = ("pause" if not sent or pick < self.plan.pause_rate else
                     "clog" if pick < self.plan.pause_rate + self.plan.clog_rate else "straggle")
-            # a fraction of the budget, log-uniform (one draw whatever the floor)
-            span = _log_uniform(self.rng, self.plan.pause_floor if kind == "pause" else SHORTEST, 1.0)
+            span = _log_uniform(self.rng, 5e-4, 1.0)  # a fraction of the budget, log-uniform
             share = min((CLOG_SHARE if kind == "clog" else PAUSE_SHARE) * budget,
                         (1.0 - TAIL_SHARE) * budget - self.partitioned)
             d = _round(min(span * max(share - extra, 0.0), self.seconds_left))
