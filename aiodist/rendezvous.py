@@ -329,10 +329,13 @@ async def _join(
     result = Rendezvous(store=store, rank=rank, world_size=world_size, job_id=job_id, key_prefix=prefix, round=gen)
     if publish is not None:
         await publish(result)
-    await store.set(f"{prefix}joined/{rank}", b"1")
+    # Counted first, registered last: a rank that stops between the steps is then one the others name as
+    # missing (registered first, a rank that stopped before counting itself left a round that no rank
+    # completed and that named nobody: "ranks [] did not join (4 of 4 did)").
     joined = await store.add(f"{prefix}joined", 1)
     if joined >= world_size:  # (more: a repeated join counted twice; see above)
         await store.set(f"{prefix}done", b"1")
+    await store.set(f"{prefix}joined/{rank}", b"1")
     waiting_since = loop.time()
     remaining = deadline - waiting_since
     try:
@@ -350,16 +353,15 @@ async def _join(
             done = mark
         if done == mark:
             raise RendezvousTimeoutError(
-                f"rendezvous round {gen} timed out on rank {rank}: ranks {missing} did not join "
-                f"({world_size - len(missing)} of {world_size} did)",
+                f"rendezvous round {gen} timed out on rank {rank}: {_not_joined(missing, world_size)}",
                 missing=missing,
                 timeout=remaining,
             ) from None
     if done.startswith(_TIMED_OUT.encode()):  # another rank's timeout ended the round
         missing = [int(r) for r in done[len(_TIMED_OUT):].decode().split(",") if r.isdigit()]
         raise RendezvousTimeoutError(
-            f"rendezvous round {gen} timed out (rank {rank} learned it from the store): ranks {missing} did "
-            f"not join ({world_size - len(missing)} of {world_size} did)",
+            f"rendezvous round {gen} timed out (rank {rank} learned it from the store): "
+            f"{_not_joined(missing, world_size)}",
             missing=missing,
             timeout=loop.time() - waiting_since,
         )
@@ -367,6 +369,12 @@ async def _join(
         raise RendezvousError(f"rendezvous round {gen} failed (rank {rank} learned it from the store): "
                               f"{done[len(_FAILED):].decode(errors='replace')}")
     return result
+
+
+def _not_joined(missing: list[int], world_size: int) -> str:
+    if not missing:  # (every rank registered, yet the round did not complete: one stopped at its very end)
+        return "every rank joined, but the round was not completed (a rank stopped as it finished joining)"
+    return f"ranks {missing} did not join ({world_size - len(missing)} of {world_size} did)"
 
 
 async def _missing(store: Any, prefix: str, world_size: int) -> list[int]:

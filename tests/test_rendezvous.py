@@ -13,6 +13,7 @@ from conftest import free_port, rank_context, rank_env, run_ranks
 
 import aiodist.api as dist
 import sim
+from aiodist.context import getenv
 from aiodist.errors import GroupError, RendezvousError, RendezvousTimeoutError
 from aiodist.store.client import TCPStore
 from aiodist.store.server import StoreServer
@@ -369,3 +370,28 @@ def test_a_rank_that_rejoins_a_store_rebuilt_meanwhile_is_told_so() -> None:
     said = res.rank_results[2]
     assert "world size disagreement" in said and "lost the store at rank0:29500 during its rendezvous" in said, said
     assert "rebuilt without it" in said
+
+
+async def _join_then_barrier_rank_2_last(last: bool) -> None:
+    if last and getenv("RANK") == "2":
+        await asyncio.sleep(0.01)  # the others have counted themselves: rank 2's count completes the round
+    await dist.init_process_group(timeout=5)
+    await dist.barrier()
+    await dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_a_rank_that_stops_anywhere_in_its_join_is_named_by_every_survivor(last: bool) -> None:
+    """Rank 2 crashes as it sends its k-th frame (its store handshake, then each step of the join). Every
+    survivor's error names it: in the rendezvous ("ranks [2] did not join") or after it (the barrier finds
+    it gone). Before: stopped between registering and counting itself, it left a round nobody completed,
+    and each survivor waited out its timeout to read "ranks [] did not join (4 of 4 did)"."""
+    for k in range(1, 12):
+        res = sim.run(_join_then_barrier_rank_2_last, world_size=4, seed=0, explore=False, args=(last,),
+                      faults=[sim.Crash(2, on=sim.MessageSent(2, k))], trace=False)
+        assert res.crashed == [2], (k, res.summary())
+        survivors = [f for f in res.failures if f.rank != 2]
+        assert survivors, (k, res.summary())
+        for f in survivors:
+            first = f.message.splitlines()[0]
+            assert "ranks [2] did not join" in first or "rank 2 failed" in first, (k, first)
