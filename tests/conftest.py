@@ -50,9 +50,10 @@ def aiodist_run_source(tmp_path: Path, source: str, n: int, *, timeout: float = 
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def sim_run_source(tmp_path: Path, source: str, n: int, seeds: range) -> list[Any]:
+def sim_run_source(tmp_path: Path, source: str, n: int, seeds: range, *, explore: bool = True) -> list[Any]:
     """``source`` written to ``tmp_path/prog.py``, its ``main`` simulated on ``n`` ranks for each seed (all must
-    pass): each seed's rank results."""
+    pass): each seed's rank results. ``explore=False``: fixed timing (a program whose deadlines of its own are
+    part of what it shows)."""
     import sim
     from sim.cli import load_main
 
@@ -60,7 +61,7 @@ def sim_run_source(tmp_path: Path, source: str, n: int, seeds: range) -> list[An
     main = load_main(str(tmp_path / "prog.py"))
     results = []
     for seed in seeds:
-        res = sim.run(main, world_size=n, seed=seed, trace=False)
+        res = sim.run(main, world_size=n, seed=seed, trace=False, explore=explore)
         assert res.ok, res.summary()
         results.append(res.rank_results)
     return results

@@ -57,4 +57,6 @@ def test_real_processes_blocked_past_the_deadline_complete_the_collective(tmp_pa
 
 def test_simulated_rank_blocked_past_the_deadline_completes_the_collective(tmp_path: Path) -> None:
     # The same program: in the simulator, time.sleep blocks the rank's lane for 0.3 virtual seconds.
-    assert sim_run_source(tmp_path, PROGRAM, 2, range(4)) == [[4.0, 4.0]] * 4
+    # Fixed timing: its deadline of 0.05 s is the race; a pause of exploration before the message would
+    # time the operation out for real, as it would a real process stopped there.
+    assert sim_run_source(tmp_path, PROGRAM, 2, range(4), explore=False) == [[4.0, 4.0]] * 4

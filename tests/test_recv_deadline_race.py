@@ -57,4 +57,6 @@ def test_real_processes_blocked_past_the_deadline_keep_the_message(tmp_path: Pat
 
 def test_simulated_rank_blocked_past_the_deadline_keeps_the_message(tmp_path: Path) -> None:
     # The same program: in the simulator, time.sleep blocks the rank's lane for 0.3 virtual seconds.
-    assert [r[0] for r in sim_run_source(tmp_path, PROGRAM, 2, range(3))] == [7.0] * 3
+    # Fixed timing: its deadline of 0.05 s is the race; a pause of exploration before the message would
+    # time the operation out for real, as it would a real process stopped there.
+    assert [r[0] for r in sim_run_source(tmp_path, PROGRAM, 2, range(3), explore=False)] == [7.0] * 3
