@@ -329,13 +329,15 @@ async def _join(
     result = Rendezvous(store=store, rank=rank, world_size=world_size, job_id=job_id, key_prefix=prefix, round=gen)
     if publish is not None:
         await publish(result)
-    # Counted first, registered last: a rank that stops between the steps is then one the others name as
+    # Counted first, registered after: a rank that stops between the steps is then one the others name as
     # missing (registered first, a rank that stopped before counting itself left a round that no rank
-    # completed and that named nobody: "ranks [] did not join (4 of 4 did)").
+    # completed and that named nobody: "ranks [] did not join (4 of 4 did)"). The rank that completes the
+    # round says so instead (its registration would only delay it: nobody looks once the round is done).
     joined = await store.add(f"{prefix}joined", 1)
     if joined >= world_size:  # (more: a repeated join counted twice; see above)
         await store.set(f"{prefix}done", b"1")
-    await store.set(f"{prefix}joined/{rank}", b"1")
+    else:
+        await store.set(f"{prefix}joined/{rank}", b"1")
     waiting_since = loop.time()
     remaining = deadline - waiting_since
     try:
