@@ -374,8 +374,6 @@ async def _join(
 
 
 def _not_joined(missing: list[int], world_size: int) -> str:
-    if not missing:  # (every rank registered, yet the round did not complete: one stopped at its very end)
-        return "every rank joined, but the round was not completed (a rank stopped as it finished joining)"
     return f"ranks {missing} did not join ({world_size - len(missing)} of {world_size} did)"
 
 

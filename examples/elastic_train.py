@@ -40,8 +40,9 @@ so rank 0 must live): after a failure every survivor aborts and opens the next
 round; a restarted process (``AIODIST_RESTART_COUNT`` > 0) opens it too, since
 the round it was in is broken. Whoever joins within the last call (three
 seconds: longer than a rank may stall without its peers declaring it failed,
-so a live rank that stalls while joining is not left out) makes the new world: the restarted rank is back, or, if it does not come, the
-job goes on without it. Either way the final weights must equal the
+so a live rank that stalls while joining is not left out) makes the new
+world: the restarted rank is back, or, if it does not come, the job goes on
+without it. Either way the final weights must equal the
 single-process reference (rank 0 checks; a mismatch raises). It needs a
 supervisor that restarts one process alone (the simulator's ``Restart``): under
 ``aiodist run --max-restarts`` the whole job restarts, on a new port, so use
